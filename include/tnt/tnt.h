@@ -1,0 +1,244 @@
+/*
+ * Tarantella communication core (libtnt): the one public header.
+ *
+ * libtnt averages gradients across processes. It runs over MPI: a context
+ * owns a duplicate of MPI_COMM_WORLD and one progress thread (the engine)
+ * that executes every collective in submission order. Callers either block
+ * (tnt_allreduce, ...) or get a request (tnt_iallreduce, ...) that they test
+ * or wait on with a timeout.
+ *
+ * Conventions
+ *  - Every function returns a tnt_status_t: 0 is success, a positive value
+ *    means "still in progress", a negative value is an error, so `st < 0`
+ *    always means failure. tnt_status_string() names every code.
+ *  - An error raised on the engine thread (a timeout, an MPI failure) is
+ *    stored in the context; the failing request returns it, and every later
+ *    call on the same context returns TNT_ERR_FAILED. tnt_context_error()
+ *    gives the message that explains the first failure.
+ *  - Collectives are matched by order: every member of a group must submit
+ *    the same collectives on that group in the same order.
+ *  - Buffers passed to a non-blocking call belong to libtnt until the
+ *    request has completed (test says done, or wait returned). Buffers passed
+ *    to a blocking call are only used during the call.
+ *  - Handles (contexts, groups, requests, fusion sets) are opaque; the
+ *    function that creates one names the function that frees it.
+ */
+#ifndef TNT_TNT_H
+#define TNT_TNT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TNT_VERSION_MAJOR 0
+#define TNT_VERSION_MINOR 1
+#define TNT_VERSION_PATCH 0
+#define TNT_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum tnt_status {
+  TNT_OK = 0,
+  TNT_IN_PROGRESS = 1,
+  TNT_ERR_INVALID_ARG = -1,  /* a parameter is out of range; nothing was done */
+  TNT_ERR_NO_MEMORY = -2,    /* an allocation failed */
+  TNT_ERR_MPI = -3,          /* the MPI library reported an error */
+  TNT_ERR_TIMEOUT = -4,      /* a peer did not answer within the timeout */
+  TNT_ERR_FAILED = -5,       /* an earlier operation failed; the context is unusable */
+  TNT_ERR_UNSUPPORTED = -6,  /* valid request that this build or MPI cannot serve */
+  TNT_ERR_STATE = -7,        /* call out of order (e.g. finish before start) */
+  TNT_ERR_INTERNAL = -8      /* a bug in libtnt: please report it */
+} tnt_status_t;
+
+/* A static, human-readable name for `status` ("TNT_ERR_TIMEOUT: ..."). */
+const char *tnt_status_string(tnt_status_t status);
+
+/* ------------------------------------------------------- types and ops */
+
+typedef enum tnt_dtype {
+  TNT_FLOAT32 = 0,
+  TNT_FLOAT64 = 1,
+  TNT_FLOAT16 = 2, /* IEEE 754 binary16; reductions accumulate in float */
+  TNT_BFLOAT16 = 3, /* bfloat16; reductions accumulate in float */
+  TNT_INT32 = 4,
+  TNT_INT64 = 5,
+  TNT_DTYPE_COUNT
+} tnt_dtype_t;
+
+typedef enum tnt_op {
+  TNT_SUM = 0,
+  TNT_AVERAGE = 1, /* sum divided by the group size (integer division for ints) */
+  TNT_MIN = 2,
+  TNT_MAX = 3,
+  TNT_OP_COUNT
+} tnt_op_t;
+
+/* Size in bytes of one element of `dtype`, or 0 for an invalid dtype. */
+size_t tnt_dtype_size(tnt_dtype_t dtype);
+/* Static lower-case name ("float32"), or "invalid". */
+const char *tnt_dtype_name(tnt_dtype_t dtype);
+/* Static lower-case name ("sum"), or "invalid". */
+const char *tnt_op_name(tnt_op_t op);
+
+/* --------------------------------------------------------------- context */
+
+typedef struct tnt_context tnt_context_t;
+typedef struct tnt_group tnt_group_t;
+typedef struct tnt_request tnt_request_t;
+
+typedef struct tnt_config {
+  /* Default timeout in seconds for every wait; <= 0 takes TNT_TIMEOUT_S from
+   * the environment, or 30 s when that is unset. */
+  double timeout_s;
+} tnt_config_t;
+
+/*
+ * Creates a context over MPI_COMM_WORLD. Initializes MPI (asking for
+ * MPI_THREAD_MULTIPLE) only if nobody has; tnt_context_destroy finalizes
+ * only what this call initialized. `config` may be NULL for defaults.
+ * On success *out is owned by the caller; free it with tnt_context_destroy.
+ */
+tnt_status_t tnt_context_create(const tnt_config_t *config, tnt_context_t **out);
+
+/* Stops the engine, frees every group and the context, and finalizes MPI if
+ * tnt_context_create initialized it and the context has not failed (MPI
+ * cannot be finalized safely with operations still pending after a
+ * failure; such a process should call tnt_context_abort). NULL is a no-op. */
+tnt_status_t tnt_context_destroy(tnt_context_t *ctx);
+
+/* Ends every process of the job (MPI_Abort) with `exit_code`. For callers
+ * that cannot continue after a failure; libtnt never calls it by itself. */
+void tnt_context_abort(tnt_context_t *ctx, int exit_code);
+
+/* The group of all processes; owned by the context, never freed by callers. */
+tnt_group_t *tnt_context_world(tnt_context_t *ctx);
+
+/* The default timeout of `ctx`, in seconds. */
+double tnt_context_timeout(const tnt_context_t *ctx);
+
+/* TNT_OK while the context is healthy, else the status of its first failure;
+ * `message` (may be NULL) receives a static-lifetime-of-ctx explanation. */
+tnt_status_t tnt_context_error(const tnt_context_t *ctx, const char **message);
+
+/* ----------------------------------------------------------------- groups */
+
+/*
+ * Creates the group of the world ranks `ranks[0..n-1]` (distinct, in the
+ * order that defines group ranks). Collective over the listed ranks only;
+ * every listed rank passes the same list. The group is owned by the context
+ * and freed with it, or earlier by tnt_group_destroy.
+ */
+tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out);
+tnt_status_t tnt_group_destroy(tnt_group_t *group);
+
+int tnt_group_rank(const tnt_group_t *group);        /* rank within the group */
+int tnt_group_size(const tnt_group_t *group);
+int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on this host */
+int tnt_group_local_size(const tnt_group_t *group);  /* members on this host */
+int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the group */
+
+/* ----------------------------------------------------------- collectives */
+
+/*
+ * Blocking collectives. They wait at most the context timeout; on expiry
+ * they return TNT_ERR_TIMEOUT and the log names the peer that was missing.
+ * `sendbuf == recvbuf` is allowed (in place) for allreduce.
+ */
+tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                           tnt_dtype_t dtype, tnt_op_t op);
+tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root);
+/* recvbuf holds size * count elements, rank r's contribution at r * count. */
+tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                           tnt_dtype_t dtype);
+/* Rank r contributes counts[r] elements, placed at recvbuf + displs[r]
+ * elements. counts and displs have one entry per group rank. */
+tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                            const size_t *counts, const size_t *displs, tnt_dtype_t dtype);
+tnt_status_t tnt_barrier(tnt_group_t *g);
+
+/* Non-blocking versions: *req is owned by the caller; free it with
+ * tnt_request_free once it has completed (or at any time: an unfinished
+ * request is released by the engine when it completes). */
+tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                            tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req);
+tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root,
+                            tnt_request_t **req);
+tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                            tnt_dtype_t dtype, tnt_request_t **req);
+/* counts and displs are copied; they need not outlive the call. */
+tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                             const size_t *counts, const size_t *displs, tnt_dtype_t dtype,
+                             tnt_request_t **req);
+tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
+
+/*
+ * Tagged point-to-point messages between group ranks, matched by
+ * (source, tag) in order, independent of collectives. 0 <= tag < 32768.
+ * The receiver's count must equal the sender's.
+ */
+tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+                      int tag);
+tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag);
+tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+                       int tag, tnt_request_t **req);
+tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag,
+                       tnt_request_t **req);
+
+/* ---------------------------------------------------------------- requests */
+
+/* TNT_OK when done, TNT_IN_PROGRESS while running, < 0 when it failed. */
+tnt_status_t tnt_request_test(tnt_request_t *req);
+/* Waits at most `timeout_s` seconds (< 0: the context default). Returns
+ * TNT_ERR_TIMEOUT if the request is still running then; it stays valid. */
+tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s);
+/* Releases the caller's reference. NULL is a no-op. */
+void tnt_request_free(tnt_request_t *req);
+
+/* ----------------------------------------------------------- tensor fusion */
+
+typedef struct tnt_fusion tnt_fusion_t;
+
+typedef struct tnt_tensor_info {
+  uint64_t id;       /* caller's name for the tensor, unique in the set */
+  size_t count;      /* elements */
+  tnt_dtype_t dtype;
+} tnt_tensor_info_t;
+
+/*
+ * Plans fusion buckets for `tensors[0..n-1]`, given in the order in which
+ * they are expected to become ready (backprop order). Buckets hold one dtype
+ * each and close once they reach `threshold_bytes` (0: one tensor per
+ * bucket). Every member of `g` must pass the same list. The set is owned
+ * by the caller; free it with tnt_fusion_destroy.
+ */
+tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
+                               size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out);
+tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
+
+/* Copies tensor `id` into its bucket. Once every member of a bucket has
+ * started, the bucket's allreduce is submitted (buckets always in plan
+ * order, so ranks may start tensors in any order). Returns at once. */
+tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
+/* Waits (at most `timeout_s`, < 0: context default) for the bucket of `id`
+ * and copies the reduced tensor to `out`. After every member of a bucket
+ * has finished, the bucket is ready for the next round of starts. */
+tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
+
+size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
+/* Bucket index of tensor `id`, or -1 when unknown. */
+long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
+
+/* -------------------------------------------------------------- algorithms */
+
+/* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",
+ * "rd", "mpi"). TNT_ALLREDUCE_ALGORITHM in the environment overrides the
+ * choice by size. */
+const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TNT_TNT_H */

@@ -1,0 +1,110 @@
+/*
+ * Collective algorithms. Each algorithm lives in its own file and is listed
+ * in a table (algorithms.c) with its name, a description, a predicate that
+ * says whether it can serve a communicator, and its function. The table
+ * picks one by message size; the environment variables
+ * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
+ * TNT_ALLGATHER_ALGORITHM override the choice by name.
+ *
+ * Algorithms run on the executor thread of their context, block until done
+ * or until the wait context expires, and name the missing peer on expiry.
+ */
+#ifndef TNT_COLLECTIVES_COLLECTIVES_H
+#define TNT_COLLECTIVES_COLLECTIVES_H
+
+#include "core/common.h"
+#include "transport/transport.h"
+
+/* Bytes of each rank's shared region before its data slots: one cache line
+ * for each of the two progress counters. */
+#define TNT__SHM_CTRL_BYTES 128
+
+/*
+ * A communicator: one group's transports and shared memory.
+ *  t      all members
+ *  node   members on this host (shares memory when shm != NULL)
+ *  cross  one member per host, those with this rank's local rank; NULL
+ *         unless every host has the same number of members
+ */
+typedef struct tnt__comm {
+  tnt__transport_t *t;
+  tnt__transport_t *node;
+  tnt__transport_t *cross;
+  tnt__shm_t *shm;
+  size_t shm_slot_bytes; /* per rank, per slot (two slots alternate) */
+  uint64_t shm_seq;      /* shared-memory rounds completed, equal on every member */
+  int rank, size;
+  int local_rank, local_size;
+  int num_hosts;
+} tnt__comm_t;
+
+/* Builds a communicator over `t` (collective over t's ranks; takes
+ * ownership of t). Shared memory of TNT_SHM_SLOT_KB per rank and slot
+ * (default 256) is set up when the transport supports it. */
+tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out);
+void tnt__comm_destroy(tnt__comm_t *c);
+
+/* ---- algorithm tables ---- */
+
+typedef tnt_status_t (*tnt__allreduce_fn)(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
+                                          size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                          const tnt__wait_ctx_t *w);
+typedef tnt_status_t (*tnt__broadcast_fn)(tnt__comm_t *c, void *buf, size_t bytes, int root,
+                                          const tnt__wait_ctx_t *w);
+/* Byte-level allgatherv: rank r's `counts[r]` bytes land at recvbuf + displs[r]. */
+typedef tnt_status_t (*tnt__allgatherv_fn)(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
+                                           const size_t *counts, const size_t *displs,
+                                           const tnt__wait_ctx_t *w);
+
+typedef struct tnt__algo {
+  const char *name;
+  const char *description;
+  int (*usable)(const tnt__comm_t *c);
+  union {
+    tnt__allreduce_fn allreduce;
+    tnt__broadcast_fn broadcast;
+    tnt__allgatherv_fn allgatherv;
+  } fn;
+} tnt__algo_t;
+
+extern const tnt__algo_t tnt__allreduce_ring;  /* allreduce_ring.c */
+extern const tnt__algo_t tnt__allreduce_rd;    /* allreduce_rd.c */
+extern const tnt__algo_t tnt__allreduce_mpi;   /* allreduce_mpi.c */
+extern const tnt__algo_t tnt__allreduce_shm;   /* allreduce_shm.c */
+extern const tnt__algo_t tnt__broadcast_tree;  /* broadcast_tree.c */
+extern const tnt__algo_t tnt__broadcast_shm;   /* broadcast_shm.c */
+extern const tnt__algo_t tnt__allgatherv_ring; /* allgatherv_ring.c */
+extern const tnt__algo_t tnt__allgatherv_shm;  /* allgatherv_shm.c */
+
+typedef enum tnt__coll_kind {
+  TNT__COLL_ALLREDUCE = 0,
+  TNT__COLL_BROADCAST = 1,
+  TNT__COLL_ALLGATHERV = 2,
+  TNT__COLL_KIND_COUNT
+} tnt__coll_kind_t;
+
+/* The algorithm for `kind` on `c` and a message of `bytes` (the full
+ * vector for allreduce and broadcast, the gathered total for allgatherv). */
+const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind, size_t bytes);
+/* Looks an algorithm up by name; NULL when unknown. */
+const tnt__algo_t *tnt__algo_find(tnt__coll_kind_t kind, const char *name);
+
+/* Barrier over every member of c (shared-memory counters on one host,
+ * dissemination over the transport otherwise). */
+tnt_status_t tnt__barrier(tnt__comm_t *c, const tnt__wait_ctx_t *w);
+
+/* ---- shared-memory synchronisation (shm_sync.c) ---- */
+
+/* Pointer to data slot `slot` (0 or 1) of node rank `r`. */
+uint8_t *tnt__shm_slot(const tnt__comm_t *c, int r, int slot);
+/* Publishes that this rank reached `value` on counter `which` (0 or 1). */
+void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value);
+/* Waits until every node rank published at least `value` on `which`. */
+tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
+                               const tnt__wait_ctx_t *w);
+
+/* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
+ * cache-line aligned; slice `i` is [*lo, *hi). */
+void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi);
+
+#endif

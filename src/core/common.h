@@ -1,0 +1,57 @@
+/*
+ * Internal helpers shared by every part of libtnt: error-checking macros,
+ * the monotonic clock and deadlines. Internal non-static symbols are
+ * prefixed tnt__.
+ */
+#ifndef TNT_CORE_COMMON_H
+#define TNT_CORE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tnt/tnt.h"
+
+#define TNT__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TNT__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Evaluates `expr` (a tnt_status_t); on failure stores it in `st` and jumps
+ * to `label`, the function's single cleanup exit. */
+#define TNT_CHECK_GOTO(expr, st, label) \
+  do {                                  \
+    (st) = (expr);                      \
+    if ((st) < 0) goto label;           \
+  } while (0)
+
+/* Returns the status of `expr` from the enclosing function on failure. */
+#define TNT_CHECK(expr)                    \
+  do {                                     \
+    tnt_status_t tnt__st_ = (expr);        \
+    if (tnt__st_ < 0) return tnt__st_;     \
+  } while (0)
+
+/* Seconds on the monotonic clock. */
+double tnt__now(void);
+
+/*
+ * What a blocking wait inside libtnt needs to know: when to give up, and
+ * what to call the operation in the message that says it gave up.
+ */
+typedef struct tnt__wait_ctx {
+  double deadline; /* tnt__now() value after which waits fail */
+  double timeout;  /* the timeout the deadline came from, for messages */
+  const char *label; /* e.g. "allreduce of fusion bucket 3" */
+} tnt__wait_ctx_t;
+
+/* A wait context that expires `timeout_s` seconds from now. */
+tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label);
+
+/* Polite spinning: a few pause instructions, then sched_yield, so that
+ * waits stay fast when cores are free and do not starve peers when ranks
+ * outnumber cores. `iter` is the caller's loop counter. */
+void tnt__spin_pause(unsigned iter);
+
+/* Reads a positive number from the environment variable `name`, or returns
+ * `fallback` when it is unset or invalid (invalid values are logged). */
+double tnt__env_double(const char *name, double fallback);
+
+#endif

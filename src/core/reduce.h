@@ -1,0 +1,39 @@
+/*
+ * Reduction kernels and half-precision conversions. Every kernel combines
+ * its inputs in a fixed order, so results are bitwise reproducible.
+ * float16 and bfloat16 are computed in float and rounded to nearest even.
+ */
+#ifndef TNT_CORE_REDUCE_H
+#define TNT_CORE_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tnt/tnt.h"
+
+float tnt__half_to_float(uint16_t h);
+uint16_t tnt__float_to_half(float f);
+float tnt__bfloat16_to_float(uint16_t b);
+uint16_t tnt__float_to_bfloat16(float f);
+
+/* dst[i] = dst[i] (op) src[i] for i < count. AVERAGE adds (like SUM); the
+ * division happens once, in tnt__reduce_finish. */
+void tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype, tnt_op_t op);
+
+/*
+ * dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[n-1][i], combined
+ * left to right; half types accumulate all n inputs in float and round once.
+ * For AVERAGE the sum is divided by `divisor` before rounding. dst may alias
+ * any src.
+ */
+void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, tnt_dtype_t dtype,
+                      tnt_op_t op, int divisor);
+
+/* Finishes an AVERAGE computed with tnt__reduce: divides by `divisor`.
+ * A no-op for the other operations. */
+void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op, int divisor);
+
+int tnt__dtype_valid(tnt_dtype_t dtype);
+int tnt__op_valid(tnt_op_t op);
+
+#endif
