@@ -99,9 +99,24 @@ tnt_status_t tnt__barrier(tnt__comm_t *c, const tnt__wait_ctx_t *w);
 uint8_t *tnt__shm_slot(const tnt__comm_t *c, int r, int slot);
 /* Publishes that this rank reached `value` on counter `which` (0 or 1). */
 void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value);
+/* Waits until node rank `r` published at least `value` on `which`. */
+tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
+                               const tnt__wait_ctx_t *w);
 /* Waits until every node rank published at least `value` on `which`. */
 tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
                                const tnt__wait_ctx_t *w);
+/*
+ * Starts a shared-memory round: *seq becomes its number, and the call
+ * returns once this rank may write its slot (seq & 1). Every rank publishes
+ * counter 0 = seq only after it finished reading the slots of round seq - 1.
+ */
+tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
+
+/* In-place ring allreduce (reduce-scatter then allgather) over transport
+ * `t`; AVERAGE divides by t->size. Used directly by hierarchical
+ * algorithms for the step across hosts. */
+tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, void *buf, size_t count, tnt_dtype_t dtype,
+                                 tnt_op_t op, const tnt__wait_ctx_t *w);
 
 /* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
  * cache-line aligned; slice `i` is [*lo, *hi). */

@@ -28,4 +28,13 @@ tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_c
 
 tnt__engine_t *tnt__context_engine(tnt_context_t *ctx);
 
+/* Records the first failure of the context: `st` and a message built from
+ * `label` and the detailed reason the failing thread logged last. */
+void tnt__context_fail(tnt_context_t *ctx, tnt_status_t st, const char *label);
+/* TNT_OK, or TNT_ERR_FAILED once the context has failed. */
+tnt_status_t tnt__context_check(const tnt_context_t *ctx);
+/* World rank and size of the context, for log prefixes. */
+int tnt__context_rank(const tnt_context_t *ctx);
+int tnt__context_size(const tnt_context_t *ctx);
+
 #endif

@@ -24,6 +24,11 @@ void tnt__log_set_rank(int rank, int size, int per_thread);
 int tnt__log_enabled(tnt__log_level_t level);
 void tnt__log(tnt__log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The last ERROR line logged by the calling thread (without prefix), or "".
+ * Lets the engine turn the detailed reason of a failure into the
+ * context's error message. */
+const char *tnt__log_last_error(void);
+
 #define TNT_LOG_DEBUG(...) tnt__log(TNT__LOG_DEBUG, __VA_ARGS__)
 #define TNT_LOG_INFO(...) tnt__log(TNT__LOG_INFO, __VA_ARGS__)
 #define TNT_LOG_WARN(...) tnt__log(TNT__LOG_WARNING, __VA_ARGS__)

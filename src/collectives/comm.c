@@ -1,0 +1,142 @@
+/*
+ * Communicators: a group's transport plus the two derived transports that
+ * hierarchical algorithms need (members on this host, and one member per
+ * host) and the shared memory of this host's members.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "collectives/collectives.h"
+#include "core/log.h"
+
+static size_t slot_bytes_from_env(void) {
+  double kb = tnt__env_double("TNT_SHM_SLOT_KB", 256.0);
+  size_t bytes = (size_t)(kb * 1024.0);
+  bytes = (bytes + 63u) & ~(size_t)63u; /* whole cache lines */
+  return bytes < 64 ? 64 : bytes;
+}
+
+tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
+  tnt_status_t st = TNT_OK;
+  int *list = NULL, *count_on = NULL;
+  tnt__comm_t *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    t->ops->destroy(t);
+    return TNT_ERR_NO_MEMORY;
+  }
+  c->t = t;
+  c->rank = t->rank;
+  c->size = t->size;
+  c->num_hosts = t->num_hosts;
+  list = malloc((size_t)t->size * sizeof(int));
+  count_on = calloc((size_t)t->num_hosts, sizeof(int));
+  if (list == NULL || count_on == NULL) {
+    st = TNT_ERR_NO_MEMORY;
+    goto fail;
+  }
+
+  /* Members on this host, in rank order. */
+  int me = t->host_of[t->rank], n = 0;
+  for (int r = 0; r < t->size; ++r) {
+    if (r == t->rank) c->local_rank = n;
+    if (t->host_of[r] == me) list[n++] = r;
+    count_on[t->host_of[r]]++;
+  }
+  c->local_size = n;
+  TNT_CHECK_GOTO(t->ops->split(t, list, n, &c->node), st, fail);
+
+  /* One member per host, when hosts are alike. */
+  int homogeneous = 1;
+  for (int h = 0; h < t->num_hosts; ++h) homogeneous &= count_on[h] == c->local_size;
+  if (t->num_hosts > 1 && homogeneous) {
+    int m = 0;
+    for (int h = 0; h < t->num_hosts; ++h) {
+      int seen = 0;
+      for (int r = 0; r < t->size; ++r) {
+        if (t->host_of[r] == h && seen++ == c->local_rank) list[m++] = r;
+      }
+    }
+    TNT_CHECK_GOTO(t->ops->split(t, list, m, &c->cross), st, fail);
+  }
+
+  if (c->node->ops->shm_alloc != NULL) {
+    c->shm_slot_bytes = slot_bytes_from_env();
+    st = c->node->ops->shm_alloc(c->node, TNT__SHM_CTRL_BYTES + 2 * c->shm_slot_bytes, &c->shm);
+    if (st == TNT_ERR_UNSUPPORTED) {
+      TNT_LOG_INFO("shared memory is not available; using network algorithms on this host");
+      c->shm = NULL;
+      st = TNT_OK;
+    }
+    if (st < 0) goto fail;
+  }
+  free(list);
+  free(count_on);
+  *out = c;
+  return TNT_OK;
+fail:
+  free(list);
+  free(count_on);
+  tnt__comm_destroy(c);
+  return st;
+}
+
+void tnt__comm_destroy(tnt__comm_t *c) {
+  if (c == NULL) return;
+  if (c->shm != NULL) c->node->ops->shm_free(c->node, c->shm);
+  if (c->cross != NULL) c->cross->ops->destroy(c->cross);
+  if (c->node != NULL) c->node->ops->destroy(c->node);
+  c->t->ops->destroy(c->t);
+  free(c);
+}
+
+/* ---- shared-memory synchronisation ---- */
+
+uint8_t *tnt__shm_slot(const tnt__comm_t *c, int r, int slot) {
+  return c->shm->base[r] + TNT__SHM_CTRL_BYTES + (size_t)slot * c->shm_slot_bytes;
+}
+
+static _Atomic uint64_t *counter(const tnt__comm_t *c, int r, int which) {
+  return (_Atomic uint64_t *)(void *)(c->shm->base[r] + 64 * which);
+}
+
+void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value) {
+  atomic_store_explicit(counter(c, c->local_rank, which), value, memory_order_release);
+}
+
+tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
+                               const tnt__wait_ctx_t *w) {
+  _Atomic uint64_t *ctr = counter(c, r, which);
+  for (unsigned it = 0; atomic_load_explicit(ctr, memory_order_acquire) < value; ++it) {
+    if ((it & 1023u) == 1023u && tnt__now() > w->deadline) {
+      TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d (shared memory)", w->label,
+                    w->timeout, c->node->world_ranks[r]);
+      return TNT_ERR_TIMEOUT;
+    }
+    tnt__spin_pause(it);
+  }
+  return TNT_OK;
+}
+
+tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
+                               const tnt__wait_ctx_t *w) {
+  for (int r = 0; r < c->local_size; ++r) TNT_CHECK(tnt__shm_wait_one(c, which, r, value, w));
+  return TNT_OK;
+}
+
+tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq) {
+  *seq = ++c->shm_seq;
+  /* Slot (seq & 1) was last read in round seq - 2; every rank announces
+   * the end of those reads when it publishes counter 0 of round seq - 1. */
+  return tnt__shm_wait_all(c, 0, *seq - 1, w);
+}
+
+void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi) {
+  /* Slices are whole cache lines (when elements allow), so two ranks never
+   * write the same line. */
+  size_t line = 64 / esz ? 64 / esz : 1;
+  size_t per = (n + (size_t)parts - 1) / (size_t)parts;
+  per = (per + line - 1) / line * line;
+  size_t a = per * (size_t)i, b = a + per;
+  *lo = a < n ? a : n;
+  *hi = b < n ? b : n;
+}

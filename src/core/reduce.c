@@ -1,0 +1,544 @@
+/*
+ * Reduction kernels and half-precision conversions (see reduce.h).
+ *
+ * Every reduction combines its inputs element by element in a fixed order,
+ * left to right, so the same inputs always give the same bits, whatever the
+ * buffer addresses or the number of blocks.
+ *
+ * Work proceeds in blocks of TNT__REDUCE_BLOCK elements. The general path
+ * combines a block of every input into a local accumulator array (float for
+ * the half types, the element type otherwise) and stores the finished
+ * block into dst only at the end. Because dst is written only after every
+ * input of the block has been read, dst may alias any input, and the half
+ * types are rounded exactly once.
+ *
+ * float32 and float64 SUM (and AVERAGE) are the hot path of the
+ * shared-memory allreduce, so they have dedicated kernels: plain loops over
+ * restrict-qualified pointers for 2, 3 and 4 inputs that the compiler
+ * vectorizes, plus in-place variants for dst == srcs[0]. More inputs are
+ * folded into the block of dst three at a time while it is still in the L1
+ * cache. restrict is only used where it is true: when dst aliases an input
+ * other than exactly srcs[0], each block is computed into a local buffer and
+ * copied out. On x86-64 the same kernels are also compiled for AVX2 and
+ * picked at run time.
+ *
+ * MIN and MAX are commutative and associative bit for bit: a NaN operand
+ * gives the canonical quiet NaN, and -0 counts as smaller than +0.
+ */
+#include "core/reduce.h"
+
+#include <string.h>
+
+#include "core/common.h"
+
+/* Elements per block: small enough that a block of every stream stays in
+ * the L1 cache, large enough that loop overhead does not matter. */
+#define TNT__REDUCE_BLOCK 1024
+
+/* ------------------------------------------------------------ bit casts */
+
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline uint64_t f64_bits(double f) {
+  uint64_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline double f64_from_bits(uint64_t u) {
+  double f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* ---------------------------------------------------------- conversions */
+
+/* The conversions work on the bit patterns only, so they do not depend on
+ * the floating-point environment (rounding mode, flush-to-zero). */
+
+static inline float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    /* Infinity, or NaN with its payload (a nonzero mantissa stays nonzero). */
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {
+    /* Subnormal half: shift the leading one up into the implicit bit;
+     * every such value is a normal float. */
+    uint32_t e = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      e--;
+    }
+    bits = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return f32_from_bits(bits);
+}
+
+static inline uint16_t float_to_half(float f) {
+  uint32_t x = f32_bits(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) {
+    /* NaN: quiet it and keep the top of the payload, so it stays a NaN. */
+    return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x1ffu));
+  }
+  if (x >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 65536, or inf */
+  if (x < 0x38800000u) {
+    /* Below the smallest normal half (2^-14): the result is subnormal or
+     * zero, in units of 2^-24. Values below 2^-25 round to zero. */
+    uint32_t e = x >> 23;
+    if (e < 102) return sign;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (r & 1u))) r++;
+    /* r == 0x400 is the smallest normal, which the same encoding gives. */
+    return (uint16_t)(sign | r);
+  }
+  /* Normal range: rebias the exponent and round the 13 dropped bits to
+   * nearest even; a carry out of the mantissa correctly bumps the exponent,
+   * up to infinity for values at or above 65520. */
+  uint32_t odd = (x >> 13) & 1u;
+  x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+  return (uint16_t)(sign | (x >> 13));
+}
+
+static inline float bfloat16_to_float(uint16_t b) {
+  return f32_from_bits((uint32_t)b << 16);
+}
+
+static inline uint16_t float_to_bfloat16(float f) {
+  uint32_t x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    /* NaN: rounding could carry a small payload into infinity, so quiet it
+     * and truncate instead. */
+    return (uint16_t)((x >> 16) | 0x0040u);
+  }
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+float tnt__half_to_float(uint16_t h) {
+  return half_to_float(h);
+}
+
+uint16_t tnt__float_to_half(float f) {
+  return float_to_half(f);
+}
+
+float tnt__bfloat16_to_float(uint16_t b) {
+  return bfloat16_to_float(b);
+}
+
+uint16_t tnt__float_to_bfloat16(float f) {
+  return float_to_bfloat16(f);
+}
+
+/* ------------------------------------------------------ scalar operators */
+
+#define TNT__F32_QNAN 0x7fc00000u
+#define TNT__F64_QNAN 0x7ff8000000000000ull
+
+static inline float min_f32(float a, float b) {
+  if (a != a || b != b) return f32_from_bits(TNT__F32_QNAN);
+  if (a < b) return a;
+  if (b < a) return b;
+  /* Equal values have equal bits except for -0 and +0; OR keeps the sign. */
+  return f32_from_bits(f32_bits(a) | f32_bits(b));
+}
+
+static inline float max_f32(float a, float b) {
+  if (a != a || b != b) return f32_from_bits(TNT__F32_QNAN);
+  if (a > b) return a;
+  if (b > a) return b;
+  return f32_from_bits(f32_bits(a) & f32_bits(b));
+}
+
+static inline double min_f64(double a, double b) {
+  if (a != a || b != b) return f64_from_bits(TNT__F64_QNAN);
+  if (a < b) return a;
+  if (b < a) return b;
+  return f64_from_bits(f64_bits(a) | f64_bits(b));
+}
+
+static inline double max_f64(double a, double b) {
+  if (a != a || b != b) return f64_from_bits(TNT__F64_QNAN);
+  if (a > b) return a;
+  if (b > a) return b;
+  return f64_from_bits(f64_bits(a) & f64_bits(b));
+}
+
+static inline float add_f32(float a, float b) {
+  return a + b;
+}
+
+static inline double add_f64(double a, double b) {
+  return a + b;
+}
+
+static inline float div_f32(float a, int d) {
+  return a / (float)d;
+}
+
+static inline double div_f64(double a, int d) {
+  return a / (double)d;
+}
+
+/* Integer sums wrap around (two's complement) instead of overflowing,
+ * which C leaves undefined for signed types. */
+static inline int32_t add_i32(int32_t a, int32_t b) {
+  return (int32_t)((uint32_t)a + (uint32_t)b);
+}
+
+static inline int64_t add_i64(int64_t a, int64_t b) {
+  return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+
+static inline int32_t min_i32(int32_t a, int32_t b) {
+  return a < b ? a : b;
+}
+
+static inline int32_t max_i32(int32_t a, int32_t b) {
+  return a > b ? a : b;
+}
+
+static inline int64_t min_i64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+static inline int64_t max_i64(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+
+static inline int32_t div_i32(int32_t a, int d) {
+  return a / (int32_t)d;
+}
+
+static inline int64_t div_i64(int64_t a, int d) {
+  return a / (int64_t)d;
+}
+
+static inline float id_f32(float a) {
+  return a;
+}
+
+static inline double id_f64(double a) {
+  return a;
+}
+
+static inline int32_t id_i32(int32_t a) {
+  return a;
+}
+
+static inline int64_t id_i64(int64_t a) {
+  return a;
+}
+
+/* ------------------------------------------------------- general kernels */
+
+/*
+ * Defines NAME(dst, srcs, n, count, op, divisor) for element type T with
+ * accumulator type A. LOAD converts T to A and STORE rounds A back to T.
+ * The switch on `op` sits outside the element loops so that each loop is a
+ * simple one the compiler can vectorize.
+ */
+#define TNT__DEFINE_GENERIC(NAME, T, A, LOAD, STORE, ADD, MIN, MAX, DIV)                      \
+  static void NAME(void *dst, const void *const *srcs, int n, size_t count, tnt_op_t op,      \
+                   int divisor) {                                                             \
+    A acc[TNT__REDUCE_BLOCK];                                                                 \
+    T *d = (T *)dst;                                                                          \
+    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                          \
+      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                         \
+      const T *s = (const T *)srcs[0] + base;                                                 \
+      for (size_t i = 0; i < len; i++) acc[i] = LOAD(s[i]);                                   \
+      for (int k = 1; k < n; k++) {                                                           \
+        s = (const T *)srcs[k] + base;                                                        \
+        switch (op) {                                                                         \
+          case TNT_MIN:                                                                       \
+            for (size_t i = 0; i < len; i++) acc[i] = MIN(acc[i], LOAD(s[i]));               \
+            break;                                                                            \
+          case TNT_MAX:                                                                       \
+            for (size_t i = 0; i < len; i++) acc[i] = MAX(acc[i], LOAD(s[i]));               \
+            break;                                                                            \
+          default:                                                                            \
+            for (size_t i = 0; i < len; i++) acc[i] = ADD(acc[i], LOAD(s[i]));               \
+            break;                                                                            \
+        }                                                                                     \
+      }                                                                                       \
+      if (op == TNT_AVERAGE && divisor > 1) {                                                 \
+        for (size_t i = 0; i < len; i++) acc[i] = DIV(acc[i], divisor);                       \
+      }                                                                                       \
+      for (size_t i = 0; i < len; i++) d[base + i] = STORE(acc[i]);                           \
+    }                                                                                         \
+  }
+
+TNT__DEFINE_GENERIC(generic_f32, float, float, id_f32, id_f32, add_f32, min_f32, max_f32,
+                    div_f32)
+TNT__DEFINE_GENERIC(generic_f64, double, double, id_f64, id_f64, add_f64, min_f64, max_f64,
+                    div_f64)
+TNT__DEFINE_GENERIC(generic_f16, uint16_t, float, half_to_float, float_to_half, add_f32, min_f32,
+                    max_f32, div_f32)
+TNT__DEFINE_GENERIC(generic_bf16, uint16_t, float, bfloat16_to_float, float_to_bfloat16, add_f32,
+                    min_f32, max_f32, div_f32)
+TNT__DEFINE_GENERIC(generic_i32, int32_t, int32_t, id_i32, id_i32, add_i32, min_i32, max_i32,
+                    div_i32)
+TNT__DEFINE_GENERIC(generic_i64, int64_t, int64_t, id_i64, id_i64, add_i64, min_i64, max_i64,
+                    div_i64)
+
+/* ------------------------------------------------ float SUM fast kernels */
+
+/*
+ * The SUM kernels for element type T, compiled with the function attribute
+ * ATTR (empty, or a target ISA) and suffixed SFX. Each combines in the same
+ * left-to-right order as the general kernels, so which kernel runs never
+ * changes the result.
+ *
+ *  sum2/3/4  d = a + b (+ c (+ e)), d distinct from every input
+ *  acc1/2/3  d = d + b (+ c (+ e)), in place
+ *  block     one block of n inputs into `out`; out is either distinct from
+ *            every input or exactly srcs[0] + off (then it is updated in
+ *            place); divides by divisor when divisor > 1
+ */
+#define TNT__DEFINE_SUM_KERNELS(T, SFX, ATTR)                                                 \
+  ATTR static void sum2_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
+                              size_t n) {                                                     \
+    for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];                                        \
+  }                                                                                           \
+  ATTR static void sum3_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
+                              const T *restrict c, size_t n) {                                \
+    for (size_t i = 0; i < n; i++) d[i] = (a[i] + b[i]) + c[i];                               \
+  }                                                                                           \
+  ATTR static void sum4_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
+                              const T *restrict c, const T *restrict e, size_t n) {           \
+    for (size_t i = 0; i < n; i++) d[i] = ((a[i] + b[i]) + c[i]) + e[i];                      \
+  }                                                                                           \
+  ATTR static void acc1_##SFX(T *restrict d, const T *restrict b, size_t n) {                 \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] + b[i];                                        \
+  }                                                                                           \
+  ATTR static void acc2_##SFX(T *restrict d, const T *restrict b, const T *restrict c,        \
+                              size_t n) {                                                     \
+    for (size_t i = 0; i < n; i++) d[i] = (d[i] + b[i]) + c[i];                               \
+  }                                                                                           \
+  ATTR static void acc3_##SFX(T *restrict d, const T *restrict b, const T *restrict c,        \
+                              const T *restrict e, size_t n) {                                \
+    for (size_t i = 0; i < n; i++) d[i] = ((d[i] + b[i]) + c[i]) + e[i];                      \
+  }                                                                                           \
+  ATTR static void divide_##SFX(T *restrict d, T divisor, size_t n) {                         \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] / divisor;                                     \
+  }                                                                                           \
+  ATTR static void block_##SFX(T *out, const void *const *srcs, size_t off, int n, size_t len, \
+                               int divisor) {                                                 \
+    const T *s0 = (const T *)srcs[0] + off;                                                   \
+    int k;                                                                                    \
+    if (n == 1) {                                                                             \
+      if (out != s0) memcpy(out, s0, len * sizeof(T));                                        \
+      k = 1;                                                                                  \
+    } else if (out == s0) {                                                                   \
+      k = 1;                                                                                  \
+    } else if (n == 2) {                                                                      \
+      sum2_##SFX(out, s0, (const T *)srcs[1] + off, len);                                     \
+      k = 2;                                                                                  \
+    } else if (n == 3) {                                                                      \
+      sum3_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off, len);           \
+      k = 3;                                                                                  \
+    } else {                                                                                  \
+      sum4_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off,                 \
+                 (const T *)srcs[3] + off, len);                                              \
+      k = 4;                                                                                  \
+    }                                                                                         \
+    /* The rest is folded in three at a time while `out` is in the cache. */                  \
+    while (k < n) {                                                                           \
+      const T *b = (const T *)srcs[k] + off;                                                  \
+      if (n - k >= 3) {                                                                       \
+        acc3_##SFX(out, b, (const T *)srcs[k + 1] + off, (const T *)srcs[k + 2] + off, len);  \
+        k += 3;                                                                               \
+      } else if (n - k == 2) {                                                                \
+        acc2_##SFX(out, b, (const T *)srcs[k + 1] + off, len);                                \
+        k += 2;                                                                               \
+      } else {                                                                                \
+        acc1_##SFX(out, b, len);                                                              \
+        k += 1;                                                                               \
+      }                                                                                       \
+    }                                                                                         \
+    if (divisor > 1) divide_##SFX(out, (T)divisor, len);                                      \
+  }
+
+TNT__DEFINE_SUM_KERNELS(float, f32, )
+TNT__DEFINE_SUM_KERNELS(double, f64, )
+
+typedef void (*tnt__f32_block_fn)(float *, const void *const *, size_t, int, size_t, int);
+typedef void (*tnt__f64_block_fn)(double *, const void *const *, size_t, int, size_t, int);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TNT__HAVE_AVX2 1
+TNT__DEFINE_SUM_KERNELS(float, f32_avx2, __attribute__((target("avx2"))))
+TNT__DEFINE_SUM_KERNELS(double, f64_avx2, __attribute__((target("avx2"))))
+#endif
+
+/* The block kernels for this CPU. __builtin_cpu_supports only reads data
+ * that libgcc initialized before main, so this is safe from any thread. */
+static tnt__f32_block_fn pick_block_f32(void) {
+#ifdef TNT__HAVE_AVX2
+  if (__builtin_cpu_supports("avx2")) return block_f32_avx2;
+#endif
+  return block_f32;
+}
+
+static tnt__f64_block_fn pick_block_f64(void) {
+#ifdef TNT__HAVE_AVX2
+  if (__builtin_cpu_supports("avx2")) return block_f64_avx2;
+#endif
+  return block_f64;
+}
+
+/* 1 when [a, a+bytes) and [b, b+bytes) overlap. */
+static int overlaps(const void *a, const void *b, size_t bytes) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + bytes && y < x + bytes;
+}
+
+/*
+ * float32/float64 SUM or AVERAGE of n inputs. When dst is exactly srcs[0]
+ * the kernels update it in place; when it overlaps any other input, each
+ * block goes through a local buffer so that no input is overwritten before
+ * it has been read.
+ */
+#define TNT__DEFINE_SUM_MANY(T, SFX)                                                          \
+  static void sum_many_##SFX(void *dst, const void *const *srcs, int n, size_t count,         \
+                             int divisor) {                                                   \
+    _Alignas(64) T tmp[TNT__REDUCE_BLOCK];                                                    \
+    T *d = (T *)dst;                                                                          \
+    size_t bytes = count * sizeof(T);                                                         \
+    int via_tmp = 0;                                                                          \
+    for (int k = 0; k < n; k++) {                                                             \
+      if (overlaps(d, srcs[k], bytes) && !(k == 0 && srcs[0] == dst)) via_tmp = 1;            \
+    }                                                                                         \
+    tnt__##SFX##_block_fn block = pick_block_##SFX();                                         \
+    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                          \
+      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                         \
+      if (via_tmp) {                                                                          \
+        block(tmp, srcs, base, n, len, divisor);                                              \
+        memcpy(d + base, tmp, len * sizeof(T));                                               \
+      } else {                                                                                \
+        block(d + base, srcs, base, n, len, divisor);                                         \
+      }                                                                                       \
+    }                                                                                         \
+  }
+
+TNT__DEFINE_SUM_MANY(float, f32)
+TNT__DEFINE_SUM_MANY(double, f64)
+
+/* ------------------------------------------------------------ public API */
+
+int tnt__dtype_valid(tnt_dtype_t dtype) {
+  return (unsigned)dtype < (unsigned)TNT_DTYPE_COUNT;
+}
+
+int tnt__op_valid(tnt_op_t op) {
+  return (unsigned)op < (unsigned)TNT_OP_COUNT;
+}
+
+void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, tnt_dtype_t dtype,
+                      tnt_op_t op, int divisor) {
+  if (n < 1 || count == 0 || !tnt__dtype_valid(dtype) || !tnt__op_valid(op)) return;
+  /* The divisor only matters for AVERAGE; values below 2 divide by 1. */
+  int div = (op == TNT_AVERAGE && divisor > 1) ? divisor : 1;
+  int is_sum = op == TNT_SUM || op == TNT_AVERAGE;
+  switch (dtype) {
+    case TNT_FLOAT32:
+      if (is_sum) {
+        sum_many_f32(dst, srcs, n, count, div);
+      } else {
+        generic_f32(dst, srcs, n, count, op, div);
+      }
+      break;
+    case TNT_FLOAT64:
+      if (is_sum) {
+        sum_many_f64(dst, srcs, n, count, div);
+      } else {
+        generic_f64(dst, srcs, n, count, op, div);
+      }
+      break;
+    case TNT_FLOAT16:
+      generic_f16(dst, srcs, n, count, op, div);
+      break;
+    case TNT_BFLOAT16:
+      generic_bf16(dst, srcs, n, count, op, div);
+      break;
+    case TNT_INT32:
+      generic_i32(dst, srcs, n, count, op, div);
+      break;
+    case TNT_INT64:
+      generic_i64(dst, srcs, n, count, op, div);
+      break;
+    default:
+      break;
+  }
+}
+
+void tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype, tnt_op_t op) {
+  /* AVERAGE only adds here; tnt__reduce_finish divides once at the end. */
+  const void *srcs[2] = {dst, src};
+  tnt__reduce_many(dst, srcs, 2, count, dtype, op == TNT_AVERAGE ? TNT_SUM : op, 1);
+}
+
+void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op, int divisor) {
+  if (op != TNT_AVERAGE || divisor <= 1) return;
+  switch (dtype) {
+    case TNT_FLOAT32: {
+      float *p = buf;
+      for (size_t i = 0; i < count; i++) p[i] = p[i] / (float)divisor;
+      break;
+    }
+    case TNT_FLOAT64: {
+      double *p = buf;
+      for (size_t i = 0; i < count; i++) p[i] = p[i] / (double)divisor;
+      break;
+    }
+    case TNT_FLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < count; i++) {
+        p[i] = float_to_half(half_to_float(p[i]) / (float)divisor);
+      }
+      break;
+    }
+    case TNT_BFLOAT16: {
+      uint16_t *p = buf;
+      for (size_t i = 0; i < count; i++) {
+        p[i] = float_to_bfloat16(bfloat16_to_float(p[i]) / (float)divisor);
+      }
+      break;
+    }
+    case TNT_INT32: {
+      int32_t *p = buf;
+      for (size_t i = 0; i < count; i++) p[i] = p[i] / (int32_t)divisor;
+      break;
+    }
+    case TNT_INT64: {
+      int64_t *p = buf;
+      for (size_t i = 0; i < count; i++) p[i] = p[i] / (int64_t)divisor;
+      break;
+    }
+    default:
+      break;
+  }
+}

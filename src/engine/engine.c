@@ -1,0 +1,338 @@
+/*
+ * The engine: one progress thread per context that owns the context's
+ * communication.
+ *
+ * Threading design. Callers never talk to the transport themselves. They
+ * wrap each operation in a request and queue it; the engine thread pops
+ * requests in submission order and executes them one at a time, so every
+ * rank issues collectives in the order its callers submitted them, and the
+ * transport (MPI) is only ever entered by one thread at a time. Collectives
+ * run to completion (bounded by their deadline); point-to-point transfers
+ * are posted and then polled between other work, so a receive that waits
+ * for a late sender never blocks the collectives queued behind it.
+ *
+ * One shortcut keeps small blocking calls as fast as the MPI library's own:
+ * when the queue is empty and no executor is busy, a blocking call claims
+ * the executor role and runs its operation on the calling thread. The
+ * executor role is exclusive (the `busy` flag), so the transport is still
+ * entered by one thread at a time and submission order is preserved; the
+ * hand-off to and from the engine thread would otherwise cost more than a
+ * whole small allreduce on one host.
+ *
+ * Failures. An operation that fails (timeout, MPI error) marks the context
+ * failed with the reason; queued operations then complete with
+ * TNT_ERR_FAILED without running, and so does every later call.
+ */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/context.h"
+#include "core/log.h"
+
+struct tnt__engine {
+  tnt_context_t *ctx;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* work queued, executor released, or stop */
+  tnt__op_t *head, *tail;
+  int busy; /* an executor (engine thread or inline caller) is running */
+  int stop;
+  /* Engine thread only: posted point-to-point requests. */
+  tnt_request_t **active;
+  size_t nactive, cap_active;
+};
+
+static tnt_request_t *req_of_op(tnt__op_t *op) {
+  return (tnt_request_t *)((char *)op - offsetof(tnt_request_t, op));
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static void cond_init_monotonic(pthread_cond_t *cv) {
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &attr);
+  pthread_condattr_destroy(&attr);
+}
+
+static struct timespec abs_time(double t) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec += 1;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
+  tnt_request_t *req = calloc(1, sizeof *req);
+  if (req == NULL) return TNT_ERR_NO_MEMORY;
+  req->ctx = ctx;
+  atomic_init(&req->status, TNT_IN_PROGRESS);
+  atomic_init(&req->refs, 2);
+  pthread_mutex_init(&req->mu, NULL);
+  cond_init_monotonic(&req->cv);
+  *out = req;
+  return TNT_OK;
+}
+
+void tnt__request_unref(tnt_request_t *req) {
+  if (req == NULL || atomic_fetch_sub(&req->refs, 1) != 1) return;
+  pthread_mutex_destroy(&req->mu);
+  pthread_cond_destroy(&req->cv);
+  free(req->op.counts);
+  free(req->op.displs);
+  free(req);
+}
+
+static void request_complete(tnt_request_t *req, tnt_status_t st) {
+  if (st < 0 && st != TNT_ERR_FAILED) tnt__context_fail(req->ctx, st, req->op.label);
+  pthread_mutex_lock(&req->mu);
+  atomic_store_explicit(&req->status, st, memory_order_release);
+  pthread_cond_broadcast(&req->cv);
+  pthread_mutex_unlock(&req->mu);
+  tnt__request_unref(req);
+}
+
+tnt_status_t tnt_request_test(tnt_request_t *req) {
+  if (req == NULL) return TNT_ERR_INVALID_ARG;
+  return atomic_load_explicit(&req->status, memory_order_acquire);
+}
+
+tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
+  if (req == NULL) return TNT_ERR_INVALID_ARG;
+  if (timeout_s < 0) timeout_s = tnt_context_timeout(req->ctx);
+  /* Most operations finish within microseconds: spin briefly before
+   * sleeping on the condition variable. */
+  for (unsigned it = 0; it < 256; ++it) {
+    int st = atomic_load_explicit(&req->status, memory_order_acquire);
+    if (st != TNT_IN_PROGRESS) return st;
+    tnt__spin_pause(it);
+  }
+  const double deadline = tnt__now() + timeout_s;
+  const struct timespec ts = abs_time(deadline);
+  int st;
+  pthread_mutex_lock(&req->mu);
+  while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) {
+    if (pthread_cond_timedwait(&req->cv, &req->mu, &ts) == ETIMEDOUT) {
+      st = atomic_load(&req->status);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&req->mu);
+  if (st == TNT_IN_PROGRESS) {
+    TNT_LOG_ERROR("%s: not finished after waiting %.1f s", req->op.label, timeout_s);
+    return TNT_ERR_TIMEOUT;
+  }
+  return st;
+}
+
+void tnt_request_free(tnt_request_t *req) {
+  tnt__request_unref(req);
+}
+
+/* ------------------------------------------------------------- execution */
+
+static tnt_status_t run_collective(tnt__engine_t *e, tnt__op_t *op) {
+  tnt_status_t st = tnt__context_check(e->ctx);
+  if (st < 0) return st;
+  tnt__wait_ctx_t w = tnt__wait_ctx(tnt_context_timeout(e->ctx), op->label);
+  return op->run(op, &w);
+}
+
+static void fail_active(tnt__engine_t *e, size_t i, tnt_status_t st) {
+  tnt_request_t *req = e->active[i];
+  tnt__transport_t *t = req->op.comm->t;
+  if (req->op.xreq.active) t->ops->cancel(t, &req->op.xreq);
+  e->active[i] = e->active[--e->nactive];
+  request_complete(req, st);
+}
+
+static void post_p2p(tnt__engine_t *e, tnt_request_t *req) {
+  tnt__op_t *op = &req->op;
+  tnt_status_t st = tnt__context_check(e->ctx);
+  if (st >= 0 && e->nactive == e->cap_active) {
+    size_t cap = e->cap_active ? 2 * e->cap_active : 16;
+    tnt_request_t **a = realloc(e->active, cap * sizeof *a);
+    if (a == NULL) {
+      st = TNT_ERR_NO_MEMORY;
+    } else {
+      e->active = a;
+      e->cap_active = cap;
+    }
+  }
+  if (st >= 0) {
+    tnt__transport_t *t = op->comm->t;
+    size_t bytes = op->count * tnt_dtype_size(op->dtype);
+    op->deadline = tnt__now() + tnt_context_timeout(e->ctx);
+    if (op->kind == TNT__OP_SEND) {
+      st = t->ops->isend(t, TNT__CH_P2P, op->sendbuf, bytes, op->root, op->tag, &op->xreq);
+    } else {
+      st = t->ops->irecv(t, TNT__CH_P2P, op->recvbuf, bytes, op->root, op->tag, &op->xreq);
+    }
+  }
+  if (st < 0) {
+    request_complete(req, st);
+    return;
+  }
+  e->active[e->nactive++] = req;
+}
+
+/* Tests every posted transfer once; returns how many are still pending. */
+static size_t poll_p2p(tnt__engine_t *e) {
+  double now = 0;
+  for (size_t i = 0; i < e->nactive;) {
+    tnt_request_t *req = e->active[i];
+    tnt__transport_t *t = req->op.comm->t;
+    int done = 0;
+    tnt_status_t st = t->ops->test(t, &req->op.xreq, &done);
+    if (st < 0) {
+      fail_active(e, i, st);
+    } else if (done) {
+      e->active[i] = e->active[--e->nactive];
+      request_complete(req, TNT_OK);
+    } else {
+      if (now == 0) now = tnt__now();
+      if (now > req->op.deadline) {
+        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d", req->op.label,
+                      tnt_context_timeout(e->ctx), t->world_ranks[req->op.root]);
+        fail_active(e, i, TNT_ERR_TIMEOUT);
+      } else {
+        ++i;
+      }
+    }
+  }
+  return e->nactive;
+}
+
+static void execute(tnt__engine_t *e, tnt__op_t *op) {
+  tnt_request_t *req = req_of_op(op);
+  if (op->kind == TNT__OP_RUN) {
+    request_complete(req, run_collective(e, op));
+  } else {
+    post_p2p(e, req);
+  }
+}
+
+static void *engine_main(void *arg) {
+  tnt__engine_t *e = arg;
+  tnt__log_set_rank(tnt__context_rank(e->ctx), tnt__context_size(e->ctx), 1);
+  unsigned idle = 0;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    while (e->busy || (e->head == NULL && e->nactive == 0 && !e->stop)) {
+      pthread_cond_wait(&e->cv, &e->mu);
+    }
+    if (e->head == NULL && e->stop) {
+      if (e->nactive > 0) {
+        TNT_LOG_WARN("context destroyed with %zu point-to-point transfers pending", e->nactive);
+      }
+      while (e->nactive > 0) fail_active(e, e->nactive - 1, TNT_ERR_STATE);
+      break;
+    }
+    tnt__op_t *op = e->head;
+    if (op != NULL) {
+      e->head = op->next;
+      if (e->head == NULL) e->tail = NULL;
+    }
+    e->busy = 1;
+    pthread_mutex_unlock(&e->mu);
+
+    if (op != NULL) execute(e, op);
+    size_t pending = poll_p2p(e);
+
+    pthread_mutex_lock(&e->mu);
+    e->busy = 0;
+    pthread_cond_broadcast(&e->cv);
+    if (op == NULL && pending > 0 && e->head == NULL) {
+      /* Only transfers in flight: poll, spinning at first and then sleeping
+       * in short naps so that a long-pending receive costs little CPU. */
+      if (idle < 1024) {
+        pthread_mutex_unlock(&e->mu);
+        tnt__spin_pause(idle++);
+        pthread_mutex_lock(&e->mu);
+      } else {
+        struct timespec ts = abs_time(tnt__now() + 100e-6);
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+      }
+    } else {
+      idle = 0;
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req) {
+  tnt__op_t *op = &req->op;
+  op->next = NULL;
+  pthread_mutex_lock(&e->mu);
+  if (e->tail != NULL) {
+    e->tail->next = op;
+  } else {
+    e->head = op;
+  }
+  e->tail = op;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req, double timeout_s) {
+  pthread_mutex_lock(&e->mu);
+  int inline_ok = req->op.kind == TNT__OP_RUN && !e->busy && e->head == NULL;
+  if (inline_ok) e->busy = 1;
+  pthread_mutex_unlock(&e->mu);
+  tnt_status_t st;
+  if (inline_ok) {
+    st = run_collective(e, &req->op);
+    pthread_mutex_lock(&e->mu);
+    e->busy = 0;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (st < 0 && st != TNT_ERR_FAILED) tnt__context_fail(e->ctx, st, req->op.label);
+    tnt__request_unref(req); /* the engine's reference, never handed over */
+  } else {
+    tnt__engine_submit(e, req);
+    st = tnt_request_wait(req, timeout_s);
+  }
+  tnt__request_unref(req);
+  return st;
+}
+
+/* ---------------------------------------------------------- life cycle */
+
+tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out) {
+  tnt__engine_t *e = calloc(1, sizeof *e);
+  if (e == NULL) return TNT_ERR_NO_MEMORY;
+  e->ctx = ctx;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+    TNT_LOG_ERROR("cannot start the progress thread");
+    return TNT_ERR_NO_MEMORY;
+  }
+  *out = e;
+  return TNT_OK;
+}
+
+void tnt__engine_destroy(tnt__engine_t *e) {
+  if (e == NULL) return;
+  pthread_mutex_lock(&e->mu);
+  e->stop = 1;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  pthread_join(e->thread, NULL);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e->active);
+  free(e);
+}

@@ -1,0 +1,78 @@
+/*
+ * The engine: the executor of a context's communication. See engine.c for
+ * the threading design.
+ */
+#ifndef TNT_ENGINE_ENGINE_H
+#define TNT_ENGINE_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "collectives/collectives.h"
+#include "tnt/tnt.h"
+
+typedef struct tnt__op tnt__op_t;
+typedef tnt_status_t (*tnt__op_run_fn)(tnt__op_t *op, const tnt__wait_ctx_t *w);
+
+typedef enum tnt__op_kind {
+  TNT__OP_RUN = 0,  /* runs to completion on the executor (collectives) */
+  TNT__OP_SEND = 1, /* posted, then polled (point-to-point) */
+  TNT__OP_RECV = 2
+} tnt__op_kind_t;
+
+/* One unit of work. Embedded in its request; arguments are owned by the
+ * caller as the public API documents, except `counts`/`displs`, which the
+ * request owns. */
+struct tnt__op {
+  tnt__op_kind_t kind;
+  tnt__op_run_fn run;
+  tnt__comm_t *comm;
+  struct tnt_group *group;
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count;
+  tnt_dtype_t dtype;
+  tnt_op_t op;
+  int root; /* broadcast root, or p2p peer */
+  int tag;
+  size_t *counts, *displs; /* bytes, for allgatherv */
+  tnt__xreq_t xreq;
+  double deadline;
+  char label[112];
+  tnt__op_t *next;
+};
+
+struct tnt_request {
+  tnt_context_t *ctx;
+  _Atomic int status; /* TNT_IN_PROGRESS until the op completes */
+  _Atomic int refs;   /* the caller's and the engine's */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  tnt__op_t op;
+};
+
+typedef struct tnt__engine tnt__engine_t;
+
+tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out);
+/* Stops the thread after the queued work has run; fails what is left of
+ * point-to-point transfers. */
+void tnt__engine_destroy(tnt__engine_t *e);
+
+/* A request with two references (caller and engine), status in progress. */
+tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out);
+void tnt__request_unref(tnt_request_t *req);
+
+/* Queues the request's op; the engine takes over its reference. */
+void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req);
+/* Runs a request to completion and drops both references: on the calling
+ * thread when the engine is idle, else through the queue (waiting at most
+ * `timeout_s`). Returns the op's status. */
+tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req, double timeout_s);
+
+/* tnt_iallreduce with the label that logs and errors use for it (NULL: the
+ * default "allreduce of N bytes"); req == NULL runs it blocking. */
+tnt_status_t tnt__iallreduce_labeled(struct tnt_group *g, const void *sendbuf, void *recvbuf,
+                                     size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                     const char *label, tnt_request_t **req);
+
+#endif

@@ -1,0 +1,324 @@
+/*
+ * Tensor fusion at run time. Tensors are copied into the bucket that the
+ * planner assigned them; a bucket's allreduce is submitted once all of its
+ * members have started, and buckets are always submitted in plan order.
+ * Since every rank submits the same buckets in the same order, ranks may
+ * start their tensors in any order without deadlock, and since each bucket
+ * is reduced by the same algorithm in a fixed order, the results are
+ * bitwise identical on every rank and in every run.
+ *
+ * A bucket is one round at a time: after all its members have finished
+ * (copied their result out), it is reset for the next round of starts.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <errno.h>
+
+#include "core/context.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "fusion/planner.h"
+
+enum { IDLE = 0, STARTED = 1, FINISHED = 2 };
+
+typedef struct bucket {
+  uint8_t *buf;
+  size_t started, finished;
+  tnt_request_t *req; /* the round's allreduce, once submitted */
+  char label[112];
+} bucket_t;
+
+typedef struct id_index {
+  uint64_t id;
+  size_t index;
+} id_index_t;
+
+struct tnt_fusion {
+  tnt_group_t *g;
+  tnt_op_t op;
+  tnt__fusion_plan_t plan;
+  tnt_tensor_info_t *tensors;
+  id_index_t *by_id; /* sorted by id */
+  uint8_t *state;    /* per tensor: IDLE, STARTED, FINISHED */
+  bucket_t *buckets;
+  size_t next_issue; /* the bucket whose allreduce goes next */
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* a bucket was submitted or reset */
+};
+
+static int cmp_id(const void *a, const void *b) {
+  uint64_t x = ((const id_index_t *)a)->id, y = ((const id_index_t *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+static long find(const tnt_fusion_t *f, uint64_t id) {
+  size_t lo = 0, hi = f->plan.ntensors;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (f->by_id[mid].id == id) return (long)f->by_id[mid].index;
+    if (f->by_id[mid].id < id) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return -1;
+}
+
+static struct timespec abs_time(double t) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+/* Every rank must fuse the same list: compare a hash of it across ranks
+ * so that a mismatch is an error now rather than a hang later. */
+static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
+                                    size_t threshold) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v[4] = {t[i].id, t[i].count, (uint64_t)t[i].dtype, threshold};
+    for (int k = 0; k < 4; ++k) h = (h ^ v[k]) * 1099511628211ull;
+  }
+  int64_t mine[2] = {(int64_t)(h >> 1), ~(int64_t)(h >> 1)};
+  int64_t most[2];
+  TNT_CHECK(tnt__iallreduce_labeled(g, mine, most, 2, TNT_INT64, TNT_MAX,
+                                    "fusion set agreement", NULL));
+  if (most[0] != mine[0] || most[1] != mine[1]) {
+    TNT_LOG_ERROR("ranks disagree on the fused tensor list or threshold (%zu tensors here); "
+                  "every rank must create the fusion set with the same list",
+                  n);
+    return TNT_ERR_INVALID_ARG;
+  }
+  return TNT_OK;
+}
+
+tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
+                               size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out) {
+  if (g == NULL || out == NULL || (tensors == NULL && n > 0) || (unsigned)op >= TNT_OP_COUNT) {
+    TNT_LOG_ERROR("tnt_fusion_create: need a group, a tensor list, a valid op and an output");
+    return TNT_ERR_INVALID_ARG;
+  }
+  TNT_CHECK(tnt__context_check(g->ctx));
+  tnt_fusion_t *f = calloc(1, sizeof *f);
+  if (f == NULL) return TNT_ERR_NO_MEMORY;
+  f->g = g;
+  f->op = op;
+  pthread_mutex_init(&f->mu, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&f->cv, &attr);
+  pthread_condattr_destroy(&attr);
+  tnt_status_t st = TNT_OK;
+  TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, threshold_bytes, &f->plan), st, fail);
+  TNT_CHECK_GOTO(check_same_list(g, tensors, n, threshold_bytes), st, fail);
+  f->tensors = malloc(n * sizeof *f->tensors + 1);
+  f->by_id = malloc(n * sizeof *f->by_id + 1);
+  f->state = calloc(n + 1, 1);
+  f->buckets = calloc(f->plan.nbuckets + 1, sizeof *f->buckets);
+  if (f->tensors == NULL || f->by_id == NULL || f->state == NULL || f->buckets == NULL) {
+    st = TNT_ERR_NO_MEMORY;
+    goto fail;
+  }
+  memcpy(f->tensors, tensors, n * sizeof *tensors);
+  for (size_t i = 0; i < n; ++i) f->by_id[i] = (id_index_t){tensors[i].id, i};
+  qsort(f->by_id, n, sizeof *f->by_id, cmp_id);
+  for (size_t b = 0; b < f->plan.nbuckets; ++b) {
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+    f->buckets[b].buf = malloc(bp->count * tnt_dtype_size(bp->dtype) + 1);
+    if (f->buckets[b].buf == NULL) {
+      st = TNT_ERR_NO_MEMORY;
+      goto fail;
+    }
+    snprintf(f->buckets[b].label, sizeof f->buckets[b].label,
+             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes)", b, bp->nmembers,
+             bp->count * tnt_dtype_size(bp->dtype));
+  }
+  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes)", n, f->plan.nbuckets,
+                threshold_bytes);
+  *out = f;
+  return TNT_OK;
+fail:
+  tnt_fusion_destroy(f);
+  return st;
+}
+
+tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
+  if (f == NULL) return TNT_OK;
+  tnt_status_t st = TNT_OK;
+  for (size_t b = 0; f->buckets != NULL && b < f->plan.nbuckets; ++b) {
+    if (f->buckets[b].req != NULL) {
+      /* The engine may still be writing into the bucket. */
+      tnt_status_t w = tnt_request_wait(f->buckets[b].req, -1);
+      if (w < 0) st = w;
+      tnt_request_free(f->buckets[b].req);
+    }
+    free(f->buckets[b].buf);
+  }
+  tnt__fusion_plan_free(&f->plan);
+  free(f->buckets);
+  free(f->tensors);
+  free(f->by_id);
+  free(f->state);
+  pthread_mutex_destroy(&f->mu);
+  pthread_cond_destroy(&f->cv);
+  free(f);
+  return st;
+}
+
+/* Submits, in plan order, every bucket whose members have all started.
+ * Called with f->mu held. */
+static tnt_status_t issue_ready(tnt_fusion_t *f) {
+  for (;;) {
+    size_t b = f->next_issue;
+    bucket_t *bk = &f->buckets[b];
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+    if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
+    TNT_CHECK(tnt__iallreduce_labeled(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op,
+                                      bk->label, &bk->req));
+    f->next_issue = (b + 1) % f->plan.nbuckets;
+    pthread_cond_broadcast(&f->cv);
+  }
+}
+
+tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
+  if (f == NULL) return TNT_ERR_INVALID_ARG;
+  long i = find(f, id);
+  if (i < 0) {
+    TNT_LOG_ERROR("tnt_fusion_start: tensor id %llu is not in the fusion set",
+                  (unsigned long long)id);
+    return TNT_ERR_INVALID_ARG;
+  }
+  const tnt_tensor_info_t *t = &f->tensors[i];
+  if (data == NULL && t->count > 0) return TNT_ERR_INVALID_ARG;
+  TNT_CHECK(tnt__context_check(f->g->ctx));
+  const size_t b = f->plan.bucket_of[i];
+  const size_t esz = tnt_dtype_size(t->dtype);
+  const double deadline = tnt__now() + tnt_context_timeout(f->g->ctx);
+  const struct timespec ts = abs_time(deadline);
+  pthread_mutex_lock(&f->mu);
+  /* A tensor that finished early waits for the rest of its bucket's round. */
+  while (f->state[i] == FINISHED) {
+    if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && f->state[i] == FINISHED) {
+      pthread_mutex_unlock(&f->mu);
+      TNT_LOG_ERROR("tnt_fusion_start: tensor %llu started again while other tensors of fusion "
+                    "bucket %zu have not finished the previous round",
+                    (unsigned long long)id, b);
+      return TNT_ERR_TIMEOUT;
+    }
+  }
+  if (f->state[i] == STARTED) {
+    pthread_mutex_unlock(&f->mu);
+    TNT_LOG_ERROR("tnt_fusion_start: tensor %llu was started twice without tnt_fusion_finish",
+                  (unsigned long long)id);
+    return TNT_ERR_STATE;
+  }
+  f->state[i] = STARTED;
+  pthread_mutex_unlock(&f->mu);
+
+  /* Members occupy disjoint parts of the bucket, which no allreduce uses
+   * until every member has started: the copy needs no lock. */
+  memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
+
+  pthread_mutex_lock(&f->mu);
+  f->buckets[b].started++;
+  tnt_status_t st = issue_ready(f);
+  pthread_mutex_unlock(&f->mu);
+  return st;
+}
+
+/* Names the members of bucket b that this rank has not started. */
+static void log_missing(const tnt_fusion_t *f, size_t b, double timeout) {
+  char ids[256];
+  size_t len = 0;
+  ids[0] = '\0';
+  const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  for (size_t k = 0; k < bp->nmembers && len < sizeof ids - 24; ++k) {
+    size_t i = f->plan.members[bp->first + k];
+    if (f->state[i] == IDLE) {
+      len += (size_t)snprintf(ids + len, sizeof ids - len, " %llu",
+                              (unsigned long long)f->tensors[i].id);
+    }
+  }
+  if (len > 0) {
+    TNT_LOG_ERROR("fusion bucket %zu: timed out after %.1f s; tensors not started on this "
+                  "rank:%s",
+                  b, timeout, ids);
+  } else {
+    TNT_LOG_ERROR("fusion bucket %zu: timed out after %.1f s waiting for an earlier bucket "
+                  "(%zu) to be started on this rank",
+                  b, timeout, f->next_issue);
+  }
+}
+
+tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
+  if (f == NULL) return TNT_ERR_INVALID_ARG;
+  long i = find(f, id);
+  if (i < 0) {
+    TNT_LOG_ERROR("tnt_fusion_finish: tensor id %llu is not in the fusion set",
+                  (unsigned long long)id);
+    return TNT_ERR_INVALID_ARG;
+  }
+  const tnt_tensor_info_t *t = &f->tensors[i];
+  if (out == NULL && t->count > 0) return TNT_ERR_INVALID_ARG;
+  if (timeout_s < 0) timeout_s = tnt_context_timeout(f->g->ctx);
+  const size_t b = f->plan.bucket_of[i];
+  bucket_t *bk = &f->buckets[b];
+  const double deadline = tnt__now() + timeout_s;
+  const struct timespec ts = abs_time(deadline);
+
+  pthread_mutex_lock(&f->mu);
+  if (f->state[i] != STARTED) {
+    pthread_mutex_unlock(&f->mu);
+    TNT_LOG_ERROR("tnt_fusion_finish: tensor %llu was not started", (unsigned long long)id);
+    return TNT_ERR_STATE;
+  }
+  while (bk->req == NULL) {
+    if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && bk->req == NULL) {
+      log_missing(f, b, timeout_s);
+      pthread_mutex_unlock(&f->mu);
+      return TNT_ERR_TIMEOUT;
+    }
+  }
+  tnt_request_t *req = bk->req;
+  pthread_mutex_unlock(&f->mu);
+
+  tnt_status_t st = tnt_request_wait(req, TNT__MAX(0.0, deadline - tnt__now()));
+  if (st < 0) return st;
+  const size_t esz = tnt_dtype_size(t->dtype);
+  memcpy(out, bk->buf + f->plan.offset_of[i] * esz, t->count * esz);
+
+  pthread_mutex_lock(&f->mu);
+  f->state[i] = FINISHED;
+  if (++bk->finished == f->plan.buckets[b].nmembers) {
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+    for (size_t k = 0; k < bp->nmembers; ++k) f->state[f->plan.members[bp->first + k]] = IDLE;
+    bk->started = bk->finished = 0;
+    bk->req = NULL;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    tnt_request_free(req);
+    return TNT_OK;
+  }
+  pthread_mutex_unlock(&f->mu);
+  return TNT_OK;
+}
+
+size_t tnt_fusion_num_buckets(const tnt_fusion_t *f) {
+  return f == NULL ? 0 : f->plan.nbuckets;
+}
+
+long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id) {
+  if (f == NULL) return -1;
+  long i = find(f, id);
+  return i < 0 ? -1 : (long)f->plan.bucket_of[i];
+}

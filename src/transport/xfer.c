@@ -1,0 +1,68 @@
+/*
+ * Blocking transfers with deadlines, built on the transports' non-blocking
+ * calls. This is the one place where collective algorithms wait for peers,
+ * so it is also the one place that names the peer when a wait times out.
+ */
+#include "core/log.h"
+#include "transport/transport.h"
+
+/* Collective messages of one communicator are matched by order, so a single
+ * tag serves every algorithm. */
+#define COLL_TAG 1
+
+tnt_status_t tnt__xwait_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n,
+                            const tnt__wait_ctx_t *w) {
+  tnt_status_t st = TNT_OK;
+  for (unsigned it = 0;; ++it) {
+    int pending = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!reqs[i].active) continue;
+      int done = 0;
+      st = t->ops->test(t, &reqs[i], &done);
+      if (st < 0) goto fail;
+      pending += !done;
+    }
+    if (pending == 0) return TNT_OK;
+    if ((it & 63u) == 63u && tnt__now() > w->deadline) {
+      for (int i = 0; i < n; ++i) {
+        if (!reqs[i].active) continue;
+        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d (%s)", w->label, w->timeout,
+                      t->world_ranks[reqs[i].peer], reqs[i].is_recv ? "receive" : "send");
+        break;
+      }
+      st = TNT_ERR_TIMEOUT;
+      goto fail;
+    }
+    tnt__spin_pause(it);
+  }
+fail:
+  for (int i = 0; i < n; ++i) {
+    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+  }
+  return st;
+}
+
+tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes, int dst,
+                            void *rbuf, size_t rbytes, int src, const tnt__wait_ctx_t *w) {
+  tnt__xreq_t reqs[2] = {{.active = 0}, {.active = 0}};
+  tnt_status_t st = TNT_OK;
+  /* Post the receive first so an eager message lands in place. */
+  if (rbytes > 0) TNT_CHECK_GOTO(t->ops->irecv(t, TNT__CH_COLL, rbuf, rbytes, src, COLL_TAG, &reqs[0]), st, fail);
+  if (sbytes > 0) TNT_CHECK_GOTO(t->ops->isend(t, TNT__CH_COLL, sbuf, sbytes, dst, COLL_TAG, &reqs[1]), st, fail);
+  return tnt__xwait_all(t, reqs, 2, w);
+fail:
+  for (int i = 0; i < 2; ++i) {
+    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+  }
+  return st;
+}
+
+tnt_status_t tnt__xsend(tnt__transport_t *t, const void *buf, size_t bytes, int peer,
+                        const tnt__wait_ctx_t *w) {
+  return tnt__xsendrecv(t, buf, bytes, peer, NULL, 0, -1, w);
+}
+
+tnt_status_t tnt__xrecv(tnt__transport_t *t, void *buf, size_t bytes, int peer,
+                        const tnt__wait_ctx_t *w) {
+  return tnt__xsendrecv(t, NULL, 0, -1, buf, bytes, peer, w);
+}
