@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs every test suite and ends with one summary line over all of them:
+#   1. the release build: C unit tests, ranks-as-threads tests, MPI tests
+#   2. an AddressSanitizer + UndefinedBehaviorSanitizer build of the same
+#   3. a ThreadSanitizer build of the threaded engine tests
+# Usage: tests/run_all.sh [BUILD_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+jobs=$(nproc)
+passed=0
+failed=0
+failed_suites=()
+
+# Adds one ctest run's counts to the totals.
+run_ctest() {
+  local name=$1 dir=$2
+  shift 2
+  echo "=== $name ==="
+  local log
+  log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure "$@") 2>&1 | tee "$log"
+  local line
+  line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -1)
+  if [[ -z $line ]]; then
+    echo "tarantella: $name produced no ctest summary" >&2
+    failed=$((failed + 1))
+    failed_suites+=("$name")
+  else
+    local f t
+    f=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$line")
+    t=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/' <<<"$line")
+    passed=$((passed + t - f))
+    failed=$((failed + f))
+    ((f == 0)) || failed_suites+=("$name")
+  fi
+  rm -f "$log"
+}
+
+configure_build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" "$@" >/dev/null && cmake --build "$dir" -j "$jobs" >/dev/null
+}
+
+run_ctest "release" "$build"
+
+# Open MPI keeps memory until exit on purpose; leak reports would be noise.
+if configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DTNT_SANITIZE=address,undefined; then
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    run_ctest "asan+ubsan" build-asan
+else
+  echo "tarantella: the sanitizer build failed" >&2
+  failed=$((failed + 1)); failed_suites+=("asan+ubsan build")
+fi
+
+if configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DTNT_SANITIZE=thread; then
+  TSAN_OPTIONS=halt_on_error=1 run_ctest "tsan" build-tsan -R "threads"
+else
+  echo "tarantella: the ThreadSanitizer build failed" >&2
+  failed=$((failed + 1)); failed_suites+=("tsan build")
+fi
+
+if ((${#failed_suites[@]})); then
+  echo "failing suites: ${failed_suites[*]}"
+fi
+echo "${passed} passed, ${failed} failed"
+((failed == 0))
