@@ -24,6 +24,9 @@
 #include "collectives/collectives.h"
 #include "core/reduce.h"
 
+/* Up to this many bytes read per rank, small vectors skip the slicing. */
+#define TNT__SHM_WHOLE_MAX_BYTES (32u * 1024u)
+
 static int shm_usable(const tnt__comm_t *c) {
   return c->shm != NULL && (c->num_hosts == 1 || c->cross != NULL);
 }
@@ -45,6 +48,21 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
   if (nloc > 16) {
     srcs = malloc((size_t)nloc * sizeof *srcs);
     if (srcs == NULL) return TNT_ERR_NO_MEMORY;
+  }
+  /* Small vectors on one host: every rank combines the whole vector from
+   * all slots itself. Reading n * nloc elements is cheaper than the second
+   * wait of the sliced scheme, and the combine order is still rank order. */
+  if (!across && count > 0 && count * esz <= c->shm_slot_bytes &&
+      count * esz * (size_t)nloc <= TNT__SHM_WHOLE_MAX_BYTES) {
+    uint64_t seq;
+    TNT_CHECK_GOTO(tnt__shm_round_begin(c, w, &seq), st, out);
+    const int slot = (int)(seq & 1u);
+    memcpy(tnt__shm_slot(c, me, slot), src, count * esz);
+    tnt__shm_publish(c, 0, seq);
+    TNT_CHECK_GOTO(tnt__shm_wait_all(c, 0, seq, w), st, out);
+    for (int q = 0; q < nloc; ++q) srcs[q] = tnt__shm_slot(c, q, slot);
+    tnt__reduce_many(dst, srcs, nloc, count, dtype, op, c->size);
+    goto out;
   }
   for (size_t off = 0; off < count; off += per_slot) {
     const size_t n = TNT__MIN(per_slot, count - off);

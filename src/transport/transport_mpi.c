@@ -135,7 +135,7 @@ static tnt_status_t mpi_shm_alloc(tnt__transport_t *t, size_t bytes, tnt__shm_t 
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   void *mine = NULL;
-  int rc = MPI_Win_allocate_shared((MPI_Aint)bytes, 1, info, m->comm[TNT__CH_COLL], &mine, &ms->win);
+  int rc = MPI_Win_allocate_shared((MPI_Aint)bytes + 64, 1, info, m->comm[TNT__CH_COLL], &mine, &ms->win);
   MPI_Info_free(&info);
   if (rc != MPI_SUCCESS) {
     st = mpi_fail(rc, "MPI_Win_allocate_shared");
@@ -151,15 +151,12 @@ static tnt_status_t mpi_shm_alloc(tnt__transport_t *t, size_t bytes, tnt__shm_t 
       MPI_Win_free(&ms->win);
       goto fail;
     }
-    if (((uintptr_t)p & 63u) != 0) {
-      TNT_LOG_ERROR("shared window of rank %d is not 64-byte aligned", r);
-      st = TNT_ERR_UNSUPPORTED;
-      MPI_Win_free(&ms->win);
-      goto fail;
-    }
-    base[r] = p;
+    /* Windows start on a page in every process, so rounding each region
+     * up to a cache line lands on the same bytes everywhere. */
+    base[r] = (uint8_t *)(((uintptr_t)p + 63u) & ~(uintptr_t)63u);
   }
-  memset(mine, 0, bytes);
+  memset(base[t->rank], 0, bytes);
+  (void)mine;
   /* Direct loads and stores into the window happen inside one passive
    * epoch that lasts as long as the window. */
   MPI_Win_lock_all(MPI_MODE_NOCHECK, ms->win);
