@@ -233,7 +233,7 @@ tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_g
   req->op.comm = ctx->world->comm;
   req->op.recvbuf = &args;
   snprintf(req->op.label, sizeof req->op.label, "group creation (%d ranks)", n);
-  TNT_CHECK(tnt__engine_run(ctx->engine, req, -1));
+  TNT_CHECK(tnt__engine_run(ctx->engine, req));
   tnt_group_t *g = group_new(ctx, args.comm);
   if (g == NULL) {
     tnt__comm_destroy(args.comm);
@@ -265,7 +265,7 @@ tnt_status_t tnt_group_destroy(tnt_group_t *g) {
     req->op.run = group_destroy_run;
     req->op.comm = g->comm;
     snprintf(req->op.label, sizeof req->op.label, "group destruction");
-    st = tnt__engine_run(ctx->engine, req, -1);
+    st = tnt__engine_run(ctx->engine, req);
   }
   free(g);
   return st;

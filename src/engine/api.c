@@ -82,7 +82,7 @@ static tnt_status_t finish(tnt_group_t *g, tnt_request_t *req, tnt_request_t **o
     *out = req;
     return TNT_OK;
   }
-  return tnt__engine_run(tnt__context_engine(g->ctx), req, -1);
+  return tnt__engine_run(tnt__context_engine(g->ctx), req);
 }
 
 /* ---------------------------------------------------------- allreduce */
@@ -255,14 +255,10 @@ static tnt_status_t p2p(tnt_group_t *g, tnt__op_kind_t kind, const void *sbuf, v
   snprintf(op->label, sizeof op->label, "%s of %zu bytes %s rank %d (tag %d)", call,
            count * tnt_dtype_size(dtype), kind == TNT__OP_SEND ? "to" : "from",
            g->comm->t->world_ranks[peer], tag);
+  if (req == NULL) return tnt__engine_submit_wait(tnt__context_engine(g->ctx), r);
   tnt__engine_submit(tnt__context_engine(g->ctx), r);
-  if (req != NULL) {
-    *req = r;
-    return TNT_OK;
-  }
-  tnt_status_t st = tnt_request_wait(r, -1);
-  tnt_request_free(r);
-  return st;
+  *req = r;
+  return TNT_OK;
 }
 
 tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,

@@ -133,6 +133,23 @@ tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
   return st;
 }
 
+/* Waits for completion without a deadline of its own: every operation is
+ * bounded by the deadline the engine gives it, so completion always comes.
+ * Blocking calls use this, since returning early would leave the engine
+ * writing into a buffer the caller considers free again. */
+static tnt_status_t request_wait_done(tnt_request_t *req) {
+  for (unsigned it = 0; it < 256; ++it) {
+    int st = atomic_load_explicit(&req->status, memory_order_acquire);
+    if (st != TNT_IN_PROGRESS) return st;
+    tnt__spin_pause(it);
+  }
+  int st;
+  pthread_mutex_lock(&req->mu);
+  while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) pthread_cond_wait(&req->cv, &req->mu);
+  pthread_mutex_unlock(&req->mu);
+  return st;
+}
+
 void tnt_request_free(tnt_request_t *req) {
   tnt__request_unref(req);
 }
@@ -283,7 +300,7 @@ void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req) {
   pthread_mutex_unlock(&e->mu);
 }
 
-tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req, double timeout_s) {
+tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req) {
   pthread_mutex_lock(&e->mu);
   int inline_ok = req->op.kind == TNT__OP_RUN && !e->busy && e->head == NULL;
   if (inline_ok) e->busy = 1;
@@ -299,8 +316,15 @@ tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req, double timeou
     tnt__request_unref(req); /* the engine's reference, never handed over */
   } else {
     tnt__engine_submit(e, req);
-    st = tnt_request_wait(req, timeout_s);
+    st = request_wait_done(req);
   }
+  tnt__request_unref(req);
+  return st;
+}
+
+tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req) {
+  tnt__engine_submit(e, req);
+  tnt_status_t st = request_wait_done(req);
   tnt__request_unref(req);
   return st;
 }

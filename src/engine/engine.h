@@ -65,9 +65,12 @@ void tnt__request_unref(tnt_request_t *req);
 /* Queues the request's op; the engine takes over its reference. */
 void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req);
 /* Runs a request to completion and drops both references: on the calling
- * thread when the engine is idle, else through the queue (waiting at most
- * `timeout_s`). Returns the op's status. */
-tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req, double timeout_s);
+ * thread when the engine is idle, else through the queue. Returns the op's
+ * status. Bounded by the timeouts of the operations queued before it. */
+tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req);
+/* Submits a request and waits for it like tnt__engine_run, for operations
+ * that must go through the queue (point-to-point). Drops both references. */
+tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req);
 
 /* tnt_iallreduce with the label that logs and errors use for it (NULL: the
  * default "allreduce of N bytes"); req == NULL runs it blocking. */

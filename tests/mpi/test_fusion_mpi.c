@@ -1,0 +1,441 @@
+/*
+ * Tensor fusion over MPI, at any number of ranks: the bucket plan for
+ * thresholds 0, 256 bytes and 64 MiB against the documented rules; several
+ * steps in which every rank starts its tensors in its own random order and
+ * finishes them in another (both seeded by rank and step), with exact
+ * averages on integer-valued data; bitwise determinism on random reals (a
+ * second run in different orders gives the same bits, and every rank holds
+ * the same bits); a set on a subgroup and a SUM set; and the error cases.
+ */
+#include "mpi_test_util.h"
+
+/* The tensor list, in backprop order: float32 mostly, some float16 and
+ * float64, sizes from 1 element to 300000. Ids are not indices. */
+static const struct {
+  size_t count;
+  tnt_dtype_t dtype;
+} kTensors[] = {
+    {1000, TNT_FLOAT32},  {1, TNT_FLOAT32},     {513, TNT_FLOAT16},  {65536, TNT_FLOAT32},
+    {2, TNT_FLOAT64},     {17, TNT_FLOAT32},    {300000, TNT_FLOAT32}, {5, TNT_FLOAT16},
+    {3, TNT_FLOAT32},     {777, TNT_FLOAT64},   {4097, TNT_FLOAT32}, {100, TNT_FLOAT32},
+    {2000, TNT_FLOAT16},  {64, TNT_FLOAT32},    {10000, TNT_FLOAT64}, {123457, TNT_FLOAT32},
+    {1, TNT_FLOAT32},     {40, TNT_FLOAT32},    {63, TNT_FLOAT32},   {1, TNT_FLOAT16},
+};
+#define NT (sizeof kTensors / sizeof kTensors[0])
+
+static const size_t kThresholds[] = {0, 256, (size_t)64 << 20};
+#define NTHRESH 3
+
+static int g_rank, g_size;
+
+static uint64_t tensor_id(size_t t) {
+  return 1000 + 7 * (uint64_t)t;
+}
+
+static void tensor_list(tnt_tensor_info_t *info) {
+  for (size_t t = 0; t < NT; t++) {
+    info[t].id = tensor_id(t);
+    info[t].count = kTensors[t].count;
+    info[t].dtype = kTensors[t].dtype;
+  }
+}
+
+/* The documented planner rules: one open bucket per dtype; a tensor joins
+ * the open bucket of its dtype (or opens one); a bucket closes once it
+ * holds at least the threshold; buckets are numbered in opening order. */
+static size_t plan_model(size_t threshold, long *bucket_of) {
+  long open[TNT_DTYPE_COUNT];
+  size_t bytes[NT];
+  size_t nb = 0;
+  for (int d = 0; d < TNT_DTYPE_COUNT; d++) open[d] = -1;
+  for (size_t t = 0; t < NT; t++) {
+    int d = kTensors[t].dtype;
+    if (open[d] < 0) {
+      open[d] = (long)nb;
+      bytes[nb++] = 0;
+    }
+    bucket_of[t] = open[d];
+    bytes[open[d]] += kTensors[t].count * mt_dsize(kTensors[t].dtype);
+    if (bytes[open[d]] >= threshold) open[d] = -1;
+  }
+  return nb;
+}
+
+static void check_plan(tnt_fusion_t *f, size_t threshold) {
+  long want[NT];
+  size_t nb = plan_model(threshold, want);
+  mt_set_case("plan threshold=%zu: tnt_fusion_num_buckets", threshold);
+  size_t got_nb = tnt_fusion_num_buckets(f);
+  MT_CHECK(got_nb == nb, "expected %zu buckets, got %zu", nb, got_nb);
+  if (threshold == 0) {
+    MT_CHECK(got_nb == NT, "threshold 0 means one tensor per bucket: expected %zu, got %zu",
+             (size_t)NT, got_nb);
+  }
+  mt_set_case("plan threshold=%zu: tnt_fusion_bucket_of", threshold);
+  for (size_t t = 0; t < NT; t++) {
+    long got = tnt_fusion_bucket_of(f, tensor_id(t));
+    if (got != want[t]) {
+      mt_fail((long)t, "bucket of tensor id %" PRIu64 ": expected %ld, got %ld", tensor_id(t),
+              want[t], got);
+    }
+  }
+  MT_CHECK(tnt_fusion_bucket_of(f, 999999) == -1, "bucket of unknown id: expected -1, got %ld",
+           tnt_fusion_bucket_of(f, 999999));
+  MT_CHECK(tnt_fusion_bucket_of(f, tensor_id(0) + 1) == -1,
+           "bucket of unknown id %" PRIu64 ": expected -1, got %ld", tensor_id(0) + 1,
+           tnt_fusion_bucket_of(f, tensor_id(0) + 1));
+}
+
+/* Per-tensor buffers of one step. */
+typedef struct tensors {
+  void *in[NT];   /* this rank's contribution (kept for checks) */
+  void *src[NT];  /* what is passed to start (scribbled afterwards) */
+  void *out[NT];  /* what finish writes */
+  void *want[NT]; /* the exact expected result (integer runs) */
+} tensors_t;
+
+static void tensors_alloc(tensors_t *T) {
+  for (size_t t = 0; t < NT; t++) {
+    size_t bytes = kTensors[t].count * mt_dsize(kTensors[t].dtype);
+    T->in[t] = mt_alloc(bytes);
+    T->src[t] = mt_alloc(bytes);
+    T->out[t] = mt_alloc(bytes);
+    T->want[t] = mt_alloc(bytes);
+  }
+}
+
+static void tensors_free(tensors_t *T) {
+  for (size_t t = 0; t < NT; t++) free(T->in[t]), free(T->src[t]), free(T->out[t]), free(T->want[t]);
+}
+
+/* The integer base value of element i of tensor t at `step` (small for
+ * float16 so that every partial sum stays exact). */
+static double base_value(size_t t, size_t i, int step) {
+  uint64_t h = mt_mix64(((uint64_t)t << 40) ^ ((uint64_t)step << 32) ^ i);
+  if (kTensors[t].dtype == TNT_FLOAT16) return (double)(int64_t)(h % 41) - 20.0;
+  return (double)(int64_t)(h % 200001) - 100000.0;
+}
+
+/* Offsets that sum to zero over the group, and differ from zero for every
+ * rank when the group has more than one member. */
+static double offset(int grank, int gsize) {
+  if (gsize == 1) return 0.0;
+  return grank < gsize - 1 ? (double)(grank + 1) : -(double)(gsize * (gsize - 1) / 2);
+}
+
+/*
+ * Fills inputs for a step. Integer data (`random_reals` 0): rank g adds
+ * offset(g) to a common base, so the average is exactly the base and the
+ * sum is gsize times the base. Random reals: independent per rank.
+ */
+static void fill_step(tensors_t *T, int grank, int gsize, int step, int random_reals,
+                      tnt_op_t op) {
+  for (size_t t = 0; t < NT; t++) {
+    tnt_dtype_t dt = kTensors[t].dtype;
+    mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, t);
+    for (size_t i = 0; i < kTensors[t].count; i++) {
+      if (random_reals) {
+        mt_store(dt, T->in[t], i, mt_uniform(&rng) * 4.0);
+      } else {
+        double b = base_value(t, i, step);
+        mt_store(dt, T->in[t], i, b + offset(grank, gsize));
+        mt_store(dt, T->want[t], i, op == TNT_SUM ? b * gsize : b);
+      }
+    }
+  }
+}
+
+/* A fusion set over the whole tensor list, checked against the model. */
+static tnt_fusion_t *make_set(tnt_group_t *g, size_t threshold, tnt_op_t op) {
+  tnt_tensor_info_t info[NT];
+  tensor_list(info);
+  mt_set_case("tnt_fusion_create threshold=%zu op=%s", threshold, mt_oname(op));
+  tnt_fusion_t *f = NULL;
+  MT_OK(tnt_fusion_create(g, info, NT, threshold, op, &f));
+  if (f == NULL) mt_fatal("tnt_fusion_create succeeded but gave NULL");
+  check_plan(f, threshold);
+  return f;
+}
+
+/* Starts one tensor, then scribbles over the caller's copy (start copies
+ * the data, so the buffer is the caller's again at once). */
+static void start_one(tnt_fusion_t *f, tensors_t *T, size_t t) {
+  size_t bytes = kTensors[t].count * mt_dsize(kTensors[t].dtype);
+  memcpy(T->src[t], T->in[t], bytes);
+  tnt_status_t st = tnt_fusion_start(f, tensor_id(t), T->src[t]);
+  if (st != TNT_OK) mt_fatal("tnt_fusion_start(id %" PRIu64 "): %s", tensor_id(t), mt_st(st));
+  memset(T->src[t], 0x5a, bytes);
+}
+
+static void finish_one(tnt_fusion_t *f, tensors_t *T, size_t t) {
+  mt_fill_sentinel(T->out[t], kTensors[t].count, kTensors[t].dtype);
+  tnt_status_t st = tnt_fusion_finish(f, tensor_id(t), T->out[t], -1);
+  if (st != TNT_OK) mt_fatal("tnt_fusion_finish(id %" PRIu64 "): %s", tensor_id(t), mt_st(st));
+}
+
+/*
+ * One step: start every tensor in a random order seeded by (rank, step,
+ * salt), finish in another. With `interleave`, finishes are mixed into the
+ * starts: a tensor may be finished once every tensor of its bucket and of
+ * every earlier bucket has been started here (buckets are submitted in plan
+ * order, so finishing earlier would wait on this rank's own later starts).
+ */
+static void run_step(tnt_fusion_t *f, tensors_t *T, int step, uint64_t salt, int interleave) {
+  size_t start_order[NT], finish_order[NT];
+  mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, salt);
+  mt_shuffle(start_order, NT, &rng);
+  mt_shuffle(finish_order, NT, &rng);
+  if (!interleave) {
+    for (size_t k = 0; k < NT; k++) start_one(f, T, start_order[k]);
+    for (size_t k = 0; k < NT; k++) finish_one(f, T, finish_order[k]);
+    return;
+  }
+  size_t nb = tnt_fusion_num_buckets(f);
+  size_t *unstarted = mt_alloc(nb * sizeof *unstarted);
+  memset(unstarted, 0, nb * sizeof *unstarted);
+  for (size_t t = 0; t < NT; t++) unstarted[tnt_fusion_bucket_of(f, tensor_id(t))]++;
+  int finished[NT] = {0};
+  size_t nfinished = 0;
+  for (size_t k = 0; k <= NT; k++) {
+    if (k < NT) {
+      size_t t = start_order[k];
+      start_one(f, T, t);
+      unstarted[tnt_fusion_bucket_of(f, tensor_id(t))]--;
+    }
+    /* The first bucket with an unstarted member bounds what may finish. */
+    size_t ready = 0;
+    while (ready < nb && unstarted[ready] == 0) ready++;
+    for (size_t j = 0; j < NT; j++) {
+      size_t t = finish_order[j];
+      if (finished[t] || (size_t)tnt_fusion_bucket_of(f, tensor_id(t)) >= ready) continue;
+      if (k < NT && mt_next(&rng) % 3 != 0) continue; /* finish some now, some later */
+      finish_one(f, T, t);
+      finished[t] = 1;
+      nfinished++;
+    }
+  }
+  free(unstarted);
+  if (nfinished != NT) mt_fatal("interleaved step finished %zu of %zu tensors", nfinished, NT);
+}
+
+/* Exact check of an integer step; `what` names the run. */
+static void check_exact(tensors_t *T, const char *what) {
+  for (size_t t = 0; t < NT; t++) {
+    char label[160];
+    snprintf(label, sizeof label, "%s: tensor id %" PRIu64, what, tensor_id(t));
+    mt_compare(kTensors[t].dtype, T->out[t], T->want[t], kTensors[t].count, label);
+  }
+}
+
+/* Averages with exact integer data, several steps, on group g. */
+static void test_averages(tnt_group_t *g, const char *gname, tnt_op_t op, int steps,
+                          const size_t *thresholds, int nthresh) {
+  tensors_t T;
+  tensors_alloc(&T);
+  for (int k = 0; k < nthresh; k++) {
+    tnt_fusion_t *f = make_set(g, thresholds[k], op);
+    for (int step = 0; step < steps; step++) {
+      int interleave = step % 2;
+      mt_set_case("%s %s threshold=%zu step=%d %s", gname, mt_oname(op), thresholds[k], step,
+                  interleave ? "interleaved" : "start all, then finish all");
+      fill_step(&T, tnt_group_rank(g), tnt_group_size(g), step, 0, op);
+      run_step(f, &T, step, 1, interleave);
+      check_exact(&T, mt_oname(op));
+    }
+    mt_set_case("%s tnt_fusion_destroy threshold=%zu", gname, thresholds[k]);
+    MT_OK(tnt_fusion_destroy(f));
+  }
+  tensors_free(&T);
+}
+
+/* Random reals: a run of `steps` steps, hashing every result. */
+static void determinism_run(tnt_group_t *g, size_t threshold, int steps, int run, uint64_t *hashes,
+                            mt_hashlog_t *log) {
+  tensors_t T;
+  tensors_alloc(&T);
+  tnt_fusion_t *f = make_set(g, threshold, TNT_AVERAGE);
+  int n = tnt_group_size(g);
+  for (int step = 0; step < steps; step++) {
+    mt_set_case("determinism threshold=%zu run=%d step=%d", threshold, run, step);
+    fill_step(&T, 0, n, step, 1, TNT_AVERAGE);
+    run_step(f, &T, step, 100 + (uint64_t)run, (step + run) % 2);
+    for (size_t t = 0; t < NT; t++) {
+      tnt_dtype_t dt = kTensors[t].dtype;
+      size_t bytes = kTensors[t].count * mt_dsize(dt);
+      hashes[(size_t)step * NT + t] = mt_hash(T.out[t], bytes, 0);
+      mt_set_case("determinism threshold=%zu run=%d step=%d tensor id %" PRIu64, threshold, run,
+                  step, tensor_id(t));
+      mt_hashlog_add(log, T.out[t], bytes);
+      /* The first elements against a double-precision reference. */
+      double u = dt == TNT_FLOAT16   ? ldexp(1.0, -11)
+                 : dt == TNT_FLOAT32 ? ldexp(1.0, -24)
+                                     : ldexp(1.0, -53);
+      size_t m = kTensors[t].count < 16 ? kTensors[t].count : 16;
+      double sum[16] = {0}, mag[16] = {0};
+      for (int r = 0; r < n; r++) {
+        mt_rng_t rng = mt_rng((uint64_t)r, (uint64_t)step, t);
+        for (size_t i = 0; i < m; i++) {
+          uint8_t held[8];
+          mt_store(dt, held, 0, mt_uniform(&rng) * 4.0);
+          sum[i] += mt_load(dt, held, 0);
+          mag[i] += fabs(mt_load(dt, held, 0));
+        }
+      }
+      for (size_t i = 0; i < m; i++) {
+        double want = sum[i] / n, got = mt_load(dt, T.out[t], i);
+        double tol = 2.0 * u * (mag[i] + fabs(want));
+        if (!(fabs(got - want) <= tol)) {
+          mt_fail((long)i, "average: expected %.17g (+- %.3g), got %.17g", want, tol, got);
+          break;
+        }
+      }
+    }
+  }
+  mt_set_case("determinism threshold=%zu run=%d: tnt_fusion_destroy", threshold, run);
+  MT_OK(tnt_fusion_destroy(f));
+  tensors_free(&T);
+}
+
+static void test_determinism(tnt_group_t *world) {
+  enum { STEPS = 2 };
+  mt_hashlog_t log = {0};
+  uint64_t first[STEPS * NT], second[STEPS * NT];
+  for (int k = 0; k < NTHRESH; k++) {
+    determinism_run(world, kThresholds[k], STEPS, 0, first, &log);
+    determinism_run(world, kThresholds[k], STEPS, 1, second, &log);
+    mt_set_case("determinism threshold=%zu: run 0 against run 1", kThresholds[k]);
+    for (size_t j = 0; j < STEPS * NT; j++) {
+      if (first[j] != second[j]) {
+        mt_fail((long)j,
+                "step %zu tensor id %" PRIu64 ": run 1 gave other bits than run 0: expected hash "
+                "0x%" PRIx64 ", got 0x%" PRIx64,
+                j / NT, tensor_id(j % NT), first[j], second[j]);
+      }
+    }
+  }
+  mt_hashlog_compare(&log, MPI_COMM_WORLD, "determinism");
+  mt_hashlog_free(&log);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
+  const tnt_status_t E = TNT_ERR_INVALID_ARG;
+  tnt_tensor_info_t info[3] = {{11, 10, TNT_FLOAT32}, {12, 20, TNT_FLOAT32}, {13, 5, TNT_FLOAT64}};
+  tnt_fusion_t *f = NULL;
+
+  mt_set_case("fusion errors: tnt_fusion_create");
+  MT_EXPECT_ST(tnt_fusion_create(NULL, info, 3, 0, TNT_AVERAGE, &f), E);
+  MT_EXPECT_ST(tnt_fusion_create(world, NULL, 3, 0, TNT_AVERAGE, &f), E);
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_OP_COUNT, &f), E);
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, NULL), E);
+  info[1].id = 11; /* duplicate id */
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f), E);
+  info[1].id = 12;
+  info[2].dtype = TNT_DTYPE_COUNT;
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f), E);
+  info[2].dtype = TNT_FLOAT64;
+
+  MT_OK(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f));
+  float a[10], a_out[10], b[20], b_out[20];
+  double c[5], c_out[5];
+  for (int i = 0; i < 10; i++) a[i] = (float)(i + g_rank);
+  for (int i = 0; i < 20; i++) b[i] = (float)(2 * i);
+  for (int i = 0; i < 5; i++) c[i] = (double)(i * g_size);
+
+  mt_set_case("fusion errors: unknown ids and NULL buffers");
+  MT_CHECK(tnt_fusion_num_buckets(f) == 3, "threshold 0: expected 3 buckets, got %zu",
+           tnt_fusion_num_buckets(f));
+  MT_CHECK(tnt_fusion_bucket_of(f, 14) == -1, "bucket of unknown id 14: expected -1, got %ld",
+           tnt_fusion_bucket_of(f, 14));
+  MT_EXPECT_ST(tnt_fusion_start(f, 14, a), E);
+  MT_EXPECT_ST(tnt_fusion_finish(f, 14, a_out, 1.0), E);
+  MT_EXPECT_ST(tnt_fusion_start(f, 11, NULL), E);
+  MT_EXPECT_ST(tnt_fusion_start(NULL, 11, a), E);
+  MT_EXPECT_ST(tnt_fusion_finish(NULL, 11, a_out, 1.0), E);
+
+  mt_set_case("fusion errors: finish before start");
+  double t0 = mt_now();
+  MT_EXPECT_ST(tnt_fusion_finish(f, 11, a_out, 2.0), TNT_ERR_STATE);
+  double dt = mt_now() - t0;
+  MT_CHECK(dt < 1.0, "finish before start took %.2f s: expected an immediate TNT_ERR_STATE", dt);
+
+  mt_set_case("fusion errors: start twice, finish with NULL, finish twice");
+  MT_OK(tnt_fusion_start(f, 11, a));
+  MT_EXPECT_ST(tnt_fusion_start(f, 11, a), TNT_ERR_STATE);
+  MT_EXPECT_ST(tnt_fusion_finish(f, 11, NULL, 1.0), E);
+  MT_OK(tnt_fusion_finish(f, 11, a_out, -1));
+  for (int i = 0; i < 10; i++) {
+    float want = (float)i + (float)(g_size - 1) / 2.0f;
+    if (a_out[i] != want) {
+      mt_fail(i, "average of tensor 11: expected %g, got %g", (double)want, (double)a_out[i]);
+      break;
+    }
+  }
+  MT_EXPECT_ST(tnt_fusion_finish(f, 11, a_out, 1.0), TNT_ERR_STATE);
+
+  mt_set_case("fusion errors: the set still works afterwards");
+  MT_OK(tnt_fusion_start(f, 13, c));
+  MT_OK(tnt_fusion_start(f, 12, b));
+  MT_OK(tnt_fusion_start(f, 11, a));
+  MT_OK(tnt_fusion_finish(f, 12, b_out, -1));
+  MT_OK(tnt_fusion_finish(f, 13, c_out, -1));
+  MT_OK(tnt_fusion_finish(f, 11, a_out, -1));
+  for (int i = 0; i < 20; i++) {
+    if (b_out[i] != b[i]) {
+      mt_fail(i, "average of tensor 12: expected %g, got %g", (double)b[i], (double)b_out[i]);
+      break;
+    }
+  }
+  for (int i = 0; i < 5; i++) {
+    if (c_out[i] != c[i]) {
+      mt_fail(i, "average of tensor 13: expected %g, got %g", c[i], c_out[i]);
+      break;
+    }
+  }
+  MT_OK(tnt_fusion_destroy(f));
+  const char *msg = NULL;
+  tnt_status_t cst = tnt_context_error(ctx, &msg);
+  MT_CHECK(cst == TNT_OK, "tnt_context_error after the error cases: expected TNT_OK, got %s (%s)",
+           mt_st(cst), msg != NULL ? msg : "");
+}
+
+int main(int argc, char **argv) {
+  mt_init("test_fusion_mpi", &argc, &argv, 1);
+  tnt_config_t config = {0.0}; /* the timeout comes from TNT_TIMEOUT_S */
+  tnt_context_t *ctx = mt_context(&config);
+  tnt_group_t *world = tnt_context_world(ctx);
+  if (world == NULL) mt_fatal("tnt_context_world returned NULL");
+  g_rank = mt_state()->rank;
+  g_size = mt_state()->size;
+  double t0 = mt_now();
+
+  test_averages(world, "world", TNT_AVERAGE, 4, kThresholds, NTHRESH);
+  static const size_t small[] = {256};
+  test_averages(world, "world", TNT_SUM, 1, small, 1);
+  if (g_rank == 0) printf("averages: %.1f s\n", mt_now() - t0);
+
+  /* The same on the even ranks (average divides by the group size). */
+  int evens[64], n = 0;
+  for (int r = 0; r < g_size && n < 64; r += 2) evens[n++] = r;
+  if (g_rank % 2 == 0) {
+    tnt_group_t *g = NULL;
+    mt_set_case("tnt_group_create even ranks");
+    MT_OK(tnt_group_create(ctx, evens, n, &g));
+    test_averages(g, "even ranks", TNT_AVERAGE, 2, small, 1);
+    MT_OK(tnt_group_destroy(g));
+  }
+
+  double t = mt_now();
+  test_determinism(world);
+  if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
+  test_errors(ctx, world);
+
+  mt_set_case("teardown");
+  MT_OK(tnt_context_destroy(ctx));
+  mt_state()->ctx = NULL;
+  if (g_rank == 0) printf("total: %.1f s\n", mt_now() - t0);
+  int rc = mt_verdict();
+  MPI_Finalize();
+  return rc;
+}
