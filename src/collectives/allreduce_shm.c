@@ -38,7 +38,8 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
   const size_t per_slot = c->shm_slot_bytes / esz;
   const int nloc = c->local_size, me = c->local_rank;
   const int across = c->num_hosts > 1;
-  /* Across hosts the average is taken once the host sums are combined. */
+  /* Across hosts the average is taken once the host sums are combined; the
+   * other operations combine the same way within and across hosts. */
   const tnt_op_t local_op = across && op == TNT_AVERAGE ? TNT_SUM : op;
   const uint8_t *src = sendbuf;
   uint8_t *dst = recvbuf;
@@ -83,7 +84,7 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
       tnt__reduce_many(mine + lo * esz, srcs, nloc, hi - lo, dtype, local_op, c->size);
       if (across) {
         TNT_CHECK_GOTO(
-            tnt__ring_allreduce(c->cross, mine + lo * esz, hi - lo, dtype, TNT_SUM, w), st, out);
+            tnt__ring_allreduce(c->cross, mine + lo * esz, hi - lo, dtype, local_op, w), st, out);
         tnt__reduce_finish(mine + lo * esz, hi - lo, dtype, op, c->size);
       }
     }

@@ -261,40 +261,38 @@ static inline int64_t id_i64(int64_t a) {
  * The switch on `op` sits outside the element loops so that each loop is a
  * simple one the compiler can vectorize.
  */
-#define TNT__DEFINE_GENERIC(NAME, T, A, LOAD, STORE, ADD, MIN, MAX, DIV)                      \
-  static void NAME(void *dst, const void *const *srcs, int n, size_t count, tnt_op_t op,      \
-                   int divisor) {                                                             \
-    A acc[TNT__REDUCE_BLOCK];                                                                 \
-    T *d = (T *)dst;                                                                          \
-    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                          \
-      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                         \
-      const T *s = (const T *)srcs[0] + base;                                                 \
-      for (size_t i = 0; i < len; i++) acc[i] = LOAD(s[i]);                                   \
-      for (int k = 1; k < n; k++) {                                                           \
-        s = (const T *)srcs[k] + base;                                                        \
-        switch (op) {                                                                         \
-          case TNT_MIN:                                                                       \
-            for (size_t i = 0; i < len; i++) acc[i] = MIN(acc[i], LOAD(s[i]));               \
-            break;                                                                            \
-          case TNT_MAX:                                                                       \
-            for (size_t i = 0; i < len; i++) acc[i] = MAX(acc[i], LOAD(s[i]));               \
-            break;                                                                            \
-          default:                                                                            \
-            for (size_t i = 0; i < len; i++) acc[i] = ADD(acc[i], LOAD(s[i]));               \
-            break;                                                                            \
-        }                                                                                     \
-      }                                                                                       \
-      if (op == TNT_AVERAGE && divisor > 1) {                                                 \
-        for (size_t i = 0; i < len; i++) acc[i] = DIV(acc[i], divisor);                       \
-      }                                                                                       \
-      for (size_t i = 0; i < len; i++) d[base + i] = STORE(acc[i]);                           \
-    }                                                                                         \
+#define TNT__DEFINE_GENERIC(NAME, T, A, LOAD, STORE, ADD, MIN, MAX, DIV)                 \
+  static void NAME(void *dst, const void *const *srcs, int n, size_t count, tnt_op_t op, \
+                   int divisor) {                                                        \
+    A acc[TNT__REDUCE_BLOCK];                                                            \
+    T *d = (T *)dst;                                                                     \
+    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                     \
+      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                    \
+      const T *s = (const T *)srcs[0] + base;                                            \
+      for (size_t i = 0; i < len; i++) acc[i] = LOAD(s[i]);                              \
+      for (int k = 1; k < n; k++) {                                                      \
+        s = (const T *)srcs[k] + base;                                                   \
+        switch (op) {                                                                    \
+          case TNT_MIN:                                                                  \
+            for (size_t i = 0; i < len; i++) acc[i] = MIN(acc[i], LOAD(s[i]));           \
+            break;                                                                       \
+          case TNT_MAX:                                                                  \
+            for (size_t i = 0; i < len; i++) acc[i] = MAX(acc[i], LOAD(s[i]));           \
+            break;                                                                       \
+          default:                                                                       \
+            for (size_t i = 0; i < len; i++) acc[i] = ADD(acc[i], LOAD(s[i]));           \
+            break;                                                                       \
+        }                                                                                \
+      }                                                                                  \
+      if (op == TNT_AVERAGE && divisor > 1) {                                            \
+        for (size_t i = 0; i < len; i++) acc[i] = DIV(acc[i], divisor);                  \
+      }                                                                                  \
+      for (size_t i = 0; i < len; i++) d[base + i] = STORE(acc[i]);                      \
+    }                                                                                    \
   }
 
-TNT__DEFINE_GENERIC(generic_f32, float, float, id_f32, id_f32, add_f32, min_f32, max_f32,
-                    div_f32)
-TNT__DEFINE_GENERIC(generic_f64, double, double, id_f64, id_f64, add_f64, min_f64, max_f64,
-                    div_f64)
+TNT__DEFINE_GENERIC(generic_f32, float, float, id_f32, id_f32, add_f32, min_f32, max_f32, div_f32)
+TNT__DEFINE_GENERIC(generic_f64, double, double, id_f64, id_f64, add_f64, min_f64, max_f64, div_f64)
 TNT__DEFINE_GENERIC(generic_f16, uint16_t, float, half_to_float, float_to_half, add_f32, min_f32,
                     max_f32, div_f32)
 TNT__DEFINE_GENERIC(generic_bf16, uint16_t, float, bfloat16_to_float, float_to_bfloat16, add_f32,
@@ -318,68 +316,66 @@ TNT__DEFINE_GENERIC(generic_i64, int64_t, int64_t, id_i64, id_i64, add_i64, min_
  *            every input or exactly srcs[0] + off (then it is updated in
  *            place); divides by divisor when divisor > 1
  */
-#define TNT__DEFINE_SUM_KERNELS(T, SFX, ATTR)                                                 \
-  ATTR static void sum2_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
-                              size_t n) {                                                     \
-    for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];                                        \
-  }                                                                                           \
-  ATTR static void sum3_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
-                              const T *restrict c, size_t n) {                                \
-    for (size_t i = 0; i < n; i++) d[i] = (a[i] + b[i]) + c[i];                               \
-  }                                                                                           \
-  ATTR static void sum4_##SFX(T *restrict d, const T *restrict a, const T *restrict b,        \
-                              const T *restrict c, const T *restrict e, size_t n) {           \
-    for (size_t i = 0; i < n; i++) d[i] = ((a[i] + b[i]) + c[i]) + e[i];                      \
-  }                                                                                           \
-  ATTR static void acc1_##SFX(T *restrict d, const T *restrict b, size_t n) {                 \
-    for (size_t i = 0; i < n; i++) d[i] = d[i] + b[i];                                        \
-  }                                                                                           \
-  ATTR static void acc2_##SFX(T *restrict d, const T *restrict b, const T *restrict c,        \
-                              size_t n) {                                                     \
-    for (size_t i = 0; i < n; i++) d[i] = (d[i] + b[i]) + c[i];                               \
-  }                                                                                           \
-  ATTR static void acc3_##SFX(T *restrict d, const T *restrict b, const T *restrict c,        \
-                              const T *restrict e, size_t n) {                                \
-    for (size_t i = 0; i < n; i++) d[i] = ((d[i] + b[i]) + c[i]) + e[i];                      \
-  }                                                                                           \
-  ATTR static void divide_##SFX(T *restrict d, T divisor, size_t n) {                         \
-    for (size_t i = 0; i < n; i++) d[i] = d[i] / divisor;                                     \
-  }                                                                                           \
-  ATTR static void block_##SFX(T *out, const void *const *srcs, size_t off, int n, size_t len, \
-                               int divisor) {                                                 \
-    const T *s0 = (const T *)srcs[0] + off;                                                   \
-    int k;                                                                                    \
-    if (n == 1) {                                                                             \
-      if (out != s0) memcpy(out, s0, len * sizeof(T));                                        \
-      k = 1;                                                                                  \
-    } else if (out == s0) {                                                                   \
-      k = 1;                                                                                  \
-    } else if (n == 2) {                                                                      \
-      sum2_##SFX(out, s0, (const T *)srcs[1] + off, len);                                     \
-      k = 2;                                                                                  \
-    } else if (n == 3) {                                                                      \
-      sum3_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off, len);           \
-      k = 3;                                                                                  \
-    } else {                                                                                  \
-      sum4_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off,                 \
-                 (const T *)srcs[3] + off, len);                                              \
-      k = 4;                                                                                  \
-    }                                                                                         \
-    /* The rest is folded in three at a time while `out` is in the cache. */                  \
-    while (k < n) {                                                                           \
-      const T *b = (const T *)srcs[k] + off;                                                  \
-      if (n - k >= 3) {                                                                       \
-        acc3_##SFX(out, b, (const T *)srcs[k + 1] + off, (const T *)srcs[k + 2] + off, len);  \
-        k += 3;                                                                               \
-      } else if (n - k == 2) {                                                                \
-        acc2_##SFX(out, b, (const T *)srcs[k + 1] + off, len);                                \
-        k += 2;                                                                               \
-      } else {                                                                                \
-        acc1_##SFX(out, b, len);                                                              \
-        k += 1;                                                                               \
-      }                                                                                       \
-    }                                                                                         \
-    if (divisor > 1) divide_##SFX(out, (T)divisor, len);                                      \
+#define TNT__DEFINE_SUM_KERNELS(T, SFX, ATTR)                                                      \
+  ATTR static void sum2_##SFX(T *restrict d, const T *restrict a, const T *restrict b, size_t n) { \
+    for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];                                             \
+  }                                                                                                \
+  ATTR static void sum3_##SFX(T *restrict d, const T *restrict a, const T *restrict b,             \
+                              const T *restrict c, size_t n) {                                     \
+    for (size_t i = 0; i < n; i++) d[i] = (a[i] + b[i]) + c[i];                                    \
+  }                                                                                                \
+  ATTR static void sum4_##SFX(T *restrict d, const T *restrict a, const T *restrict b,             \
+                              const T *restrict c, const T *restrict e, size_t n) {                \
+    for (size_t i = 0; i < n; i++) d[i] = ((a[i] + b[i]) + c[i]) + e[i];                           \
+  }                                                                                                \
+  ATTR static void acc1_##SFX(T *restrict d, const T *restrict b, size_t n) {                      \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] + b[i];                                             \
+  }                                                                                                \
+  ATTR static void acc2_##SFX(T *restrict d, const T *restrict b, const T *restrict c, size_t n) { \
+    for (size_t i = 0; i < n; i++) d[i] = (d[i] + b[i]) + c[i];                                    \
+  }                                                                                                \
+  ATTR static void acc3_##SFX(T *restrict d, const T *restrict b, const T *restrict c,             \
+                              const T *restrict e, size_t n) {                                     \
+    for (size_t i = 0; i < n; i++) d[i] = ((d[i] + b[i]) + c[i]) + e[i];                           \
+  }                                                                                                \
+  ATTR static void divide_##SFX(T *restrict d, T divisor, size_t n) {                              \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] / divisor;                                          \
+  }                                                                                                \
+  ATTR static void block_##SFX(T *out, const void *const *srcs, size_t off, int n, size_t len,     \
+                               int divisor) {                                                      \
+    const T *s0 = (const T *)srcs[0] + off;                                                        \
+    int k;                                                                                         \
+    if (n == 1) {                                                                                  \
+      if (out != s0) memcpy(out, s0, len * sizeof(T));                                             \
+      k = 1;                                                                                       \
+    } else if (out == s0) {                                                                        \
+      k = 1;                                                                                       \
+    } else if (n == 2) {                                                                           \
+      sum2_##SFX(out, s0, (const T *)srcs[1] + off, len);                                          \
+      k = 2;                                                                                       \
+    } else if (n == 3) {                                                                           \
+      sum3_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off, len);                \
+      k = 3;                                                                                       \
+    } else {                                                                                       \
+      sum4_##SFX(out, s0, (const T *)srcs[1] + off, (const T *)srcs[2] + off,                      \
+                 (const T *)srcs[3] + off, len);                                                   \
+      k = 4;                                                                                       \
+    }                                                                                              \
+    /* The rest is folded in three at a time while `out` is in the cache. */                       \
+    while (k < n) {                                                                                \
+      const T *b = (const T *)srcs[k] + off;                                                       \
+      if (n - k >= 3) {                                                                            \
+        acc3_##SFX(out, b, (const T *)srcs[k + 1] + off, (const T *)srcs[k + 2] + off, len);       \
+        k += 3;                                                                                    \
+      } else if (n - k == 2) {                                                                     \
+        acc2_##SFX(out, b, (const T *)srcs[k + 1] + off, len);                                     \
+        k += 2;                                                                                    \
+      } else {                                                                                     \
+        acc1_##SFX(out, b, len);                                                                   \
+        k += 1;                                                                                    \
+      }                                                                                            \
+    }                                                                                              \
+    if (divisor > 1) divide_##SFX(out, (T)divisor, len);                                           \
   }
 
 TNT__DEFINE_SUM_KERNELS(float, f32, )
@@ -422,26 +418,26 @@ static int overlaps(const void *a, const void *b, size_t bytes) {
  * block goes through a local buffer so that no input is overwritten before
  * it has been read.
  */
-#define TNT__DEFINE_SUM_MANY(T, SFX)                                                          \
-  static void sum_many_##SFX(void *dst, const void *const *srcs, int n, size_t count,         \
-                             int divisor) {                                                   \
-    _Alignas(64) T tmp[TNT__REDUCE_BLOCK];                                                    \
-    T *d = (T *)dst;                                                                          \
-    size_t bytes = count * sizeof(T);                                                         \
-    int via_tmp = 0;                                                                          \
-    for (int k = 0; k < n; k++) {                                                             \
-      if (overlaps(d, srcs[k], bytes) && !(k == 0 && srcs[0] == dst)) via_tmp = 1;            \
-    }                                                                                         \
-    tnt__##SFX##_block_fn block = pick_block_##SFX();                                         \
-    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                          \
-      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                         \
-      if (via_tmp) {                                                                          \
-        block(tmp, srcs, base, n, len, divisor);                                              \
-        memcpy(d + base, tmp, len * sizeof(T));                                               \
-      } else {                                                                                \
-        block(d + base, srcs, base, n, len, divisor);                                         \
-      }                                                                                       \
-    }                                                                                         \
+#define TNT__DEFINE_SUM_MANY(T, SFX)                                                  \
+  static void sum_many_##SFX(void *dst, const void *const *srcs, int n, size_t count, \
+                             int divisor) {                                           \
+    _Alignas(64) T tmp[TNT__REDUCE_BLOCK];                                            \
+    T *d = (T *)dst;                                                                  \
+    size_t bytes = count * sizeof(T);                                                 \
+    int via_tmp = 0;                                                                  \
+    for (int k = 0; k < n; k++) {                                                     \
+      if (overlaps(d, srcs[k], bytes) && !(k == 0 && srcs[0] == dst)) via_tmp = 1;    \
+    }                                                                                 \
+    tnt__##SFX##_block_fn block = pick_block_##SFX();                                 \
+    for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {                  \
+      size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);                 \
+      if (via_tmp) {                                                                  \
+        block(tmp, srcs, base, n, len, divisor);                                      \
+        memcpy(d + base, tmp, len * sizeof(T));                                       \
+      } else {                                                                        \
+        block(d + base, srcs, base, n, len, divisor);                                 \
+      }                                                                               \
+    }                                                                                 \
   }
 
 TNT__DEFINE_SUM_MANY(float, f32)

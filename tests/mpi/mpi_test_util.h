@@ -30,7 +30,7 @@
 /* Failures printed per rank before the rest are only counted. */
 #define MT_MAX_PRINTED_FAILURES 25
 /* Default watchdog in seconds (MT_WATCHDOG_S in the environment overrides). */
-#define MT_DEFAULT_WATCHDOG_S 120
+#define MT_DEFAULT_WATCHDOG_S 90
 
 /* ------------------------------------------------------------ state */
 
@@ -78,8 +78,7 @@ static inline void mt_sleep(double seconds) {
 
 /* Records a failure of the current case at element `index` (-1: none). The
  * message should say what was expected and what was got. */
-__attribute__((format(printf, 2, 3))) static inline void mt_fail(long index, const char *fmt,
-                                                                  ...) {
+__attribute__((format(printf, 2, 3))) static inline void mt_fail(long index, const char *fmt, ...) {
   mt_state_t *s = mt_state();
   s->failures++;
   if (s->failures > MT_MAX_PRINTED_FAILURES) {
@@ -95,8 +94,8 @@ __attribute__((format(printf, 2, 3))) static inline void mt_fail(long index, con
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (index >= 0) {
-    fprintf(stderr, "[%s] FAIL rank %d: case '%s', index %ld: %s\n", s->prog, s->rank,
-            s->case_name, index, msg);
+    fprintf(stderr, "[%s] FAIL rank %d: case '%s', index %ld: %s\n", s->prog, s->rank, s->case_name,
+            index, msg);
   } else {
     fprintf(stderr, "[%s] FAIL rank %d: case '%s': %s\n", s->prog, s->rank, s->case_name, msg);
   }
@@ -105,8 +104,7 @@ __attribute__((format(printf, 2, 3))) static inline void mt_fail(long index, con
 
 /* Ends the whole job at once: for failures after which ranks could no
  * longer agree on the sequence of collectives (and would otherwise hang). */
-__attribute__((format(printf, 1, 2), noreturn)) static inline void mt_fatal(const char *fmt,
-                                                                             ...) {
+__attribute__((format(printf, 1, 2), noreturn)) static inline void mt_fatal(const char *fmt, ...) {
   mt_state_t *s = mt_state();
   char msg[512];
   va_list ap;
@@ -132,22 +130,23 @@ static inline const char *mt_st(tnt_status_t st) {
 }
 
 /* A libtnt call that must succeed; anything else ends the job. */
-#define MT_OK(expr)                                                            \
-  do {                                                                         \
-    tnt_status_t mt_st_ = (expr);                                              \
+#define MT_OK(expr)                                                                      \
+  do {                                                                                   \
+    tnt_status_t mt_st_ = (expr);                                                        \
     if (mt_st_ != TNT_OK) mt_fatal("%s: expected TNT_OK, got %s", #expr, mt_st(mt_st_)); \
   } while (0)
 
 /* A libtnt call that must return `want` (e.g. TNT_ERR_INVALID_ARG). */
-#define MT_EXPECT_ST(expr, want)                                               \
-  do {                                                                         \
-    tnt_status_t mt_st_ = (expr);                                              \
-    if (mt_st_ != (want)) mt_fail(-1, "%s: expected %s, got %s", #expr, mt_st(want), mt_st(mt_st_)); \
+#define MT_EXPECT_ST(expr, want)                                                 \
+  do {                                                                           \
+    tnt_status_t mt_st_ = (expr);                                                \
+    if (mt_st_ != (want))                                                        \
+      mt_fail(-1, "%s: expected %s, got %s", #expr, mt_st(want), mt_st(mt_st_)); \
   } while (0)
 
 /* A plain condition. */
-#define MT_CHECK(cond, ...)            \
-  do {                                 \
+#define MT_CHECK(cond, ...)                \
+  do {                                     \
     if (!(cond)) mt_fail(-1, __VA_ARGS__); \
   } while (0)
 
@@ -157,9 +156,9 @@ static inline void mt_watchdog_handler(int sig) {
   (void)sig;
   mt_state_t *s = mt_state();
   char msg[400];
-  int n = snprintf(msg, sizeof msg,
-                   "[%s] FATAL rank %d: watchdog expired in case '%s' (a call hung)\n", s->prog,
-                   s->rank, s->case_name);
+  int n =
+      snprintf(msg, sizeof msg, "[%s] FATAL rank %d: watchdog expired in case '%s' (a call hung)\n",
+               s->prog, s->rank, s->case_name);
   if (n > 0) {
     ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
     (void)w;
@@ -311,25 +310,45 @@ static inline size_t mt_dsize(tnt_dtype_t dt) {
  * expected to be integral). */
 static inline void mt_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
   switch (dt) {
-    case TNT_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case TNT_FLOAT64: ((double *)buf)[i] = v; break;
-    case TNT_FLOAT16: ((uint16_t *)buf)[i] = mt_float_to_half((float)v); break;
-    case TNT_BFLOAT16: ((uint16_t *)buf)[i] = mt_float_to_bf16((float)v); break;
-    case TNT_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TNT_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    default: break;
+    case TNT_FLOAT32:
+      ((float *)buf)[i] = (float)v;
+      break;
+    case TNT_FLOAT64:
+      ((double *)buf)[i] = v;
+      break;
+    case TNT_FLOAT16:
+      ((uint16_t *)buf)[i] = mt_float_to_half((float)v);
+      break;
+    case TNT_BFLOAT16:
+      ((uint16_t *)buf)[i] = mt_float_to_bf16((float)v);
+      break;
+    case TNT_INT32:
+      ((int32_t *)buf)[i] = (int32_t)v;
+      break;
+    case TNT_INT64:
+      ((int64_t *)buf)[i] = (int64_t)v;
+      break;
+    default:
+      break;
   }
 }
 
 static inline double mt_load(tnt_dtype_t dt, const void *buf, size_t i) {
   switch (dt) {
-    case TNT_FLOAT32: return ((const float *)buf)[i];
-    case TNT_FLOAT64: return ((const double *)buf)[i];
-    case TNT_FLOAT16: return mt_half_to_float(((const uint16_t *)buf)[i]);
-    case TNT_BFLOAT16: return mt_bf16_to_float(((const uint16_t *)buf)[i]);
-    case TNT_INT32: return ((const int32_t *)buf)[i];
-    case TNT_INT64: return (double)((const int64_t *)buf)[i];
-    default: return 0.0;
+    case TNT_FLOAT32:
+      return ((const float *)buf)[i];
+    case TNT_FLOAT64:
+      return ((const double *)buf)[i];
+    case TNT_FLOAT16:
+      return mt_half_to_float(((const uint16_t *)buf)[i]);
+    case TNT_BFLOAT16:
+      return mt_bf16_to_float(((const uint16_t *)buf)[i]);
+    case TNT_INT32:
+      return ((const int32_t *)buf)[i];
+    case TNT_INT64:
+      return (double)((const int64_t *)buf)[i];
+    default:
+      return 0.0;
   }
 }
 
@@ -346,8 +365,8 @@ static inline int mt_is_int(tnt_dtype_t dt) {
 }
 
 static inline const char *mt_dname(tnt_dtype_t dt) {
-  static const char *names[TNT_DTYPE_COUNT] = {"float32", "float64", "float16",
-                                               "bfloat16", "int32", "int64"};
+  static const char *names[TNT_DTYPE_COUNT] = {"float32",  "float64", "float16",
+                                               "bfloat16", "int32",   "int64"};
   return (int)dt >= 0 && dt < TNT_DTYPE_COUNT ? names[dt] : "invalid";
 }
 
@@ -408,10 +427,13 @@ static inline double mt_value(uint64_t seed, int r, size_t i, tnt_dtype_t dt) {
   h ^= h >> 12;
   switch (dt) {
     case TNT_FLOAT16:
-    case TNT_BFLOAT16: return (double)(int64_t)(h % 61) - 30.0;
-    case TNT_INT64: return (double)((int64_t)(h % 2000001) - 1000000) +
-                           (double)((int64_t)((h >> 32) % 7) - 3) * 68719476736.0;
-    default: return (double)((int64_t)(h % 2000001) - 1000000);
+    case TNT_BFLOAT16:
+      return (double)(int64_t)(h % 61) - 30.0;
+    case TNT_INT64:
+      return (double)((int64_t)(h % 2000001) - 1000000) +
+             (double)((int64_t)((h >> 32) % 7) - 3) * 68719476736.0;
+    default:
+      return (double)((int64_t)(h % 2000001) - 1000000);
   }
 }
 
@@ -445,17 +467,26 @@ static inline void mt_expected_reduce(void *want, size_t count, tnt_dtype_t dt, 
     }
     if (op == TNT_AVERAGE) {
       switch (dt) {
-        case TNT_FLOAT32: ((float *)want)[i] = (float)acc / (float)n; continue;
-        case TNT_FLOAT64: ((double *)want)[i] = acc / (double)n; continue;
+        case TNT_FLOAT32:
+          ((float *)want)[i] = (float)acc / (float)n;
+          continue;
+        case TNT_FLOAT64:
+          ((double *)want)[i] = acc / (double)n;
+          continue;
         case TNT_FLOAT16:
           ((uint16_t *)want)[i] = mt_float_to_half((float)acc / (float)n);
           continue;
         case TNT_BFLOAT16:
           ((uint16_t *)want)[i] = mt_float_to_bf16((float)acc / (float)n);
           continue;
-        case TNT_INT32: ((int32_t *)want)[i] = (int32_t)((int64_t)acc / n); continue;
-        case TNT_INT64: ((int64_t *)want)[i] = (int64_t)acc / n; continue;
-        default: continue;
+        case TNT_INT32:
+          ((int32_t *)want)[i] = (int32_t)((int64_t)acc / n);
+          continue;
+        case TNT_INT64:
+          ((int64_t *)want)[i] = (int64_t)acc / n;
+          continue;
+        default:
+          continue;
       }
     }
     mt_store(dt, want, i, acc);

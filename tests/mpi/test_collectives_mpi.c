@@ -77,16 +77,16 @@ static void test_basics(tnt_context_t *ctx, tnt_group_t *world) {
   leader = lrank == 0;
   MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Comm_free(&node);
-  MT_CHECK(tnt_group_local_rank(world) == lrank, "tnt_group_local_rank: expected %d, got %d",
-           lrank, tnt_group_local_rank(world));
-  MT_CHECK(tnt_group_local_size(world) == lsize, "tnt_group_local_size: expected %d, got %d",
-           lsize, tnt_group_local_size(world));
+  MT_CHECK(tnt_group_local_rank(world) == lrank, "tnt_group_local_rank: expected %d, got %d", lrank,
+           tnt_group_local_rank(world));
+  MT_CHECK(tnt_group_local_size(world) == lsize, "tnt_group_local_size: expected %d, got %d", lsize,
+           tnt_group_local_size(world));
   MT_CHECK(tnt_group_num_hosts(world) == leaders, "tnt_group_num_hosts: expected %d, got %d",
            leaders, tnt_group_num_hosts(world));
   const char *env = getenv("TNT_TIMEOUT_S");
   double want = env != NULL && atof(env) > 0 ? atof(env) : 30.0;
-  MT_CHECK(fabs(tnt_context_timeout(ctx) - want) < 1e-9,
-           "tnt_context_timeout: expected %g, got %g", want, tnt_context_timeout(ctx));
+  MT_CHECK(fabs(tnt_context_timeout(ctx) - want) < 1e-9, "tnt_context_timeout: expected %g, got %g",
+           want, tnt_context_timeout(ctx));
   const char *msg = NULL;
   MT_CHECK(tnt_context_error(ctx, &msg) == TNT_OK, "tnt_context_error: expected TNT_OK, got %s",
            mt_st(tnt_context_error(ctx, &msg)));
@@ -167,10 +167,14 @@ static void test_allreduce_exact(tnt_group_t *world, bufs_t *b) {
 /* Unit roundoff of each floating dtype. */
 static double unit_roundoff(tnt_dtype_t dt) {
   switch (dt) {
-    case TNT_FLOAT32: return ldexp(1.0, -24);
-    case TNT_FLOAT64: return ldexp(1.0, -53);
-    case TNT_FLOAT16: return ldexp(1.0, -11);
-    default: return ldexp(1.0, -8);
+    case TNT_FLOAT32:
+      return ldexp(1.0, -24);
+    case TNT_FLOAT64:
+      return ldexp(1.0, -53);
+    case TNT_FLOAT16:
+      return ldexp(1.0, -11);
+    default:
+      return ldexp(1.0, -8);
   }
 }
 
@@ -190,8 +194,8 @@ static void test_allreduce_random(tnt_group_t *world, bufs_t *b) {
         size_t count = counts[ci];
         for (int o = 0; o < 2; o++) {
           tnt_op_t op = o == 0 ? TNT_SUM : TNT_AVERAGE;
-          mt_set_case("allreduce random %s %s %s count=%zu", kAlgos[a], mt_dname(dt),
-                      mt_oname(op), count);
+          mt_set_case("allreduce random %s %s %s count=%zu", kAlgos[a], mt_dname(dt), mt_oname(op),
+                      count);
           uint64_t seed = case_seed(2, (int)di, o, count);
           memset(ref, 0, count * sizeof *ref);
           memset(mag, 0, count * sizeof *mag);
@@ -281,7 +285,26 @@ static void broadcast_once(tnt_group_t *g, bufs_t *b, size_t count, tnt_dtype_t 
   mt_compare(dt, b->recv, b->want, count, "broadcast result");
 }
 
+/*
+ * Broadcast and allgather(v) algorithms can be forced too, through
+ * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM (documented with the
+ * algorithm tables in src/collectives/collectives.h; "auto" chooses by
+ * size). The public API cannot report the choice, so these only make sure
+ * that every algorithm is exercised.
+ */
+static const char *const kBcastAlgos[] = {"auto", "tree", "shm"};
+static void test_broadcast_roots(tnt_group_t *world, bufs_t *b, const char *algo);
+static const char *const kGatherAlgos[] = {"auto", "ring", "shm"};
+
 static void test_broadcast(tnt_group_t *world, bufs_t *b) {
+  for (int a = 0; a < 3; a++) {
+    setenv("TNT_BROADCAST_ALGORITHM", kBcastAlgos[a], 1);
+    test_broadcast_roots(world, b, kBcastAlgos[a]);
+  }
+  unsetenv("TNT_BROADCAST_ALGORITHM");
+}
+
+static void test_broadcast_roots(tnt_group_t *world, bufs_t *b, const char *algo) {
   for (int root = 0; root < g_size; root++) {
     for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
       tnt_dtype_t dt = (tnt_dtype_t)d;
@@ -290,9 +313,9 @@ static void test_broadcast(tnt_group_t *world, bufs_t *b) {
         size_t count = ci < NCOUNTS ? kCounts[ci] : kBigCount;
         for (int m = 0; m < MODE_COUNT; m++) {
           if (ci == NCOUNTS && m != MODE_BLOCKING) continue;
-          mt_set_case("broadcast root=%d %s count=%zu %s", root, mt_dname(dt), count, kModes[m]);
-          broadcast_once(world, b, count, dt, root, root, case_seed(3, d, root, count),
-                         (mode_t_)m);
+          mt_set_case("broadcast %s root=%d %s count=%zu %s", algo, root, mt_dname(dt), count,
+                      kModes[m]);
+          broadcast_once(world, b, count, dt, root, root, case_seed(3, d, root, count), (mode_t_)m);
         }
       }
     }
@@ -330,28 +353,38 @@ static void allgather_once(tnt_group_t *g, const int *members, bufs_t *b, size_t
 }
 
 static void test_allgather(tnt_group_t *world, bufs_t *b) {
-  for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
-    tnt_dtype_t dt = (tnt_dtype_t)d;
-    for (size_t ci = 0; ci < NCOUNTS; ci++) {
-      for (int m = 0; m < MODE_COUNT; m++) {
-        mt_set_case("allgather %s count=%zu %s", mt_dname(dt), kCounts[ci], kModes[m]);
-        allgather_once(world, NULL, b, kCounts[ci], dt, case_seed(4, d, m, kCounts[ci]),
-                       (mode_t_)m);
+  for (int a = 0; a < 3; a++) {
+    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a], 1);
+    for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
+      tnt_dtype_t dt = (tnt_dtype_t)d;
+      for (size_t ci = 0; ci < NCOUNTS; ci++) {
+        for (int m = 0; m < MODE_COUNT; m++) {
+          mt_set_case("allgather %s %s count=%zu %s", kGatherAlgos[a], mt_dname(dt), kCounts[ci],
+                      kModes[m]);
+          allgather_once(world, NULL, b, kCounts[ci], dt, case_seed(4, d, m, kCounts[ci]),
+                         (mode_t_)m);
+        }
       }
     }
+    mt_set_case("allgather %s float32 count=%zu blocking", kGatherAlgos[a], kBigCount / 4);
+    allgather_once(world, NULL, b, kBigCount / 4, TNT_FLOAT32, 99, MODE_BLOCKING);
   }
-  mt_set_case("allgather float32 count=%zu blocking", kBigCount / 4);
-  allgather_once(world, NULL, b, kBigCount / 4, TNT_FLOAT32, 99, MODE_BLOCKING);
+  unsetenv("TNT_ALLGATHER_ALGORITHM");
 }
 
 /* Patterns of per-rank counts for allgatherv. */
 static size_t pattern_count(int pattern, int r, int n) {
   switch (pattern) {
-    case 0: return r % 3 == 1 ? 0 : 1 + (size_t)r * 513; /* uneven, zeros from rank 1 */
-    case 1: return r == n - 1 ? 1000 : 0;                /* only the last rank */
-    case 2: return 65537 - (size_t)r * 1000;             /* large, uneven */
-    case 3: return 0;                                    /* nothing at all */
-    default: return (size_t)(r % 2) * 7;                 /* odd ranks only */
+    case 0:
+      return r % 3 == 1 ? 0 : 1 + (size_t)r * 513; /* uneven, zeros from rank 1 */
+    case 1:
+      return r == n - 1 ? 1000 : 0; /* only the last rank */
+    case 2:
+      return 65537 - (size_t)r * 1000; /* large, uneven */
+    case 3:
+      return 0; /* nothing at all */
+    default:
+      return (size_t)(r % 2) * 7; /* odd ranks only */
   }
 }
 #define NPATTERNS 5
@@ -397,18 +430,22 @@ static void allgatherv_once(tnt_group_t *g, const int *members, bufs_t *b, int p
 }
 
 static void test_allgatherv(tnt_group_t *world, bufs_t *b) {
-  for (int p = 0; p < NPATTERNS; p++) {
-    for (int reversed = 0; reversed < 2; reversed++) {
-      for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
-        for (int m = 0; m < MODE_COUNT; m++) {
-          mt_set_case("allgatherv pattern=%d %s %s %s", p, reversed ? "reversed+gaps" : "packed",
-                      mt_dname((tnt_dtype_t)d), kModes[m]);
-          allgatherv_once(world, NULL, b, p, reversed, (tnt_dtype_t)d,
-                          case_seed(5, p * 2 + reversed, d, (size_t)m), (mode_t_)m);
+  for (int a = 0; a < 3; a++) {
+    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a], 1);
+    for (int p = 0; p < NPATTERNS; p++) {
+      for (int reversed = 0; reversed < 2; reversed++) {
+        for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
+          for (int m = 0; m < MODE_COUNT; m++) {
+            mt_set_case("allgatherv %s pattern=%d %s %s %s", kGatherAlgos[a], p,
+                        reversed ? "reversed+gaps" : "packed", mt_dname((tnt_dtype_t)d), kModes[m]);
+            allgatherv_once(world, NULL, b, p, reversed, (tnt_dtype_t)d,
+                            case_seed(5, p * 2 + reversed, d, (size_t)m), (mode_t_)m);
+          }
         }
       }
     }
   }
+  unsetenv("TNT_ALLGATHER_ALGORITHM");
 }
 
 /* --------------------------------------------------------------- barrier */
@@ -499,6 +536,41 @@ static void test_in_flight(tnt_group_t *world) {
   free(c_in), free(c_out), free(c_want), free(d_buf), free(d_want);
 }
 
+/*
+ * A wait that times out leaves the request valid: rank 0 joins an allreduce
+ * 1.5 s late; the others first see TNT_IN_PROGRESS from tnt_request_test and
+ * TNT_ERR_TIMEOUT from a 0.2 s tnt_request_wait, then wait again and get
+ * the right result, and the context stays healthy.
+ */
+static void test_wait_timeout(tnt_context_t *ctx, tnt_group_t *world) {
+  if (g_size < 2) return;
+  mt_set_case("tnt_request_wait timing out while rank 0 is late");
+  int64_t in = g_rank + 1, out = -1;
+  if (g_rank == 0) mt_sleep(1.5);
+  tnt_request_t *req = NULL;
+  MT_OK(tnt_iallreduce(world, &in, &out, 1, TNT_INT64, TNT_SUM, &req));
+  if (g_rank != 0) {
+    tnt_status_t st = tnt_request_test(req);
+    MT_CHECK(st == TNT_IN_PROGRESS, "tnt_request_test: expected TNT_IN_PROGRESS, got %s",
+             mt_st(st));
+    double t0 = mt_now();
+    st = tnt_request_wait(req, 0.2);
+    double dt = mt_now() - t0;
+    MT_CHECK(st == TNT_ERR_TIMEOUT, "tnt_request_wait(0.2 s): expected TNT_ERR_TIMEOUT, got %s",
+             mt_st(st));
+    MT_CHECK(dt >= 0.15 && dt < 1.2, "tnt_request_wait(0.2 s) returned after %.3f s", dt);
+  }
+  MT_OK(tnt_request_wait(req, -1));
+  tnt_request_free(req);
+  int64_t want = (int64_t)g_size * (g_size + 1) / 2;
+  MT_CHECK(out == want, "allreduce after a timed-out wait: expected %" PRId64 ", got %" PRId64,
+           want, out);
+  const char *msg = NULL;
+  tnt_status_t cst = tnt_context_error(ctx, &msg);
+  MT_CHECK(cst == TNT_OK, "tnt_context_error after a timed-out wait: expected TNT_OK, got %s (%s)",
+           mt_st(cst), msg != NULL ? msg : "");
+}
+
 /* ----------------------------------------------------------------- groups */
 
 /*
@@ -513,8 +585,7 @@ static void group_suite(tnt_group_t *g, const int *members, int n, MPI_Comm gcom
     if (members[j] == g_rank) me = j;
   }
   mt_set_case("group %s: ranks", gname);
-  MT_CHECK(tnt_group_rank(g) == me, "tnt_group_rank: expected %d, got %d", me,
-           tnt_group_rank(g));
+  MT_CHECK(tnt_group_rank(g) == me, "tnt_group_rank: expected %d, got %d", me, tnt_group_rank(g));
   MT_CHECK(tnt_group_size(g) == n, "tnt_group_size: expected %d, got %d", n, tnt_group_size(g));
   MPI_Comm node;
   MPI_Comm_split_type(gcomm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -558,22 +629,26 @@ static void group_suite(tnt_group_t *g, const int *members, int n, MPI_Comm gcom
   force_algorithm(NULL);
   for (int root = 0; root < n; root++) {
     for (int m = 0; m < MODE_COUNT; m++) {
-      mt_set_case("group %s: broadcast root=%d (world %d) %s", gname, root, members[root],
-                  kModes[m]);
+      setenv("TNT_BROADCAST_ALGORITHM", kBcastAlgos[m], 1);
+      mt_set_case("group %s: broadcast %s root=%d (world %d) %s", gname, kBcastAlgos[m], root,
+                  members[root], kModes[m]);
       broadcast_once(g, b, 1000 + (size_t)root, TNT_FLOAT64, root, members[root],
                      case_seed(7, root, m, 0), (mode_t_)m);
     }
   }
+  unsetenv("TNT_BROADCAST_ALGORITHM");
   for (int m = 0; m < MODE_COUNT; m++) {
-    mt_set_case("group %s: allgather %s", gname, kModes[m]);
+    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[m], 1);
+    mt_set_case("group %s: allgather %s %s", gname, kGatherAlgos[m], kModes[m]);
     allgather_once(g, members, b, 777, TNT_INT32, case_seed(8, m, 0, 0), (mode_t_)m);
     for (int p = 0; p < NPATTERNS; p++) {
-      mt_set_case("group %s: allgatherv pattern=%d %s", gname, p, kModes[m]);
+      mt_set_case("group %s: allgatherv %s pattern=%d %s", gname, kGatherAlgos[m], p, kModes[m]);
       allgatherv_once(g, members, b, p, m % 2, TNT_FLOAT16, case_seed(9, p, m, 0), (mode_t_)m);
     }
     mt_set_case("group %s: barrier %s", gname, kModes[m]);
     barrier_once(g, gcomm, (mode_t_)m);
   }
+  unsetenv("TNT_ALLGATHER_ALGORITHM");
   mt_hashlog_compare(&g_log, gcomm, gname);
 }
 
@@ -686,6 +761,7 @@ static void test_invalid(tnt_context_t *ctx, tnt_group_t *w) {
   MT_EXPECT_ST(tnt_allgatherv(w, NULL, 1, out, counts, displs, TNT_FLOAT32), E);
   MT_EXPECT_ST(tnt_allgatherv(w, buf, 1, NULL, counts, displs, TNT_FLOAT32), E);
   MT_EXPECT_ST(tnt_allgatherv(w, buf, 1, out, counts, displs, bad_dt[2]), E);
+  MT_EXPECT_ST(tnt_allgatherv(w, buf, 2, out, counts, displs, TNT_FLOAT32), E); /* != counts[r] */
   MT_EXPECT_ST(tnt_iallgatherv(w, buf, 1, out, counts, displs, TNT_FLOAT32, NULL), E);
 
   mt_set_case("invalid arguments: barrier and requests");
@@ -737,6 +813,42 @@ static void test_invalid(tnt_context_t *ctx, tnt_group_t *w) {
   MT_CHECK(sum == g_size, "allreduce after invalid calls: expected %d, got %d", g_size, sum);
 }
 
+/* A second context alongside the first (its own communicator, engine and
+ * shared memory), then a third after the second was destroyed. */
+static void test_second_context(tnt_group_t *world) {
+  for (int round = 0; round < 2; round++) {
+    mt_set_case("second context, round %d: tnt_context_create", round);
+    tnt_config_t config = {15.0};
+    tnt_context_t *ctx2 = NULL;
+    MT_OK(tnt_context_create(&config, &ctx2));
+    tnt_group_t *w2 = tnt_context_world(ctx2);
+    MT_CHECK(fabs(tnt_context_timeout(ctx2) - 15.0) < 1e-9,
+             "tnt_context_timeout: expected 15, got %g", tnt_context_timeout(ctx2));
+    mt_set_case("second context, round %d: allreduces on both contexts in flight", round);
+    const size_t n = 70000;
+    float *a = mt_alloc(n * 4), *b = mt_alloc(n * 4), *c = mt_alloc(n * 4);
+    float *want = mt_alloc(n * 4);
+    mt_fill(a, n, TNT_FLOAT32, 31, g_rank);
+    memcpy(c, a, n * 4);
+    mt_expected_reduce(want, n, TNT_FLOAT32, TNT_SUM, 31, NULL, g_size);
+    tnt_request_t *r1 = NULL, *r2 = NULL;
+    MT_OK(tnt_iallreduce(w2, a, b, n, TNT_FLOAT32, TNT_SUM, &r2));
+    MT_OK(tnt_iallreduce(world, c, c, n, TNT_FLOAT32, TNT_SUM, &r1));
+    MT_OK(tnt_request_wait(r1, -1));
+    MT_OK(tnt_request_wait(r2, -1));
+    tnt_request_free(r1);
+    tnt_request_free(r2);
+    mt_compare(TNT_FLOAT32, b, want, n, "second context's allreduce");
+    mt_compare(TNT_FLOAT32, c, want, n, "first context's allreduce");
+    mt_set_case("second context, round %d: tnt_context_destroy", round);
+    MT_OK(tnt_context_destroy(ctx2));
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    MT_CHECK(!finalized, "destroying a context finalized MPI that the test had initialized");
+    free(a), free(b), free(c), free(want);
+  }
+}
+
 int main(int argc, char **argv) {
   mt_init("test_collectives_mpi", &argc, &argv, 1);
   const char *saved = getenv("TNT_ALLREDUCE_ALGORITHM");
@@ -771,17 +883,19 @@ int main(int argc, char **argv) {
   test_allgatherv(world, &b);
   test_barrier(world);
   test_in_flight(world);
+  test_wait_timeout(ctx, world);
   if (g_rank == 0) printf("broadcast, allgather(v), barrier: %.1f s\n", mt_now() - t);
   t = mt_now();
   test_groups(ctx, world, &b);
   test_invalid(ctx, world);
+  test_second_context(world);
   if (g_rank == 0) printf("groups and invalid arguments: %.1f s\n", mt_now() - t);
 
   mt_set_case("teardown");
   const char *msg = NULL;
   tnt_status_t cst = tnt_context_error(ctx, &msg);
-  MT_CHECK(cst == TNT_OK, "tnt_context_error at the end: expected TNT_OK, got %s (%s)",
-           mt_st(cst), msg != NULL ? msg : "");
+  MT_CHECK(cst == TNT_OK, "tnt_context_error at the end: expected TNT_OK, got %s (%s)", mt_st(cst),
+           msg != NULL ? msg : "");
   MT_OK(tnt_context_destroy(ctx));
   mt_state()->ctx = NULL;
   int finalized = 1;

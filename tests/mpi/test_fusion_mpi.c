@@ -15,11 +15,11 @@ static const struct {
   size_t count;
   tnt_dtype_t dtype;
 } kTensors[] = {
-    {1000, TNT_FLOAT32},  {1, TNT_FLOAT32},     {513, TNT_FLOAT16},  {65536, TNT_FLOAT32},
-    {2, TNT_FLOAT64},     {17, TNT_FLOAT32},    {300000, TNT_FLOAT32}, {5, TNT_FLOAT16},
-    {3, TNT_FLOAT32},     {777, TNT_FLOAT64},   {4097, TNT_FLOAT32}, {100, TNT_FLOAT32},
-    {2000, TNT_FLOAT16},  {64, TNT_FLOAT32},    {10000, TNT_FLOAT64}, {123457, TNT_FLOAT32},
-    {1, TNT_FLOAT32},     {40, TNT_FLOAT32},    {63, TNT_FLOAT32},   {1, TNT_FLOAT16},
+    {1000, TNT_FLOAT32}, {1, TNT_FLOAT32},   {513, TNT_FLOAT16},    {65536, TNT_FLOAT32},
+    {2, TNT_FLOAT64},    {17, TNT_FLOAT32},  {300000, TNT_FLOAT32}, {5, TNT_FLOAT16},
+    {3, TNT_FLOAT32},    {777, TNT_FLOAT64}, {4097, TNT_FLOAT32},   {100, TNT_FLOAT32},
+    {2000, TNT_FLOAT16}, {64, TNT_FLOAT32},  {10000, TNT_FLOAT64},  {123457, TNT_FLOAT32},
+    {1, TNT_FLOAT32},    {40, TNT_FLOAT32},  {63, TNT_FLOAT32},     {1, TNT_FLOAT16},
 };
 #define NT (sizeof kTensors / sizeof kTensors[0])
 
@@ -105,7 +105,8 @@ static void tensors_alloc(tensors_t *T) {
 }
 
 static void tensors_free(tensors_t *T) {
-  for (size_t t = 0; t < NT; t++) free(T->in[t]), free(T->src[t]), free(T->out[t]), free(T->want[t]);
+  for (size_t t = 0; t < NT; t++)
+    free(T->in[t]), free(T->src[t]), free(T->out[t]), free(T->want[t]);
 }
 
 /* The integer base value of element i of tensor t at `step` (small for
@@ -128,8 +129,7 @@ static double offset(int grank, int gsize) {
  * offset(g) to a common base, so the average is exactly the base and the
  * sum is gsize times the base. Random reals: independent per rank.
  */
-static void fill_step(tensors_t *T, int grank, int gsize, int step, int random_reals,
-                      tnt_op_t op) {
+static void fill_step(tensors_t *T, int grank, int gsize, int step, int random_reals, tnt_op_t op) {
   for (size_t t = 0; t < NT; t++) {
     tnt_dtype_t dt = kTensors[t].dtype;
     mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, t);
@@ -307,7 +307,8 @@ static void test_determinism(tnt_group_t *world) {
     for (size_t j = 0; j < STEPS * NT; j++) {
       if (first[j] != second[j]) {
         mt_fail((long)j,
-                "step %zu tensor id %" PRIu64 ": run 1 gave other bits than run 0: expected hash "
+                "step %zu tensor id %" PRIu64
+                ": run 1 gave other bits than run 0: expected hash "
                 "0x%" PRIx64 ", got 0x%" PRIx64,
                 j / NT, tensor_id(j % NT), first[j], second[j]);
       }

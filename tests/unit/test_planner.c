@@ -71,8 +71,8 @@ static void test_threshold_zero_one_bucket_per_tensor(void **state) {
 
 static void test_huge_threshold_one_bucket_per_dtype(void **state) {
   (void)state;
-  tnt_tensor_info_t t[] = {{1, 100, TNT_FLOAT32}, {2, 3, TNT_INT64},    {3, 50, TNT_FLOAT32},
-                           {4, 8, TNT_BFLOAT16},  {5, 9, TNT_INT64},    {6, 1, TNT_FLOAT32},
+  tnt_tensor_info_t t[] = {{1, 100, TNT_FLOAT32}, {2, 3, TNT_INT64},   {3, 50, TNT_FLOAT32},
+                           {4, 8, TNT_BFLOAT16},  {5, 9, TNT_INT64},   {6, 1, TNT_FLOAT32},
                            {7, 2, TNT_FLOAT64},   {8, 4, TNT_BFLOAT16}};
   tnt__fusion_plan_t p;
   assert_int_equal(tnt__fusion_plan(t, 8, (size_t)1 << 40, &p), TNT_OK);
@@ -133,8 +133,11 @@ static void test_mixed_dtypes_interleaved(void **state) {
  * threshold closes it, one byte less does not. */
 static void test_threshold_boundary(void **state) {
   (void)state;
-  tnt_tensor_info_t t[] = {{1, 3, TNT_INT32}, {2, 1, TNT_INT32}, {3, 1, TNT_INT32},
-                           {4, 2, TNT_INT32}, {5, 1, TNT_INT32}};
+  tnt_tensor_info_t t[] = {{1, 3, TNT_INT32},
+                           {2, 1, TNT_INT32},
+                           {3, 1, TNT_INT32},
+                           {4, 2, TNT_INT32},
+                           {5, 1, TNT_INT32}};
   tnt__fusion_plan_t p;
   assert_int_equal(tnt__fusion_plan(t, 5, 16, &p), TNT_OK);
   check_plan(t, 5, &p);
@@ -189,7 +192,9 @@ static void test_random_plans(void **state) {
       /* Every bucket but the last of its dtype reached the threshold. */
       for (size_t b = 0; b < p.nbuckets; b++) {
         int later = 0;
-        for (size_t c = b + 1; c < p.nbuckets; c++) later |= p.buckets[c].dtype == p.buckets[b].dtype;
+        for (size_t c = b + 1; c < p.nbuckets; c++) {
+          later |= p.buckets[c].dtype == p.buckets[b].dtype;
+        }
         if (later) {
           assert_true(p.buckets[b].count * tnt_dtype_size(p.buckets[b].dtype) >= thresholds[k]);
         }
@@ -209,8 +214,8 @@ static void test_invalid_arguments(void **state) {
   (void)state;
   tnt__fusion_plan_t p;
   /* Duplicate ids, even far apart. */
-  tnt_tensor_info_t dup[] = {{7, 1, TNT_FLOAT32}, {8, 1, TNT_FLOAT32}, {9, 1, TNT_INT32},
-                             {7, 2, TNT_INT32}};
+  tnt_tensor_info_t dup[] = {
+      {7, 1, TNT_FLOAT32}, {8, 1, TNT_FLOAT32}, {9, 1, TNT_INT32}, {7, 2, TNT_INT32}};
   memset(&p, 0x5a, sizeof p);
   assert_int_equal(tnt__fusion_plan(dup, 4, 16, &p), TNT_ERR_INVALID_ARG);
   assert_plan_empty(&p);

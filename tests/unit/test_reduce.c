@@ -331,8 +331,8 @@ static void test_reduce_many_all(void **state) {
           int divisor = op == TNT_AVERAGE ? n + 1 : 1;
           ref_reduce_many(ref, srcs, n, count, (tnt_dtype_t)dt, (tnt_op_t)op, divisor);
           memset(out, 0xa5, maxc * 8 + 8);
-          tnt__reduce_many(out, (const void *const *)srcs, n, count, (tnt_dtype_t)dt,
-                           (tnt_op_t)op, divisor);
+          tnt__reduce_many(out, (const void *const *)srcs, n, count, (tnt_dtype_t)dt, (tnt_op_t)op,
+                           divisor);
           if (memcmp(out, ref, count * esize((tnt_dtype_t)dt)) != 0) {
             fail_msg("reduce_many %s %s n=%d count=%zu differs from the reference",
                      tnt_dtype_name((tnt_dtype_t)dt), tnt_op_name((tnt_op_t)op), n, count);
@@ -439,10 +439,8 @@ static void test_determinism(void **state) {
   for (int dt = 0; dt < TNT_DTYPE_COUNT; dt++) {
     for (int k = 0; k < 5; k++) fill_random(srcs[k], count, (tnt_dtype_t)dt);
     for (int op = 0; op < TNT_OP_COUNT; op++) {
-      tnt__reduce_many(out1, (const void *const *)srcs, 5, count, (tnt_dtype_t)dt, (tnt_op_t)op,
-                       5);
-      tnt__reduce_many(out2, (const void *const *)srcs, 5, count, (tnt_dtype_t)dt, (tnt_op_t)op,
-                       5);
+      tnt__reduce_many(out1, (const void *const *)srcs, 5, count, (tnt_dtype_t)dt, (tnt_op_t)op, 5);
+      tnt__reduce_many(out2, (const void *const *)srcs, 5, count, (tnt_dtype_t)dt, (tnt_op_t)op, 5);
       assert_memory_equal(out1, out2, count * esize((tnt_dtype_t)dt));
       /* Offsets in the buffers (alignment) do not change the bits either. */
       const void *shifted[5];
@@ -563,10 +561,10 @@ static void test_average(void **state) {
   int32_t a[4] = {7, -7, 100, 5}, b[4] = {8, 0, 1, -6}, c[4] = {-3, 0, 2, 0}, r[4];
   const void *s[3] = {a, b, c};
   tnt__reduce_many(r, s, 3, 4, TNT_INT32, TNT_AVERAGE, 3);
-  assert_int_equal(r[0], 4);   /* 12 / 3 */
-  assert_int_equal(r[1], -2);  /* -7 / 3 */
-  assert_int_equal(r[2], 34);  /* 103 / 3 */
-  assert_int_equal(r[3], 0);   /* -1 / 3 */
+  assert_int_equal(r[0], 4);  /* 12 / 3 */
+  assert_int_equal(r[1], -2); /* -7 / 3 */
+  assert_int_equal(r[2], 34); /* 103 / 3 */
+  assert_int_equal(r[3], 0);  /* -1 / 3 */
   int64_t la[2] = {-9, 1000000000000ll}, lb[2] = {0, 1}, lr[2];
   const void *sl[2] = {la, lb};
   tnt__reduce_many(lr, sl, 2, 2, TNT_INT64, TNT_AVERAGE, 2);

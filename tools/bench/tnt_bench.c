@@ -19,7 +19,6 @@
 #endif
 
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -27,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include <mpi.h>
@@ -61,11 +59,12 @@ enum {
 #define AUTO_TRIAL_SECONDS 0.1
 #define MAX_ITERS 1000000000L
 
-/* Odd, so that trials alternate which side goes first as often as not. */
+/* Odd, so that the median is the time of one trial. */
 #define TRIALS 5
-#define WARMUP_CALLS 2
+#define WARMUP_CALLS 3
 #define BROADCAST_ROOT 0
-#define MISMATCHES_REPORTED 5
+/* Wrong elements printed per check; the count of the rest follows. */
+#define MISMATCHES_REPORTED 3
 
 /* Input patterns repeat with a short period; checks compare whole copies of
  * a template holding TEMPLATE_PERIODS periods, which keeps filling and
@@ -90,6 +89,7 @@ typedef enum side {
 } side_t;
 
 static const char *const kSideNames[] = {"tnt", "mpi"};
+static const char kDtypeList[] = "float32, float64, float16, bfloat16, int32 or int64";
 
 typedef struct options {
   collective_t coll;
@@ -129,7 +129,7 @@ typedef struct bench {
   int rank;
   int nranks;
   size_t esz;
-  bool sparse; /* see pattern_value */
+  bool sparse; /* see contribution */
   int64_t dense_rank_sum;
   unsigned char *send;
   unsigned char *recv;
@@ -254,7 +254,7 @@ static bool parse_dtype(const char *s, tnt_dtype_t *out) {
 }
 
 static bool parse_collective(const char *s, collective_t *out) {
-  for (int c = 0; c < 3; c++) {
+  for (int c = 0; c < (int)(sizeof(kCollectiveNames) / sizeof(kCollectiveNames[0])); c++) {
     if (strcmp(s, kCollectiveNames[c]) == 0) {
       *out = (collective_t)c;
       return true;
@@ -299,10 +299,7 @@ static int set_option(enum option_id id, const char *v, options_t *opt) {
       return -1;
     case OPT_ITERS:
       if (!parse_iters(v, &opt->iters)) {
-        return usage_error(
-            "--iters: invalid count '%s' (expected 'auto' or an integer from 1 "
-            "to 1000000000)",
-            v);
+        return usage_error("--iters: invalid count '%s' (expected 'auto' or 1 to 1000000000)", v);
       }
       return -1;
     case OPT_JSON:
@@ -311,10 +308,7 @@ static int set_option(enum option_id id, const char *v, options_t *opt) {
       return -1;
     default:
       if (!parse_dtype(v, &opt->dtype)) {
-        return usage_error(
-            "--dtype: unknown type '%s' (expected float32, float64, float16, "
-            "bfloat16, int32 or int64)",
-            v);
+        return usage_error("--dtype: unknown type '%s' (expected %s)", v, kDtypeList);
       }
       return -1;
   }
@@ -331,9 +325,7 @@ static int parse_option(int argc, char **argv, int *i, options_t *opt) {
     return set_option((enum option_id)id, v, opt);
   }
   return usage_error(
-      "unknown option '%s' (expected --min, --max, --iters, --json, --dtype or "
-      "--help)",
-      arg);
+      "unknown option '%s' (expected --min, --max, --iters, --json, --dtype or --help)", arg);
 }
 
 /* Returns -1 when the run should go on, else the exit code (0 for --help). */
@@ -354,12 +346,13 @@ static int parse_options(int argc, char **argv, options_t *opt) {
       if (rc >= 0) return rc;
       continue;
     }
-    if (have_coll) return usage_error("unexpected argument '%s'", arg);
+    if (have_coll) {
+      return usage_error("unexpected argument '%s' (the collective is already %s)", arg,
+                         kCollectiveNames[opt->coll]);
+    }
     if (!parse_collective(arg, &opt->coll)) {
-      return usage_error(
-          "unknown collective '%s' (expected allreduce, broadcast or "
-          "allgather)",
-          arg);
+      return usage_error("unknown collective '%s' (expected allreduce, broadcast or allgather)",
+                         arg);
     }
     have_coll = true;
   }
@@ -570,29 +563,28 @@ typedef struct check_label {
 } check_label_t;
 
 /* Compares elements [0, count) of `buf` with the template; `base` is the
- * index of buf[0] in the whole result, for the message. Returns the number
- * of wrong elements and reports the first few. */
-static unsigned long check_region(bench_t *b, const void *buf, size_t base, size_t count,
-                                  const unsigned char *tmpl, const check_label_t *label) {
+ * index of buf[0] in the whole result, for the message. Adds the number of
+ * wrong elements to *wrong and reports the first few of the check. */
+static void check_region(const bench_t *b, const void *buf, size_t base, size_t count,
+                         const unsigned char *tmpl, const check_label_t *label,
+                         unsigned long *wrong) {
   size_t chunk = template_elems(b);
-  unsigned long wrong = 0;
   for (size_t i = 0; i < count; i += chunk) {
     size_t n = count - i < chunk ? count - i : chunk;
     const unsigned char *got = (const unsigned char *)buf + i * b->esz;
     if (memcmp(got, tmpl, n * b->esz) == 0) continue;
     for (size_t k = 0; k < n; k++) {
       if (memcmp(got + k * b->esz, tmpl + k * b->esz, b->esz) == 0) continue;
-      if (b->mismatches + wrong < MISMATCHES_REPORTED) {
+      if (*wrong < MISMATCHES_REPORTED) {
         fprintf(stderr,
                 "tnt-bench: rank %d: %s %s of %zu bytes, %s: index %zu: expected %g, got %g\n",
                 b->rank, kSideNames[label->side], kCollectiveNames[b->opt->coll], label->bytes,
                 label->when, base + i + k, load_value(tmpl, b->opt->dtype, k),
                 load_value(got, b->opt->dtype, k));
       }
-      wrong++;
+      *wrong += 1;
     }
   }
-  return wrong;
 }
 
 /* Checks the outputs of the last call of `c` and counts wrong elements. */
@@ -602,24 +594,24 @@ static void check_result(bench_t *b, const size_case_t *c, const check_label_t *
   switch (b->opt->coll) {
     case COLL_ALLREDUCE:
       make_template(b, PATTERN_SUM, 0, tmpl);
-      wrong = check_region(b, b->recv, 0, c->count, tmpl, label);
+      check_region(b, b->recv, 0, c->count, tmpl, label, &wrong);
       break;
     case COLL_BROADCAST:
       make_template(b, PATTERN_INPUT, BROADCAST_ROOT, tmpl);
-      wrong = check_region(b, b->recv, 0, c->count, tmpl, label);
+      check_region(b, b->recv, 0, c->count, tmpl, label, &wrong);
       break;
     default:
       for (int r = 0; r < b->nranks; r++) {
         make_template(b, PATTERN_INPUT, r, tmpl);
         size_t base = (size_t)r * c->count;
-        wrong += check_region(b, b->recv + base * b->esz, base, c->count, tmpl, label);
+        check_region(b, b->recv + base * b->esz, base, c->count, tmpl, label, &wrong);
       }
       break;
   }
   if (wrong > 0) {
-    fprintf(stderr, "tnt-bench: rank %d: %s %s of %zu bytes, %s: %lu wrong elements\n", b->rank,
+    fprintf(stderr, "tnt-bench: rank %d: %s %s of %zu bytes, %s: %lu wrong element%s\n", b->rank,
             kSideNames[label->side], kCollectiveNames[b->opt->coll], label->bytes, label->when,
-            wrong);
+            wrong, wrong == 1 ? "" : "s");
   }
   b->mismatches += wrong;
 }
@@ -726,8 +718,8 @@ static double median(double *v, int n) {
   return v[n / 2];
 }
 
-/* The automatic count; `per_call` is the warm-up's slowest per-call time,
- * equal on every rank, so every rank picks the same count. */
+/* The automatic count; `per_call` is the warm-up's per-call time, equal on
+ * every rank, so every rank picks the same count. */
 static long auto_iters(size_t bytes, double per_call) {
   double by_bytes = (double)AUTO_BYTES_PER_TRIAL / (double)bytes;
   double by_time = per_call > 0.0 ? AUTO_TRIAL_SECONDS / per_call : by_bytes;
@@ -737,9 +729,24 @@ static long auto_iters(size_t bytes, double per_call) {
   return (long)n;
 }
 
-/* The first call of each side is checked on its own, then a few untimed
- * calls warm caches and connections. Returns the slowest per-call time of
- * the warm-up for the automatic iteration count. */
+/* Times WARMUP_CALLS calls one by one and returns the slowest rank's median
+ * call: one call delayed by a descheduled rank must not shrink the automatic
+ * iteration count of the whole size. */
+static double time_warm_up_calls(bench_t *b, side_t side, const size_case_t *c) {
+  double t[WARMUP_CALLS];
+  for (int k = 0; k < WARMUP_CALLS; k++) {
+    double t0 = MPI_Wtime();
+    call_side(b, side, c);
+    t[k] = MPI_Wtime() - t0;
+  }
+  double mine = median(t, WARMUP_CALLS), slowest = 0.0;
+  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+/* The first call of each side is checked on its own, then a few more calls
+ * warm caches and connections. Returns the slower side's warm-up time per
+ * call, for the automatic iteration count. */
 static double warm_up(bench_t *b, const size_case_t *c) {
   double slowest = 0.0;
   for (int s = SIDE_TNT; s <= SIDE_MPI; s++) {
@@ -747,7 +754,7 @@ static double warm_up(bench_t *b, const size_case_t *c) {
     prepare(b, c);
     call_side(b, (side_t)s, c);
     check_result(b, c, &label);
-    double t = time_calls(b, (side_t)s, c, WARMUP_CALLS);
+    double t = time_warm_up_calls(b, (side_t)s, c);
     if (t > slowest) slowest = t;
   }
   return slowest;
@@ -852,9 +859,9 @@ static double ratio(const bench_t *b, const row_t *r) {
 
 static void print_header(const bench_t *b) {
   const options_t *o = b->opt;
-  printf("# tnt-bench %s: %d ranks, dtype %s, op sum, %d trials (median), iters %s\n",
-         kCollectiveNames[o->coll], b->nranks, tnt_dtype_name(o->dtype), TRIALS,
-         o->iters > 0 ? "fixed" : "auto");
+  printf("# tnt-bench %s: %d rank%s, dtype %s, op sum, %d trials (median), iters %s\n",
+         kCollectiveNames[o->coll], b->nranks, b->nranks == 1 ? "" : "s", tnt_dtype_name(o->dtype),
+         TRIALS, o->iters > 0 ? "fixed" : "auto");
   bool half = o->dtype == TNT_FLOAT16 || o->dtype == TNT_BFLOAT16;
   printf("# MPI peer: %s on MPI_COMM_WORLD%s\n", kMpiPeerNames[o->coll],
          half && o->coll == COLL_ALLREDUCE ? " (MPI_UINT16_T with a user-defined sum)" : "");
