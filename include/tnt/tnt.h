@@ -227,6 +227,28 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
  * has finished, the bucket is ready for the next round of starts. */
 tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
 
+/* Called once when an asynchronous finish is over: `status` is TNT_OK when
+ * the output holds the reduced tensor. Runs on a libtnt thread (or on the
+ * caller's, when the result is already there); it must not block. */
+typedef void (*tnt_done_fn)(void *arg, tnt_status_t status);
+
+/*
+ * tnt_fusion_finish without blocking: returns at once (TNT_OK), copies the
+ * reduced tensor to `out` when its bucket is done, then calls done(arg, st).
+ * If the bucket is not done within the context timeout, done receives
+ * TNT_ERR_TIMEOUT and the log names the tensors this rank has not started.
+ * `out` must stay valid until done is called. A negative return means done
+ * will not be called.
+ */
+tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tnt_done_fn done,
+                                     void *arg);
+
+/* A process-wide number for `f` (> 0), so that code which can only carry
+ * integers (graph attributes) can name it; tnt_fusion_lookup turns it back
+ * into the set, or NULL once the set is destroyed. */
+int64_t tnt_fusion_handle(const tnt_fusion_t *f);
+tnt_fusion_t *tnt_fusion_lookup(int64_t handle);
+
 size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */
 long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);

@@ -82,6 +82,10 @@ tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
   return TNT_OK;
 }
 
+void tnt__request_ref(tnt_request_t *req) {
+  atomic_fetch_add(&req->refs, 1);
+}
+
 void tnt__request_unref(tnt_request_t *req) {
   if (req == NULL || atomic_fetch_sub(&req->refs, 1) != 1) return;
   pthread_mutex_destroy(&req->mu);
@@ -96,8 +100,22 @@ static void request_complete(tnt_request_t *req, tnt_status_t st) {
   pthread_mutex_lock(&req->mu);
   atomic_store_explicit(&req->status, st, memory_order_release);
   pthread_cond_broadcast(&req->cv);
+  tnt_done_fn done = req->done;
+  void *arg = req->done_arg;
   pthread_mutex_unlock(&req->mu);
+  if (done != NULL) done(arg, st);
   tnt__request_unref(req);
+}
+
+void tnt__request_on_complete(tnt_request_t *req, tnt_done_fn done, void *arg) {
+  pthread_mutex_lock(&req->mu);
+  int st = atomic_load(&req->status);
+  if (st == TNT_IN_PROGRESS) {
+    req->done = done;
+    req->done_arg = arg;
+  }
+  pthread_mutex_unlock(&req->mu);
+  if (st != TNT_IN_PROGRESS) done(arg, st);
 }
 
 tnt_status_t tnt_request_test(tnt_request_t *req) {

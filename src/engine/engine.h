@@ -48,8 +48,14 @@ struct tnt_request {
   _Atomic int refs;   /* the caller's and the engine's */
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  tnt_done_fn done; /* completion callback, at most one */
+  void *done_arg;
   tnt__op_t op;
 };
+
+/* Calls done(arg, status) once the request completes: right away on this
+ * thread if it already has, else on the thread that completes it. */
+void tnt__request_on_complete(tnt_request_t *req, tnt_done_fn done, void *arg);
 
 typedef struct tnt__engine tnt__engine_t;
 
@@ -61,6 +67,8 @@ void tnt__engine_destroy(tnt__engine_t *e);
 /* A request with two references (caller and engine), status in progress. */
 tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out);
 void tnt__request_unref(tnt_request_t *req);
+/* Adds a reference (released with tnt__request_unref). */
+void tnt__request_ref(tnt_request_t *req);
 
 /* Queues the request's op; the engine takes over its reference. */
 void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req);

@@ -9,6 +9,13 @@
  *
  * A bucket is one round at a time: after all its members have finished
  * (copied their result out), it is reset for the next round of starts.
+ *
+ * Finishing comes in two forms. tnt_fusion_finish blocks the caller.
+ * tnt_fusion_finish_async queues a waiter on the bucket; when the bucket's
+ * allreduce completes, the engine thread copies the results out and calls
+ * the waiters back, so a framework can wait for many tensors without
+ * parking a thread on each. A watchdog thread fails waiters whose bucket
+ * is not done within the timeout, naming what this rank has not started.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -24,12 +31,31 @@
 
 enum { IDLE = 0, STARTED = 1, FINISHED = 2 };
 
+typedef struct waiter {
+  size_t index; /* tensor */
+  void *out;
+  tnt_done_fn done;
+  void *arg;
+  double deadline;
+  struct waiter *next;
+} waiter_t;
+
 typedef struct bucket {
   uint8_t *buf;
   size_t started, finished;
   tnt_request_t *req; /* the round's allreduce, once submitted */
+  int completed;      /* req has completed (its callback ran) */
+  tnt_status_t status; /* of req, once completed */
+  waiter_t *waiters;  /* asynchronous finishes of this round */
   char label[112];
 } bucket_t;
+
+/* What the completion callback of one round's allreduce needs. */
+typedef struct round_ref {
+  tnt_fusion_t *f;
+  size_t bucket;
+  tnt_request_t *req;
+} round_ref_t;
 
 typedef struct id_index {
   uint64_t id;
@@ -45,9 +71,54 @@ struct tnt_fusion {
   uint8_t *state;    /* per tensor: IDLE, STARTED, FINISHED */
   bucket_t *buckets;
   size_t next_issue; /* the bucket whose allreduce goes next */
+  int64_t handle;
   pthread_mutex_t mu;
-  pthread_cond_t cv; /* a bucket was submitted or reset */
+  pthread_cond_t cv; /* a bucket was submitted or reset, or the watchdog must stop */
+  pthread_t watchdog;
+  int watchdog_running, stopping;
+  size_t nwaiters; /* asynchronous finishes pending, all buckets */
+  size_t ncallbacks; /* completion callbacks attached and not yet over */
 };
+
+/* ------------------------------------------------------------ registry */
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static tnt_fusion_t **registry;
+static size_t registry_cap;
+
+/* Handle h names registry[h - 1]; slots are not reused, so a stale handle
+ * finds NULL rather than another set. */
+static tnt_status_t registry_add(tnt_fusion_t *f) {
+  static int64_t next = 0;
+  pthread_mutex_lock(&registry_mu);
+  if ((size_t)next == registry_cap) {
+    size_t cap = registry_cap ? 2 * registry_cap : 16;
+    tnt_fusion_t **r = realloc(registry, cap * sizeof *r);
+    if (r == NULL) {
+      pthread_mutex_unlock(&registry_mu);
+      return TNT_ERR_NO_MEMORY;
+    }
+    memset(r + registry_cap, 0, (cap - registry_cap) * sizeof *r);
+    registry = r;
+    registry_cap = cap;
+  }
+  registry[next++] = f;
+  f->handle = next;
+  pthread_mutex_unlock(&registry_mu);
+  return TNT_OK;
+}
+
+tnt_fusion_t *tnt_fusion_lookup(int64_t handle) {
+  tnt_fusion_t *f = NULL;
+  pthread_mutex_lock(&registry_mu);
+  if (handle > 0 && (size_t)handle <= registry_cap) f = registry[handle - 1];
+  pthread_mutex_unlock(&registry_mu);
+  return f;
+}
+
+int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
+  return f == NULL ? 0 : f->handle;
+}
 
 static int cmp_id(const void *a, const void *b) {
   uint64_t x = ((const id_index_t *)a)->id, y = ((const id_index_t *)b)->id;
@@ -143,6 +214,7 @@ tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors,
              "allreduce of fusion bucket %zu (%zu tensors, %zu bytes)", b, bp->nmembers,
              bp->count * tnt_dtype_size(bp->dtype));
   }
+  TNT_CHECK_GOTO(registry_add(f), st, fail);
   TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes)", n, f->plan.nbuckets,
                 threshold_bytes);
   *out = f;
@@ -152,8 +224,30 @@ fail:
   return st;
 }
 
+static void fail_all_waiters(tnt_fusion_t *f, tnt_status_t st);
+
 tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
   if (f == NULL) return TNT_OK;
+  if (f->handle > 0) {
+    pthread_mutex_lock(&registry_mu);
+    registry[f->handle - 1] = NULL;
+    pthread_mutex_unlock(&registry_mu);
+  }
+  pthread_mutex_lock(&f->mu);
+  f->stopping = 1;
+  pthread_cond_broadcast(&f->cv);
+  int joined = f->watchdog_running;
+  pthread_mutex_unlock(&f->mu);
+  if (joined) pthread_join(f->watchdog, NULL);
+  if (f->nwaiters > 0) {
+    TNT_LOG_WARN("fusion set destroyed with %zu asynchronous finishes pending", f->nwaiters);
+    fail_all_waiters(f, TNT_ERR_STATE);
+  }
+  /* Completion callbacks still to run would touch the set: let them end.
+   * Every allreduce is bounded by the engine's deadline, so they do. */
+  pthread_mutex_lock(&f->mu);
+  while (f->ncallbacks > 0) pthread_cond_wait(&f->cv, &f->mu);
+  pthread_mutex_unlock(&f->mu);
   tnt_status_t st = TNT_OK;
   for (size_t b = 0; f->buckets != NULL && b < f->plan.nbuckets; ++b) {
     if (f->buckets[b].req != NULL) {
@@ -175,19 +269,102 @@ tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
   return st;
 }
 
+/* Marks tensor i finished; the last member of a bucket resets it for the
+ * next round. Called with f->mu held; returns the request to release (after
+ * unlocking) when the round ended, else NULL. */
+static tnt_request_t *mark_finished(tnt_fusion_t *f, size_t i) {
+  const size_t b = f->plan.bucket_of[i];
+  bucket_t *bk = &f->buckets[b];
+  const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  f->state[i] = FINISHED;
+  if (++bk->finished < bp->nmembers) return NULL;
+  for (size_t k = 0; k < bp->nmembers; ++k) f->state[f->plan.members[bp->first + k]] = IDLE;
+  tnt_request_t *req = bk->req;
+  bk->started = bk->finished = 0;
+  bk->req = NULL;
+  bk->completed = 0;
+  pthread_cond_broadcast(&f->cv);
+  return req;
+}
+
+/* Delivers a completed round to the waiters taken from its bucket. */
+static void deliver(tnt_fusion_t *f, waiter_t *list, tnt_status_t st) {
+  while (list != NULL) {
+    waiter_t *w = list;
+    list = w->next;
+    const tnt_tensor_info_t *t = &f->tensors[w->index];
+    const size_t b = f->plan.bucket_of[w->index];
+    tnt_request_t *release = NULL;
+    if (st >= 0) {
+      const size_t esz = tnt_dtype_size(t->dtype);
+      memcpy(w->out, f->buckets[b].buf + f->plan.offset_of[w->index] * esz, t->count * esz);
+      pthread_mutex_lock(&f->mu);
+      release = mark_finished(f, w->index);
+      pthread_mutex_unlock(&f->mu);
+    }
+    w->done(w->arg, st);
+    if (release != NULL) tnt_request_free(release);
+    free(w);
+  }
+}
+
+/* Completion callback of a bucket's allreduce (engine thread). */
+static void round_done(void *arg, tnt_status_t st) {
+  round_ref_t *ref = arg;
+  tnt_fusion_t *f = ref->f;
+  bucket_t *bk = &f->buckets[ref->bucket];
+  waiter_t *list = NULL;
+  pthread_mutex_lock(&f->mu);
+  /* Without asynchronous waiters, blocking finishes may already have ended
+   * the round; then there is nothing left to do here. */
+  if (bk->req == ref->req) {
+    bk->completed = 1;
+    bk->status = st;
+    list = bk->waiters;
+    bk->waiters = NULL;
+    for (waiter_t *w = list; w != NULL; w = w->next) f->nwaiters--;
+  }
+  pthread_mutex_unlock(&f->mu);
+  deliver(f, list, st);
+  tnt__request_unref(ref->req);
+  free(ref);
+  pthread_mutex_lock(&f->mu);
+  f->ncallbacks--;
+  pthread_cond_broadcast(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+
 /* Submits, in plan order, every bucket whose members have all started.
- * Called with f->mu held. */
-static tnt_status_t issue_ready(tnt_fusion_t *f) {
+ * Called with f->mu held; the completion callbacks of the submitted rounds
+ * are attached by attach_callbacks once the lock is released, since a
+ * callback may run at once and takes the lock. */
+static tnt_status_t issue_ready(tnt_fusion_t *f, round_ref_t **issued, size_t *nissued) {
   for (;;) {
     size_t b = f->next_issue;
     bucket_t *bk = &f->buckets[b];
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
-    TNT_CHECK(tnt__iallreduce_labeled(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op,
-                                      bk->label, &bk->req));
+    round_ref_t *ref = malloc(sizeof *ref);
+    if (ref == NULL) return TNT_ERR_NO_MEMORY;
+    tnt_status_t st = tnt__iallreduce_labeled(f->g, bk->buf, bk->buf, bp->count, bp->dtype,
+                                              f->op, bk->label, &bk->req);
+    if (st < 0) {
+      free(ref);
+      return st;
+    }
+    /* The callback holds its own reference: blocking finishes may release
+     * the bucket's before the callback is attached. */
+    tnt__request_ref(bk->req);
+    f->ncallbacks++;
+    *ref = (round_ref_t){f, b, bk->req};
+    issued[(*nissued)++] = ref;
     f->next_issue = (b + 1) % f->plan.nbuckets;
     pthread_cond_broadcast(&f->cv);
   }
+}
+
+static void attach_callbacks(round_ref_t **issued, size_t n) {
+  for (size_t k = 0; k < n; ++k) tnt__request_on_complete(issued[k]->req, round_done, issued[k]);
 }
 
 tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
@@ -229,10 +406,19 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
    * until every member has started: the copy needs no lock. */
   memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
 
+  round_ref_t *stack_issued[8];
+  round_ref_t **issued = stack_issued;
+  if (f->plan.nbuckets > 8) {
+    issued = malloc(f->plan.nbuckets * sizeof *issued);
+    if (issued == NULL) return TNT_ERR_NO_MEMORY;
+  }
+  size_t nissued = 0;
   pthread_mutex_lock(&f->mu);
   f->buckets[b].started++;
-  tnt_status_t st = issue_ready(f);
+  tnt_status_t st = issue_ready(f, issued, &nissued);
   pthread_mutex_unlock(&f->mu);
+  attach_callbacks(issued, nissued);
+  if (issued != stack_issued) free(issued);
   return st;
 }
 
@@ -298,17 +484,104 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
   memcpy(out, bk->buf + f->plan.offset_of[i] * esz, t->count * esz);
 
   pthread_mutex_lock(&f->mu);
-  f->state[i] = FINISHED;
-  if (++bk->finished == f->plan.buckets[b].nmembers) {
-    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
-    for (size_t k = 0; k < bp->nmembers; ++k) f->state[f->plan.members[bp->first + k]] = IDLE;
-    bk->started = bk->finished = 0;
-    bk->req = NULL;
-    pthread_cond_broadcast(&f->cv);
+  tnt_request_t *release = mark_finished(f, (size_t)i);
+  pthread_mutex_unlock(&f->mu);
+  if (release != NULL) tnt_request_free(release);
+  return TNT_OK;
+}
+
+/* ---------------------------------------------------- asynchronous finish */
+
+static void fail_all_waiters(tnt_fusion_t *f, tnt_status_t st) {
+  for (size_t b = 0; b < f->plan.nbuckets; ++b) {
+    pthread_mutex_lock(&f->mu);
+    waiter_t *list = f->buckets[b].waiters;
+    f->buckets[b].waiters = NULL;
+    for (waiter_t *w = list; w != NULL; w = w->next) f->nwaiters--;
     pthread_mutex_unlock(&f->mu);
-    tnt_request_free(req);
+    deliver(f, list, st);
+  }
+}
+
+/* Fails the waiters whose deadline has passed, a few times a second. */
+static void *watchdog_main(void *arg) {
+  tnt_fusion_t *f = arg;
+  tnt__log_set_rank(tnt__context_rank(f->g->ctx), tnt__context_size(f->g->ctx), 1);
+  pthread_mutex_lock(&f->mu);
+  while (!f->stopping) {
+    struct timespec ts = abs_time(tnt__now() + 0.25);
+    pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    const double now = tnt__now();
+    for (size_t b = 0; b < f->plan.nbuckets; ++b) {
+      waiter_t *expired = NULL;
+      for (waiter_t **p = &f->buckets[b].waiters; *p != NULL;) {
+        if ((*p)->deadline < now) {
+          waiter_t *w = *p;
+          *p = w->next;
+          w->next = expired;
+          expired = w;
+          f->nwaiters--;
+        } else {
+          p = &(*p)->next;
+        }
+      }
+      if (expired == NULL) continue;
+      if (f->buckets[b].req == NULL) {
+        log_missing(f, b, tnt_context_timeout(f->g->ctx));
+      } else {
+        TNT_LOG_ERROR("%s: not done after %.1f s", f->buckets[b].label,
+                      tnt_context_timeout(f->g->ctx));
+      }
+      pthread_mutex_unlock(&f->mu);
+      deliver(f, expired, TNT_ERR_TIMEOUT);
+      pthread_mutex_lock(&f->mu);
+    }
+  }
+  pthread_mutex_unlock(&f->mu);
+  return NULL;
+}
+
+tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tnt_done_fn done,
+                                     void *arg) {
+  if (f == NULL || done == NULL) return TNT_ERR_INVALID_ARG;
+  long i = find(f, id);
+  if (i < 0) {
+    TNT_LOG_ERROR("tnt_fusion_finish_async: tensor id %llu is not in the fusion set",
+                  (unsigned long long)id);
+    return TNT_ERR_INVALID_ARG;
+  }
+  if (out == NULL && f->tensors[i].count > 0) return TNT_ERR_INVALID_ARG;
+  waiter_t *w = malloc(sizeof *w);
+  if (w == NULL) return TNT_ERR_NO_MEMORY;
+  *w = (waiter_t){(size_t)i, out, done, arg, tnt__now() + tnt_context_timeout(f->g->ctx), NULL};
+  bucket_t *bk = &f->buckets[f->plan.bucket_of[i]];
+
+  pthread_mutex_lock(&f->mu);
+  if (f->state[i] != STARTED) {
+    pthread_mutex_unlock(&f->mu);
+    free(w);
+    TNT_LOG_ERROR("tnt_fusion_finish_async: tensor %llu was not started", (unsigned long long)id);
+    return TNT_ERR_STATE;
+  }
+  if (!f->watchdog_running) {
+    if (pthread_create(&f->watchdog, NULL, watchdog_main, f) != 0) {
+      pthread_mutex_unlock(&f->mu);
+      free(w);
+      TNT_LOG_ERROR("cannot start the fusion watchdog thread");
+      return TNT_ERR_NO_MEMORY;
+    }
+    f->watchdog_running = 1;
+  }
+  if (bk->completed) {
+    /* The round is over already: deliver on this thread. */
+    tnt_status_t st = bk->status;
+    pthread_mutex_unlock(&f->mu);
+    deliver(f, w, st);
     return TNT_OK;
   }
+  w->next = bk->waiters;
+  bk->waiters = w;
+  f->nwaiters++;
   pthread_mutex_unlock(&f->mu);
   return TNT_OK;
 }

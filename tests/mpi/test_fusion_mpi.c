@@ -320,6 +320,52 @@ static void test_determinism(tnt_group_t *world) {
 
 /* ---------------------------------------------------------------- errors */
 
+/*
+ * One bucket of two tensors (21, 22): a tensor cannot start its next round
+ * before every member of its bucket has finished; finishing a member whose
+ * bucket still misses a local start cannot succeed and must return (an
+ * error, or a timeout after the given 0.5 s) instead of hanging; the set
+ * stays usable afterwards.
+ */
+static void test_bucket_rounds(tnt_group_t *world) {
+  tnt_tensor_info_t info[2] = {{21, 10, TNT_FLOAT32}, {22, 20, TNT_FLOAT32}};
+  tnt_fusion_t *f = NULL;
+  mt_set_case("fusion rounds: tnt_fusion_create, one bucket of two tensors");
+  MT_OK(tnt_fusion_create(world, info, 2, 1 << 20, TNT_AVERAGE, &f));
+  MT_CHECK(tnt_fusion_num_buckets(f) == 1, "expected 1 bucket, got %zu", tnt_fusion_num_buckets(f));
+  float a[10], b[20], a_out[10], b_out[20];
+  for (int i = 0; i < 10; i++) a[i] = (float)(3 * i);
+  for (int i = 0; i < 20; i++) b[i] = (float)(i - 7);
+
+  mt_set_case("fusion rounds: finish while the bucket misses a local start");
+  MT_OK(tnt_fusion_start(f, 21, a));
+  double t0 = mt_now();
+  tnt_status_t st = tnt_fusion_finish(f, 21, a_out, 0.5);
+  double dt = mt_now() - t0;
+  MT_CHECK(st == TNT_ERR_STATE || st == TNT_ERR_TIMEOUT,
+           "expected TNT_ERR_STATE or TNT_ERR_TIMEOUT, got %s", mt_st(st));
+  MT_CHECK(dt < 2.0, "the call took %.2f s; expected at most about the 0.5 s timeout", dt);
+
+  mt_set_case("fusion rounds: the bucket completes once every member started");
+  MT_OK(tnt_fusion_start(f, 22, b));
+  MT_OK(tnt_fusion_finish(f, 21, a_out, -1));
+  mt_compare(TNT_FLOAT32, a_out, a, 10, "average of tensor 21");
+
+  mt_set_case("fusion rounds: start of the next round before the bucket finished");
+  MT_EXPECT_ST(tnt_fusion_start(f, 21, a), TNT_ERR_STATE);
+  MT_OK(tnt_fusion_finish(f, 22, b_out, -1));
+  mt_compare(TNT_FLOAT32, b_out, b, 20, "average of tensor 22");
+
+  mt_set_case("fusion rounds: the next round");
+  MT_OK(tnt_fusion_start(f, 22, b));
+  MT_OK(tnt_fusion_start(f, 21, a));
+  MT_OK(tnt_fusion_finish(f, 22, b_out, -1));
+  MT_OK(tnt_fusion_finish(f, 21, a_out, -1));
+  mt_compare(TNT_FLOAT32, a_out, a, 10, "average of tensor 21, second round");
+  mt_compare(TNT_FLOAT32, b_out, b, 20, "average of tensor 22, second round");
+  MT_OK(tnt_fusion_destroy(f));
+}
+
 static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   const tnt_status_t E = TNT_ERR_INVALID_ARG;
   tnt_tensor_info_t info[3] = {{11, 10, TNT_FLOAT32}, {12, 20, TNT_FLOAT32}, {13, 5, TNT_FLOAT64}};
@@ -395,6 +441,7 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
     }
   }
   MT_OK(tnt_fusion_destroy(f));
+  test_bucket_rounds(world);
   const char *msg = NULL;
   tnt_status_t cst = tnt_context_error(ctx, &msg);
   MT_CHECK(cst == TNT_OK, "tnt_context_error after the error cases: expected TNT_OK, got %s (%s)",
