@@ -140,6 +140,12 @@ int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on th
 int tnt_group_local_size(const tnt_group_t *group);  /* members on this host */
 int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the group */
 
+/* A process-wide number for `group` (> 0), for code that can only carry
+ * integers (graph attributes, Python); tnt_group_lookup turns it back into
+ * the group, or NULL once the group (or its context) is destroyed. */
+int64_t tnt_group_handle(const tnt_group_t *group);
+tnt_group_t *tnt_group_lookup(int64_t handle);
+
 /* ----------------------------------------------------------- collectives */
 
 /*

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/context.h"
+#include "core/handles.h"
 #include "core/log.h"
 #include "engine/engine.h"
 
@@ -73,7 +74,16 @@ static tnt_group_t *group_new(tnt_context_t *ctx, tnt__comm_t *comm) {
   if (g == NULL) return NULL;
   g->ctx = ctx;
   g->comm = comm;
+  if (tnt__handle_add(TNT__HANDLE_GROUP, g, &g->handle) < 0) {
+    free(g);
+    return NULL;
+  }
   return g;
+}
+
+static void group_free(tnt_group_t *g) {
+  tnt__handle_remove(g->handle);
+  free(g);
 }
 
 tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_config_t *config,
@@ -107,7 +117,7 @@ tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_c
 fail:
   if (ctx->world != NULL) {
     tnt__comm_destroy(ctx->world->comm);
-    free(ctx->world);
+    group_free(ctx->world);
   }
   pthread_mutex_destroy(&ctx->mu);
   free(ctx);
@@ -159,10 +169,10 @@ tnt_status_t tnt_context_destroy(tnt_context_t *ctx) {
     tnt_group_t *g = ctx->world->next;
     ctx->world->next = g->next;
     tnt__comm_destroy(g->comm);
-    free(g);
+    group_free(g);
   }
   tnt__comm_destroy(ctx->world->comm);
-  free(ctx->world);
+  group_free(ctx->world);
   int finalize = ctx->owns_mpi && failed == TNT_OK;
   pthread_mutex_destroy(&ctx->mu);
   free(ctx);
@@ -267,7 +277,7 @@ tnt_status_t tnt_group_destroy(tnt_group_t *g) {
     snprintf(req->op.label, sizeof req->op.label, "group destruction");
     st = tnt__engine_run(ctx->engine, req);
   }
-  free(g);
+  group_free(g);
   return st;
 }
 
@@ -285,4 +295,10 @@ int tnt_group_local_size(const tnt_group_t *g) {
 }
 int tnt_group_num_hosts(const tnt_group_t *g) {
   return g->comm->num_hosts;
+}
+int64_t tnt_group_handle(const tnt_group_t *g) {
+  return g == NULL ? 0 : g->handle;
+}
+tnt_group_t *tnt_group_lookup(int64_t handle) {
+  return tnt__handle_get(TNT__HANDLE_GROUP, handle);
 }

@@ -14,6 +14,7 @@ struct tnt_group {
   tnt_context_t *ctx;
   tnt__comm_t *comm;
   tnt_group_t *next; /* in the context's list of groups */
+  int64_t handle;
   int is_world;
 };
 

@@ -25,6 +25,7 @@
 #include <errno.h>
 
 #include "core/context.h"
+#include "core/handles.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "fusion/planner.h"
@@ -80,40 +81,8 @@ struct tnt_fusion {
   size_t ncallbacks; /* completion callbacks attached and not yet over */
 };
 
-/* ------------------------------------------------------------ registry */
-
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static tnt_fusion_t **registry;
-static size_t registry_cap;
-
-/* Handle h names registry[h - 1]; slots are not reused, so a stale handle
- * finds NULL rather than another set. */
-static tnt_status_t registry_add(tnt_fusion_t *f) {
-  static int64_t next = 0;
-  pthread_mutex_lock(&registry_mu);
-  if ((size_t)next == registry_cap) {
-    size_t cap = registry_cap ? 2 * registry_cap : 16;
-    tnt_fusion_t **r = realloc(registry, cap * sizeof *r);
-    if (r == NULL) {
-      pthread_mutex_unlock(&registry_mu);
-      return TNT_ERR_NO_MEMORY;
-    }
-    memset(r + registry_cap, 0, (cap - registry_cap) * sizeof *r);
-    registry = r;
-    registry_cap = cap;
-  }
-  registry[next++] = f;
-  f->handle = next;
-  pthread_mutex_unlock(&registry_mu);
-  return TNT_OK;
-}
-
 tnt_fusion_t *tnt_fusion_lookup(int64_t handle) {
-  tnt_fusion_t *f = NULL;
-  pthread_mutex_lock(&registry_mu);
-  if (handle > 0 && (size_t)handle <= registry_cap) f = registry[handle - 1];
-  pthread_mutex_unlock(&registry_mu);
-  return f;
+  return tnt__handle_get(TNT__HANDLE_FUSION, handle);
 }
 
 int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
@@ -214,7 +183,7 @@ tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors,
              "allreduce of fusion bucket %zu (%zu tensors, %zu bytes)", b, bp->nmembers,
              bp->count * tnt_dtype_size(bp->dtype));
   }
-  TNT_CHECK_GOTO(registry_add(f), st, fail);
+  TNT_CHECK_GOTO(tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle), st, fail);
   TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes)", n, f->plan.nbuckets,
                 threshold_bytes);
   *out = f;
@@ -228,11 +197,7 @@ static void fail_all_waiters(tnt_fusion_t *f, tnt_status_t st);
 
 tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
   if (f == NULL) return TNT_OK;
-  if (f->handle > 0) {
-    pthread_mutex_lock(&registry_mu);
-    registry[f->handle - 1] = NULL;
-    pthread_mutex_unlock(&registry_mu);
-  }
+  tnt__handle_remove(f->handle);
   pthread_mutex_lock(&f->mu);
   f->stopping = 1;
   pthread_cond_broadcast(&f->cv);
