@@ -106,11 +106,15 @@ tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
 tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
                                const tnt__wait_ctx_t *w);
 /*
- * Starts a shared-memory round: *seq becomes its number, and the call
- * returns once this rank may write its slot (seq & 1). Every rank publishes
- * counter 0 = seq only after it finished reading the slots of round seq - 1.
+ * Starts a shared-memory round in which this rank writes its slot: *seq
+ * becomes the round's number, and the call returns once the slot (seq & 1)
+ * is free, i.e. every rank has finished reading round seq - 2. Every rank
+ * publishes counter 0 = seq only after it finished reading the slots of
+ * round seq - 1. Ranks that only read in a round use tnt__shm_round_join.
  */
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
+/* Starts a round in which this rank writes nothing; returns its number. */
+uint64_t tnt__shm_round_join(tnt__comm_t *c);
 
 /* In-place ring allreduce (reduce-scatter then allgather) over transport
  * `t`; AVERAGE divides by t->size. Used directly by hierarchical

@@ -123,6 +123,10 @@ tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
   return TNT_OK;
 }
 
+uint64_t tnt__shm_round_join(tnt__comm_t *c) {
+  return ++c->shm_seq;
+}
+
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq) {
   *seq = ++c->shm_seq;
   /* Slot (seq & 1) was last read in round seq - 2; every rank announces

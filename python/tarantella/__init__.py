@@ -1,0 +1,20 @@
+"""Tarantella: data-parallel training of Keras models on many processes.
+
+    import tarantella as tnt
+    tnt.init()
+    model = tnt.Model(keras_model)   # then compile / fit / evaluate as usual
+"""
+from tarantella.model import Model
+from tarantella.runtime import TarantellaError
+from tarantella.runtime import get_local_rank
+from tarantella.runtime import get_local_size
+from tarantella.runtime import get_master_rank
+from tarantella.runtime import get_rank
+from tarantella.runtime import get_size
+from tarantella.runtime import init
+from tarantella.runtime import is_master_rank
+
+__version__ = "0.1.0"
+
+__all__ = ["Model", "TarantellaError", "init", "get_rank", "get_size", "get_master_rank",
+           "is_master_rank", "get_local_rank", "get_local_size"]

@@ -1,0 +1,84 @@
+"""Gradient averaging inside the training step, through fusion buckets.
+
+Each rank scales its gradients by its sample count n_r and the fused
+allreduce sums them together with the counts; dividing by the summed count
+N gives sum_r n_r * g_r / N, the gradient of the mean loss over the global
+batch, also when micro-batches differ in size. The count travels as the
+first tensor of the fusion set, so its bucket is reduced first.
+
+Tensors are handed to the fusion set in backprop order (the reverse of the
+variable order), each by its own start op as soon as its gradient exists;
+the engine reduces a bucket while backprop continues, and the finish ops
+wait without holding a thread.
+"""
+import tensorflow as tf
+
+from tarantella import _core
+from tarantella import log
+from tarantella import ops
+from tarantella import runtime
+
+_DTYPES = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
+           tf.bfloat16: "bfloat16", tf.int32: "int32", tf.int64: "int64"}
+
+
+class GradientReducer:
+    """Fusion sets by gradient signature, created while tracing."""
+
+    def __init__(self):
+        self._sets = {}
+        self.last_outputs = []  # finish outputs of the latest trace
+
+    def _fusion(self, signature, count_id):
+        fusion = self._sets.get(signature)
+        if fusion is None:
+            tensors = [(count_id, 1, "float32")]
+            tensors += [(i, n, dt) for i, n, dt in signature]
+            threshold = int(runtime.threshold_kb() * 1024)
+            fusion = _core.Fusion(tensors, threshold, "sum")
+            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %d bytes)",
+                             len(tensors), fusion.num_buckets, threshold)
+            self._sets[signature] = fusion
+        return fusion
+
+    def reduce(self, grads, local_count):
+        """Averages `grads` (list, None allowed) across ranks, weighted by
+        `local_count` samples. Runs at trace time; returns new tensors."""
+        if runtime.get_size() == 1:
+            return list(grads)
+        dense = []
+        for g in grads:
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            dense.append(g)
+        order = [i for i in reversed(range(len(dense))) if dense[i] is not None]
+        signature = []
+        for i in order:
+            g = dense[i]
+            if g.dtype not in _DTYPES:
+                raise runtime.TarantellaError(
+                    f"gradient {i} has dtype {g.dtype.name}, which Tarantella cannot reduce")
+            if not g.shape.is_fully_defined():
+                raise runtime.TarantellaError(
+                    f"gradient {i} has an unknown shape {g.shape}; variables must have static "
+                    "shapes")
+            signature.append((i, int(g.shape.num_elements()), _DTYPES[g.dtype]))
+        signature = tuple(signature)
+        count_id = len(dense)
+        fusion = self._fusion(signature, count_id)
+        h = fusion.handle
+
+        n = tf.reshape(tf.cast(local_count, tf.float32), [1])
+        count_token = ops.fusion_start(n, h, count_id, 1)
+        tokens = {}
+        for i, numel, _ in signature:
+            g = dense[i]
+            tokens[i] = ops.fusion_start(g * tf.cast(n[0], g.dtype), h, i, numel)
+        total = ops.fusion_finish(count_token, n, h, count_id, 1)[0]
+        out = list(dense)
+        for i, numel, _ in signature:
+            g = dense[i]
+            summed = ops.fusion_finish(tokens[i], g, h, i, numel)
+            out[i] = summed / tf.cast(total, g.dtype)
+        self.last_outputs = [out[i] for i, _, _ in signature]
+        return out

@@ -1,0 +1,39 @@
+"""TensorFlow ops of Tarantella (written in C), loaded once on first use."""
+import os
+
+import tensorflow as tf
+
+_library = None
+
+
+def library():
+    """The loaded op library (``libtnt_tf_ops.so`` next to this package)."""
+    global _library
+    if _library is None:
+        path = os.environ.get("TNT_TF_OPS_LIBRARY") or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "libtnt_tf_ops.so")
+        if not os.path.exists(path):
+            raise ImportError(
+                f"Tarantella's TensorFlow ops are missing ({path}); reinstall the package "
+                "with `pip install --no-build-isolation .` from the source tree")
+        _library = tf.load_op_library(path)
+    return _library
+
+
+def fusion_start(tensor, fusion, tensor_id, count):
+    """Hands `tensor` to fusion set `fusion`; returns a token for finish."""
+    return library().tnt_fusion_start(tensor, fusion=fusion, tensor_id=tensor_id, count=count)
+
+
+def fusion_finish(token, like, fusion, tensor_id, count):
+    """The reduced value of tensor `tensor_id`, shaped like `like`."""
+    return library().tnt_fusion_finish(token, like, fusion=fusion, tensor_id=tensor_id,
+                                       count=count)
+
+
+def allreduce(tensor, group, op="sum"):
+    return library().tnt_allreduce(tensor, group=group, op=op)
+
+
+def broadcast(tensor, group, root=0):
+    return library().tnt_broadcast(tensor, group=group, root=root)
