@@ -150,7 +150,9 @@ tnt_group_t *tnt_group_lookup(int64_t handle);
 
 /*
  * Blocking collectives. They wait at most the context timeout; on expiry
- * they return TNT_ERR_TIMEOUT and the log names the peer that was missing.
+ * they return TNT_ERR_TIMEOUT and the log names the peer that was missing
+ * (with the "mpi" algorithm it can only say that a peer was missing, since
+ * MPI_Allreduce does not tell which).
  * `sendbuf == recvbuf` is allowed (in place) for allreduce.
  */
 tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
@@ -226,7 +228,9 @@ tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
 
 /* Copies tensor `id` into its bucket. Once every member of a bucket has
  * started, the bucket's allreduce is submitted (buckets always in plan
- * order, so ranks may start tensors in any order). Returns at once. */
+ * order, so ranks may start tensors in any order). Returns at once;
+ * TNT_ERR_STATE when the tensor was started already in this round (a
+ * round ends when every member of the bucket has finished). */
 tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
 /* Waits (at most `timeout_s`, < 0: context default) for the bucket of `id`
  * and copies the reduced tensor to `out`. After every member of a bucket

@@ -210,9 +210,12 @@ static tnt_status_t group_destroy_run(tnt__op_t *op, const tnt__wait_ctx_t *w) {
 }
 
 tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out) {
-  if (ctx == NULL || ranks == NULL || out == NULL || n <= 0 || n > ctx->size) {
-    TNT_LOG_ERROR("tnt_group_create: need a context, an output pointer and 1..%d ranks",
-                  ctx == NULL ? 0 : ctx->size);
+  if (ctx == NULL || ranks == NULL || out == NULL) {
+    TNT_LOG_ERROR("tnt_group_create: the context, the rank list and the output must not be NULL");
+    return TNT_ERR_INVALID_ARG;
+  }
+  if (n <= 0 || n > ctx->size) {
+    TNT_LOG_ERROR("tnt_group_create: %d ranks listed; a group has 1..%d ranks", n, ctx->size);
     return TNT_ERR_INVALID_ARG;
   }
   TNT_CHECK(tnt__context_check(ctx));

@@ -145,7 +145,7 @@ tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
   }
   pthread_mutex_unlock(&req->mu);
   if (st == TNT_IN_PROGRESS) {
-    TNT_LOG_ERROR("%s: not finished after waiting %.1f s", req->op.label, timeout_s);
+    TNT_LOG_WARN("%s: not finished after waiting %.1f s", req->op.label, timeout_s);
     return TNT_ERR_TIMEOUT;
   }
   return st;

@@ -345,23 +345,18 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
   TNT_CHECK(tnt__context_check(f->g->ctx));
   const size_t b = f->plan.bucket_of[i];
   const size_t esz = tnt_dtype_size(t->dtype);
-  const double deadline = tnt__now() + tnt_context_timeout(f->g->ctx);
-  const struct timespec ts = abs_time(deadline);
   pthread_mutex_lock(&f->mu);
-  /* A tensor that finished early waits for the rest of its bucket's round. */
-  while (f->state[i] == FINISHED) {
-    if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && f->state[i] == FINISHED) {
-      pthread_mutex_unlock(&f->mu);
-      TNT_LOG_ERROR("tnt_fusion_start: tensor %llu started again while other tensors of fusion "
-                    "bucket %zu have not finished the previous round",
-                    (unsigned long long)id, b);
-      return TNT_ERR_TIMEOUT;
-    }
-  }
-  if (f->state[i] == STARTED) {
+  if (f->state[i] != IDLE) {
+    const int twice = f->state[i] == STARTED;
     pthread_mutex_unlock(&f->mu);
-    TNT_LOG_ERROR("tnt_fusion_start: tensor %llu was started twice without tnt_fusion_finish",
-                  (unsigned long long)id);
+    if (twice) {
+      TNT_LOG_ERROR("tnt_fusion_start: tensor %llu was started twice without tnt_fusion_finish",
+                    (unsigned long long)id);
+    } else {
+      TNT_LOG_ERROR("tnt_fusion_start: tensor %llu was started again before every tensor of "
+                    "fusion bucket %zu finished the previous round",
+                    (unsigned long long)id, b);
+    }
     return TNT_ERR_STATE;
   }
   f->state[i] = STARTED;

@@ -561,7 +561,11 @@ static inline void mt_hashlog_add(mt_hashlog_t *log, const void *buf, size_t byt
     if (log->hash == NULL || log->name == NULL) mt_fatal("out of memory in the hash log");
   }
   log->hash[log->n] = mt_hash(buf, bytes, 0);
-  snprintf(log->name[log->n], sizeof log->name[0], "%s", mt_case());
+  /* Case names are truncated to the log's width on purpose. */
+  const char *name = mt_case();
+  size_t len = strnlen(name, sizeof log->name[0] - 1);
+  memcpy(log->name[log->n], name, len);
+  log->name[log->n][len] = '\0';
   log->n++;
 }
 

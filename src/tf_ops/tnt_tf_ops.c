@@ -1,0 +1,467 @@
+/*
+ * Tarantella's TensorFlow ops, written in C against TensorFlow's C API, and
+ * the kernels that run them on libtnt.
+ *
+ * Gradient averaging in the graph. For each gradient, the model builds
+ *   token  = TntFusionStart(grad)             copies grad into its bucket
+ *   result = TntFusionFinish(token, like=grad) waits for the bucket's result
+ * TntFusionStart returns at once. Once every member of a fusion bucket has
+ * started, libtnt's engine thread reduces the bucket while TensorFlow goes
+ * on computing the remaining gradients: that is where communication
+ * overlaps backprop. It requires the starts to run as soon as their
+ * gradient exists, hence:
+ *  - the ops are stateless: TensorFlow 2 chains stateful ops that have no
+ *    resource input in program order inside a tf.function, which would run
+ *    every start after the whole backward pass. Distinct attribute values
+ *    (tensor_id) keep TensorFlow from merging the ops of two tensors;
+ *  - the token (the tensor id, an int64 scalar) is the data dependency that
+ *    orders a finish after its start, since nothing else does.
+ *
+ * Why TntFusionFinish blocks instead of being an asynchronous kernel. The
+ * plan was TF_NewAsyncKernelBuilder: return at once and let libtnt's engine
+ * thread call TensorFlow's done callback from tnt_fusion_finish_async. That
+ * is not sound through the C API of TensorFlow 2.21. Its CAsyncOpKernel::
+ * ComputeAsync takes the done callback by value (a std::function that lives
+ * in its caller's frame) and passes the C kernel a pointer to it; the
+ * object is destroyed as soon as the kernel returns, and the C API has no
+ * call that copies or keeps it. Called later from another thread, it works
+ * in eager mode only because the eager caller waits in that same frame; in
+ * a tf.function it calls a destroyed std::function and crashes the process
+ * (SIGSEGV in the executor's ProcessAsync done lambda). So the finish waits
+ * in tnt_fusion_finish, on the TensorFlow thread that runs it.
+ *
+ * A waiting finish holds one of TensorFlow's inter-op threads. Finishes
+ * that ran while gradients of earlier buckets were still missing could hold
+ * every such thread and starve the backward pass until libtnt's timeout, so
+ * graphs should make every finish depend on all the tokens (for example on
+ * a tf.group of them): the starts still run as early as their gradients
+ * allow, and a finish then only waits for communication already under way.
+ *
+ * Grappler folds stateless ops whose inputs are all constants, running
+ * them once while it optimizes the graph: the ops are meant for gradients
+ * and function arguments, never for constants inside a tf.function.
+ */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tnt/tnt.h"
+#include "tnt_tf_ops.h"
+#include "tf_ops_internal.h"
+
+/* The only file of the library that includes kernels.h (see
+ * tf_ops_internal.h). */
+#include "tensorflow/c/kernels.h"
+#include "tensorflow/c/tf_tensor.h"
+
+/* The context named by tnt_tf_ops_set_context, read by any kernel thread. */
+static _Atomic(tnt_context_t *) registered_context;
+
+void tnt_tf_ops_set_context(tnt_context_t *ctx) {
+  atomic_store(&registered_context, ctx);
+}
+
+/* ------------------------------------------------------------- errors */
+
+static void fail(TF_OpKernelContext *ctx, TF_Code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Fails the running op with a formatted message. */
+static void fail(TF_OpKernelContext *ctx, TF_Code code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  TF_Status *status = TF_NewStatus();
+  TF_SetStatus(status, code, msg);
+  TF_OpKernelContext_Failure(ctx, status);
+  TF_DeleteStatus(status);
+}
+
+/* True when `status` is OK; otherwise fails the running op with it. */
+static bool ok(TF_OpKernelContext *ctx, TF_Status *status) {
+  if (TF_GetCode(status) == TF_OK) return true;
+  TF_OpKernelContext_Failure(ctx, status);
+  return false;
+}
+
+static TF_Code tf_code_of(tnt_status_t st) {
+  switch (st) {
+    case TNT_ERR_INVALID_ARG: return TF_INVALID_ARGUMENT;
+    case TNT_ERR_NO_MEMORY: return TF_RESOURCE_EXHAUSTED;
+    case TNT_ERR_TIMEOUT: return TF_DEADLINE_EXCEEDED;
+    case TNT_ERR_STATE: return TF_FAILED_PRECONDITION;
+    case TNT_ERR_UNSUPPORTED: return TF_UNIMPLEMENTED;
+    case TNT_ERR_FAILED: return TF_ABORTED;
+    default: return TF_INTERNAL;
+  }
+}
+
+/* Fails the running op with libtnt's status `st`, and with the context's
+ * explanation of its first failure when the context is known and failed.
+ * The explanation of other errors is only in libtnt's log. */
+static void fail_tnt(TF_OpKernelContext *ctx, const char *what, tnt_status_t st) {
+  const char *why = NULL;
+  tnt_context_t *tctx = atomic_load(&registered_context);
+  if (tctx == NULL || tnt_context_error(tctx, &why) == TNT_OK) why = NULL;
+  if (why != NULL) {
+    fail(ctx, tf_code_of(st), "%s: %s; the communication context failed: %s", what,
+         tnt_status_string(st), why);
+  } else {
+    fail(ctx, tf_code_of(st), "%s: %s (the [tnt] lines of the log say why)", what,
+         tnt_status_string(st));
+  }
+}
+
+/* ------------------------------------------------ kernel construction */
+
+/* The libtnt dtype of TensorFlow's `type`; false for any other type. */
+static bool tnt_dtype_of(TF_DataType type, tnt_dtype_t *dtype) {
+  switch (type) {
+    case TF_FLOAT: *dtype = TNT_FLOAT32; return true;
+    case TF_DOUBLE: *dtype = TNT_FLOAT64; return true;
+    case TF_HALF: *dtype = TNT_FLOAT16; return true;
+    case TF_BFLOAT16: *dtype = TNT_BFLOAT16; return true;
+    case TF_INT32: *dtype = TNT_INT32; return true;
+    case TF_INT64: *dtype = TNT_INT64; return true;
+    default: return false;
+  }
+}
+
+static bool get_dtype(TF_OpKernelConstruction *ctx, tnt_dtype_t *dtype, TF_Status *status) {
+  TF_DataType type = TF_FLOAT;
+  TF_OpKernelConstruction_GetAttrType(ctx, "T", &type, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  if (!tnt_dtype_of(type, dtype)) {
+    /* The op definitions admit only libtnt's types; this is a safety net. */
+    TF_SetStatus(status, TF_INVALID_ARGUMENT, "T is not a type that libtnt can reduce");
+    return false;
+  }
+  return true;
+}
+
+static bool get_int(TF_OpKernelConstruction *ctx, const char *name, int64_t *value,
+                    TF_Status *status) {
+  TF_OpKernelConstruction_GetAttrInt64(ctx, name, value, status);
+  return TF_GetCode(status) == TF_OK;
+}
+
+/* Reads the attribute `op` ("sum", "average", ...) as a libtnt op. */
+static bool get_reduce_op(TF_OpKernelConstruction *ctx, tnt_op_t *op, TF_Status *status) {
+  int32_t list_size = 0, total_size = 0;
+  char name[16] = {0};
+  TF_OpKernelConstruction_GetAttrSize(ctx, "op", &list_size, &total_size, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  /* GetAttrString copies the bytes without a terminating NUL. */
+  if (total_size > 0 && (size_t)total_size < sizeof name) {
+    TF_OpKernelConstruction_GetAttrString(ctx, "op", name, sizeof name - 1, status);
+    if (TF_GetCode(status) != TF_OK) return false;
+    for (int k = 0; k < TNT_OP_COUNT; ++k) {
+      if (strcmp(name, tnt_op_name((tnt_op_t)k)) == 0) {
+        *op = (tnt_op_t)k;
+        return true;
+      }
+    }
+  }
+  TF_SetStatus(status, TF_INVALID_ARGUMENT, "op must be sum, average, min or max");
+  return false;
+}
+
+/* Attributes of TntFusionStart and TntFusionFinish. */
+typedef struct fusion_kernel {
+  int64_t fusion;    /* tnt_fusion_handle of the set */
+  int64_t tensor_id; /* the tensor's id in the set */
+  int64_t count;     /* elements the set expects for it */
+  tnt_dtype_t dtype;
+} fusion_kernel_t;
+
+/* Attributes of TntAllreduce and TntBroadcast. */
+typedef struct collective_kernel {
+  int64_t group; /* tnt_group_handle */
+  tnt_dtype_t dtype;
+  tnt_op_t op;  /* TntAllreduce */
+  int64_t root; /* TntBroadcast */
+} collective_kernel_t;
+
+/* Ends a create function: on failure, tells TensorFlow and frees `kernel`. */
+static void *created(TF_OpKernelConstruction *ctx, void *kernel, TF_Status *status) {
+  if (TF_GetCode(status) != TF_OK) {
+    TF_OpKernelConstruction_Failure(ctx, status);
+    free(kernel);
+    kernel = NULL;
+  }
+  TF_DeleteStatus(status);
+  return kernel;
+}
+
+static void *fusion_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  fusion_kernel_t *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "fusion", &k->fusion, status) &&
+             get_int(ctx, "tensor_id", &k->tensor_id, status)) {
+    get_int(ctx, "count", &k->count, status);
+  }
+  return created(ctx, k, status);
+}
+
+static void *allreduce_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  collective_kernel_t *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "group", &k->group, status)) {
+    get_reduce_op(ctx, &k->op, status);
+  }
+  return created(ctx, k, status);
+}
+
+static void *broadcast_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  collective_kernel_t *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "group", &k->group, status)) {
+    get_int(ctx, "root", &k->root, status);
+  }
+  return created(ctx, k, status);
+}
+
+/* --------------------------------------------------------- helpers */
+
+/* The fusion set of `k`, or NULL after failing the op: the set must exist
+ * and know the tensor. */
+static tnt_fusion_t *find_fusion(TF_OpKernelContext *ctx, const char *op,
+                                 const fusion_kernel_t *k) {
+  tnt_fusion_t *f = tnt_fusion_lookup(k->fusion);
+  if (f == NULL) {
+    fail(ctx, TF_FAILED_PRECONDITION,
+         "%s: fusion set %lld does not exist: create the model's fusion set before running "
+         "the graph",
+         op, (long long)k->fusion);
+    return NULL;
+  }
+  if (tnt_fusion_bucket_of(f, (uint64_t)k->tensor_id) < 0) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: tensor %lld is not in fusion set %lld", op,
+         (long long)k->tensor_id, (long long)k->fusion);
+    return NULL;
+  }
+  return f;
+}
+
+/* The group named by `handle`, or NULL after failing the op. */
+static tnt_group_t *find_group(TF_OpKernelContext *ctx, const char *op, int64_t handle) {
+  tnt_group_t *g = tnt_group_lookup(handle);
+  if (g == NULL) {
+    fail(ctx, TF_FAILED_PRECONDITION,
+         "%s: group %lld does not exist: create the context and the group before running the "
+         "graph",
+         op, (long long)handle);
+  }
+  return g;
+}
+
+/* libtnt cannot tell how many elements the set planned for a tensor, so
+ * the op carries the count and checks the tensor against it: a mismatch
+ * would make libtnt read or write past the tensor. */
+static bool check_count(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
+                        const TF_Tensor *t) {
+  const int64_t n = TF_TensorElementCount(t);
+  if (n == k->count) return true;
+  fail(ctx, TF_INVALID_ARGUMENT,
+       "%s: tensor %lld has %lld elements, but its fusion set expects count=%lld", op,
+       (long long)k->tensor_id, (long long)n, (long long)k->count);
+  return false;
+}
+
+/*
+ * Output 0 with the shape of `like`: input `input` itself when TensorFlow
+ * can hand its buffer over (nobody else uses it), else a new tensor.
+ * *forwarded tells which. NULL after failing the op.
+ */
+static TF_Tensor *output_like(TF_OpKernelContext *ctx, const TF_Tensor *like, int input,
+                              bool *forwarded) {
+  int64_t small[8];
+  const int ndims = TF_NumDims(like);
+  int64_t *dims = ndims <= 8 ? small : malloc((size_t)ndims * sizeof *dims);
+  if (dims == NULL) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+  }
+  for (int d = 0; d < ndims; ++d) dims[d] = TF_Dim(like, d);
+  TF_Status *status = TF_NewStatus();
+  int from = -1;
+  TF_Tensor *out = TF_ForwardInputOrAllocateOutput(ctx, &input, 1, 0, dims, ndims, &from, status);
+  if (dims != small) free(dims);
+  if (!ok(ctx, status)) {
+    TF_DeleteTensor(out);
+    out = NULL;
+  }
+  TF_DeleteStatus(status);
+  *forwarded = from == input;
+  return out;
+}
+
+static void delete_tensors(TF_Tensor *a, TF_Tensor *b, TF_Tensor *c) {
+  if (a != NULL) TF_DeleteTensor(a);
+  if (b != NULL) TF_DeleteTensor(b);
+  if (c != NULL) TF_DeleteTensor(c);
+}
+
+/* ---------------------------------------------------------- kernels */
+
+/* TntFusionStart: tensor -> token. Copies the tensor into its bucket (the
+ * copy is done when tnt_fusion_start returns) and returns at once. */
+static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntFusionStart";
+  const fusion_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *tensor = NULL, *token = NULL;
+  tnt_fusion_t *f = NULL;
+  TF_GetInput(ctx, 0, &tensor, status);
+  if (!ok(ctx, status) || !check_count(ctx, op, k, tensor)) goto out;
+  if ((f = find_fusion(ctx, op, k)) == NULL) goto out;
+  /* The token first: an op that fails after starting would leave the
+   * tensor started with nobody to finish it. */
+  token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
+  if (!ok(ctx, status)) goto out;
+  *(int64_t *)TF_TensorData(token) = k->tensor_id;
+  tnt_status_t st = tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor));
+  if (st < 0) {
+    char what[96];
+    snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
+    fail_tnt(ctx, what, st);
+  }
+out:
+  delete_tensors(tensor, token, NULL);
+  TF_DeleteStatus(status);
+}
+
+/* TntFusionFinish: (token, like) -> the reduced tensor, shaped like `like`.
+ * Waits for the tensor's bucket (see the top of the file for why). */
+static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntFusionFinish";
+  const fusion_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *token = NULL, *like = NULL, *out = NULL;
+  tnt_fusion_t *f = NULL;
+  bool forwarded = false;
+  TF_GetInput(ctx, 0, &token, status);
+  if (!ok(ctx, status)) goto out;
+  /* The token ties the finish to its start; one of another tensor means
+   * the graph was wired wrongly. */
+  if (TF_TensorElementCount(token) != 1 || *(const int64_t *)TF_TensorData(token) != k->tensor_id) {
+    fail(ctx, TF_INVALID_ARGUMENT,
+         "%s: the token input is not the token of tensor %lld: pass the output of the "
+         "TntFusionStart of the same tensor",
+         op, (long long)k->tensor_id);
+    goto out;
+  }
+  TF_GetInput(ctx, 1, &like, status);
+  if (!ok(ctx, status) || !check_count(ctx, op, k, like)) goto out;
+  if ((f = find_fusion(ctx, op, k)) == NULL) goto out;
+  /* `like` is usually the gradient that the start has already copied, so
+   * its buffer can often hold the result. */
+  if ((out = output_like(ctx, like, 1, &forwarded)) == NULL) goto out;
+  tnt_status_t st = tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0);
+  if (st < 0) {
+    char what[96];
+    snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
+    fail_tnt(ctx, what, st);
+  }
+out:
+  delete_tensors(token, like, out);
+  TF_DeleteStatus(status);
+}
+
+/* TntAllreduce: tensor -> its reduction over the group, in place when the
+ * input's buffer can be reused. */
+static void allreduce_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntAllreduce";
+  const collective_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *in = NULL, *out = NULL;
+  tnt_group_t *g = NULL;
+  bool forwarded = false;
+  TF_GetInput(ctx, 0, &in, status);
+  if (!ok(ctx, status)) goto out;
+  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
+  if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
+  tnt_status_t st = tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out),
+                                  (size_t)TF_TensorElementCount(in), k->dtype, k->op);
+  if (st < 0) fail_tnt(ctx, op, st);
+out:
+  delete_tensors(in, out, NULL);
+  TF_DeleteStatus(status);
+}
+
+/* TntBroadcast: tensor -> the root's tensor. The input is never written:
+ * the broadcast runs on the output, a copy unless the input was handed
+ * over. */
+static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntBroadcast";
+  const collective_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *in = NULL, *out = NULL;
+  tnt_group_t *g = NULL;
+  bool forwarded = false;
+  TF_GetInput(ctx, 0, &in, status);
+  if (!ok(ctx, status)) goto out;
+  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
+  if (k->root >= tnt_group_size(g)) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: root %lld is not a rank of group %lld (%d ranks)", op,
+         (long long)k->root, (long long)k->group, tnt_group_size(g));
+    goto out;
+  }
+  if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
+  if (!forwarded && TF_TensorByteSize(in) > 0) {
+    memcpy(TF_TensorData(out), TF_TensorData(in), TF_TensorByteSize(in));
+  }
+  tnt_status_t st = tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in),
+                                  k->dtype, (int)k->root);
+  if (st < 0) fail_tnt(ctx, op, st);
+out:
+  delete_tensors(in, out, NULL);
+  TF_DeleteStatus(status);
+}
+
+/* ---------------------------------------------------------- registration */
+
+/*
+ * Registers the ops and their CPU kernels when the library is loaded:
+ * tf.load_op_library collects the ops registered while it loads the
+ * library and builds their Python wrappers from them. A library opened by
+ * other means first (ctypes) registers them outside that window, and
+ * tf.load_op_library then finds no op in it, so it must come first.
+ * Each kernel serves every T of its op, so no type constraint is needed.
+ */
+__attribute__((constructor)) static void register_ops(void) {
+  static const struct {
+    const char *op;
+    void *(*create)(TF_OpKernelConstruction *);
+    void (*compute)(void *, TF_OpKernelContext *);
+  } kernels[] = {
+      {"TntFusionStart", fusion_create, fusion_start_compute},
+      {"TntFusionFinish", fusion_create, fusion_finish_compute},
+      {"TntAllreduce", allreduce_create, allreduce_compute},
+      {"TntBroadcast", broadcast_create, broadcast_compute},
+  };
+  TF_Status *status = TF_NewStatus();
+  tnt_tf__register_op_defs(status);
+  for (size_t i = 0; TF_GetCode(status) == TF_OK && i < sizeof kernels / sizeof *kernels; ++i) {
+    TF_KernelBuilder *b =
+        TF_NewKernelBuilder(kernels[i].op, "CPU", kernels[i].create, kernels[i].compute, free);
+    TF_RegisterKernelBuilder(kernels[i].op, b, status);
+  }
+  if (TF_GetCode(status) != TF_OK) {
+    fprintf(stderr, "[tnt] ERROR: cannot register Tarantella's TensorFlow ops: %s\n",
+            TF_Message(status));
+  }
+  TF_DeleteStatus(status);
+}

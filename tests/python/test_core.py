@@ -1,0 +1,496 @@
+"""Tests of tarantella._core, the extension over libtnt.
+
+Most tests run in this process as a 1-rank job (MPI started as a singleton);
+the life-cycle tests that need a fresh process (before init, after finalize)
+and the multi-rank tests (mpirun with 2 and 3 ranks running
+mpi_core_check.py) run in subprocesses. Run after installing the package:
+
+    python3 -m pip install --no-build-isolation . && python3 -m pytest tests/python
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tarantella._core as core
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# numpy dtype -> the libtnt dtype it maps to. np.intc and np.longlong have
+# the buffer formats 'i' and 'q'; np.int64 has 'l' on Linux.
+NUMERIC = [np.float32, np.float64, np.float16, np.intc, np.int64, np.longlong]
+OPS = ["sum", "average", "min", "max"]
+SESSION_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def context():
+    core.init(timeout_s=SESSION_TIMEOUT_S)
+    yield
+    core.finalize()
+
+
+def run_python(code, timeout=120):
+    """Runs `code` in a fresh interpreter; returns (exit status, stdout + stderr)."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, cwd=HERE)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def mpirun_command(np_):
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd + ["-np", str(np_)]
+
+
+# ---------------------------------------------------------------- life cycle
+
+
+def test_init_is_idempotent():
+    assert core.is_initialized()
+    core.init()
+    core.init(timeout_s=100)
+    assert core.is_initialized()
+
+
+def test_world_of_one_rank():
+    assert core.rank() == 0
+    assert core.size() == 1
+    assert core.local_rank() == 0
+    assert core.local_size() == 1
+    assert core.num_hosts() == 1
+    handle = core.world_handle()
+    assert isinstance(handle, int) and handle > 0
+
+
+def test_calls_before_init_raise():
+    status, out = run_python("""
+        import numpy as np
+        import tarantella._core as core
+        assert not core.is_initialized()
+        core.finalize()  # a no-op before init
+        calls = [core.rank, core.size, core.local_rank, core.local_size, core.num_hosts,
+                 core.world_handle, core.barrier, lambda: core.abort(1),
+                 lambda: core.allreduce(np.zeros(2)), lambda: core.broadcast(np.zeros(2)),
+                 lambda: core.allgather(np.zeros(1), np.zeros(1)),
+                 lambda: core.allgatherv(np.zeros(1), np.zeros(1), [1]),
+                 lambda: core.Fusion([(0, 1, "float32")], 0)]
+        for call in calls:
+            try:
+                call()
+            except core.TntError as e:
+                assert "call tarantella.init() first" in str(e), str(e)
+            else:
+                raise AssertionError("no error before init")
+        print("ok")
+        """)
+    assert status == 0 and "ok" in out, out
+
+
+def test_finalize_ends_the_context():
+    status, out = run_python("""
+        import numpy as np
+        import tarantella._core as core
+        core.init()
+        fusion = core.Fusion([(0, 2, "float32")], 0)
+        core.finalize()
+        assert not core.is_initialized()
+        assert fusion.closed, "finalize closes open fusion sets"
+        core.finalize()  # a second finalize is a no-op
+        for call in [core.rank, lambda: core.allreduce(np.zeros(2)), core.init,
+                     lambda: fusion.start(0, np.zeros(2, np.float32))]:
+            try:
+                call()
+            except core.TntError as e:
+                assert "finalized" in str(e), str(e)
+            else:
+                raise AssertionError("no error after finalize")
+        print("ok")
+        """)
+    assert status == 0 and "ok" in out, out
+
+
+def test_exit_without_finalize_is_clean():
+    # The atexit hook finalizes MPI, also with a Fusion still open.
+    status, out = run_python("""
+        import tarantella._core as core
+        core.init()
+        fusion = core.Fusion([(0, 2, "float32")], 0)
+        print("ok")
+        """)
+    assert status == 0 and "ok" in out, out
+
+
+def test_init_rejects_a_bad_timeout():
+    status, out = run_python("""
+        import tarantella._core as core
+        for bad in [0, -1.5]:
+            try:
+                core.init(timeout_s=bad)
+            except ValueError as e:
+                assert "positive number of seconds" in str(e), str(e)
+            else:
+                raise AssertionError("bad timeout accepted")
+        assert not core.is_initialized()
+        core.init(timeout_s=2.5)
+        print("ok")
+        """)
+    assert status == 0 and "ok" in out, out
+
+
+def test_exception_classes():
+    assert issubclass(core.TntError, RuntimeError)
+    assert issubclass(core.TntTimeoutError, core.TntError)
+    assert issubclass(core.TntTimeoutError, TimeoutError)
+
+
+def test_every_function_has_a_docstring():
+    names = ["init", "finalize", "is_initialized", "rank", "size", "local_rank", "local_size",
+             "num_hosts", "world_handle", "allreduce", "broadcast", "allgather", "allgatherv",
+             "barrier", "abort"]
+    for name in names:
+        doc = getattr(core, name).__doc__
+        assert doc and len(doc) > 10, name
+    for name in ["start", "finish", "bucket_of", "close"]:
+        assert getattr(core.Fusion, name).__doc__, name
+    assert core.Fusion.__doc__ and core.__doc__
+
+
+# ---------------------------------------------------------------- collectives
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_in_place(dtype, op):
+    a = (np.arange(12) - 3).astype(dtype).reshape(3, 4)
+    want = a.copy()
+    assert core.allreduce(a, op) is a
+    np.testing.assert_array_equal(a, want)
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_allreduce_into_out(dtype):
+    a = np.arange(5).astype(dtype)
+    out = np.zeros_like(a)
+    assert core.allreduce(a, "sum", out) is out
+    np.testing.assert_array_equal(out, a)
+    a.flags.writeable = False  # the input is only read
+    core.allreduce(a, op="max", out=out)
+
+
+def test_allreduce_bfloat16():
+    a = np.array([1.5, -2, 3], ml_dtypes.bfloat16)
+    core.allreduce(a, "average", dtype="bfloat16")
+    np.testing.assert_array_equal(a.astype(np.float32), [1.5, -2, 3])
+    # The raw bits of bfloat16 in a uint16 array, as TensorFlow may give them.
+    bits = a.view(np.uint16).copy()
+    core.allreduce(bits, dtype="bfloat16")
+    np.testing.assert_array_equal(bits, a.view(np.uint16))
+
+
+def test_allreduce_other_buffers():
+    b = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    core.allreduce(memoryview(b).cast("f"))
+    np.testing.assert_array_equal(np.frombuffer(b, np.float32), np.arange(4))
+    core.allreduce(np.zeros(0, np.float32))  # empty is fine
+    core.allreduce(np.array(2.5))  # so is a 0-d array
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_broadcast(dtype):
+    a = np.arange(6).astype(dtype)
+    assert core.broadcast(a) is a
+    assert core.broadcast(a, root=0) is a
+    np.testing.assert_array_equal(a, np.arange(6))
+
+
+def test_broadcast_bfloat16():
+    a = np.arange(3).astype(ml_dtypes.bfloat16)
+    core.broadcast(a, 0, dtype="bfloat16")
+    np.testing.assert_array_equal(a.astype(np.float32), np.arange(3))
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_allgather(dtype):
+    send = np.arange(4).astype(dtype)
+    recv = np.zeros(4, dtype)
+    assert core.allgather(send, recv) is recv
+    np.testing.assert_array_equal(recv, send)
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_allgatherv(dtype):
+    send = np.arange(3).astype(dtype)
+    recv = np.zeros(3, dtype)
+    assert core.allgatherv(send, recv, [3]) is recv
+    np.testing.assert_array_equal(recv, send)
+    core.allgatherv(send, recv, counts=(np.int64(3),))
+
+
+def test_barrier():
+    assert core.barrier() is None
+
+
+def test_collectives_release_the_gil():
+    # A thread that counts while the main thread is inside libtnt calls.
+    stop = threading.Event()
+    ticks = []
+
+    def count():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        a = np.ones(1 << 20, np.float32)
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            core.allreduce(a)
+    finally:
+        stop.set()
+        t.join()
+    assert ticks
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def raises(exc, fragment, call):
+    with pytest.raises(exc) as info:
+        call()
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_buffers_that_are_rejected():
+    raises(TypeError, "buffer protocol", lambda: core.allreduce([1.0, 2.0]))
+    raises(ValueError, "C-contiguous",
+           lambda: core.allreduce(np.zeros((4, 4), np.float32)[:, 1]))
+    ro = np.zeros(3, np.float32)
+    ro.flags.writeable = False
+    raises(ValueError, "read-only", lambda: core.allreduce(ro))
+    raises(ValueError, "read-only", lambda: core.allreduce(b"abcd"))
+    raises(ValueError, "read-only", lambda: core.broadcast(ro))
+    for bad in [np.uint8, np.uint16, np.int16, np.bool_, np.complex64, np.uint64]:
+        raises(TypeError, "element format", lambda: core.allreduce(np.zeros(2, bad)))
+    raises(TypeError, "byte order", lambda: core.allreduce(np.zeros(2, ">f4")))
+    raises(TypeError, "dtype='bfloat16'",
+           lambda: core.allreduce(np.zeros(2, ml_dtypes.bfloat16)))
+    raises(TypeError, "2-byte elements",
+           lambda: core.allreduce(np.zeros(2, np.float32), dtype="bfloat16"))
+
+
+def test_bad_arguments_of_allreduce():
+    a = np.zeros(3, np.float32)
+    raises(ValueError, "unknown op 'mean'", lambda: core.allreduce(a, "mean"))
+    raises(TypeError, "op must be a string", lambda: core.allreduce(a, 1))
+    raises(ValueError, "unknown dtype 'float8'", lambda: core.allreduce(a, dtype="float8"))
+    raises(TypeError, "dtype must be a string", lambda: core.allreduce(a, dtype=np.float32))
+    raises(TypeError, "out holds float64 but buf holds float32",
+           lambda: core.allreduce(a, out=np.zeros(3)))
+    raises(ValueError, "out has 4 elements but buf has 3",
+           lambda: core.allreduce(a, out=np.zeros(4, np.float32)))
+    big = np.zeros(6, np.float32)
+    raises(ValueError, "overlaps", lambda: core.allreduce(big[:4], out=big[2:]))
+    raises(TypeError, "", lambda: core.allreduce())
+
+
+def test_bad_arguments_of_broadcast():
+    a = np.zeros(3, np.float32)
+    raises(ValueError, "root=1 is not a rank", lambda: core.broadcast(a, root=1))
+    raises(ValueError, "root=-1 is not a rank", lambda: core.broadcast(a, -1))
+    raises(TypeError, "", lambda: core.broadcast(a, root="0"))
+
+
+def test_bad_arguments_of_allgather():
+    send = np.zeros(3, np.float32)
+    raises(ValueError, "size() * len(send)",
+           lambda: core.allgather(send, np.zeros(4, np.float32)))
+    raises(TypeError, "recv holds float64 but send holds float32",
+           lambda: core.allgather(send, np.zeros(3)))
+    raises(ValueError, "read-only", lambda: core.allgather(send, bytes(12)))
+    buf = np.zeros(6, np.float32)
+    raises(ValueError, "overlap", lambda: core.allgather(buf[:3], buf[2:5]))
+
+
+def test_bad_arguments_of_allgatherv():
+    send = np.zeros(3, np.float32)
+    recv = np.zeros(3, np.float32)
+    raises(ValueError, "one per rank", lambda: core.allgatherv(send, recv, [3, 0]))
+    raises(ValueError, "counts[0] is 2", lambda: core.allgatherv(send, recv, [2]))
+    raises(ValueError, "non-negative", lambda: core.allgatherv(send, recv, [-3]))
+    raises(TypeError, "must be an integer", lambda: core.allgatherv(send, recv, [3.0]))
+    raises(TypeError, "sequence", lambda: core.allgatherv(send, recv, 3))
+    raises(ValueError, "sum(counts)",
+           lambda: core.allgatherv(send, np.zeros(5, np.float32), [3]))
+
+
+# ---------------------------------------------------------------- fusion
+
+FUSED = [(7, 3, "float32"), (3, 2, "float32"), (9, 4, "float64"), (1, 5, "int32"),
+         (4, 2, "bfloat16"), (5, 3, "float16"), (6, 2, "int64")]
+NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
+             "int64": np.int64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("threshold", [0, 16, 1 << 20])
+def test_fusion_round_trip(op, threshold):
+    with core.Fusion(FUSED, threshold, op) as fusion:
+        assert fusion.handle > 0
+        assert 1 <= fusion.num_buckets <= len(FUSED)
+        if threshold == 0:
+            assert fusion.num_buckets == len(FUSED)
+        buckets = {tid: fusion.bucket_of(tid) for tid, _, _ in FUSED}
+        assert set(buckets.values()) == set(range(fusion.num_buckets))
+        for step in range(3):
+            data = {tid: (np.arange(n) + step - 1).astype(NP_DTYPES[dt]) for tid, n, dt in FUSED}
+            for tid, _, _ in reversed(FUSED):
+                assert fusion.start(tid, data[tid]) is None
+            for tid, n, dt in FUSED:
+                out = np.zeros(n, NP_DTYPES[dt])
+                assert fusion.finish(tid, out) is out
+                np.testing.assert_array_equal(out, data[tid])
+    assert fusion.closed
+
+
+def test_fusion_handles_are_distinct_and_default_op_works():
+    a = core.Fusion([(0, 4, "float32")], 0)
+    b = core.Fusion([(0, 4, "float32")], 0)
+    assert a.handle != b.handle
+    x = np.arange(4, dtype=np.float32)
+    a.start(0, x)
+    np.testing.assert_array_equal(a.finish(0, np.zeros(4, np.float32), timeout_s=None), x)
+    assert "2 buckets" not in repr(a) and "1 tensors" in repr(a)
+    a.close()
+    a.close()  # idempotent
+    assert "closed" in repr(a)
+    del b  # deallocation closes it
+
+
+def test_fusion_of_no_tensors():
+    fusion = core.Fusion([], 1024)
+    assert fusion.num_buckets == 0
+    raises(KeyError, "not in this Fusion", lambda: fusion.bucket_of(0))
+    fusion.close()
+
+
+def test_fusion_bad_lists():
+    raises(TypeError, "must be a tuple (id, count, dtype)",
+           lambda: core.Fusion([(1, 2)], 0))
+    raises(TypeError, "must be a tuple (id, count, dtype)", lambda: core.Fusion([5], 0))
+    raises(TypeError, "list of (id, count, dtype)", lambda: core.Fusion(5, 0))
+    raises(ValueError, "appears more than once",
+           lambda: core.Fusion([(1, 2, "float32"), (1, 3, "float64")], 0))
+    raises(ValueError, "unknown dtype 'float8'", lambda: core.Fusion([(1, 2, "float8")], 0))
+    raises(TypeError, "dtype must be a name", lambda: core.Fusion([(1, 2, None)], 0))
+    raises(ValueError, "non-negative", lambda: core.Fusion([(1, -2, "float32")], 0))
+    raises(ValueError, "the id must be in", lambda: core.Fusion([(-1, 2, "float32")], 0))
+    raises(TypeError, "the id must be an integer", lambda: core.Fusion([("a", 2, "float32")], 0))
+    raises(ValueError, "threshold_bytes must be a non-negative",
+           lambda: core.Fusion([(1, 2, "float32")], -1))
+    raises(ValueError, "unknown op", lambda: core.Fusion([(1, 2, "float32")], 0, "mean"))
+
+
+def test_fusion_bad_calls():
+    fusion = core.Fusion([(1, 4, "float32"), (2, 2, "bfloat16")], 0)
+    x = np.zeros(4, np.float32)
+    raises(KeyError, "tensor id 99 is not in this Fusion", lambda: fusion.start(99, x))
+    raises(KeyError, "tensor id 99", lambda: fusion.finish(99, x))
+    raises(KeyError, "tensor id 99", lambda: fusion.bucket_of(99))
+    raises(TypeError, "tensor 1 is float32 but buf holds float64",
+           lambda: fusion.start(1, np.zeros(4)))
+    raises(ValueError, "tensor 1 has 4 elements but buf has 5",
+           lambda: fusion.start(1, np.zeros(5, np.float32)))
+    raises(TypeError, "2-byte elements", lambda: fusion.start(2, np.zeros(2, np.float32)))
+    raises(core.TntError, "tensor 1 was not started", lambda: fusion.finish(1, x))
+    fusion.start(1, x)
+    raises(core.TntError, "tensor 1 was started before", lambda: fusion.start(1, x))
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    raises(ValueError, "read-only", lambda: fusion.finish(1, ro))
+    fusion.finish(1, x)
+    fusion.close()
+    raises(core.TntError, "this Fusion is closed", lambda: fusion.start(1, x))
+    raises(core.TntError, "this Fusion is closed", lambda: fusion.bucket_of(1))
+
+
+def test_fusion_finish_times_out_and_can_be_retried():
+    # Both tensors share a bucket, which is reduced once both have started.
+    fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
+    assert fusion.num_buckets == 1
+    a = np.ones(2, np.float32)
+    fusion.start(1, a)
+    with pytest.raises(core.TntTimeoutError) as info:
+        fusion.finish(1, np.zeros(2, np.float32), timeout_s=0.2)
+    assert "every rank must start every tensor" in str(info.value)
+    assert info.value.status == -4
+    assert info.value.context_error == ""  # the context is still healthy
+    fusion.start(2, a * 2)
+    np.testing.assert_array_equal(fusion.finish(1, np.zeros(2, np.float32)), a)
+    np.testing.assert_array_equal(fusion.finish(2, np.zeros(2, np.float32)), a * 2)
+    fusion.close()
+
+
+def test_fusion_start_waits_without_the_gil():
+    # Tensor 1 starts its next round while tensor 2 has not finished the
+    # current one: start blocks, without the GIL, until this thread
+    # finishes tensor 2. Meanwhile neither the set nor the context may be
+    # torn down.
+    fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
+    one, two = np.ones(2, np.float32), np.full(2, 2, np.float32)
+    fusion.start(1, one)
+    fusion.start(2, two)
+    fusion.finish(1, np.zeros(2, np.float32))
+    waited = []
+
+    def start_one():
+        begin = time.monotonic()
+        fusion.start(1, one)
+        waited.append(time.monotonic() - begin)
+
+    t = threading.Thread(target=start_one)
+    t.start()
+    time.sleep(0.3)
+    raises(core.TntError, "another thread is inside", fusion.close)
+    raises(core.TntError, "still running in other threads", core.finalize)
+    fusion.finish(2, np.zeros(2, np.float32))
+    t.join()
+    assert waited and 0.2 < waited[0] < SESSION_TIMEOUT_S
+    fusion.close()
+    assert core.is_initialized()
+
+
+# ---------------------------------------------------------------- multi-rank
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_across_ranks(ranks):
+    cmd = mpirun_command(ranks) + [sys.executable, os.path.join(HERE, "mpi_core_check.py")]
+    env = dict(os.environ, TNT_TIMEOUT_S="20")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"every check passed on {ranks} ranks" in out, out
+
+
+@needs_mpirun
+def test_timeout_names_the_missing_peer():
+    cmd = mpirun_command(2) + [sys.executable, os.path.join(HERE, "mpi_core_check.py"),
+                               "timeout"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert "rank 0 got: allreduce failed: TNT_ERR_TIMEOUT" in out, out
+    assert proc.returncode == 3, out
