@@ -61,8 +61,9 @@ static PyObject *raise_status(const char *call, tnt_status_t st, const char *det
   PyObject *cls = st == TNT_ERR_TIMEOUT ? TntTimeoutError : TntError;
   const char *hint = "";
   if (st == TNT_ERR_FAILED) {
-    hint = "; the communication context cannot be used after that failure: end the job "
-           "(tarantella._core.abort) and start it again";
+    hint =
+        "; the communication context cannot be used after that failure: end the job "
+        "(tarantella._core.abort) and start it again";
   }
   PyObject *msg = PyUnicode_FromFormat("%s failed: %s%s%s%s%s%s", call, tnt_status_string(st),
                                        detail != NULL ? "; " : "", detail != NULL ? detail : "",
@@ -152,8 +153,9 @@ static int parse_op(const char *call, PyObject *obj, tnt_op_t fallback, tnt_op_t
   *out = fallback;
   if (obj == NULL) return 0;
   if (!PyUnicode_Check(obj)) {
-    PyErr_Format(PyExc_TypeError, "%s: op must be a string ('sum', 'average', 'min' or 'max'), "
-                 "not %s", call, Py_TYPE(obj)->tp_name);
+    PyErr_Format(PyExc_TypeError,
+                 "%s: op must be a string ('sum', 'average', 'min' or 'max'), not %s", call,
+                 Py_TYPE(obj)->tp_name);
     return -1;
   }
   const char *name = PyUnicode_AsUTF8(obj);
@@ -164,8 +166,8 @@ static int parse_op(const char *call, PyObject *obj, tnt_op_t fallback, tnt_op_t
       return 0;
     }
   }
-  PyErr_Format(PyExc_ValueError, "%s: unknown op '%s': use 'sum', 'average', 'min' or 'max'",
-               call, name);
+  PyErr_Format(PyExc_ValueError, "%s: unknown op '%s': use 'sum', 'average', 'min' or 'max'", call,
+               name);
   return -1;
 }
 
@@ -237,11 +239,12 @@ static void explain_buffer_error(const char *call, const char *name, PyObject *o
      * dtypes without a buffer format, such as ml_dtypes' bfloat16. */
     PyBuffer_Release(&v);
     PyObject *s = value != NULL ? PyObject_Str(value) : NULL;
+    const char *reason = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError,
                  "%s: the element type of %s cannot be described through the buffer "
                  "protocol (%s); for bfloat16 data pass dtype='bfloat16'",
-                 call, name, s != NULL ? PyUnicode_AsUTF8(s) : "no format");
+                 call, name, reason != NULL ? reason : "no format");
     Py_XDECREF(s);
     goto done;
   }
@@ -480,7 +483,7 @@ static PyObject *core_is_initialized(PyObject *module, PyObject *Py_UNUSED(ignor
 }
 
 PyDoc_STRVAR(rank_doc, "rank()\n--\n\nThis process's rank among all ranks (0 .. size() - 1).");
-PyDoc_STRVAR(size_doc, "size()\n--\n\nThe number of ranks.");
+PyDoc_STRVAR(size_doc, "size()\n--\n\nThe number of ranks in the job.");
 PyDoc_STRVAR(local_rank_doc,
              "local_rank()\n--\n\nThis process's rank among the ranks on its host.");
 PyDoc_STRVAR(local_size_doc, "local_size()\n--\n\nThe number of ranks on this host.");
@@ -585,8 +588,8 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
   if (!in_place) {
     if (get_tensor(call, "out", out_obj, 1, dtype, &out) < 0) goto done;
     if (out.dtype != in.dtype) {
-      PyErr_Format(PyExc_TypeError, "%s: out holds %s but buf holds %s; give out buf's dtype",
-                   call, tnt_dtype_name(out.dtype), tnt_dtype_name(in.dtype));
+      PyErr_Format(PyExc_TypeError, "%s: out holds %s but buf holds %s; give out buf's dtype", call,
+                   tnt_dtype_name(out.dtype), tnt_dtype_name(in.dtype));
       goto done;
     }
     if (out.count != in.count) {
@@ -820,8 +823,8 @@ static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwa
   tnt_status_t st;
   ++g_busy;
   Py_BEGIN_ALLOW_THREADS
-  st = tnt_allgatherv(g_world, send.view.buf, send.count, recv.view.buf, counts, displs,
-                      send.dtype);
+  st =
+      tnt_allgatherv(g_world, send.view.buf, send.count, recv.view.buf, counts, displs, send.dtype);
   Py_END_ALLOW_THREADS
   --g_busy;
   if (st < 0) {
@@ -864,8 +867,8 @@ struct FusionObject {
   int64_t handle;
   Py_ssize_t num_buckets;
   Py_ssize_t ntensors;
-  tnt_tensor_info_t *by_id; /* the tensors, sorted by id, to check buffers */
-  long busy;                /* calls on this set with the GIL released */
+  tnt_tensor_info_t *by_id;  /* the tensors, sorted by id, to check buffers */
+  long busy;                 /* calls on this set with the GIL released */
   FusionObject *prev, *next; /* in g_fusions while open */
   PyObject *weakreflist;
 };
@@ -924,8 +927,8 @@ static int parse_tensor_entry(PyObject *item, Py_ssize_t i, tnt_tensor_info_t *t
   t->id = PyLong_AsUnsignedLongLong(id);
   if (PyErr_Occurred()) {
     PyErr_Clear();
-    PyErr_Format(PyExc_ValueError, "%s: tensors[%zd]: the id must be in 0..2**64-1, not %R",
-                 call, i, id);
+    PyErr_Format(PyExc_ValueError, "%s: tensors[%zd]: the id must be in 0..2**64-1, not %R", call,
+                 i, id);
     goto done;
   }
   char what[48];
@@ -934,8 +937,8 @@ static int parse_tensor_entry(PyObject *item, Py_ssize_t i, tnt_tensor_info_t *t
   int dtype;
   if (parse_dtype(call, PySequence_Fast_GET_ITEM(entry, 2), &dtype) < 0) goto done;
   if (dtype < 0) {
-    PyErr_Format(PyExc_TypeError, "%s: tensors[%zd]: the dtype must be a name such as "
-                 "'float32', not None", call, i);
+    PyErr_Format(PyExc_TypeError,
+                 "%s: tensors[%zd]: the dtype must be a name such as 'float32', not None", call, i);
     goto done;
   }
   t->dtype = (tnt_dtype_t)dtype;
@@ -991,8 +994,9 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   self->ntensors = n;
   for (Py_ssize_t i = 1; i < n; ++i) {
     if (self->by_id[i].id == self->by_id[i - 1].id) {
-      PyErr_Format(PyExc_ValueError, "%s: tensor id %llu appears more than once; ids must be "
-                   "unique", call, (unsigned long long)self->by_id[i].id);
+      PyErr_Format(PyExc_ValueError,
+                   "%s: tensor id %llu appears more than once; ids must be unique", call,
+                   (unsigned long long)self->by_id[i].id);
       goto fail;
     }
   }
@@ -1104,9 +1108,10 @@ static PyObject *fusion_bucket_of(FusionObject *self, PyObject *id_obj) {
 PyDoc_STRVAR(fusion_start_doc,
              "start(id, buf)\n--\n\n"
              "Copies buf (tensor id's data: its dtype and element count) into the tensor's\n"
-             "bucket and returns; once every tensor of a bucket has started, the bucket is\n"
-             "reduced in the background. A tensor started again before its bucket's\n"
-             "previous round has finished waits (at most the context timeout) for it.");
+             "bucket and returns at once; once every tensor of a bucket has started, the\n"
+             "bucket is reduced in the background. Each tensor starts once per round, and\n"
+             "a round of a bucket ends when every tensor of the bucket has finished:\n"
+             "starting a tensor again before that raises TntError.");
 
 static PyObject *fusion_start(FusionObject *self, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion.start";
@@ -1132,15 +1137,13 @@ static PyObject *fusion_start(FusionObject *self, PyObject *args, PyObject *kwar
   --self->busy;
   --g_busy;
   if (st < 0) {
-    char detail[160];
+    char detail[224];
     const char *d = NULL;
     if (st == TNT_ERR_STATE) {
-      snprintf(detail, sizeof detail, "tensor %llu was started before; call finish() for it "
-               "before starting it again", (unsigned long long)id);
-      d = detail;
-    } else if (st == TNT_ERR_TIMEOUT) {
-      snprintf(detail, sizeof detail, "tensor %llu was started again while other tensors of "
-               "its bucket have not finished the previous round", (unsigned long long)id);
+      snprintf(detail, sizeof detail,
+               "tensor %llu was started already in this round; a round ends once every "
+               "tensor of the bucket has finished, so call finish() for them first",
+               (unsigned long long)id);
       d = detail;
     }
     raise_status(call, st, d);
@@ -1202,9 +1205,11 @@ static PyObject *fusion_finish(FusionObject *self, PyObject *args, PyObject *kwa
                (unsigned long long)id);
       d = detail;
     } else if (st == TNT_ERR_TIMEOUT) {
-      snprintf(detail, sizeof detail, "bucket %ld of tensor %llu was not reduced in time; every "
-               "rank must start every tensor of the bucket (libtnt's log names the tensors this "
-               "rank has not started)", tnt_fusion_bucket_of(f, id), (unsigned long long)id);
+      snprintf(detail, sizeof detail,
+               "bucket %ld of tensor %llu was not reduced in time; every rank must start "
+               "every tensor of the bucket (libtnt's log names the tensors this rank has not "
+               "started)",
+               tnt_fusion_bucket_of(f, id), (unsigned long long)id);
       d = detail;
     }
     raise_status(call, st, d);
@@ -1224,7 +1229,8 @@ PyDoc_STRVAR(fusion_close_doc,
 
 static PyObject *fusion_close(FusionObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->busy > 0) {
-    PyErr_Format(TntError, "Fusion.close: another thread is inside start() or finish() of this "
+    PyErr_Format(TntError,
+                 "Fusion.close: another thread is inside start() or finish() of this "
                  "Fusion; close it once they returned");
     return NULL;
   }
@@ -1258,8 +1264,7 @@ static PyObject *fusion_get_closed(FusionObject *self, void *closure) {
 }
 
 static PyObject *fusion_repr(FusionObject *self) {
-  return PyUnicode_FromFormat("<tarantella._core.Fusion handle=%lld, %zd tensors in %zd "
-                              "buckets%s>",
+  return PyUnicode_FromFormat("<tarantella._core.Fusion handle=%lld, %zd tensors in %zd buckets%s>",
                               (long long)self->handle, self->ntensors, self->num_buckets,
                               self->fusion == NULL ? ", closed" : "");
 }
@@ -1293,6 +1298,8 @@ PyDoc_STRVAR(fusion_doc,
              "collective: every rank passes the same list. Each round, every tensor is\n"
              "started once (start) and finished once (finish).");
 
+/* clang-format cannot lay out the head macros of these two initializers. */
+// clang-format off
 static PyTypeObject FusionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tarantella._core.Fusion",
@@ -1306,6 +1313,7 @@ static PyTypeObject FusionType = {
     .tp_getset = fusion_getset,
     .tp_new = fusion_new,
 };
+// clang-format on
 
 /* ------------------------------------------------------------------ module */
 
@@ -1339,6 +1347,7 @@ PyDoc_STRVAR(core_doc,
              "raises TntTimeoutError naming the missing peer instead of hanging; a\n"
              "communication failure raises TntError, after which the job should end.");
 
+// clang-format off
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "tarantella._core",
@@ -1346,6 +1355,7 @@ static struct PyModuleDef core_module = {
     .m_size = -1,
     .m_methods = core_methods,
 };
+// clang-format on
 
 PyMODINIT_FUNC PyInit__core(void) {
   PyObject *m = NULL;
@@ -1364,8 +1374,8 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (bases == NULL) goto fail;
   TntTimeoutError = PyErr_NewExceptionWithDoc(
       "tarantella._core.TntTimeoutError",
-      "A peer did not answer within the timeout: a TntError that is also a TimeoutError.",
-      bases, NULL);
+      "A peer did not answer within the timeout: a TntError that is also a TimeoutError.", bases,
+      NULL);
   if (TntTimeoutError == NULL) goto fail;
   if (PyModule_AddObjectRef(m, "TntError", TntError) < 0) goto fail;
   if (PyModule_AddObjectRef(m, "TntTimeoutError", TntTimeoutError) < 0) goto fail;

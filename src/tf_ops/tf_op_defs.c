@@ -80,8 +80,8 @@ void tnt_tf__register_op_defs(TF_Status *status) {
   static const char *const tensor_out[] = {"output: T", NULL};
   static const char *const fusion_attrs[] = {TNT_TF_TYPE_ATTR, "fusion: int", "tensor_id: int >= 0",
                                              "count: int >= 0", NULL};
-  static const char *const allreduce_attrs[] = {
-      TNT_TF_TYPE_ATTR, "group: int", "op: {'sum', 'average', 'min', 'max'}", NULL};
+  static const char *const allreduce_attrs[] = {TNT_TF_TYPE_ATTR, "group: int",
+                                                "op: {'sum', 'average', 'min', 'max'}", NULL};
   static const char *const broadcast_attrs[] = {TNT_TF_TYPE_ATTR, "group: int", "root: int >= 0",
                                                 NULL};
 

@@ -92,13 +92,20 @@ static bool ok(TF_OpKernelContext *ctx, TF_Status *status) {
 
 static TF_Code tf_code_of(tnt_status_t st) {
   switch (st) {
-    case TNT_ERR_INVALID_ARG: return TF_INVALID_ARGUMENT;
-    case TNT_ERR_NO_MEMORY: return TF_RESOURCE_EXHAUSTED;
-    case TNT_ERR_TIMEOUT: return TF_DEADLINE_EXCEEDED;
-    case TNT_ERR_STATE: return TF_FAILED_PRECONDITION;
-    case TNT_ERR_UNSUPPORTED: return TF_UNIMPLEMENTED;
-    case TNT_ERR_FAILED: return TF_ABORTED;
-    default: return TF_INTERNAL;
+    case TNT_ERR_INVALID_ARG:
+      return TF_INVALID_ARGUMENT;
+    case TNT_ERR_NO_MEMORY:
+      return TF_RESOURCE_EXHAUSTED;
+    case TNT_ERR_TIMEOUT:
+      return TF_DEADLINE_EXCEEDED;
+    case TNT_ERR_STATE:
+      return TF_FAILED_PRECONDITION;
+    case TNT_ERR_UNSUPPORTED:
+      return TF_UNIMPLEMENTED;
+    case TNT_ERR_FAILED:
+      return TF_ABORTED;
+    default:
+      return TF_INTERNAL;
   }
 }
 
@@ -123,13 +130,26 @@ static void fail_tnt(TF_OpKernelContext *ctx, const char *what, tnt_status_t st)
 /* The libtnt dtype of TensorFlow's `type`; false for any other type. */
 static bool tnt_dtype_of(TF_DataType type, tnt_dtype_t *dtype) {
   switch (type) {
-    case TF_FLOAT: *dtype = TNT_FLOAT32; return true;
-    case TF_DOUBLE: *dtype = TNT_FLOAT64; return true;
-    case TF_HALF: *dtype = TNT_FLOAT16; return true;
-    case TF_BFLOAT16: *dtype = TNT_BFLOAT16; return true;
-    case TF_INT32: *dtype = TNT_INT32; return true;
-    case TF_INT64: *dtype = TNT_INT64; return true;
-    default: return false;
+    case TF_FLOAT:
+      *dtype = TNT_FLOAT32;
+      return true;
+    case TF_DOUBLE:
+      *dtype = TNT_FLOAT64;
+      return true;
+    case TF_HALF:
+      *dtype = TNT_FLOAT16;
+      return true;
+    case TF_BFLOAT16:
+      *dtype = TNT_BFLOAT16;
+      return true;
+    case TF_INT32:
+      *dtype = TNT_INT32;
+      return true;
+    case TF_INT64:
+      *dtype = TNT_INT64;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -300,7 +320,7 @@ static TF_Tensor *output_like(TF_OpKernelContext *ctx, const TF_Tensor *like, in
   TF_Tensor *out = TF_ForwardInputOrAllocateOutput(ctx, &input, 1, 0, dims, ndims, &from, status);
   if (dims != small) free(dims);
   if (!ok(ctx, status)) {
-    TF_DeleteTensor(out);
+    if (out != NULL) TF_DeleteTensor(out);
     out = NULL;
   }
   TF_DeleteStatus(status);
@@ -324,6 +344,7 @@ static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *tensor = NULL, *token = NULL;
   tnt_fusion_t *f = NULL;
+  tnt_status_t st = TNT_OK;
   TF_GetInput(ctx, 0, &tensor, status);
   if (!ok(ctx, status) || !check_count(ctx, op, k, tensor)) goto out;
   if ((f = find_fusion(ctx, op, k)) == NULL) goto out;
@@ -332,7 +353,7 @@ static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
   if (!ok(ctx, status)) goto out;
   *(int64_t *)TF_TensorData(token) = k->tensor_id;
-  tnt_status_t st = tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor));
+  st = tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor));
   if (st < 0) {
     char what[96];
     snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
@@ -351,6 +372,7 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *token = NULL, *like = NULL, *out = NULL;
   tnt_fusion_t *f = NULL;
+  tnt_status_t st = TNT_OK;
   bool forwarded = false;
   TF_GetInput(ctx, 0, &token, status);
   if (!ok(ctx, status)) goto out;
@@ -369,7 +391,7 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   /* `like` is usually the gradient that the start has already copied, so
    * its buffer can often hold the result. */
   if ((out = output_like(ctx, like, 1, &forwarded)) == NULL) goto out;
-  tnt_status_t st = tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0);
+  st = tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0);
   if (st < 0) {
     char what[96];
     snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
@@ -388,13 +410,14 @@ static void allreduce_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *in = NULL, *out = NULL;
   tnt_group_t *g = NULL;
+  tnt_status_t st = TNT_OK;
   bool forwarded = false;
   TF_GetInput(ctx, 0, &in, status);
   if (!ok(ctx, status)) goto out;
   if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
   if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
-  tnt_status_t st = tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out),
-                                  (size_t)TF_TensorElementCount(in), k->dtype, k->op);
+  st = tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out), (size_t)TF_TensorElementCount(in),
+                     k->dtype, k->op);
   if (st < 0) fail_tnt(ctx, op, st);
 out:
   delete_tensors(in, out, NULL);
@@ -410,6 +433,7 @@ static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *in = NULL, *out = NULL;
   tnt_group_t *g = NULL;
+  tnt_status_t st = TNT_OK;
   bool forwarded = false;
   TF_GetInput(ctx, 0, &in, status);
   if (!ok(ctx, status)) goto out;
@@ -423,8 +447,8 @@ static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
   if (!forwarded && TF_TensorByteSize(in) > 0) {
     memcpy(TF_TensorData(out), TF_TensorData(in), TF_TensorByteSize(in));
   }
-  tnt_status_t st = tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in),
-                                  k->dtype, (int)k->root);
+  st = tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in), k->dtype,
+                     (int)k->root);
   if (st < 0) fail_tnt(ctx, op, st);
 out:
   delete_tensors(in, out, NULL);

@@ -32,15 +32,27 @@ SESSION_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module", autouse=True)
 def context():
+    # Not finalized here: MPI cannot start twice in one process, and other
+    # test modules of this pytest run may still need it. The atexit hook
+    # finalizes it.
     core.init(timeout_s=SESSION_TIMEOUT_S)
-    yield
-    core.finalize()
+
+
+def clean_env(**extra):
+    """The environment for child processes.
+
+    MPI, started as a singleton by init(), adds its own variables to the
+    C-level environment of this process; children that inherited them
+    would take them for their own job (a nested mpirun exits at once).
+    os.environ is Python's copy from before init(), without them.
+    """
+    return dict(os.environ, **extra)
 
 
 def run_python(code, timeout=120):
     """Runs `code` in a fresh interpreter; returns (exit status, stdout + stderr)."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, cwd=HERE)
+                          text=True, timeout=timeout, cwd=HERE, env=clean_env())
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -414,7 +426,8 @@ def test_fusion_bad_calls():
     raises(TypeError, "2-byte elements", lambda: fusion.start(2, np.zeros(2, np.float32)))
     raises(core.TntError, "tensor 1 was not started", lambda: fusion.finish(1, x))
     fusion.start(1, x)
-    raises(core.TntError, "tensor 1 was started before", lambda: fusion.start(1, x))
+    raises(core.TntError, "tensor 1 was started already in this round",
+           lambda: fusion.start(1, x))
     ro = np.zeros(4, np.float32)
     ro.flags.writeable = False
     raises(ValueError, "read-only", lambda: fusion.finish(1, ro))
@@ -441,31 +454,44 @@ def test_fusion_finish_times_out_and_can_be_retried():
     fusion.close()
 
 
-def test_fusion_start_waits_without_the_gil():
-    # Tensor 1 starts its next round while tensor 2 has not finished the
-    # current one: start blocks, without the GIL, until this thread
-    # finishes tensor 2. Meanwhile neither the set nor the context may be
-    # torn down.
+def test_fusion_round_ends_when_the_whole_bucket_finished():
     fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
     one, two = np.ones(2, np.float32), np.full(2, 2, np.float32)
     fusion.start(1, one)
     fusion.start(2, two)
     fusion.finish(1, np.zeros(2, np.float32))
-    waited = []
+    # Tensor 2 has not finished round 1: tensor 1 cannot start round 2 yet.
+    raises(core.TntError, "started already in this round", lambda: fusion.start(1, one))
+    fusion.finish(2, np.zeros(2, np.float32))
+    fusion.start(1, one)
+    fusion.close()
 
-    def start_one():
+
+def test_fusion_finish_waits_without_the_gil():
+    # A thread waits in finish() for a bucket that this thread completes:
+    # the wait must let go of the GIL. Meanwhile neither the set nor the
+    # context may be torn down.
+    fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
+    one, two = np.ones(2, np.float32), np.full(2, 2, np.float32)
+    fusion.start(1, one)
+    results = []
+
+    def finish_one():
         begin = time.monotonic()
-        fusion.start(1, one)
-        waited.append(time.monotonic() - begin)
+        out = fusion.finish(1, np.zeros(2, np.float32))
+        results.append((time.monotonic() - begin, out))
 
-    t = threading.Thread(target=start_one)
+    t = threading.Thread(target=finish_one)
     t.start()
     time.sleep(0.3)
     raises(core.TntError, "another thread is inside", fusion.close)
     raises(core.TntError, "still running in other threads", core.finalize)
-    fusion.finish(2, np.zeros(2, np.float32))
+    fusion.start(2, two)
     t.join()
-    assert waited and 0.2 < waited[0] < SESSION_TIMEOUT_S
+    waited, out = results[0]
+    assert 0.2 < waited < SESSION_TIMEOUT_S
+    np.testing.assert_array_equal(out, one)
+    fusion.finish(2, np.zeros(2, np.float32))
     fusion.close()
     assert core.is_initialized()
 
@@ -479,8 +505,8 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_across_ranks(ranks):
     cmd = mpirun_command(ranks) + [sys.executable, os.path.join(HERE, "mpi_core_check.py")]
-    env = dict(os.environ, TNT_TIMEOUT_S="20")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=clean_env(TNT_TIMEOUT_S="20"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"every check passed on {ranks} ranks" in out, out
@@ -490,7 +516,7 @@ def test_across_ranks(ranks):
 def test_timeout_names_the_missing_peer():
     cmd = mpirun_command(2) + [sys.executable, os.path.join(HERE, "mpi_core_check.py"),
                                "timeout"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=clean_env())
     out = proc.stdout + proc.stderr
     assert "rank 0 got: allreduce failed: TNT_ERR_TIMEOUT" in out, out
     assert proc.returncode == 3, out

@@ -1,0 +1,35 @@
+"""Shared helpers of the Python tests: launching programs on several ranks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def mpirun_command(nranks, *argv):
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(nranks)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd + list(argv)
+
+
+def run(cmd, timeout=600, env=None):
+    """Runs cmd; fails the test with its output when it fails or hangs."""
+    full_env = dict(os.environ)
+    full_env.setdefault("TNT_TIMEOUT_S", "60")
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s:\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+@pytest.fixture
+def python():
+    return sys.executable

@@ -1,0 +1,76 @@
+"""Oracle tests: training on N ranks equals serial Keras with the same global batch.
+
+For every optimizer the worker trains the same model on the same data from
+the same initial weights; 150 samples in global batches of 20 give micro-
+batches of unequal size at 3 and 4 ranks and a partial last batch of 10.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+
+WORKER = os.path.join(ROOT, "tests", "python", "train_worker.py")
+
+
+def load(out, nranks):
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(nranks)]
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory, python=None):
+    import sys
+    out = str(tmp_path_factory.mktemp("serial"))
+    run([sys.executable, WORKER, "--serial", "--out", out])
+    return load(out, 1)[0]
+
+
+def assert_ranks_identical(results):
+    for key in results[0]:
+        for r, res in enumerate(results[1:], start=1):
+            assert np.array_equal(res[key], results[0][key]), \
+                f"{key} differs between rank 0 and rank {r}"
+
+
+def assert_matches_serial(result, serial, tol):
+    cases = sorted({k.split("/")[0] for k in serial})
+    for case in cases:
+        got, want = result[f"{case}/loss"], serial[f"{case}/loss"]
+        assert np.allclose(got, want, rtol=0, atol=tol), \
+            f"{case}: per-epoch loss {got} differs from serial {want} by more than {tol}"
+        got, want = result[f"{case}/accuracy"], serial[f"{case}/accuracy"]
+        assert np.allclose(got, want, rtol=0, atol=1e-6), \
+            f"{case}: per-epoch accuracy {got} differs from serial {want}"
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_training_equals_serial(nranks, serial, tmp_path, python):
+    out = str(tmp_path)
+    run(mpirun_command(nranks, python, WORKER, "--out", out), timeout=900)
+    results = load(out, nranks)
+    assert_ranks_identical(results)
+    assert_matches_serial(results[0], serial, tol=1e-4)
+
+
+def test_two_runs_are_bitwise_identical(tmp_path, python):
+    outs = []
+    for i in range(2):
+        out = str(tmp_path / f"run{i}")
+        run(mpirun_command(3, python, WORKER, "--out", out, "--cases", "sgd_momentum,adam"),
+            timeout=600)
+        outs.append(load(out, 3)[0])
+    for key in outs[0]:
+        assert np.array_equal(outs[0][key], outs[1][key]), f"{key} differs between two runs"
+
+
+def test_mixed_precision_equals_serial(tmp_path, python):
+    import sys
+    serial_out = str(tmp_path / "serial")
+    run([sys.executable, WORKER, "--serial", "--mixed", "--cases", "sgd,adam",
+         "--out", serial_out])
+    out = str(tmp_path / "dist")
+    run(mpirun_command(2, python, WORKER, "--mixed", "--cases", "sgd,adam", "--out", out))
+    results = load(out, 2)
+    assert_ranks_identical(results)
+    assert_matches_serial(results[0], load(serial_out, 1)[0], tol=1e-3)
