@@ -123,6 +123,12 @@ double tnt_context_timeout(const tnt_context_t *ctx);
  * `message` (may be NULL) receives a static-lifetime-of-ctx explanation. */
 tnt_status_t tnt_context_error(const tnt_context_t *ctx, const char **message);
 
+/* The explanation of the last error that libtnt reported on the calling
+ * thread (what is wrong and what to change), or "" when there was none.
+ * Valid until the thread's next libtnt call. Errors raised on the engine
+ * thread are explained by tnt_context_error instead. */
+const char *tnt_last_error(void);
+
 /* ----------------------------------------------------------------- groups */
 
 /*
@@ -134,6 +140,7 @@ tnt_status_t tnt_context_error(const tnt_context_t *ctx, const char **message);
 tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out);
 tnt_status_t tnt_group_destroy(tnt_group_t *group);
 
+/* Group queries; each returns -1 for a NULL group. */
 int tnt_group_rank(const tnt_group_t *group);        /* rank within the group */
 int tnt_group_size(const tnt_group_t *group);
 int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on this host */
@@ -145,6 +152,9 @@ int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the gr
  * the group, or NULL once the group (or its context) is destroyed. */
 int64_t tnt_group_handle(const tnt_group_t *group);
 tnt_group_t *tnt_group_lookup(int64_t handle);
+
+/* The context that `group` belongs to (NULL for a NULL group). */
+tnt_context_t *tnt_group_context(const tnt_group_t *group);
 
 /* ----------------------------------------------------------- collectives */
 
@@ -258,6 +268,9 @@ tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tn
  * into the set, or NULL once the set is destroyed. */
 int64_t tnt_fusion_handle(const tnt_fusion_t *f);
 tnt_fusion_t *tnt_fusion_lookup(int64_t handle);
+
+/* The group that `f` reduces over (NULL for a NULL set). */
+tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f);
 
 size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */

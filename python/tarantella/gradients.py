@@ -8,8 +8,15 @@ first tensor of the fusion set, so its bucket is reduced first.
 
 Tensors are handed to the fusion set in backprop order (the reverse of the
 variable order), each by its own start op as soon as its gradient exists;
-the engine reduces a bucket while backprop continues, and the finish ops
-wait without holding a thread.
+the engine reduces a bucket while backprop continues. The finish ops block
+a TensorFlow thread while they wait (TensorFlow's C API cannot keep an
+asynchronous kernel's completion callback alive), so every finish depends
+on all starts: a finish never occupies a thread that a start still needs.
+
+The ops are stateless, and TensorFlow evaluates stateless ops whose inputs
+are all known ahead of time while it optimizes the graph. The sample count
+therefore arrives as a variable read, never as a constant (a static batch
+dimension would make tf.shape() one).
 """
 import tensorflow as tf
 
@@ -43,7 +50,8 @@ class GradientReducer:
 
     def reduce(self, grads, local_count):
         """Averages `grads` (list, None allowed) across ranks, weighted by
-        `local_count` samples. Runs at trace time; returns new tensors."""
+        `local_count` samples (a float32 scalar read from a variable). Runs
+        at trace time; returns new tensors."""
         if runtime.get_size() == 1:
             return list(grads)
         dense = []
@@ -68,17 +76,17 @@ class GradientReducer:
         fusion = self._fusion(signature, count_id)
         h = fusion.handle
 
-        n = tf.reshape(tf.cast(local_count, tf.float32), [1])
-        count_token = ops.fusion_start(n, h, count_id, 1)
-        tokens = {}
+        n = tf.reshape(local_count, [1])
+        tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
+        scaled = {}
         for i, numel, _ in signature:
-            g = dense[i]
-            tokens[i] = ops.fusion_start(g * tf.cast(n[0], g.dtype), h, i, numel)
-        total = ops.fusion_finish(count_token, n, h, count_id, 1)[0]
-        out = list(dense)
-        for i, numel, _ in signature:
-            g = dense[i]
-            summed = ops.fusion_finish(tokens[i], g, h, i, numel)
-            out[i] = summed / tf.cast(total, g.dtype)
+            scaled[i] = dense[i] * tf.cast(n[0], dense[i].dtype)
+            tokens[i] = ops.fusion_start(scaled[i], h, i, numel)
+        with tf.control_dependencies([tf.group(list(tokens.values()))]):
+            total = ops.fusion_finish(tokens[count_id], n, h, count_id, 1)[0]
+            out = list(dense)
+            for i, numel, _ in signature:
+                summed = ops.fusion_finish(tokens[i], scaled[i], h, i, numel)
+                out[i] = summed / tf.cast(total, dense[i].dtype)
         self.last_outputs = [out[i] for i, _, _ in signature]
         return out

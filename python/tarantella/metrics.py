@@ -40,12 +40,16 @@ def global_results(model, local_results, control_inputs=()):
     for v in variables:
         by_dtype.setdefault(v.dtype, []).append(v)
     mapping = []
-    with tf.control_dependencies(list(control_inputs)):
-        for dtype in sorted(by_dtype):
-            vs = by_dtype[dtype]
+    previous = list(control_inputs)
+    for dtype in sorted(by_dtype):
+        vs = by_dtype[dtype]
+        # One allreduce per dtype, chained so that every rank issues them in
+        # the same order.
+        with tf.control_dependencies(previous):
             flat = tf.concat([tf.reshape(v.value, [-1]) for v in vs], axis=0)
             summed = ops.allreduce(flat, _core.world_handle(), "sum")
-            parts = tf.split(summed, [int(np.prod(v.shape)) for v in vs])
-            mapping += [(v, tf.reshape(p, v.shape)) for v, p in zip(vs, parts)]
+        previous = [summed]
+        parts = tf.split(summed, [int(np.prod(v.shape)) for v in vs])
+        mapping += [(v, tf.reshape(p, v.shape)) for v, p in zip(vs, parts)]
     with StatelessScope(state_mapping=mapping):
         return local_results()

@@ -48,6 +48,11 @@ class Model:
         object.__setattr__(self, "_tnt_reducer", gradients.GradientReducer())
         object.__setattr__(self, "_tnt_broadcast_pending", True)
         object.__setattr__(self, "_tnt_local_count", None)
+        # The step's sample count goes through a variable so that TensorFlow
+        # cannot treat it as a constant (see gradients.py).
+        object.__setattr__(self, "_tnt_count_var",
+                           tf.Variable(0.0, trainable=False, dtype=tf.float32,
+                                       name="tnt_local_samples"))
         self._tnt_install_hooks()
 
     # ---------------------------------------------------------------- forwarding
@@ -78,7 +83,8 @@ class Model:
         def train_step(batch):
             x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch)
             first = next(t for t in tf.nest.flatten(x) if t is not None)
-            wrapper._tnt_local_count = tf.shape(first)[0]
+            wrapper._tnt_count_var.assign(tf.cast(tf.shape(first)[0], tf.float32))
+            wrapper._tnt_local_count = wrapper._tnt_count_var.read_value()
             wrapper._tnt_reducer.last_outputs = []
             return keras_train_step(batch)
 
@@ -245,8 +251,10 @@ class Model:
             val = self._tnt_dataset(vx, vy, vw, vbs, tnt_validation_micro_batch_size,
                                     tnt_distribute_validation_dataset, False, "validation")
         self._tnt_prepare(train)
+        # Shuffling is the dataset's business (arrays were shuffled above).
         return self.model.fit(train, epochs=epochs, verbose=self._tnt_verbose(verbose),
-                              callbacks=callbacks, validation_data=val, **kwargs)
+                              callbacks=callbacks, validation_data=val, shuffle=False,
+                              **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  tnt_micro_batch_size=None, tnt_distribute_dataset=True, **kwargs):

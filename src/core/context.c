@@ -285,22 +285,25 @@ tnt_status_t tnt_group_destroy(tnt_group_t *g) {
 }
 
 int tnt_group_rank(const tnt_group_t *g) {
-  return g->comm->rank;
+  return g == NULL ? -1 : g->comm->rank;
 }
 int tnt_group_size(const tnt_group_t *g) {
-  return g->comm->size;
+  return g == NULL ? -1 : g->comm->size;
 }
 int tnt_group_local_rank(const tnt_group_t *g) {
-  return g->comm->local_rank;
+  return g == NULL ? -1 : g->comm->local_rank;
 }
 int tnt_group_local_size(const tnt_group_t *g) {
-  return g->comm->local_size;
+  return g == NULL ? -1 : g->comm->local_size;
 }
 int tnt_group_num_hosts(const tnt_group_t *g) {
-  return g->comm->num_hosts;
+  return g == NULL ? -1 : g->comm->num_hosts;
 }
 int64_t tnt_group_handle(const tnt_group_t *g) {
   return g == NULL ? 0 : g->handle;
+}
+tnt_context_t *tnt_group_context(const tnt_group_t *g) {
+  return g == NULL ? NULL : g->ctx;
 }
 tnt_group_t *tnt_group_lookup(int64_t handle) {
   return tnt__handle_get(TNT__HANDLE_GROUP, handle);

@@ -4,6 +4,7 @@
  * their own (ranks simulated as threads in tests).
  */
 #include "core/log.h"
+#include "tnt/tnt.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -59,6 +60,10 @@ int tnt__log_enabled(tnt__log_level_t level) {
 }
 
 const char *tnt__log_last_error(void) {
+  return last_error;
+}
+
+const char *tnt_last_error(void) {
   return last_error;
 }
 

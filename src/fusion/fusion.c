@@ -204,8 +204,11 @@ tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
   int joined = f->watchdog_running;
   pthread_mutex_unlock(&f->mu);
   if (joined) pthread_join(f->watchdog, NULL);
-  if (f->nwaiters > 0) {
-    TNT_LOG_WARN("fusion set destroyed with %zu asynchronous finishes pending", f->nwaiters);
+  pthread_mutex_lock(&f->mu);
+  const size_t pending = f->nwaiters;
+  pthread_mutex_unlock(&f->mu);
+  if (pending > 0) {
+    TNT_LOG_WARN("fusion set destroyed with %zu asynchronous finishes pending", pending);
     fail_all_waiters(f, TNT_ERR_STATE);
   }
   /* Completion callbacks still to run would touch the set: let them end.
@@ -544,6 +547,10 @@ tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tn
   f->nwaiters++;
   pthread_mutex_unlock(&f->mu);
   return TNT_OK;
+}
+
+tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f) {
+  return f == NULL ? NULL : f->g;
 }
 
 size_t tnt_fusion_num_buckets(const tnt_fusion_t *f) {

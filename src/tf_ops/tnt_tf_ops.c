@@ -37,12 +37,14 @@
  * a tf.group of them): the starts still run as early as their gradients
  * allow, and a finish then only waits for communication already under way.
  *
- * Grappler folds stateless ops whose inputs are all constants, running
- * them once while it optimizes the graph: the ops are meant for gradients
- * and function arguments, never for constants inside a tf.function.
+ * TensorFlow's graph optimizers fold stateless ops whose inputs are all
+ * constants: they run them once, while they optimize the graph, and the
+ * graph then uses the result. Inside a tf.function the ops must therefore
+ * never receive a value that TensorFlow can compute ahead of time, such as
+ * a constant or tf.shape of a tensor whose shape is static; gradients,
+ * function arguments and variable reads are fine.
  */
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,20 +52,12 @@
 #include <string.h>
 
 #include "tnt/tnt.h"
-#include "tnt_tf_ops.h"
 #include "tf_ops_internal.h"
 
 /* The only file of the library that includes kernels.h (see
  * tf_ops_internal.h). */
 #include "tensorflow/c/kernels.h"
 #include "tensorflow/c/tf_tensor.h"
-
-/* The context named by tnt_tf_ops_set_context, read by any kernel thread. */
-static _Atomic(tnt_context_t *) registered_context;
-
-void tnt_tf_ops_set_context(tnt_context_t *ctx) {
-  atomic_store(&registered_context, ctx);
-}
 
 /* ------------------------------------------------------------- errors */
 
@@ -109,16 +103,17 @@ static TF_Code tf_code_of(tnt_status_t st) {
   }
 }
 
-/* Fails the running op with libtnt's status `st`, and with the context's
- * explanation of its first failure when the context is known and failed.
- * The explanation of other errors is only in libtnt's log. */
-static void fail_tnt(TF_OpKernelContext *ctx, const char *what, tnt_status_t st) {
+/* Fails the running op with libtnt's status `st` and its explanation: the
+ * context's first failure when the context of `g` has failed, else what
+ * libtnt reported on this thread. */
+static void fail_tnt(TF_OpKernelContext *ctx, const tnt_group_t *g, const char *what,
+                     tnt_status_t st) {
   const char *why = NULL;
-  tnt_context_t *tctx = atomic_load(&registered_context);
-  if (tctx == NULL || tnt_context_error(tctx, &why) == TNT_OK) why = NULL;
-  if (why != NULL) {
+  if (tnt_context_error(tnt_group_context(g), &why) != TNT_OK) {
     fail(ctx, tf_code_of(st), "%s: %s; the communication context failed: %s", what,
          tnt_status_string(st), why);
+  } else if (*(why = tnt_last_error()) != '\0') {
+    fail(ctx, tf_code_of(st), "%s: %s: %s", what, tnt_status_string(st), why);
   } else {
     fail(ctx, tf_code_of(st), "%s: %s (the [tnt] lines of the log say why)", what,
          tnt_status_string(st));
@@ -357,7 +352,7 @@ static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   if (st < 0) {
     char what[96];
     snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
-    fail_tnt(ctx, what, st);
+    fail_tnt(ctx, tnt_fusion_group(f), what, st);
   }
 out:
   delete_tensors(tensor, token, NULL);
@@ -395,7 +390,7 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   if (st < 0) {
     char what[96];
     snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
-    fail_tnt(ctx, what, st);
+    fail_tnt(ctx, tnt_fusion_group(f), what, st);
   }
 out:
   delete_tensors(token, like, out);
@@ -418,7 +413,7 @@ static void allreduce_compute(void *kernel, TF_OpKernelContext *ctx) {
   if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
   st = tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out), (size_t)TF_TensorElementCount(in),
                      k->dtype, k->op);
-  if (st < 0) fail_tnt(ctx, op, st);
+  if (st < 0) fail_tnt(ctx, g, op, st);
 out:
   delete_tensors(in, out, NULL);
   TF_DeleteStatus(status);
@@ -449,7 +444,7 @@ static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
   }
   st = tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in), k->dtype,
                      (int)k->root);
-  if (st < 0) fail_tnt(ctx, op, st);
+  if (st < 0) fail_tnt(ctx, g, op, st);
 out:
   delete_tensors(in, out, NULL);
   TF_DeleteStatus(status);

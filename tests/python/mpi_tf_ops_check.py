@@ -86,10 +86,6 @@ class Tnt:
         self.lib = lib
         self.ctx = vp()
         self._check(lib.tnt_context_create(None, ctypes.byref(self.ctx)), "tnt_context_create")
-        # Opened after tf.load_op_library, which must see the library first.
-        self.ops_lib = ctypes.CDLL(ops_path)
-        self.ops_lib.tnt_tf_ops_set_context.argtypes = [vp]
-        self.ops_lib.tnt_tf_ops_set_context(self.ctx)
         self.world = lib.tnt_context_world(self.ctx)
         self.rank = lib.tnt_group_rank(self.world)
         self.size = lib.tnt_group_size(self.world)
@@ -123,7 +119,6 @@ class Tnt:
     def close(self):
         for f in self._sets:
             self._check(self.lib.tnt_fusion_destroy(f), "tnt_fusion_destroy")
-        self.ops_lib.tnt_tf_ops_set_context(None)
         self._check(self.lib.tnt_context_destroy(self.ctx), "tnt_context_destroy")
 
 
