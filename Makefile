@@ -1,13 +1,16 @@
 # Tarantella: the two commands of the README, and the steps they are made of.
-#   make demo   install what is missing, build, install, run the demo on 2 ranks
-#   make test   install what is missing, build, run every test suite
+#   make demo   install what is missing, build, install, train the quick start on 2 ranks
+#   make test   install what is missing, build, install, run every test suite
 # Both are safe to run again; they rebuild only what changed.
 
 PREFIX    ?= /usr/local
+PYTHON    ?= python3
 JOBS      ?= $(shell nproc)
 BUILD     ?= build
 MPIRUN    ?= mpirun
 MPIFLAGS  ?= --oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+
+export PYTHON
 
 .PHONY: all deps build install demo test bench-allreduce clean
 
@@ -16,20 +19,28 @@ all: build
 deps:
 	@tools/setup/install_deps.sh
 
+# The C library, its tools and tests.
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+# libtnt and tnt-bench under PREFIX, and the Python package for $(PYTHON).
 install: build
 	cmake --install $(BUILD) >/dev/null
 	ldconfig 2>/dev/null || true
-	@echo "tarantella: installed to $(PREFIX)"
+	$(PYTHON) -m pip install --quiet --root-user-action=ignore --no-build-isolation .
+	@echo "tarantella: installed libtnt and tnt-bench to $(PREFIX), and the Python package"
 
 demo: install
-	$(MPIRUN) $(MPIFLAGS) -np 2 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
+	TF_CPP_MIN_LOG_LEVEL=2 $(MPIRUN) $(MPIFLAGS) -np 2 \
+	  $(PYTHON) examples/quick_start.py --epochs 3
 
-test: build
+test: install
 	tests/run_all.sh $(BUILD)
 
+bench-allreduce: install
+	$(MPIRUN) $(MPIFLAGS) -np 2 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
+	$(MPIRUN) $(MPIFLAGS) -np 4 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-py

@@ -3,6 +3,8 @@
 #   1. the release build: C unit tests, ranks-as-threads tests, MPI tests
 #   2. an AddressSanitizer + UndefinedBehaviorSanitizer build of the same
 #   3. a ThreadSanitizer build of the threaded engine tests
+#   4. the Python tests (pytest): the extension module, the TensorFlow ops,
+#      and training on 1 to 4 ranks against serial Keras
 # Usage: tests/run_all.sh [BUILD_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +62,24 @@ else
   echo "tarantella: the ThreadSanitizer build failed" >&2
   failed=$((failed + 1)); failed_suites+=("tsan build")
 fi
+
+echo "=== python ==="
+log=$(mktemp)
+TF_CPP_MIN_LOG_LEVEL=2 "${PYTHON:-python3}" -m pytest -q tests/python 2>&1 | tee "$log"
+line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1)
+p=$(grep -oE "[0-9]+ passed" <<<"$line" | grep -oE "[0-9]+" || true)
+f=0
+for n in $(grep -oE "[0-9]+ (failed|errors?)" <<<"$line" | grep -oE "[0-9]+" || true); do
+  f=$((f + n))
+done
+if [[ -z $line ]]; then
+  echo "tarantella: pytest produced no summary" >&2
+  f=1
+fi
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-0}))
+((${f:-0} == 0)) || failed_suites+=("python")
+rm -f "$log"
 
 if ((${#failed_suites[@]})); then
   echo "failing suites: ${failed_suites[*]}"

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Installs what building and testing Tarantella needs and is missing:
-# Debian packages with apt-get (as root, or through sudo). Safe to re-run;
-# it does nothing when everything is present.
+# Installs what building, testing and running Tarantella needs and is
+# missing: Debian packages with apt-get (as root, or through sudo), Python
+# packages with the pip of $PYTHON (default: python3 on PATH). Safe to
+# re-run; it does nothing when everything is present.
 set -euo pipefail
 
+PYTHON=${PYTHON:-python3}
+
 DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev
-              clang libclang-rt-14-dev numactl iproute2)
+              clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist)
+# name as pip knows it, and the module that shows it is importable
+PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
+             "pytest:pytest" "numpy:numpy")
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-
 if ((${#missing[@]})); then
   echo "tarantella: installing Debian packages: ${missing[*]}"
   SUDO=""
@@ -19,4 +24,15 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+py_missing=()
+for entry in "${PY_PACKAGES[@]}"; do
+  spec=${entry%%:*}
+  module=${entry##*:}
+  "$PYTHON" -c "import $module" 2>/dev/null || py_missing+=("$spec")
+done
+if ((${#py_missing[@]})); then
+  echo "tarantella: installing Python packages: ${py_missing[*]}"
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore "${py_missing[@]}"
 fi
