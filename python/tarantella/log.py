@@ -1,6 +1,6 @@
 """Tarantella's logger: a rank prefix, master-only by default.
 
-``TNT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR; default WARNING) sets the
+``TNT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR; default INFO) sets the
 level, as it does for the C core. Messages come from the master rank only
 unless ``TNT_LOG_ON_ALL_DEVICES`` is true; warnings and errors that concern
 one rank can be logged with ``all_ranks=True``.
@@ -21,7 +21,7 @@ def _truthy(value):
 
 def configure(rank, size):
     """Sets the prefix and level once the rank is known."""
-    level = os.environ.get("TNT_LOG_LEVEL", "WARNING").upper()
+    level = os.environ.get("TNT_LOG_LEVEL", "INFO").upper()
     logger.setLevel(_LEVELS.get(level, logging.WARNING))
     logger.propagate = False
     for h in list(logger.handlers):

@@ -14,7 +14,7 @@
 #include <strings.h>
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-static tnt__log_level_t log_level = TNT__LOG_WARNING;
+static tnt__log_level_t log_level = TNT__LOG_INFO;
 static int log_all_ranks = 0;
 static int proc_rank = 0, proc_size = 1;
 static _Thread_local int thread_rank = -1, thread_size = 0;

@@ -2,7 +2,7 @@
  * Logging with levels and a rank prefix, to stderr:
  *   [tnt 3/8] WARNING: message
  * The level comes from TNT_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR; default
- * WARNING). DEBUG and INFO lines are printed by rank 0 only unless
+ * INFO). DEBUG and INFO lines are printed by rank 0 only unless
  * TNT_LOG_ON_ALL_DEVICES is true; warnings and errors by every rank, since
  * they name the rank that has the problem.
  */

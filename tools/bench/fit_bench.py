@@ -1,0 +1,110 @@
+"""Training-step benchmarks of the Keras layer (ratios measured in one run).
+
+overhead   1 rank: tnt.Model.fit against plain keras fit, same model, data
+           and settings, trials interleaved; prints the step-time ratio.
+sweep      N ranks (under mpirun): fit step time for each fusion threshold.
+
+    python3 tools/bench/fit_bench.py overhead
+    mpirun -np 2 python3 tools/bench/fit_bench.py sweep --thresholds 0,8,32,128,1024,65536
+"""
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+
+
+def lenet5():
+    inputs = keras.Input(shape=(28, 28, 1))
+    x = keras.layers.Conv2D(20, 5, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Conv2D(50, 5, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(500, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
+
+
+def data(n, batch):
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, size=n).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache()
+
+
+def step_time(model, ds, steps):
+    """Seconds per step of one epoch, after a warm-up epoch."""
+    model.fit(ds, epochs=1, verbose=0)
+    start = time.perf_counter()
+    model.fit(ds, epochs=1, verbose=0)
+    return (time.perf_counter() - start) / steps
+
+
+def build(wrap):
+    keras.utils.set_random_seed(1)
+    model = lenet5()
+    if wrap:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def overhead(args):
+    steps = args.samples // args.batch
+    ds = data(args.samples, args.batch)
+    plain, wrapped = build(False), build(True)
+    times = {"keras": [], "tnt": []}
+    for trial in range(args.trials):
+        order = [("keras", plain), ("tnt", wrapped)]
+        if trial % 2:
+            order.reverse()
+        for name, model in order:
+            times[name].append(step_time(model, ds, steps))
+    k, t = statistics.median(times["keras"]), statistics.median(times["tnt"])
+    print(f"1 rank, LeNet-5, batch {args.batch}, {steps} steps/epoch, {args.trials} trials "
+          "(median):")
+    print(f"  keras fit      {k * 1e3:8.3f} ms/step")
+    print(f"  tnt.Model.fit  {t * 1e3:8.3f} ms/step")
+    print(f"step time ratio tnt/keras: {t / k:.3f}")
+
+
+def sweep(args):
+    steps = args.samples // args.batch
+    ds = data(args.samples, args.batch)
+    rows = []
+    for kb in [float(v) for v in args.thresholds.split(",")]:
+        os.environ["TNT_FUSION_THRESHOLD_KB"] = str(kb)
+        model = build(True)
+        trials = [step_time(model, ds, steps) for _ in range(args.trials)]
+        rows.append((kb, statistics.median(trials)))
+    if tnt.is_master_rank():
+        print(f"{tnt.get_size()} ranks, LeNet-5, global batch {args.batch} (median of "
+              f"{args.trials}):")
+        best = min(t for _, t in rows)
+        for kb, t in rows:
+            print(f"  threshold {kb:>9g} KiB  {t * 1e3:8.3f} ms/step  {t / best:.3f}x best")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["overhead", "sweep"])
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--thresholds", default="0,8,32,128,1024,65536")
+    args = p.parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tnt.init()
+    overhead(args) if args.mode == "overhead" else sweep(args)
+
+
+if __name__ == "__main__":
+    main()
