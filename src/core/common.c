@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,11 +24,20 @@ tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label) {
   return w;
 }
 
+/* Pause iterations before waits start yielding the core; lowered when a
+ * host runs more ranks than it has cores (tnt__spin_set_oversubscribed). */
+static _Atomic unsigned spin_limit = 2048;
+
+void tnt__spin_set_oversubscribed(int oversubscribed) {
+  atomic_store_explicit(&spin_limit, oversubscribed ? 0u : 2048u, memory_order_relaxed);
+}
+
 void tnt__spin_pause(unsigned iter) {
-  /* The first iterations only relax the pipeline: a peer on another core
-   * usually answers within a microsecond. After that, yield so that a peer
-   * sharing our core (more ranks than cores) gets to run. */
-  if (iter < 64) {
+  /* While every rank has a core of its own, a peer answers within
+   * microseconds and yielding would only add system-call latency. When
+   * ranks outnumber cores, the peer we wait for may need our core: yield at
+   * once. */
+  if (iter < atomic_load_explicit(&spin_limit, memory_order_relaxed)) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)

@@ -45,10 +45,13 @@ typedef struct tnt__wait_ctx {
 /* A wait context that expires `timeout_s` seconds from now. */
 tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label);
 
-/* Polite spinning: a few pause instructions, then sched_yield, so that
- * waits stay fast when cores are free and do not starve peers when ranks
- * outnumber cores. `iter` is the caller's loop counter. */
+/* Polite spinning: pause instructions while every rank has a core, then
+ * sched_yield, so that waits stay fast when cores are free and do not
+ * starve peers when ranks outnumber cores. `iter` is the caller's loop
+ * counter. */
 void tnt__spin_pause(unsigned iter);
+/* Tells the waits whether this host runs more ranks than it has cores. */
+void tnt__spin_set_oversubscribed(int oversubscribed);
 
 /* Reads a positive number from the environment variable `name`, or returns
  * `fallback` when it is unset or invalid (invalid values are logged). */

@@ -39,6 +39,7 @@ struct tnt__engine {
   pthread_cond_t cv; /* work queued, executor released, or stop */
   tnt__op_t *head, *tail;
   int busy; /* an executor (engine thread or inline caller) is running */
+  int idle; /* the engine thread sleeps with nothing to do */
   int stop;
   /* Engine thread only: posted point-to-point requests. */
   tnt_request_t **active;
@@ -262,8 +263,10 @@ static void *engine_main(void *arg) {
   pthread_mutex_lock(&e->mu);
   for (;;) {
     while (e->busy || (e->head == NULL && e->nactive == 0 && !e->stop)) {
+      e->idle = !e->busy && e->head == NULL && e->nactive == 0;
       pthread_cond_wait(&e->cv, &e->mu);
     }
+    e->idle = 0;
     if (e->head == NULL && e->stop) {
       if (e->nactive > 0) {
         TNT_LOG_WARN("context destroyed with %zu point-to-point transfers pending", e->nactive);
@@ -328,7 +331,9 @@ tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req) {
     st = run_collective(e, &req->op);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
-    pthread_cond_broadcast(&e->cv);
+    /* Waking an engine that has nothing to do would only steal a core from
+     * the ranks. */
+    if (!e->idle) pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (st < 0 && st != TNT_ERR_FAILED) tnt__context_fail(e->ctx, st, req->op.label);
     tnt__request_unref(req); /* the engine's reference, never handed over */

@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/reduce.h"
@@ -328,6 +329,11 @@ tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out) {
     st = mpi_fail(rc, "host discovery");
     goto out;
   }
+  /* More ranks on this host than cores: waits must yield at once. */
+  int on_host = 0;
+  for (int r = 0; r < n; ++r) on_host += leader[r] == my_leader;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  tnt__spin_set_oversubscribed(cores > 0 && on_host > cores);
   t->num_hosts = 0;
   for (int r = 0; r < n; ++r) {
     t->world_ranks[r] = r;
