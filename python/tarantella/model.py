@@ -83,8 +83,12 @@ class Model:
         def train_step(batch):
             x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch)
             first = next(t for t in tf.nest.flatten(x) if t is not None)
-            wrapper._tnt_count_var.assign(tf.cast(tf.shape(first)[0], tf.float32))
-            wrapper._tnt_local_count = wrapper._tnt_count_var.read_value()
+            if runtime.get_size() > 1:
+                wrapper._tnt_count_var.assign(tf.cast(tf.shape(first)[0], tf.float32))
+                wrapper._tnt_local_count = wrapper._tnt_count_var.read_value()
+            else:
+                # Nothing to weight on one rank: keep the step as Keras's.
+                wrapper._tnt_local_count = first
             wrapper._tnt_reducer.last_outputs = []
             return keras_train_step(batch)
 
