@@ -4,6 +4,8 @@
     tnt.init()
     model = tnt.Model(keras_model)   # then compile / fit / evaluate as usual
 """
+from tarantella import keras
+from tarantella import models
 from tarantella.model import Model
 from tarantella.runtime import TarantellaError
 from tarantella.runtime import get_local_rank
@@ -16,5 +18,5 @@ from tarantella.runtime import is_master_rank
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "TarantellaError", "init", "get_rank", "get_size", "get_master_rank",
+__all__ = ["Model", "TarantellaError", "keras", "models", "init", "get_rank", "get_size", "get_master_rank",
            "is_master_rank", "get_local_rank", "get_local_size"]

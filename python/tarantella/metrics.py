@@ -14,6 +14,7 @@ from keras.src.backend.common.stateless_scope import StatelessScope
 from tarantella import _core
 from tarantella import ops
 from tarantella import runtime
+from tarantella.callbacks import LOCAL_PREFIX
 
 
 def metric_variables(model):
@@ -26,16 +27,20 @@ def metric_variables(model):
     return out
 
 
-def global_results(model, local_results, control_inputs=()):
+def global_results(model, local_results, control_inputs=(), with_local=False):
     """Calls `local_results()` with every metric variable replaced by its
     sum over all ranks. `control_inputs` must run before the reduction (the
     gradient reduction of the same step), so that all ranks issue their
-    collectives in one order."""
+    collectives in one order. With `with_local`, this rank's own results are
+    added under keys prefixed LOCAL_PREFIX."""
+    local = {}
+    if with_local:
+        local = {LOCAL_PREFIX + k: v for k, v in local_results().items()}
     if runtime.get_size() == 1:
-        return local_results()
+        return {**local_results(), **local}
     variables = metric_variables(model)
     if not variables:
-        return local_results()
+        return {**local_results(), **local}
     by_dtype = {}
     for v in variables:
         by_dtype.setdefault(v.dtype, []).append(v)
@@ -52,4 +57,4 @@ def global_results(model, local_results, control_inputs=()):
         parts = tf.split(summed, [int(np.prod(v.shape)) for v in vs])
         mapping += [(v, tf.reshape(p, v.shape)) for v, p in zip(vs, parts)]
     with StatelessScope(state_mapping=mapping):
-        return local_results()
+        return {**local_results(), **local}

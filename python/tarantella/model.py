@@ -13,6 +13,7 @@ only what distribution needs:
   unless TNT_OUTPUT_ON_ALL_DEVICES is set.
 """
 import hashlib
+import os
 
 import keras
 import numpy as np
@@ -20,6 +21,7 @@ import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tarantella import _core
+from tarantella import callbacks as tnt_callbacks
 from tarantella import data
 from tarantella import gradients
 from tarantella import log
@@ -53,7 +55,18 @@ class Model:
         object.__setattr__(self, "_tnt_count_var",
                            tf.Variable(0.0, trainable=False, dtype=tf.float32,
                                        name="tnt_local_samples"))
+        object.__setattr__(self, "_tnt_with_local", False)
         self._tnt_install_hooks()
+        if model.compiled:
+            # A model loaded compiled: distribute its optimizer as compile would.
+            model.jit_compile = False
+            self._tnt_patch_optimizer()
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """A tnt.Model of the architecture in `config` (from get_config)."""
+        from tarantella import models
+        return models.model_from_config(config, custom_objects=custom_objects)
 
     # ---------------------------------------------------------------- forwarding
 
@@ -94,7 +107,8 @@ class Model:
 
         def get_metrics_result():
             deps = _current_graph_tensors(wrapper._tnt_reducer.last_outputs)
-            return metrics.global_results(km, keras_metrics_result, deps)
+            return metrics.global_results(km, keras_metrics_result, deps,
+                                          with_local=wrapper._tnt_with_local)
 
         # Plain attributes of the instance: Keras looks these methods up on
         # the model each time it builds its step functions.
@@ -164,6 +178,33 @@ class Model:
         (collective: call it on every rank)."""
         self.model.set_weights(weights)
         self._tnt_broadcast_weights()
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Loads weights on every rank; the master's are broadcast before the
+        next fit, evaluate or predict."""
+        result = self.model.load_weights(filepath, *args, **kwargs)
+        self._tnt_broadcast_pending = True
+        return result
+
+    def save(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
+        """Saves the whole model from the master rank (every rank with
+        tnt_save_all_devices=True), atomically; collective."""
+        from tarantella import models
+        models.write_on_master(filepath, overwrite, tnt_save_all_devices,
+                               lambda path: self.model.save(path, overwrite=True, **kwargs))
+
+    def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
+        """Saves the weights from the master rank (every rank with
+        tnt_save_all_devices=True), atomically; collective."""
+        from tarantella import models
+        models.write_on_master(filepath, overwrite, tnt_save_all_devices,
+                               lambda path: self.model.save_weights(path, overwrite=True,
+                                                                    **kwargs))
+
+    def to_yaml(self, **kwargs):
+        raise runtime.TarantellaError(
+            "to_yaml() is gone from Keras 3: use model.to_json() and "
+            "tnt.models.model_from_json(), or model.get_config()")
 
     # ---------------------------------------------------------------- Keras API
 
@@ -255,10 +296,30 @@ class Model:
             val = self._tnt_dataset(vx, vy, vw, vbs, tnt_validation_micro_batch_size,
                                     tnt_distribute_validation_dataset, False, "validation")
         self._tnt_prepare(train)
+        cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         # Shuffling is the dataset's business (arrays were shuffled above).
-        return self.model.fit(train, epochs=epochs, verbose=self._tnt_verbose(verbose),
-                              callbacks=callbacks, validation_data=val, shuffle=False,
-                              **kwargs)
+        history = self.model.fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
+                                 validation_data=val, shuffle=False, **kwargs)
+        history.history = {k: v for k, v in history.history.items()
+                           if not k.startswith(tnt_callbacks.LOCAL_PREFIX)}
+        return history
+
+    def _tnt_callbacks(self, callbacks, verbose):
+        """This rank's callbacks, and the verbosity to give Keras. When a
+        callback asks for this rank's own logs, the steps also return local
+        metrics, and the progress bar is one that hides them."""
+        cbs = tnt_callbacks.distribute(callbacks)
+        with_local = any(isinstance(cb, tnt_callbacks.Callback) and not cb.aggregate_logs
+                         for cb in cbs)
+        if with_local != self._tnt_with_local:
+            self._tnt_with_local = with_local
+            self.model.train_function = None  # rebuilt with the new results
+            self.model.test_function = None
+        verbose = self._tnt_verbose(verbose)
+        if with_local and verbose != 0:
+            cbs.append(tnt_callbacks._StripLocal(keras.callbacks.ProgbarLogger()))
+            verbose = 0
+        return cbs, verbose
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  tnt_micro_batch_size=None, tnt_distribute_dataset=True, **kwargs):
@@ -267,10 +328,42 @@ class Model:
         self._tnt_prepare(ds)
         return self.model.evaluate(ds, verbose=self._tnt_verbose(verbose), **kwargs)
 
-    def predict(self, x, batch_size=None, verbose="auto", **kwargs):
-        self._tnt_prepare(x if isinstance(x, tf.data.Dataset) else None)
-        return self.model.predict(x, batch_size=batch_size, verbose=self._tnt_verbose(verbose),
-                                  **kwargs)
+    def predict(self, x, batch_size=None, verbose="auto", tnt_micro_batch_size=None,
+                tnt_distribute_dataset=True, **kwargs):
+        """Predictions for every sample of `x`, in order, on every rank; each
+        rank computes its micro-batches and the results are gathered."""
+        size = runtime.get_size()
+        if isinstance(x, tf.data.Dataset):
+            if batch_size is not None:
+                raise runtime.TarantellaError(
+                    f"batch_size={batch_size} was given together with a tf.data.Dataset for "
+                    "prediction: batch the dataset itself and drop batch_size")
+            ds = x
+        elif data.is_array_like(x):
+            if batch_size is None:
+                batch_size = tnt_micro_batch_size * size if tnt_micro_batch_size else 32
+            ds = data.from_arrays(x, batch_size=batch_size)
+        else:
+            raise runtime.TarantellaError(
+                f"unsupported prediction input of type {type(x).__name__}: pass a "
+                "tf.data.Dataset or NumPy arrays")
+        if tnt_micro_batch_size is not None and isinstance(x, tf.data.Dataset):
+            ds = data.distribute(ds, tnt_micro_batch_size, "prediction")
+            micro_done = True
+        else:
+            micro_done = False
+        info = data.batch_info(ds)
+        verbose = self._tnt_verbose(verbose)
+        if size == 1 or not tnt_distribute_dataset or info.size is None:
+            if size > 1 and tnt_distribute_dataset:
+                log.logger.info("prediction: the dataset's batch size is unknown; every rank "
+                                "predicts all of it")
+            self._tnt_prepare(None)
+            return self.model.predict(ds, verbose=verbose, **kwargs)
+        dist = ds if micro_done else data.distribute(ds, None, "prediction")
+        self._tnt_prepare(dist)
+        local = self.model.predict(dist, verbose=verbose, **kwargs)
+        return data.gather_batches(local, info.size)
 
     def summary(self, *args, **kwargs):
         if runtime.is_master_rank() or runtime.output_on_all_devices():

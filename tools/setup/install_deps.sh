@@ -11,7 +11,7 @@ DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmo
               clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist)
 # name as pip knows it, and the module that shows it is importable
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
-             "pytest:pytest" "numpy:numpy")
+             "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard")
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do

@@ -1,0 +1,155 @@
+"""Keras callbacks on many ranks.
+
+Metrics in the logs are already global (see metrics.py), so a callback that
+decides from them (EarlyStopping, ReduceLROnPlateau, LearningRateScheduler,
+TerminateOnNaN) decides identically on every rank, and runs on every rank.
+Callbacks that write files write them once:
+
+* ModelCheckpoint and CSVLogger run on the master rank only;
+* TensorBoard runs on the master only, or on every rank into
+  ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
+* BackupAndRestore restores on every rank (the backup is read by all) and
+  writes and deletes its backup on the master only.
+
+User-defined callbacks run on every rank with the global logs, unless
+wrapped in ``tnt.keras.callbacks.Callback`` to choose otherwise. Printing
+(``verbose``) is left on the master only unless TNT_OUTPUT_ON_ALL_DEVICES.
+"""
+import os
+
+import keras
+
+from tarantella import log
+from tarantella import runtime
+
+LOCAL_PREFIX = "tnt_local/"
+
+
+class Callback(keras.callbacks.Callback):
+    """Runs `callback` on every rank or the master only, with global logs
+    (aggregate_logs=True) or this rank's own (aggregate_logs=False)."""
+
+    def __init__(self, callback, run_on_all_ranks=True, aggregate_logs=True):
+        super().__init__()
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(f"tnt.keras.callbacks.Callback wraps a keras.callbacks.Callback; "
+                            f"got {type(callback).__name__}")
+        self.callback = callback
+        self.run_on_all_ranks = run_on_all_ranks
+        self.aggregate_logs = aggregate_logs
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def _logs(self, logs):
+        if logs is None:
+            return None
+        if self.aggregate_logs:
+            return _without_local(self, logs)
+        return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
+
+
+_NO_INDEX = {"on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
+             "on_predict_begin", "on_predict_end"}
+_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
+          "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
+          "on_predict_batch_begin", "on_predict_batch_end")
+
+
+def _hook(name, transform):
+    """A callback method that calls `name` of self.callback with the logs
+    transformed; Keras passes logs by position or by keyword."""
+    leading = 0 if name in _NO_INDEX else 1
+
+    def method(self, *args, **kwargs):
+        args = list(args)
+        logs = kwargs.pop("logs") if "logs" in kwargs else (
+            args.pop() if len(args) > leading else None)
+        seen = transform(self, logs)
+        getattr(self.callback, name)(*args, logs=seen)
+        # Callbacks add to the logs they get (ReduceLROnPlateau adds the
+        # learning rate): hand what they added back to the callbacks after.
+        if seen is not logs and seen is not None and logs is not None:
+            for k, v in seen.items():
+                if not k.startswith(LOCAL_PREFIX) and (k not in logs or logs[k] is not v):
+                    logs[k] = v
+    method.__name__ = name
+    return method
+
+
+for _name in _HOOKS:
+    setattr(Callback, _name, _hook(_name, lambda self, logs: self._logs(logs)))
+
+
+class _StripLocal(keras.callbacks.Callback):
+    """Hands `callback` the logs without this rank's local metrics."""
+
+    def __init__(self, callback):
+        super().__init__()
+        self.callback = callback
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+
+def _without_local(self, logs):
+    if logs is None or not any(k.startswith(LOCAL_PREFIX) for k in logs):
+        return logs
+    return {k: v for k, v in logs.items() if not k.startswith(LOCAL_PREFIX)}
+
+
+for _name in _HOOKS:
+    setattr(_StripLocal, _name, _hook(_name, _without_local))
+
+
+def _quiet(callback):
+    if (hasattr(callback, "verbose") and not runtime.is_master_rank()
+            and not runtime.output_on_all_devices()):
+        callback.verbose = 0
+
+
+def _backup_writes_on_master_only(callback):
+    if runtime.is_master_rank():
+        return
+    callback._save_model = lambda *args, **kwargs: None
+    callback.on_train_end = lambda logs=None: None
+
+
+def distribute(callbacks):
+    """The callbacks this rank runs, adapted as described above."""
+    master = runtime.is_master_rank()
+    out = []
+    for cb in callbacks or []:
+        if isinstance(cb, Callback):
+            if cb.run_on_all_ranks or master:
+                _quiet(cb.callback)
+                out.append(cb)
+            continue
+        if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger)):
+            if master:
+                out.append(_StripLocal(cb))
+            continue
+        if isinstance(cb, keras.callbacks.TensorBoard):
+            on_all = log._truthy(os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
+            if on_all:
+                cb.log_dir = os.path.join(cb.log_dir, f"rank_{runtime.get_rank()}")
+                out.append(_StripLocal(cb))
+            elif master:
+                out.append(_StripLocal(cb))
+            continue
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
+            _backup_writes_on_master_only(cb)
+        _quiet(cb)
+        out.append(_StripLocal(cb))
+    return out

@@ -1,0 +1,95 @@
+"""Saving, loading and rebuilding models: ``tnt.models``.
+
+Files are written by the master rank only (every rank waits until they
+exist), or by every rank with ``tnt_save_all_devices=True``; either way
+through a temporary file and a rename, so an interrupted save never leaves
+a half-written file under the final name. Loading returns a tnt.Model,
+compiled when the model was saved compiled.
+"""
+import os
+
+import keras
+
+from tarantella import _core
+from tarantella import runtime
+from tarantella.model import Model
+
+# Endings that Keras requires a path to keep.
+_SUFFIXES = (".weights.h5", ".weights.json", ".keras", ".h5", ".json")
+
+
+def _temporary_name(path):
+    head, base = os.path.split(os.path.abspath(path))
+    suffix = next((s for s in _SUFFIXES if base.endswith(s)), "")
+    stem = base[:len(base) - len(suffix)] if suffix else base
+    return os.path.join(head, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
+
+
+def write_on_master(filepath, overwrite, all_devices, write):
+    """Runs write(temporary_path) on the master (or every rank), renames the
+    result to `filepath`, and waits on every rank. Collective."""
+    filepath = os.fspath(filepath)
+    if not overwrite and os.path.exists(filepath):
+        raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove it or "
+                                      "pass overwrite=True")
+    error = None
+    if all_devices or runtime.is_master_rank():
+        tmp = _temporary_name(filepath)
+        try:
+            write(tmp)
+            os.replace(tmp, filepath)
+        except Exception as e:  # reported after the barrier, so no rank hangs
+            error = e
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    if runtime.get_size() > 1:
+        _core.barrier()
+    if error is not None:
+        raise error
+
+
+def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
+    """Saves a tnt.Model or a keras.Model like tnt.Model.save."""
+    if isinstance(model, Model):
+        return model.save(filepath, overwrite=overwrite,
+                          tnt_save_all_devices=tnt_save_all_devices, **kwargs)
+    write_on_master(filepath, overwrite, tnt_save_all_devices,
+                    lambda path: model.save(path, overwrite=True, **kwargs))
+
+
+def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
+    """A tnt.Model from a file written by save; compiled if it was saved
+    compiled (and compile=True)."""
+    runtime.require_init()
+    return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
+                                         compile=compile, safe_mode=safe_mode))
+
+
+def model_from_config(config, custom_objects=None):
+    """A tnt.Model with the architecture of `config` (model.get_config())."""
+    runtime.require_init()
+    if "class_name" in config and "config" in config:
+        km = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+    elif "input_layers" in config:
+        km = keras.Model.from_config(config, custom_objects=custom_objects)
+    else:
+        km = keras.Sequential.from_config(config, custom_objects=custom_objects)
+    return Model(km)
+
+
+def model_from_json(json_string, custom_objects=None):
+    runtime.require_init()
+    return Model(keras.models.model_from_json(json_string, custom_objects=custom_objects))
+
+
+def clone_model(model, **kwargs):
+    """A tnt.Model with the architecture of `model` and new weights."""
+    runtime.require_init()
+    km = model.model if isinstance(model, Model) else model
+    return Model(keras.models.clone_model(km, **kwargs))
+
+
+def model_from_yaml(*args, **kwargs):
+    raise runtime.TarantellaError(
+        "model_from_yaml() is gone from Keras 3: save the architecture with model.to_json() "
+        "and load it with tnt.models.model_from_json()")
