@@ -56,6 +56,7 @@ class Model:
                            tf.Variable(0.0, trainable=False, dtype=tf.float32,
                                        name="tnt_local_samples"))
         object.__setattr__(self, "_tnt_with_local", False)
+        object.__setattr__(self, "_tnt_in_step", False)
         self._tnt_install_hooks()
         if model.compiled:
             # A model loaded compiled: distribute its optimizer as compile would.
@@ -94,6 +95,13 @@ class Model:
         keras_metrics_result = km.get_metrics_result
 
         def train_step(batch):
+            wrapper._tnt_in_step = True
+            try:
+                return distributed_train_step(batch)
+            finally:
+                wrapper._tnt_in_step = False
+
+        def distributed_train_step(batch):
             x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch)
             first = next(t for t in tf.nest.flatten(x) if t is not None)
             if runtime.get_size() > 1:
@@ -124,7 +132,7 @@ class Model:
 
         def apply(grads, trainable_variables=None):
             count = wrapper._tnt_local_count
-            if count is None or not _current_graph_tensors([count]) and not tf.executing_eagerly():
+            if not wrapper._tnt_in_step:
                 raise runtime.TarantellaError(
                     "the optimizer of a tnt.Model was applied outside model.fit(); custom "
                     "training loops cannot be distributed: train with fit()")

@@ -1,0 +1,384 @@
+/*
+ * Rank mode. The wrapper stays alive next to the program so that it can
+ * split the program's output between the log file and the terminal, pass
+ * on a request to end, and report how the program ended even when a
+ * signal killed it.
+ *
+ * Termination: the program runs in its own process group and dies with
+ * the wrapper (PR_SET_PDEATHSIG); the wrapper dies with its parent (the MPI
+ * launcher or its daemon). A request to end (SIGTERM, SIGINT, SIGHUP) is
+ * passed to the program's group, and the group is killed if it has not
+ * ended after a grace period, so no rank outlives its job.
+ */
+#include "rank.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpus.h"
+#include "proc.h"
+#include "status.h"
+
+/* Seconds a program has to end after it was asked to, before it is killed. */
+#define TNT__RANK_KILL_GRACE_S 5.0
+/* Seconds to keep reading output after the program ended: a process it
+ * started may hold the pipes open, and must not keep the rank alive. */
+#define TNT__RANK_DRAIN_S 2.0
+/* Longest stderr line kept for the filter of library messages. */
+#define TNT__LINE_MAX 4096
+/* The set_mempolicy mode that restricts allocations to the given nodes. */
+#define TNT__MPOL_BIND 2
+
+int tnt__rank_options_parse(int argc, char *const argv[], tnt__rank_options_t *o, char *err,
+                            size_t err_len) {
+  memset(o, 0, sizeof *o);
+  int have_devices = 0;
+  int i = 2;
+  for (; i < argc && strcmp(argv[i], "--") != 0; ++i) {
+    const char *a = argv[i];
+    if (strcmp(a, "--run-dir") == 0 && i + 1 < argc) {
+      o->run_dir = argv[++i];
+    } else if (strcmp(a, "--gpus") == 0 && i + 1 < argc) {
+      o->gpus = argv[++i];
+      have_devices = 1;
+    } else if (strcmp(a, "--cpu") == 0) {
+      o->gpus = NULL;
+      have_devices = 1;
+    } else if (strcmp(a, "--output-on-all-devices") == 0) {
+      o->output_on_all_devices = 1;
+    } else if (strcmp(a, "--pin-to-socket") == 0) {
+      o->pin_to_socket = 1;
+    } else if (strcmp(a, "--pin-memory-to-socket") == 0) {
+      o->pin_memory_to_socket = 1;
+      o->pin_to_socket = 1;
+    } else {
+      snprintf(err, err_len, "rank mode: unexpected argument '%s'", a);
+      return -1;
+    }
+  }
+  if (o->run_dir == NULL || !have_devices || i + 1 >= argc) {
+    snprintf(err, err_len,
+             "rank mode needs --run-dir DIR, --gpus LIST or --cpu, then -- PROGRAM");
+    return -1;
+  }
+  o->program_argv = &argv[i + 1];
+  return 0;
+}
+
+void tnt__rank_pick_gpu(const char *gpus, int local_rank, char *out, size_t len) {
+  const char *p = gpus;
+  out[0] = '\0';
+  for (int k = 0; k < local_rank && p != NULL; ++k) {
+    p = strchr(p, ',');
+    if (p != NULL) ++p;
+  }
+  if (p == NULL || *p == '\0') return;
+  size_t n = strcspn(p, ",");
+  if (n >= len) n = len - 1;
+  memcpy(out, p, n);
+  out[n] = '\0';
+}
+
+/* The first of the variables that MPI launchers set for a rank, or fallback. */
+static int env_int(const char *const names[], int fallback) {
+  for (int i = 0; names[i] != NULL; ++i) {
+    const char *v = getenv(names[i]);
+    if (v != NULL && *v != '\0') return atoi(v);
+  }
+  return fallback;
+}
+
+static double wall_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Writes all of buf, retrying short writes. Returns 0 or -1. */
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    buf += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Everything the copying loop needs. */
+typedef struct {
+  int log_fd;
+  int show_all;       /* copy everything to the terminal */
+  int terminal_ok[3]; /* 0 once a write to fd 1 or 2 failed (the reader is gone) */
+  char line[TNT__LINE_MAX];
+  size_t line_len;
+  int line_shown; /* the current stderr line is a library message */
+} output_t;
+
+static void to_terminal(output_t *out, int fd, const char *buf, size_t len) {
+  if (out->terminal_ok[fd] && write_all(fd, buf, len) != 0) out->terminal_ok[fd] = 0;
+}
+
+/* On ranks other than 0, stderr reaches the terminal only for library
+ * messages ("[tnt r/n] LEVEL: ..."): the library already decides, by
+ * --log-level and --log-on-all-devices, which of them every rank prints. */
+static void filter_stderr(output_t *out, const char *buf, size_t len) {
+  for (size_t i = 0; i < len; ++i) {
+    char c = buf[i];
+    if (out->line_len < sizeof out->line) out->line[out->line_len] = c;
+    out->line_len++;
+    if (out->line_len == 5) out->line_shown = strncmp(out->line, "[tnt ", 5) == 0;
+    if (c != '\n') continue;
+    if (out->line_shown) {
+      size_t n = out->line_len < sizeof out->line ? out->line_len : sizeof out->line;
+      to_terminal(out, STDERR_FILENO, out->line, n);
+    }
+    out->line_len = 0;
+    out->line_shown = 0;
+  }
+}
+
+/* Copies what one pipe has. Returns 0 at end of file, 1 otherwise. */
+static int copy_output(output_t *out, int fd, int target) {
+  char buf[65536];
+  ssize_t n = read(fd, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return 1;
+  if (n <= 0) return 0;
+  /* The log is the complete record; a failed write there cannot be helped
+   * and must not stop the program. */
+  if (write_all(out->log_fd, buf, (size_t)n) != 0) {
+  }
+  if (out->show_all) {
+    to_terminal(out, target, buf, (size_t)n);
+  } else if (target == STDERR_FILENO) {
+    filter_stderr(out, buf, (size_t)n);
+  }
+  return 1;
+}
+
+/* Pins this process (and so the program it starts) to a NUMA node. */
+static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t err_len) {
+  const char *root = getenv("TNT_SYS_ROOT") != NULL ? getenv("TNT_SYS_ROOT") : "";
+  cpu_set_t cpus;
+  if (tnt__numa_node_cpus(root, node, &cpus) != 0) {
+    snprintf(err, err_len,
+             "--pin-to-socket: this host has no NUMA node %d for local rank %d (found %d "
+             "node(s))",
+             node, node, tnt__numa_node_count(root));
+    return -1;
+  }
+  if (sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+    snprintf(err, err_len, "--pin-to-socket: cannot bind to the CPUs of NUMA node %d: %s", node,
+             strerror(errno));
+    return -1;
+  }
+  if (o->pin_memory_to_socket) {
+    unsigned long mask[16] = {0};
+    if (node >= (int)(sizeof mask * 8)) {
+      snprintf(err, err_len, "--pin-memory-to-socket: NUMA node %d is out of range", node);
+      return -1;
+    }
+    mask[node / (8 * sizeof mask[0])] |= 1UL << (node % (8 * sizeof mask[0]));
+    /* The memory policy survives fork and exec, like the affinity, so the
+     * program allocates only on its node (what numactl --membind does). */
+    if (syscall(SYS_set_mempolicy, TNT__MPOL_BIND, mask, sizeof mask * 8 + 1) != 0) {
+      snprintf(err, err_len, "--pin-memory-to-socket: cannot bind memory to NUMA node %d: %s",
+               node, strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The child side of fork: becomes the program. Never returns. */
+static void exec_program(char *const argv[], int out_fd, int err_fd, const sigset_t *mask,
+                         pid_t wrapper) {
+  setpgid(0, 0);
+  /* Dies with the wrapper, whatever kills it. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != wrapper) _exit(127);
+  sigprocmask(SIG_SETMASK, mask, NULL);
+  signal(SIGPIPE, SIG_DFL);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  execvp(argv[0], argv);
+  dprintf(STDERR_FILENO, "tarantella: cannot start %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
+}
+
+/* Runs the program and copies its output until it ended. Fills status. */
+static int supervise(const tnt__rank_options_t *o, output_t *out, tnt__rank_status_t *status,
+                     char *err, size_t err_len) {
+  int rc = -1;
+  int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+  int sig_fd = -1;
+  pid_t child = -1;
+  sigset_t watched, old_mask;
+  sigemptyset(&watched);
+  sigaddset(&watched, SIGCHLD);
+  sigaddset(&watched, SIGTERM);
+  sigaddset(&watched, SIGINT);
+  sigaddset(&watched, SIGHUP);
+  sigprocmask(SIG_BLOCK, &watched, &old_mask);
+  signal(SIGPIPE, SIG_IGN);
+  sig_fd = signalfd(-1, &watched, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sig_fd < 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    snprintf(err, err_len, "cannot set up the rank: %s", strerror(errno));
+    goto out;
+  }
+  pid_t self = getpid();
+  child = fork();
+  if (child < 0) {
+    snprintf(err, err_len, "cannot start the program: %s", strerror(errno));
+    goto out;
+  }
+  if (child == 0) exec_program(o->program_argv, out_pipe[1], err_pipe[1], &old_mask, self);
+  /* Both sides set the group, so that a signal to it reaches the program
+   * whichever runs first. */
+  setpgid(child, child);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  out_pipe[1] = err_pipe[1] = -1;
+  status->pid = child;
+
+  int open_out = 1, open_err = 1, child_done = 0;
+  double kill_at = 0, drain_until = 0;
+  while (open_out || open_err || !child_done) {
+    double now = tnt__clock();
+    if (child_done && now >= drain_until) break;
+    if (!child_done && kill_at > 0 && now >= kill_at) {
+      kill(-child, SIGKILL);
+      kill_at = 0;
+    }
+    struct pollfd p[3] = {{.fd = open_out ? out_pipe[0] : -1, .events = POLLIN},
+                          {.fd = open_err ? err_pipe[0] : -1, .events = POLLIN},
+                          {.fd = sig_fd, .events = POLLIN}};
+    int r = poll(p, 3, 200);
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    if (p[0].revents) open_out = copy_output(out, out_pipe[0], STDOUT_FILENO);
+    if (p[1].revents) open_err = copy_output(out, err_pipe[0], STDERR_FILENO);
+    if (!p[2].revents) continue;
+    struct signalfd_siginfo si;
+    while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+      int sig = (int)si.ssi_signo;
+      if (sig == SIGCHLD) {
+        int ws = 0;
+        if (!child_done && waitpid(child, &ws, WNOHANG) == child) {
+          child_done = 1;
+          drain_until = tnt__clock() + TNT__RANK_DRAIN_S;
+          status->finished = 1;
+          status->end_time = wall_clock();
+          status->exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 0;
+          status->signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+        }
+      } else if (!child_done) {
+        /* The first request is passed on politely; a second one, or the
+         * grace period running out, kills. */
+        status->ended_by_request = 1;
+        kill(-child, kill_at > 0 ? SIGKILL : sig);
+        if (kill_at == 0) kill_at = tnt__clock() + TNT__RANK_KILL_GRACE_S;
+      }
+    }
+  }
+  rc = 0;
+out:
+  /* Processes the program started in its group go with it. */
+  if (child > 0) kill(-child, SIGKILL);
+  if (out->line_len > 0 && out->line_shown) {
+    size_t n = out->line_len < sizeof out->line ? out->line_len : sizeof out->line;
+    to_terminal(out, STDERR_FILENO, out->line, n);
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (out_pipe[i] >= 0) close(out_pipe[i]);
+    if (err_pipe[i] >= 0) close(err_pipe[i]);
+  }
+  if (sig_fd >= 0) close(sig_fd);
+  return rc;
+}
+
+int tnt__rank_main(int argc, char *argv[]) {
+  int exit_code = 1;
+  char err[1024] = "";
+  tnt__rank_options_t o;
+  output_t out = {.log_fd = -1, .terminal_ok = {0, 1, 1}};
+  tnt__rank_status_t status;
+  memset(&status, 0, sizeof status);
+  if (tnt__rank_options_parse(argc, argv, &o, err, sizeof err) != 0) goto out;
+
+  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                          NULL};
+  static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                           "PMI_LOCAL_RANK", NULL};
+  int rank = env_int(rank_vars, 0);
+  int local_rank = env_int(local_vars, 0);
+  status.rank = rank;
+  status.pid = getpid();
+  if (gethostname(status.host, sizeof status.host - 1) != 0) strcpy(status.host, "?");
+
+  /* The rank ends when its MPI launcher or daemon does. */
+  pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) goto out;
+
+  if (tnt__mkdirs(o.run_dir) != 0) {
+    snprintf(err, sizeof err, "cannot create the run directory %s: %s", o.run_dir,
+             strerror(errno));
+    goto out;
+  }
+  char log_path[4200];
+  snprintf(log_path, sizeof log_path, "%s/rank%d.log", o.run_dir, rank);
+  out.log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (out.log_fd < 0) {
+    snprintf(err, sizeof err, "cannot write %s: %s", log_path, strerror(errno));
+    goto out;
+  }
+  out.show_all = rank == 0 || o.output_on_all_devices;
+
+  /* Each rank sees only its own GPU, so that TensorFlow in every rank
+   * uses device 0 and the ranks of a host never share one. A CPU rank
+   * sees none at all. */
+  char gpu[256] = "";
+  if (o.gpus != NULL) tnt__rank_pick_gpu(o.gpus, local_rank, gpu, sizeof gpu);
+  setenv("CUDA_VISIBLE_DEVICES", gpu, 1);
+  /* Python buffers a pipe's output in large blocks; unbuffered, the log
+   * holds everything up to the moment a rank fails. */
+  setenv("PYTHONUNBUFFERED", "1", 0);
+  if (o.pin_to_socket && pin_to_node(&o, local_rank, err, sizeof err) != 0) goto out;
+
+  if (tnt__status_write(o.run_dir, &status) != 0) {
+    snprintf(err, sizeof err, "cannot write the status of rank %d in %s: %s", rank, o.run_dir,
+             strerror(errno));
+    goto out;
+  }
+  if (supervise(&o, &out, &status, err, sizeof err) != 0) goto out;
+  if (status.signal != 0) {
+    exit_code = 128 + status.signal;
+  } else {
+    exit_code = status.exit_code;
+  }
+out:
+  if (err[0] != '\0') {
+    /* A wrapper failure counts as a failure of the program. */
+    dprintf(STDERR_FILENO, "tarantella: rank %d: %s\n", status.rank, err);
+    if (out.log_fd >= 0) dprintf(out.log_fd, "tarantella: rank %d: %s\n", status.rank, err);
+    status.finished = 1;
+    status.exit_code = exit_code;
+    status.end_time = wall_clock();
+  }
+  if (status.finished && o.run_dir != NULL) tnt__status_write(o.run_dir, &status);
+  if (out.log_fd >= 0) close(out.log_fd);
+  return exit_code;
+}
