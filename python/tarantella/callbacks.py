@@ -72,12 +72,14 @@ def _hook(name, transform):
         logs = kwargs.pop("logs") if "logs" in kwargs else (
             args.pop() if len(args) > leading else None)
         seen = transform(self, logs)
+        given = dict(seen) if seen is not logs and seen is not None else None
         getattr(self.callback, name)(*args, logs=seen)
         # Callbacks add to the logs they get (ReduceLROnPlateau adds the
-        # learning rate): hand what they added back to the callbacks after.
-        if seen is not logs and seen is not None and logs is not None:
+        # learning rate): hand what they added or changed to the callbacks
+        # after them.
+        if given is not None and logs is not None:
             for k, v in seen.items():
-                if not k.startswith(LOCAL_PREFIX) and (k not in logs or logs[k] is not v):
+                if k not in given or given[k] is not v:
                     logs[k] = v
     method.__name__ = name
     return method

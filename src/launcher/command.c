@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proc.h"
+
 int tnt__env_name_exported(const char *name, size_t len) {
   static const char *const exact[] = {"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"};
   for (size_t i = 0; i < sizeof exact / sizeof exact[0]; ++i) {
@@ -69,7 +71,7 @@ static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *e
     size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
     const char *value = eq != NULL ? eq + 1 : env_lookup(plan->environ, arg, len);
     if (value == NULL) {
-      snprintf(err, err_len, "-x %s: %s is not set here; give its value with -x %s=VALUE", arg,
+      tnt__errorf(err, err_len, "-x %s: %s is not set here; give its value with -x %s=VALUE", arg,
                arg, arg);
       return -1;
     }
@@ -78,7 +80,7 @@ static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *e
   if (env->count > 0) qsort(env->items, env->count, sizeof *env->items, compare_strings);
   return 0;
 nomem:
-  snprintf(err, err_len, "out of memory");
+  tnt__errorf(err, err_len, "out of memory");
   return -1;
 }
 
@@ -191,7 +193,7 @@ int tnt__command_build(const tnt__launch_plan_t *plan, tnt__command_t *cmd, char
   rc = 0;
   goto out;
 nomem:
-  snprintf(err, err_len, "out of memory");
+  tnt__errorf(err, err_len, "out of memory");
 out:
   free(hosts);
   if (rc != 0) tnt__command_free(cmd);

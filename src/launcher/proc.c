@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,14 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+void tnt__errorf(char *err, size_t len, const char *fmt, ...) {
+  if (err == NULL || len == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, len, fmt, ap);
+  va_end(ap);
+}
 
 double tnt__clock(void) {
   struct timespec ts;

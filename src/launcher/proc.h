@@ -28,6 +28,9 @@ char *tnt__read_file(const char *path, size_t max_len, size_t *len_out);
 /* Creates a directory and its parents (like mkdir -p). Returns 0 or -1. */
 int tnt__mkdirs(const char *path);
 
+/* Formats a message into err (truncating it when it does not fit). */
+void tnt__errorf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* The monotonic clock in seconds. */
 double tnt__clock(void);
 

@@ -63,12 +63,12 @@ int tnt__rank_options_parse(int argc, char *const argv[], tnt__rank_options_t *o
       o->pin_memory_to_socket = 1;
       o->pin_to_socket = 1;
     } else {
-      snprintf(err, err_len, "rank mode: unexpected argument '%s'", a);
+      tnt__errorf(err, err_len, "rank mode: unexpected argument '%s'", a);
       return -1;
     }
   }
   if (o->run_dir == NULL || !have_devices || i + 1 >= argc) {
-    snprintf(err, err_len,
+    tnt__errorf(err, err_len,
              "rank mode needs --run-dir DIR, --gpus LIST or --cpu, then -- PROGRAM");
     return -1;
   }
@@ -158,8 +158,7 @@ static int copy_output(output_t *out, int fd, int target) {
   if (n <= 0) return 0;
   /* The log is the complete record; a failed write there cannot be helped
    * and must not stop the program. */
-  if (write_all(out->log_fd, buf, (size_t)n) != 0) {
-  }
+  (void)write_all(out->log_fd, buf, (size_t)n);
   if (out->show_all) {
     to_terminal(out, target, buf, (size_t)n);
   } else if (target == STDERR_FILENO) {
@@ -173,28 +172,28 @@ static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t
   const char *root = getenv("TNT_SYS_ROOT") != NULL ? getenv("TNT_SYS_ROOT") : "";
   cpu_set_t cpus;
   if (tnt__numa_node_cpus(root, node, &cpus) != 0) {
-    snprintf(err, err_len,
+    tnt__errorf(err, err_len,
              "--pin-to-socket: this host has no NUMA node %d for local rank %d (found %d "
              "node(s))",
              node, node, tnt__numa_node_count(root));
     return -1;
   }
   if (sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
-    snprintf(err, err_len, "--pin-to-socket: cannot bind to the CPUs of NUMA node %d: %s", node,
+    tnt__errorf(err, err_len, "--pin-to-socket: cannot bind to the CPUs of NUMA node %d: %s", node,
              strerror(errno));
     return -1;
   }
   if (o->pin_memory_to_socket) {
     unsigned long mask[16] = {0};
     if (node >= (int)(sizeof mask * 8)) {
-      snprintf(err, err_len, "--pin-memory-to-socket: NUMA node %d is out of range", node);
+      tnt__errorf(err, err_len, "--pin-memory-to-socket: NUMA node %d is out of range", node);
       return -1;
     }
     mask[node / (8 * sizeof mask[0])] |= 1UL << (node % (8 * sizeof mask[0]));
     /* The memory policy survives fork and exec, like the affinity, so the
      * program allocates only on its node (what numactl --membind does). */
     if (syscall(SYS_set_mempolicy, TNT__MPOL_BIND, mask, sizeof mask * 8 + 1) != 0) {
-      snprintf(err, err_len, "--pin-memory-to-socket: cannot bind memory to NUMA node %d: %s",
+      tnt__errorf(err, err_len, "--pin-memory-to-socket: cannot bind memory to NUMA node %d: %s",
                node, strerror(errno));
       return -1;
     }
@@ -235,13 +234,13 @@ static int supervise(const tnt__rank_options_t *o, output_t *out, tnt__rank_stat
   signal(SIGPIPE, SIG_IGN);
   sig_fd = signalfd(-1, &watched, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sig_fd < 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-    snprintf(err, err_len, "cannot set up the rank: %s", strerror(errno));
+    tnt__errorf(err, err_len, "cannot set up the rank: %s", strerror(errno));
     goto out;
   }
   pid_t self = getpid();
   child = fork();
   if (child < 0) {
-    snprintf(err, err_len, "cannot start the program: %s", strerror(errno));
+    tnt__errorf(err, err_len, "cannot start the program: %s", strerror(errno));
     goto out;
   }
   if (child == 0) exec_program(o->program_argv, out_pipe[1], err_pipe[1], &old_mask, self);
@@ -334,7 +333,7 @@ int tnt__rank_main(int argc, char *argv[]) {
   if (getppid() != parent) goto out;
 
   if (tnt__mkdirs(o.run_dir) != 0) {
-    snprintf(err, sizeof err, "cannot create the run directory %s: %s", o.run_dir,
+    tnt__errorf(err, sizeof err, "cannot create the run directory %s: %s", o.run_dir,
              strerror(errno));
     goto out;
   }
@@ -342,7 +341,7 @@ int tnt__rank_main(int argc, char *argv[]) {
   snprintf(log_path, sizeof log_path, "%s/rank%d.log", o.run_dir, rank);
   out.log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (out.log_fd < 0) {
-    snprintf(err, sizeof err, "cannot write %s: %s", log_path, strerror(errno));
+    tnt__errorf(err, sizeof err, "cannot write %s: %s", log_path, strerror(errno));
     goto out;
   }
   out.show_all = rank == 0 || o.output_on_all_devices;
@@ -359,7 +358,7 @@ int tnt__rank_main(int argc, char *argv[]) {
   if (o.pin_to_socket && pin_to_node(&o, local_rank, err, sizeof err) != 0) goto out;
 
   if (tnt__status_write(o.run_dir, &status) != 0) {
-    snprintf(err, sizeof err, "cannot write the status of rank %d in %s: %s", rank, o.run_dir,
+    tnt__errorf(err, sizeof err, "cannot write the status of rank %d in %s: %s", rank, o.run_dir,
              strerror(errno));
     goto out;
   }

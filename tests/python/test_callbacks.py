@@ -105,3 +105,48 @@ def test_save_on_three_ranks_load_on_one_and_two(tmp_path, python):
         if k.startswith("resumed/"):
             assert np.allclose(resumed[1][k], resumed[2][k], rtol=0, atol=1e-5), \
                 f"{k}: training resumed on 1 and 2 ranks diverges"
+
+
+WRAPPER = r'''
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+sys.path.insert(0, {here!r})
+import tensorflow as tf, keras
+import tarantella as tnt
+from train_worker import make_data, make_model
+tnt.init()
+x, y = make_data(80)
+model = tnt.Model(make_model(2))
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+seen = {{"local": [], "global": [], "master": []}}
+def recorder(kind):
+    return keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: seen[kind].append(dict(logs)))
+history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0,
+                    callbacks=[tnt.keras.callbacks.Callback(recorder("local"), aggregate_logs=False),
+                               tnt.keras.callbacks.Callback(recorder("global")),
+                               tnt.keras.callbacks.Callback(recorder("master"),
+                                                            run_on_all_ranks=False)])
+seen["history"] = history.history
+with open(os.path.join({out!r}, f"rank{{tnt.get_rank()}}.json"), "w") as f:
+    json.dump(seen, f)
+'''
+
+
+def test_callback_wrapper_chooses_ranks_and_logs(tmp_path, python):
+    import json
+    script = tmp_path / "wrapper.py"
+    script.write_text(WRAPPER.format(here=os.path.dirname(os.path.abspath(__file__)),
+                                     out=str(tmp_path)))
+    run(mpirun_command(2, python, str(script)))
+    seen = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for r in (0, 1):
+        assert [set(e) for e in seen[r]["local"]] == [{"loss", "accuracy"}] * 2
+        assert seen[r]["global"] == seen[0]["global"], "global logs differ between ranks"
+        assert [e["loss"] for e in seen[r]["global"]] == seen[r]["history"]["loss"]
+    assert len(seen[0]["master"]) == 2 and seen[1]["master"] == []
+    # Equal micro-batches: the global loss is the mean of the local ones.
+    for epoch in range(2):
+        local = [seen[r]["local"][epoch]["loss"] for r in (0, 1)]
+        assert local[0] != local[1]
+        assert abs(sum(local) / 2 - seen[0]["global"][epoch]["loss"]) < 1e-5

@@ -1,0 +1,78 @@
+/*
+ * tarantella: runs a program on several ranks with MPI.
+ *
+ *   tarantella [options] -- PROGRAM [ARGS...]
+ *
+ * The same executable also serves as every rank's wrapper
+ * (`tarantella --rank-exec ...`, see rank.h), so that a rank needs nothing
+ * but this program and MPI on its host.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "command.h"
+#include "options.h"
+#include "plan.h"
+#include "rank.h"
+#include "run.h"
+
+#ifndef TNT_VERSION
+#define TNT_VERSION "unknown"
+#endif
+
+/* Exit status for a command line or input that cannot work. */
+#define TNT__EXIT_USAGE 2
+
+extern char **environ;
+
+static void print_dry_run(const tnt__plan_storage_t *ps, const tnt__command_t *cmd) {
+  printf("# tarantella --dry-run: what would run (nothing was started)\n");
+  printf("# %s\n", ps->summary);
+  printf("# logs: %s/rank<R>.log\n", ps->run_dir);
+  if (tnt__command_print(cmd, stdout) != 0) perror("tarantella: writing the dry run");
+}
+
+int main(int argc, char *argv[]) {
+  if (argc > 1 && strcmp(argv[1], "--rank-exec") == 0) return tnt__rank_main(argc, argv);
+  int status = TNT__EXIT_USAGE;
+  char err[1024] = "";
+  tnt__options_t opts;
+  tnt__plan_storage_t ps;
+  tnt__command_t cmd;
+  memset(&ps, 0, sizeof ps);
+  memset(&cmd, 0, sizeof cmd);
+  tnt__parse_result_t parsed = tnt__options_parse(argc, argv, &opts, err, sizeof err);
+  if (parsed == TNT__PARSE_HELP) {
+    fputs(tnt__usage_text, stdout);
+    status = 0;
+    goto out;
+  }
+  if (parsed == TNT__PARSE_VERSION) {
+    printf("tarantella %s\n", TNT_VERSION);
+    status = 0;
+    goto out;
+  }
+  if (parsed != TNT__PARSE_RUN) {
+    fprintf(stderr, "tarantella: error: %s\nUsage: tarantella [options] -- PROGRAM [ARGS...] "
+                    "(see tarantella --help)\n",
+            err);
+    goto out;
+  }
+  if (tnt__plan_make(&opts, environ, &ps, err, sizeof err) != 0 ||
+      tnt__command_build(&ps.plan, &cmd, err, sizeof err) != 0) {
+    fprintf(stderr, "tarantella: error: %s\n", err);
+    goto out;
+  }
+  if (opts.dry_run) {
+    print_dry_run(&ps, &cmd);
+    status = 0;
+    goto out;
+  }
+  fprintf(stderr, "tarantella: %s; logs in %s\n", ps.summary, ps.run_dir);
+  status = tnt__run(&ps.plan, &cmd);
+out:
+  tnt__command_free(&cmd);
+  tnt__plan_free(&ps);
+  tnt__options_free(&opts);
+  return status;
+}

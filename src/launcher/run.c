@@ -1,0 +1,307 @@
+/*
+ * Supervision of a run.
+ *
+ * The launcher makes itself a child subreaper, so that the rank wrappers
+ * Open MPI starts on this host become its children if mpirun dies first;
+ * after mpirun has ended it ends and reaps whatever is left. While the job
+ * runs it watches the rank status files: once a rank has failed, the MPI
+ * launcher normally ends the job within a second or two, and the launcher
+ * ends it itself if that has not happened after TNT__ABORT_GRACE_S.
+ */
+#include "run.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proc.h"
+#include "status.h"
+
+/* Seconds the MPI launcher has to end the job after a rank failed or an
+ * interrupt, before the launcher terminates it, and then kills it. */
+#define TNT__ABORT_GRACE_S 10.0
+#define TNT__KILL_GRACE_S 5.0
+/* How often the status files are checked while the job runs. */
+#define TNT__STATUS_POLL_S 0.5
+/* Lines of a failed rank's log shown in the report. */
+#define TNT__LOG_TAIL_LINES 12
+
+static double seconds_from_env(const char *name, double fallback) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return fallback;
+  char *end = NULL;
+  double x = strtod(v, &end);
+  return (end != v && *end == '\0' && x >= 0) ? x : fallback;
+}
+
+/* The child side of fork: becomes the MPI launcher. Never returns. */
+static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t launcher) {
+  setpgid(0, 0);
+  /* If the launcher is killed outright, mpirun ends the job. */
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != launcher) _exit(127);
+  sigprocmask(SIG_SETMASK, mask, NULL);
+  for (size_t i = 0; i < cmd->env.count; ++i) putenv(cmd->env.items[i]);
+  execv(cmd->argv.items[0], cmd->argv.items);
+  dprintf(STDERR_FILENO, "tarantella: cannot run %s: %s\n", cmd->argv.items[0],
+          strerror(errno));
+  _exit(127);
+}
+
+/* The first rank whose status records a failure of its own (not one it was
+ * told to end with), by the time it ended; -1 when there is none. */
+static int first_failure(const tnt__launch_plan_t *plan, tnt__rank_status_t *found) {
+  int rank = -1;
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (tnt__status_read(plan->run_dir, r, &s) != 0) continue;
+    if (!tnt__status_failed(&s) || s.ended_by_request) continue;
+    if (rank < 0 || s.end_time < found->end_time) {
+      *found = s;
+      rank = r;
+    }
+  }
+  return rank;
+}
+
+/* Lists the processes whose parent is this process. Returns their count. */
+static int list_children(pid_t *pids, int max) {
+  int n = 0;
+  DIR *proc = opendir("/proc");
+  if (proc == NULL) return 0;
+  pid_t self = getpid();
+  struct dirent *e;
+  while ((e = readdir(proc)) != NULL && n < max) {
+    if (!isdigit((unsigned char)e->d_name[0])) continue;
+    char path[300], text[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    /* The command name in parentheses may contain anything; the fields
+     * after its last ')' are state, then parent. */
+    const char *close_paren = strrchr(text, ')');
+    char state;
+    int ppid;
+    if (close_paren != NULL && sscanf(close_paren + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == self) {
+      pids[n++] = (pid_t)atoi(e->d_name);
+    }
+  }
+  closedir(proc);
+  return n;
+}
+
+/* Ends every remaining descendant: the wrappers of local ranks come here
+ * if mpirun died before them. They first get SIGTERM, which they pass on
+ * to their programs, and SIGKILL if they are still there after a grace
+ * period. */
+static void end_leftovers(void) {
+  double deadline = tnt__clock() + TNT__KILL_GRACE_S + 1.0;
+  int term_sent = 0;
+  for (;;) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    pid_t pids[256];
+    int n = list_children(pids, 256);
+    if (n == 0) break;
+    int late = tnt__clock() >= deadline;
+    for (int i = 0; i < n; ++i) kill(pids[i], late ? SIGKILL : SIGTERM);
+    if (late && term_sent) {
+      /* Killed processes are gone at once; reap them and stop. */
+      usleep(100000);
+      while (waitpid(-1, NULL, WNOHANG) > 0) {
+      }
+      break;
+    }
+    term_sent = 1;
+    usleep(100000);
+  }
+}
+
+/* Prints the last lines of a rank's log, indented. */
+static void print_log_tail(const char *path) {
+  size_t len = 0;
+  char *text = tnt__read_file(path, (size_t)1 << 30, &len);
+  if (text == NULL || len == 0) {
+    free(text);
+    return;
+  }
+  size_t start = len;
+  int lines = 0;
+  if (start > 0 && text[start - 1] == '\n') --start;
+  while (start > 0 && lines < TNT__LOG_TAIL_LINES) {
+    --start;
+    if (text[start] == '\n') ++lines;
+  }
+  if (text[start] == '\n') ++start;
+  fprintf(stderr, "tarantella: the last lines of %s:\n", path);
+  const char *p = text + start;
+  while (*p != '\0') {
+    size_t n = strcspn(p, "\n");
+    /* Progress bars rewrite their line with '\r'; show only the last state. */
+    const char *shown = p;
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] == '\r' && i + 1 < n) shown = p + i + 1;
+    }
+    fprintf(stderr, "  | %.*s\n", (int)(n - (size_t)(shown - p)), shown);
+    p += n;
+    if (*p == '\n') ++p;
+  }
+  free(text);
+}
+
+/* Says what happened and returns the launcher's exit status. */
+static int report(const tnt__launch_plan_t *plan, int mpi_status, int interrupted) {
+  tnt__rank_status_t first;
+  int failed_rank = first_failure(plan, &first);
+  if (interrupted) {
+    fprintf(stderr, "tarantella: interrupted (%s); every rank was ended\n",
+            strsignal(interrupted));
+    return 128 + interrupted;
+  }
+  if (failed_rank >= 0) {
+    char how[256], log_path[4200];
+    tnt__status_describe(&first, how, sizeof how);
+    snprintf(log_path, sizeof log_path, "%s/rank%d.log", plan->run_dir, failed_rank);
+    fprintf(stderr, "tarantella: error: rank %d on host %s failed: it %s; its log: %s\n",
+            failed_rank, first.host, how, log_path);
+    int others = 0;
+    for (int r = 0; r < plan->total; ++r) {
+      tnt__rank_status_t s;
+      if (r == failed_rank || tnt__status_read(plan->run_dir, r, &s) != 0) continue;
+      if (!tnt__status_failed(&s) || s.ended_by_request) continue;
+      tnt__status_describe(&s, how, sizeof how);
+      fprintf(stderr, "tarantella: then rank %d on host %s %s (log: %s/rank%d.log)\n", r, s.host,
+              how, plan->run_dir, r);
+      ++others;
+    }
+    print_log_tail(log_path);
+    if (first.signal != 0) return 128 + first.signal;
+    return first.exit_code > 0 && first.exit_code < 256 ? first.exit_code : 1;
+  }
+  if (mpi_status == 0) return 0;
+  /* No rank reports a failure of its own: some rank never reported, or
+   * the MPI launcher itself failed. */
+  int silent = 0;
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (tnt__status_read(plan->run_dir, r, &s) != 0) {
+      fprintf(stderr, "tarantella: error: rank %d never started (log: %s/rank%d.log)\n", r,
+              plan->run_dir, r);
+      ++silent;
+    } else if (!s.finished) {
+      fprintf(stderr,
+              "tarantella: error: rank %d on host %s ended without reporting how (its wrapper "
+              "was killed); its log: %s/rank%d.log\n",
+              r, s.host, plan->run_dir, r);
+      ++silent;
+    }
+  }
+  fprintf(stderr, "tarantella: error: %s exited with status %d%s\n", plan->mpirun, mpi_status,
+          silent == plan->total ? " before any rank started; see its messages above" : "");
+  return mpi_status > 0 && mpi_status < 256 ? mpi_status : 1;
+}
+
+/* Sends sig to the MPI launcher's process group. */
+static void signal_group(pid_t pgid, int sig) {
+  if (kill(-pgid, sig) != 0 && errno == ESRCH) kill(pgid, sig);
+}
+
+int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
+  int exit_code = 1;
+  sigset_t watched, old_mask;
+  sigemptyset(&watched);
+  sigaddset(&watched, SIGCHLD);
+  sigaddset(&watched, SIGINT);
+  sigaddset(&watched, SIGTERM);
+  sigaddset(&watched, SIGHUP);
+  sigprocmask(SIG_BLOCK, &watched, &old_mask);
+
+  if (tnt__mkdirs(plan->run_dir) != 0) {
+    fprintf(stderr, "tarantella: error: cannot create the run directory %s: %s\n",
+            plan->run_dir, strerror(errno));
+    goto out;
+  }
+  /* Status files of an earlier run in the same directory would be taken
+   * for this run's. */
+  for (int r = 0; r < plan->total; ++r) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank%d.status", plan->run_dir, r);
+    unlink(path);
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  fflush(NULL);
+  pid_t self = getpid();
+  pid_t mpi = fork();
+  if (mpi < 0) {
+    fprintf(stderr, "tarantella: error: cannot start %s: %s\n", plan->mpirun, strerror(errno));
+    goto out;
+  }
+  if (mpi == 0) exec_mpi(cmd, &old_mask, self);
+  setpgid(mpi, mpi);
+
+  double abort_grace = seconds_from_env("TNT_ABORT_GRACE_S", TNT__ABORT_GRACE_S);
+  int interrupted = 0, mpi_status = -1;
+  double term_at = 0, kill_at = 0, next_poll = tnt__clock() + TNT__STATUS_POLL_S;
+  int failure_seen = 0;
+  while (mpi_status < 0) {
+    double now = tnt__clock();
+    if (term_at > 0 && now >= term_at) {
+      signal_group(mpi, SIGTERM);
+      term_at = 0;
+      kill_at = now + TNT__KILL_GRACE_S;
+    }
+    if (kill_at > 0 && now >= kill_at) {
+      signal_group(mpi, SIGKILL);
+      kill_at = 0;
+    }
+    if (!failure_seen && now >= next_poll) {
+      tnt__rank_status_t s;
+      next_poll = now + TNT__STATUS_POLL_S;
+      if (first_failure(plan, &s) >= 0) {
+        failure_seen = 1;
+        if (term_at == 0 && kill_at == 0) term_at = now + abort_grace;
+      }
+    }
+    struct timespec tick = {.tv_sec = 0, .tv_nsec = 200 * 1000 * 1000};
+    siginfo_t info;
+    int sig = sigtimedwait(&watched, &info, &tick);
+    if (sig == SIGCHLD) {
+      int ws = 0;
+      pid_t done;
+      /* Reap every child: orphaned wrappers may come here too. */
+      while ((done = waitpid(-1, &ws, WNOHANG)) > 0) {
+        if (done != mpi) continue;
+        mpi_status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+      }
+    } else if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (!interrupted) {
+        interrupted = sig;
+        fprintf(stderr, "tarantella: %s: ending every rank\n", strsignal(sig));
+        /* Open MPI and MPICH end the whole job on SIGINT or SIGTERM. */
+        signal_group(mpi, sig);
+        term_at = tnt__clock() + abort_grace;
+      } else {
+        signal_group(mpi, SIGKILL);
+      }
+    }
+  }
+  /* Whatever is left of the MPI launcher's group goes with it. */
+  kill(-mpi, SIGKILL);
+  end_leftovers();
+  exit_code = report(plan, mpi_status, interrupted);
+out:
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  return exit_code;
+}
