@@ -1,0 +1,374 @@
+"""The launcher's command line: --dry-run output over the option
+combinations, and a clear message with a non-zero exit for every bad input.
+Nothing here starts a rank, so every test takes well under a second."""
+import os
+import shlex
+import shutil
+import socket
+import sys
+
+import pytest
+
+from launcher_util import ROOT, base_env, run_launcher
+
+PY = sys.executable
+
+
+def dry(args, env=None, **kw):
+    """Runs a dry run; returns (command words, exported variables, stdout, stderr)."""
+    proc = run_launcher(["--dry-run"] + args, env=env, **kw)
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
+    exports = {}
+    for line in lines[:-1]:
+        assert line.startswith("export "), line
+        name, value = shlex.split(line[len("export "):])[0].split("=", 1)
+        exports[name] = value
+    return shlex.split(lines[-1]), exports, proc.stdout, proc.stderr
+
+
+def rank_part(words):
+    """The words from the rank wrapper on."""
+    return words[next(i for i, w in enumerate(words) if w == "--rank-exec") - 1:]
+
+
+@pytest.fixture
+def prog(script):
+    return script("print('hello')\n")
+
+
+# ---------------------------------------------------------------- dry runs
+
+def test_default_is_one_cpu_rank_with_a_warning(launcher, prog):
+    words, exports, out, err = dry(["--", prog, "--epochs", "2"])
+    assert words[0] == shutil.which("mpirun")
+    assert words[words.index("-np") + 1] == "1"
+    assert "--host" not in words
+    assert "--oversubscribe" not in words
+    assert words[words.index("--bind-to") + 1] == "none"
+    if os.geteuid() == 0:
+        assert "--allow-run-as-root" in words
+    assert rank_part(words)[-3:] == [prog, "--epochs", "2"]
+    assert "--cpu" in words
+    assert "warning: no GPU found" in err
+    assert "# 1 rank on this host, on the CPU" in out
+    # Every exported variable is named with -x, so that it reaches remote hosts.
+    for name in exports:
+        assert words[words.index(name) - 1] == "-x"
+    assert exports["PATH"] == os.environ["PATH"]
+    assert exports["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert "HOME" not in exports
+
+
+def test_python_script_runs_with_the_python_that_has_tarantella(launcher, prog):
+    words, *_ = dry(["--", prog])
+    tail = rank_part(words)
+    interpreter = tail[tail.index("--") + 1]
+    assert os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+
+
+def test_python_interpreter_option(launcher, prog, script):
+    words, *_ = dry(["--python-interpreter", PY, "--", prog])
+    assert rank_part(words)[-2:] == [PY, prog]
+    # A script without .py is still Python when its #! line says so.
+    shebang = script("#!/usr/bin/env python3\nprint(1)\n", name="tool")
+    os.chmod(shebang, 0o755)
+    words, *_ = dry(["--python-interpreter", PY, "--", shebang, "x"])
+    assert rank_part(words)[-3:] == [PY, shebang, "x"]
+
+
+def test_executable_program_runs_as_it_is(launcher):
+    words, *_ = dry(["--no-gpu", "--", "hostname", "-s"])
+    assert rank_part(words)[-3:] == ["--", shutil.which("hostname"), "-s"]
+    words, *_ = dry(["--no-gpu", "--", "/bin/echo", "a b"])
+    assert rank_part(words)[-3:] == ["--", "/bin/echo", "a b"]
+
+
+def test_no_gpu_gives_no_warning(launcher, prog):
+    _, _, _, err = dry(["--no-gpu", "--", prog])
+    assert "warning" not in err
+
+
+def test_more_ranks_than_cores_oversubscribe(launcher, prog):
+    n = os.cpu_count() + 2
+    words, _, out, err = dry(["-n", str(n), "--", prog])
+    assert words[words.index("-np") + 1] == str(n)
+    assert "--oversubscribe" in words
+    # No GPUs at all: -n gives CPU ranks without a warning.
+    assert "warning" not in err
+    assert f"# {n} ranks on this host, on the CPU" in out
+    words, *_ = dry(["-np", "1", "--", prog])
+    assert "--oversubscribe" not in words
+
+
+def test_gpus_one_per_rank(launcher, prog, fake_sys):
+    env = base_env(TNT_SYS_ROOT=fake_sys(gpus=2))
+    words, _, out, err = dry(["--", prog], env=env)
+    assert words[words.index("-np") + 1] == "2"
+    assert words[words.index("--gpus") + 1] == "0,1"
+    assert "warning" not in err
+    assert "on GPUs 0,1" in out
+    words, _, _, err = dry(["-n", "1", "--", prog], env=env)
+    assert words[words.index("--gpus") + 1] == "0,1"
+
+
+def test_more_ranks_than_gpus_warns_and_uses_cpus(launcher, prog, fake_sys):
+    env = base_env(TNT_SYS_ROOT=fake_sys(gpus=2))
+    words, _, _, err = dry(["-n", "3", "--", prog], env=env)
+    assert "--cpu" in words and "--gpus" not in words
+    assert "warning: 3 ranks on this host but only 2 GPU(s)" in err
+    words, _, _, err = dry(["--no-gpu", "-n", "3", "--", prog], env=env)
+    assert "--cpu" in words and "warning" not in err
+
+
+def test_cuda_visible_devices_is_honoured(launcher, prog, fake_sys):
+    env = base_env(TNT_SYS_ROOT=fake_sys(gpus=4), CUDA_VISIBLE_DEVICES="3,1")
+    words, *_ = dry(["--", prog], env=env)
+    assert words[words.index("-np") + 1] == "2"
+    assert words[words.index("--gpus") + 1] == "3,1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    words, _, _, err = dry(["--", prog], env=env)
+    assert "--cpu" in words and "no GPU found" in err
+
+
+def test_hostfile(launcher, prog, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two nodes\nnode-a\n\nnode-b   # the second\n")
+    words, _, out, err = dry(["--hostfile", str(hosts), "--", prog])
+    assert words[words.index("--host") + 1] == "node-a:1,node-b:1"
+    assert words[words.index("-np") + 1] == "2"
+    assert "warning: no GPU found: running 1 rank per host" in err
+    words, _, out, _ = dry(["--hostfile", str(hosts), "--n-per-node", "2", "--no-gpu",
+                            "--", prog])
+    assert words[words.index("--host") + 1] == "node-a:2,node-b:2"
+    assert words[words.index("-np") + 1] == "4"
+    assert "# 4 ranks on 2 hosts (2 per host), on the CPU" in out
+    for alias in ("--npernode=3", "--devices-per-node=3"):
+        words, *_ = dry(["--hostfile", str(hosts), alias, "--", prog])
+        assert words[words.index("--host") + 1] == "node-a:3,node-b:3"
+    words, *_ = dry(["--hostfile", str(hosts), "-n", "4", "--", prog])
+    assert words[words.index("--host") + 1] == "node-a:2,node-b:2"
+
+
+def test_hostfile_with_gpus(launcher, prog, tmp_path, fake_sys):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\n")
+    env = base_env(TNT_SYS_ROOT=fake_sys(gpus=4))
+    words, *_ = dry(["--hostfile", str(hosts), "--", prog], env=env)
+    assert words[words.index("--host") + 1] == "a:4,b:4"
+    assert words[words.index("--gpus") + 1] == "0,1,2,3"
+
+
+def test_local_host_works_as_a_name(launcher, prog, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{socket.gethostname()}\n")
+    words, _, out, _ = dry(["--hostfile", str(hosts), "--n-per-node", "2", "--", prog])
+    assert words[words.index("--host") + 1] == f"{socket.gethostname()}:2"
+    hosts.write_text("localhost\n")
+    words, *_ = dry(["--hostfile", str(hosts), "--", prog])
+    assert words[words.index("--host") + 1] == "localhost:1"
+
+
+def test_logging_output_and_fusion_options(launcher, prog):
+    words, exports, _, _ = dry(["--log-level", "debug", "--log-on-all-devices",
+                                "--output-on-all-devices", "--fusion-threshold", "64",
+                                "--", prog])
+    assert exports["TNT_LOG_LEVEL"] == "DEBUG"
+    assert exports["TNT_LOG_ON_ALL_DEVICES"] == "true"
+    assert exports["TNT_OUTPUT_ON_ALL_DEVICES"] == "true"
+    assert exports["TNT_FUSION_THRESHOLD_KB"] == "64"
+    for name in ("TNT_LOG_LEVEL", "TNT_LOG_ON_ALL_DEVICES", "TNT_OUTPUT_ON_ALL_DEVICES",
+                 "TNT_FUSION_THRESHOLD_KB"):
+        assert words[words.index(name) - 1] == "-x"
+    assert "--output-on-all-devices" in rank_part(words)
+    _, exports, _, _ = dry(["--fusion-threshold=0.5", "--", prog])
+    assert exports["TNT_FUSION_THRESHOLD_KB"] == "0.5"
+    assert "TNT_LOG_LEVEL" not in exports
+
+
+def test_x_variables(launcher, prog):
+    env = base_env(MY_SETTING="from here", TNT_LOG_LEVEL="ERROR")
+    words, exports, out, _ = dry(["-x", "A=1", "-xB=two words", "-x", "MY_SETTING",
+                                  "-x", "TNT_LOG_LEVEL=INFO", "--log-level", "WARNING",
+                                  "--", prog], env=env)
+    assert exports["A"] == "1"
+    assert exports["B"] == "two words"
+    assert exports["MY_SETTING"] == "from here"
+    # -x wins over the options, which win over the environment.
+    assert exports["TNT_LOG_LEVEL"] == "INFO"
+    assert "export B='two words'" in out
+    for name in ("A", "B", "MY_SETTING"):
+        assert words[words.index(name) - 1] == "-x"
+
+
+def test_pinning(launcher, prog, fake_sys):
+    env = base_env(TNT_SYS_ROOT=fake_sys(numa_nodes=2))
+    words, *_ = dry(["--pin-to-socket", "-n", "2", "--", prog], env=env)
+    assert "--pin-to-socket" in rank_part(words)
+    words, *_ = dry(["--pin-memory-to-socket", "-n", "2", "--", prog], env=env)
+    assert {"--pin-to-socket", "--pin-memory-to-socket"} <= set(rank_part(words))
+
+
+def test_run_dir(launcher, prog, tmp_path):
+    words, _, out, _ = dry(["--run-dir", "runs/a", "--", prog], cwd=str(tmp_path))
+    assert words[words.index("--run-dir") + 1] == str(tmp_path / "runs" / "a")
+    assert words[words.index("--wdir") + 1] == str(tmp_path)
+    assert not (tmp_path / "runs").exists(), "a dry run creates nothing"
+    env = base_env(TNT_RUN_DIR="/tmp/elsewhere")
+    words, *_ = dry(["--", prog], env=env)
+    assert words[words.index("--run-dir") + 1] == "/tmp/elsewhere"
+    words, *_ = dry(["--", prog], cwd=str(tmp_path))
+    default = words[words.index("--run-dir") + 1]
+    assert os.path.dirname(default) == str(tmp_path)
+    assert os.path.basename(default).startswith("tarantella-run-")
+
+
+def test_mpich(launcher, prog, fake_mpich, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\n")
+    env = base_env(TNT_MPIRUN=fake_mpich)
+    words, exports, _, _ = dry(["--hostfile", str(hosts), "--n-per-node", "2",
+                                "--log-level", "INFO", "--", prog], env=env)
+    assert words[:7] == [fake_mpich, "-n", "4", "-hosts", "a:2,b:2", "-ppn", "2"]
+    assert "--allow-run-as-root" not in words
+    i = words.index("TNT_LOG_LEVEL")
+    assert words[i - 1:i + 2] == ["-genv", "TNT_LOG_LEVEL", "INFO"]
+    assert words[words.index("-wdir") + 1] == os.getcwd()
+
+
+def test_not_root(launcher, prog, tmp_path):
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run the launcher as another user")
+    os.chmod(tmp_path, 0o755)
+    proc = run_launcher([], env=base_env())  # warm up nothing; keeps the helper's checks
+    del proc
+    import subprocess
+    out = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                          os.path.realpath(sys.argv[0]) if False else launcher,
+                          "--dry-run", "--python-interpreter", PY, "--run-dir", "/tmp/x",
+                          "--", prog], env=base_env(), capture_output=True, text=True,
+                         timeout=60, cwd="/tmp")
+    assert out.returncode == 0, out.stderr
+    assert "--allow-run-as-root" not in out.stdout
+
+
+def test_dry_run_script_runs(launcher, tmp_path):
+    """The printed script is exactly what a run executes: running it works."""
+    proc = run_launcher(["--dry-run", "-n", "2", "--run-dir", str(tmp_path / "run"), "--",
+                         "/bin/echo", "from the script"])
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "run.sh"
+    script.write_text(proc.stdout)
+    import subprocess
+    out = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "from the script"
+    for r in range(2):
+        assert (tmp_path / "run" / f"rank{r}.log").read_text() == "from the script\n"
+
+
+def test_version_and_help(launcher):
+    proc = run_launcher(["--version"])
+    assert proc.returncode == 0 and proc.stdout.startswith("tarantella ")
+    proc = run_launcher(["--help"])
+    assert proc.returncode == 0
+    for option in ("-n", "--hostfile", "--n-per-node", "--npernode", "--devices-per-node",
+                   "--no-gpu", "--log-level", "--log-on-all-devices",
+                   "--output-on-all-devices", "-x NAME=VALUE", "--fusion-threshold",
+                   "--pin-to-socket", "--pin-memory-to-socket", "--python-interpreter",
+                   "--dry-run", "--version", "--help", "--run-dir"):
+        assert option in proc.stdout, option
+
+
+# --------------------------------------------------------------- bad input
+
+def bad(args, expected, env=None, cwd=None):
+    """Checks that args fail at once, with a non-zero exit and the message."""
+    proc = run_launcher(args, env=env, timeout=30, cwd=cwd)
+    assert proc.returncode != 0, f"tarantella {args} succeeded:\n{proc.stdout}"
+    assert expected in proc.stderr, proc.stderr
+    assert "tarantella: error:" in proc.stderr
+    assert proc.stdout == ""
+    return proc
+
+
+def test_bad_command_lines(launcher, prog):
+    bad(["--bogus", "--", prog], "unknown option '--bogus'")
+    bad(["-q", "--", prog], "unknown option '-q'")
+    bad(["-n", "2", prog], "before '--'")
+    bad([], "missing '--' and PROGRAM")
+    bad(["-n", "2"], "missing '--' and PROGRAM")
+    bad(["-n", "2", "--"], "missing PROGRAM after '--'")
+    bad(["-n", "2", "--n-per-node", "2", "--", prog], "cannot be combined")
+    bad(["--npernode", "2", "-np", "2", "--", prog], "cannot be combined")
+    bad(["-n", "0", "--", prog], "positive whole number")
+    bad(["-n", "two", "--", prog], "positive whole number")
+    bad(["-n", "-3", "--", prog], "positive whole number")
+    bad(["--n-per-node", "1.5", "--", prog], "positive whole number")
+    bad(["-n"], "needs a value")
+    bad(["--hostfile", "--no-gpu", "--", prog], "--hostfile needs a value")
+    bad(["--no-gpu=1", "--", prog], "takes no value")
+    bad(["--log-level", "LOUD", "--", prog], "DEBUG, INFO, WARNING or ERROR")
+
+
+@pytest.mark.parametrize("value", ["NOEQUALS-", "=value", "1ABC=x", "A-B=c", "", "A B=c"])
+def test_bad_x(launcher, prog, value):
+    bad(["-x", value, "--", prog], "-x needs NAME=VALUE")
+
+
+def test_x_of_unset_variable(launcher, prog):
+    bad(["-x", "SURELY_NOT_SET_ANYWHERE", "--", prog], "SURELY_NOT_SET_ANYWHERE is not set")
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.5", "abc", "12kb", "nan", "inf", "0x20", ""])
+def test_bad_fusion_threshold(launcher, prog, value):
+    bad(["--fusion-threshold", value, "--", prog], "non-negative number of KB")
+
+
+def test_program_not_found(launcher, tmp_path):
+    bad(["--", "no_such_model.py"], "program 'no_such_model.py' not found")
+    bad(["--", "no-such-program-anywhere"], "not found on PATH")
+    bad(["--", str(tmp_path / "missing")], "not found")
+    bad(["--", str(tmp_path)], "is not a file")
+    plain = tmp_path / "data.bin"
+    plain.write_text("not a program")
+    bad(["--", str(plain)], "is not executable")
+
+
+def test_bad_hostfiles(launcher, prog, tmp_path):
+    bad(["--hostfile", str(tmp_path / "missing"), "--", prog], "No such file")
+    bad(["--hostfile", str(tmp_path), "--", prog], "Is a directory")
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    bad(["--hostfile", str(empty), "--", prog], "no host names")
+    comments = tmp_path / "comments"
+    comments.write_text("# nothing here\n\n")
+    bad(["--hostfile", str(comments), "--", prog], "no host names")
+    dup = tmp_path / "dup"
+    dup.write_text("node1\nnode2\nnode1\n")
+    bad(["--hostfile", str(dup), "--", prog], "line 3: host 'node1' is already listed on line 1")
+    local = tmp_path / "local"
+    local.write_text(f"localhost\n{socket.gethostname()}\n")
+    bad(["--hostfile", str(local), "--", prog], "both name this host")
+    slots = tmp_path / "slots"
+    slots.write_text("node1 slots=2\n")
+    bad(["--hostfile", str(slots), "--", prog], "expected one host name")
+    three = tmp_path / "three"
+    three.write_text("a\nb\nc\n")
+    bad(["--hostfile", str(three), "-n", "4", "--", prog], "does not split evenly")
+
+
+def test_too_few_numa_nodes(launcher, prog, fake_sys):
+    env = base_env(TNT_SYS_ROOT=fake_sys(numa_nodes=1))
+    bad(["--pin-to-socket", "-n", "2", "--", prog], "1 NUMA node(s) for 2 ranks per host",
+        env=env)
+    bad(["--pin-memory-to-socket", "-n", "2", "--", prog], "needs a NUMA node", env=env)
+
+
+def test_bad_tools(launcher, prog, tmp_path):
+    bad(["--python-interpreter", "/no/such/python", "--", prog], "no such executable")
+    bad(["--", prog], "neither Open MPI", env=base_env(TNT_MPIRUN="/bin/true"))
+    bad(["--", prog], "TNT_MPIRUN=/no/mpirun: no such executable",
+        env=base_env(TNT_MPIRUN="/no/mpirun"))
