@@ -25,18 +25,27 @@ from tarantella import runtime
 LOCAL_PREFIX = "tnt_local/"
 
 
-class Callback(keras.callbacks.Callback):
-    """Runs `callback` on every rank or the master only, with global logs
-    (aggregate_logs=True) or this rank's own (aggregate_logs=False)."""
+_NO_INDEX = {"on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
+             "on_predict_begin", "on_predict_end"}
+_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
+          "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
+          "on_predict_batch_begin", "on_predict_batch_end")
 
-    def __init__(self, callback, run_on_all_ranks=True, aggregate_logs=True):
+
+def _without_local(logs):
+    if logs is None or not any(k.startswith(LOCAL_PREFIX) for k in logs):
+        return logs
+    return {k: v for k, v in logs.items() if not k.startswith(LOCAL_PREFIX)}
+
+
+class _Forwarding(keras.callbacks.Callback):
+    """Hands every call to `callback` with the logs that `_logs` chooses:
+    here the global ones, without this rank's local metrics."""
+
+    def __init__(self, callback):
         super().__init__()
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise TypeError(f"tnt.keras.callbacks.Callback wraps a keras.callbacks.Callback; "
-                            f"got {type(callback).__name__}")
         self.callback = callback
-        self.run_on_all_ranks = run_on_all_ranks
-        self.aggregate_logs = aggregate_logs
 
     def set_model(self, model):
         super().set_model(model)
@@ -47,31 +56,19 @@ class Callback(keras.callbacks.Callback):
         self.callback.set_params(params)
 
     def _logs(self, logs):
-        if logs is None:
-            return None
-        if self.aggregate_logs:
-            return _without_local(self, logs)
-        return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
+        return _without_local(logs)
 
 
-_NO_INDEX = {"on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
-             "on_predict_begin", "on_predict_end"}
-_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
-          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
-          "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
-          "on_predict_batch_begin", "on_predict_batch_end")
-
-
-def _hook(name, transform):
-    """A callback method that calls `name` of self.callback with the logs
-    transformed; Keras passes logs by position or by keyword."""
+def _hook(name):
+    """The method `name`: calls it on self.callback with self._logs(logs);
+    Keras passes logs by position or by keyword."""
     leading = 0 if name in _NO_INDEX else 1
 
     def method(self, *args, **kwargs):
         args = list(args)
         logs = kwargs.pop("logs") if "logs" in kwargs else (
             args.pop() if len(args) > leading else None)
-        seen = transform(self, logs)
+        seen = self._logs(logs)
         given = dict(seen) if seen is not logs and seen is not None else None
         getattr(self.callback, name)(*args, logs=seen)
         # Callbacks add to the logs they get (ReduceLROnPlateau adds the
@@ -86,33 +83,25 @@ def _hook(name, transform):
 
 
 for _name in _HOOKS:
-    setattr(Callback, _name, _hook(_name, lambda self, logs: self._logs(logs)))
+    setattr(_Forwarding, _name, _hook(_name))
 
 
-class _StripLocal(keras.callbacks.Callback):
-    """Hands `callback` the logs without this rank's local metrics."""
+class Callback(_Forwarding):
+    """Runs `callback` on every rank or the master only, with global logs
+    (aggregate_logs=True) or this rank's own (aggregate_logs=False)."""
 
-    def __init__(self, callback):
-        super().__init__()
-        self.callback = callback
+    def __init__(self, callback, run_on_all_ranks=True, aggregate_logs=True):
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(f"tnt.keras.callbacks.Callback wraps a keras.callbacks.Callback; "
+                            f"got {type(callback).__name__}")
+        super().__init__(callback)
+        self.run_on_all_ranks = run_on_all_ranks
+        self.aggregate_logs = aggregate_logs
 
-    def set_model(self, model):
-        super().set_model(model)
-        self.callback.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.callback.set_params(params)
-
-
-def _without_local(self, logs):
-    if logs is None or not any(k.startswith(LOCAL_PREFIX) for k in logs):
-        return logs
-    return {k: v for k, v in logs.items() if not k.startswith(LOCAL_PREFIX)}
-
-
-for _name in _HOOKS:
-    setattr(_StripLocal, _name, _hook(_name, _without_local))
+    def _logs(self, logs):
+        if logs is None or self.aggregate_logs:
+            return _without_local(logs)
+        return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
 
 
 def _quiet(callback):
@@ -140,18 +129,18 @@ def distribute(callbacks):
             continue
         if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger)):
             if master:
-                out.append(_StripLocal(cb))
+                out.append(_Forwarding(cb))
             continue
         if isinstance(cb, keras.callbacks.TensorBoard):
             on_all = log._truthy(os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
             if on_all:
                 cb.log_dir = os.path.join(cb.log_dir, f"rank_{runtime.get_rank()}")
-                out.append(_StripLocal(cb))
+                out.append(_Forwarding(cb))
             elif master:
-                out.append(_StripLocal(cb))
+                out.append(_Forwarding(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             _backup_writes_on_master_only(cb)
         _quiet(cb)
-        out.append(_StripLocal(cb))
+        out.append(_Forwarding(cb))
     return out

@@ -325,7 +325,7 @@ class Model:
             self.model.test_function = None
         verbose = self._tnt_verbose(verbose)
         if with_local and verbose != 0:
-            cbs.append(tnt_callbacks._StripLocal(keras.callbacks.ProgbarLogger()))
+            cbs.append(tnt_callbacks._Forwarding(keras.callbacks.ProgbarLogger()))
             verbose = 0
         return cbs, verbose
 
