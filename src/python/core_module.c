@@ -117,6 +117,33 @@ static int require_context(const char *call) {
   return -1;
 }
 
+/*
+ * Runs `stmt`, a libtnt call that may wait for peers, with the GIL released
+ * so that other Python threads keep running meanwhile; the call is counted
+ * in g_busy, which keeps finalize() from destroying the context underneath
+ * it.
+ */
+// clang-format off
+#define TNT_WITHOUT_GIL(stmt) \
+  do {                        \
+    ++g_busy;                 \
+    Py_BEGIN_ALLOW_THREADS    \
+    stmt;                     \
+    Py_END_ALLOW_THREADS      \
+    --g_busy;                 \
+  } while (0)
+// clang-format on
+
+/* The end of an entry point that made the libtnt call `call`: raises for a
+ * failed status `st` (with `detail` when given), and otherwise returns a
+ * new reference to `result`. */
+static PyObject *result_of(const char *call, tnt_status_t st, const char *detail,
+                           PyObject *result) {
+  if (st < 0) return raise_status(call, st, detail);
+  Py_INCREF(result);
+  return result;
+}
+
 /* ------------------------------------------------------------ dtypes, ops */
 
 static int host_is_little_endian(void) {
@@ -346,6 +373,22 @@ static int overlaps(const tensor_t *a, const tensor_t *b) {
   return pa < pb + b->view.len && pb < pa + a->view.len;
 }
 
+/* Acquires the input `in_name` and the writable output `out_name` of `call`
+ * and checks that they hold the same dtype. On failure raises; the caller
+ * releases both. */
+static int get_in_out(const char *call, const char *in_name, PyObject *in_obj, const char *out_name,
+                      PyObject *out_obj, int dtype, tensor_t *in, tensor_t *out) {
+  if (get_tensor(call, in_name, in_obj, 0, dtype, in) < 0) return -1;
+  if (get_tensor(call, out_name, out_obj, 1, dtype, out) < 0) return -1;
+  if (out->dtype != in->dtype) {
+    PyErr_Format(PyExc_TypeError, "%s: %s holds %s but %s holds %s; give %s %s's dtype", call,
+                 out_name, tnt_dtype_name(out->dtype), in_name, tnt_dtype_name(in->dtype), out_name,
+                 in_name);
+    return -1;
+  }
+  return 0;
+}
+
 /* --------------------------------------------------------- context calls */
 
 /* Registers finalization at interpreter exit, once: Python's atexit runs
@@ -493,41 +536,21 @@ PyDoc_STRVAR(world_handle_doc,
              "The integer handle of the group of all ranks (tnt_group_handle), for the\n"
              "TensorFlow ops, which look the group up with tnt_group_lookup.");
 
-static PyObject *core_rank(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("rank") < 0) return NULL;
-  return PyLong_FromLong(tnt_group_rank(g_world));
-}
+/* The getters of the world group differ only in the libtnt query they make,
+ * so one macro writes them all: `name` is also the call named in errors. */
+#define TNT_WORLD_GETTER(name, query)                                            \
+  static PyObject *core_##name(PyObject *module, PyObject *Py_UNUSED(ignored)) { \
+    (void)module;                                                                \
+    if (require_context(#name) < 0) return NULL;                                 \
+    return PyLong_FromLongLong((long long)query(g_world));                       \
+  }
 
-static PyObject *core_size(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("size") < 0) return NULL;
-  return PyLong_FromLong(tnt_group_size(g_world));
-}
-
-static PyObject *core_local_rank(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("local_rank") < 0) return NULL;
-  return PyLong_FromLong(tnt_group_local_rank(g_world));
-}
-
-static PyObject *core_local_size(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("local_size") < 0) return NULL;
-  return PyLong_FromLong(tnt_group_local_size(g_world));
-}
-
-static PyObject *core_num_hosts(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("num_hosts") < 0) return NULL;
-  return PyLong_FromLong(tnt_group_num_hosts(g_world));
-}
-
-static PyObject *core_world_handle(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-  (void)module;
-  if (require_context("world_handle") < 0) return NULL;
-  return PyLong_FromLongLong((long long)tnt_group_handle(g_world));
-}
+TNT_WORLD_GETTER(rank, tnt_group_rank)
+TNT_WORLD_GETTER(size, tnt_group_size)
+TNT_WORLD_GETTER(local_rank, tnt_group_local_rank)
+TNT_WORLD_GETTER(local_size, tnt_group_local_size)
+TNT_WORLD_GETTER(num_hosts, tnt_group_num_hosts)
+TNT_WORLD_GETTER(world_handle, tnt_group_handle)
 
 PyDoc_STRVAR(abort_doc,
              "abort(exit_code)\n--\n\n"
@@ -584,14 +607,10 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
     return NULL;
   }
   const int in_place = out_obj == Py_None;
-  if (get_tensor(call, "buf", buf_obj, in_place, dtype, &in) < 0) goto done;
-  if (!in_place) {
-    if (get_tensor(call, "out", out_obj, 1, dtype, &out) < 0) goto done;
-    if (out.dtype != in.dtype) {
-      PyErr_Format(PyExc_TypeError, "%s: out holds %s but buf holds %s; give out buf's dtype", call,
-                   tnt_dtype_name(out.dtype), tnt_dtype_name(in.dtype));
-      goto done;
-    }
+  if (in_place) {
+    if (get_tensor(call, "buf", buf_obj, 1, dtype, &in) < 0) goto done;
+  } else {
+    if (get_in_out(call, "buf", buf_obj, "out", out_obj, dtype, &in, &out) < 0) goto done;
     if (out.count != in.count) {
       PyErr_Format(PyExc_ValueError,
                    "%s: out has %zu elements but buf has %zu; pass an out of buf's size "
@@ -609,17 +628,8 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
   }
   void *dst = in_place ? in.view.buf : out.view.buf;
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_allreduce(g_world, in.view.buf, dst, in.count, in.dtype, op);
-  Py_END_ALLOW_THREADS
-  --g_busy;
-  if (st < 0) {
-    raise_status(call, st, NULL);
-    goto done;
-  }
-  result = in_place ? buf_obj : out_obj;
-  Py_INCREF(result);
+  TNT_WITHOUT_GIL(st = tnt_allreduce(g_world, in.view.buf, dst, in.count, in.dtype, op));
+  result = result_of(call, st, NULL, in_place ? buf_obj : out_obj);
 done:
   release_tensor(&in);
   release_tensor(&out);
@@ -656,17 +666,8 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
    * same arguments and none is left waiting for a rank that raised. */
   if (get_tensor(call, "buf", buf_obj, 1, dtype, &buf) < 0) goto done;
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_broadcast(g_world, buf.view.buf, buf.count, buf.dtype, root);
-  Py_END_ALLOW_THREADS
-  --g_busy;
-  if (st < 0) {
-    raise_status(call, st, NULL);
-    goto done;
-  }
-  result = buf_obj;
-  Py_INCREF(result);
+  TNT_WITHOUT_GIL(st = tnt_broadcast(g_world, buf.view.buf, buf.count, buf.dtype, root));
+  result = result_of(call, st, NULL, buf_obj);
 done:
   release_tensor(&buf);
   return result;
@@ -675,13 +676,7 @@ done:
 /* Acquires send and recv for allgather(v) and checks that they agree. */
 static int get_gather_pair(const char *call, PyObject *send_obj, PyObject *recv_obj, int dtype,
                            tensor_t *send, tensor_t *recv) {
-  if (get_tensor(call, "send", send_obj, 0, dtype, send) < 0) return -1;
-  if (get_tensor(call, "recv", recv_obj, 1, dtype, recv) < 0) return -1;
-  if (recv->dtype != send->dtype) {
-    PyErr_Format(PyExc_TypeError, "%s: recv holds %s but send holds %s; give recv send's dtype",
-                 call, tnt_dtype_name(recv->dtype), tnt_dtype_name(send->dtype));
-    return -1;
-  }
+  if (get_in_out(call, "send", send_obj, "recv", recv_obj, dtype, send, recv) < 0) return -1;
   if (overlaps(send, recv)) {
     PyErr_Format(PyExc_ValueError, "%s: send and recv overlap; pass separate arrays", call);
     return -1;
@@ -719,17 +714,9 @@ static PyObject *core_allgather(PyObject *module, PyObject *args, PyObject *kwar
     goto done;
   }
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_allgather(g_world, send.view.buf, send.count, recv.view.buf, send.dtype);
-  Py_END_ALLOW_THREADS
-  --g_busy;
-  if (st < 0) {
-    raise_status(call, st, NULL);
-    goto done;
-  }
-  result = recv_obj;
-  Py_INCREF(result);
+  TNT_WITHOUT_GIL(st =
+                      tnt_allgather(g_world, send.view.buf, send.count, recv.view.buf, send.dtype));
+  result = result_of(call, st, NULL, recv_obj);
 done:
   release_tensor(&send);
   release_tensor(&recv);
@@ -821,18 +808,9 @@ static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwa
     goto done;
   }
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st =
-      tnt_allgatherv(g_world, send.view.buf, send.count, recv.view.buf, counts, displs, send.dtype);
-  Py_END_ALLOW_THREADS
-  --g_busy;
-  if (st < 0) {
-    raise_status(call, st, NULL);
-    goto done;
-  }
-  result = recv_obj;
-  Py_INCREF(result);
+  TNT_WITHOUT_GIL(st = tnt_allgatherv(g_world, send.view.buf, send.count, recv.view.buf, counts,
+                                      displs, send.dtype));
+  result = result_of(call, st, NULL, recv_obj);
 done:
   release_tensor(&send);
   release_tensor(&recv);
@@ -850,13 +828,8 @@ static PyObject *core_barrier(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   (void)module;
   if (require_context("barrier") < 0) return NULL;
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_barrier(g_world);
-  Py_END_ALLOW_THREADS
-  --g_busy;
-  if (st < 0) return raise_status("barrier", st, NULL);
-  Py_RETURN_NONE;
+  TNT_WITHOUT_GIL(st = tnt_barrier(g_world));
+  return result_of("barrier", st, NULL, Py_None);
 }
 
 /* ------------------------------------------------------------------ Fusion */
@@ -899,11 +872,7 @@ static void fusion_close_now(FusionObject *self) {
   }
   if (self->next != NULL) self->next->prev = self->prev;
   self->prev = self->next = NULL;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  tnt_fusion_destroy(f);
-  Py_END_ALLOW_THREADS
-  --g_busy;
+  TNT_WITHOUT_GIL(tnt_fusion_destroy(f));
 }
 
 static void close_all_fusions(void) {
@@ -1003,11 +972,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   /* Creation is collective: every rank compares the list with the others. */
   tnt_fusion_t *f = NULL;
   tnt_status_t st;
-  ++g_busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_fusion_create(g_world, list, (size_t)n, threshold, op, &f);
-  Py_END_ALLOW_THREADS
-  --g_busy;
+  TNT_WITHOUT_GIL(st = tnt_fusion_create(g_world, list, (size_t)n, threshold, op, &f));
   if (st < 0) {
     /* The list is valid here, so an invalid argument means the ranks
      * disagree about it. */
@@ -1092,6 +1057,21 @@ static int fusion_buffer(const char *call, const char *name, PyObject *obj, int 
   return 0;
 }
 
+/* What Fusion.start and Fusion.finish both begin with: the open set, the
+ * id of tensor `id_obj`, and the tensor's buffer `obj` (argument `name`).
+ * Returns NULL with an exception raised and `buf` released on failure. */
+static tnt_fusion_t *fusion_tensor_buffer(FusionObject *self, const char *call, PyObject *id_obj,
+                                          const char *name, PyObject *obj, int writable,
+                                          uint64_t *id, tensor_t *buf) {
+  tnt_fusion_t *f = fusion_get(self, call);
+  if (f == NULL) return NULL;
+  const tnt_tensor_info_t *t = fusion_tensor(self, call, id_obj);
+  if (t == NULL) return NULL;
+  if (fusion_buffer(call, name, obj, writable, t, buf) < 0) return NULL;
+  *id = t->id;
+  return f;
+}
+
 PyDoc_STRVAR(fusion_bucket_of_doc,
              "bucket_of(id)\n--\n\n"
              "The index of the bucket that holds tensor id (KeyError when unknown).");
@@ -1117,41 +1097,27 @@ static PyObject *fusion_start(FusionObject *self, PyObject *args, PyObject *kwar
   static const char call[] = "Fusion.start";
   static char *kwlist[] = {"id", "buf", NULL};
   PyObject *id_obj, *buf_obj;
-  PyObject *result = NULL;
   tensor_t buf = {0};
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:start", kwlist, &id_obj, &buf_obj)) {
     return NULL;
   }
-  tnt_fusion_t *f = fusion_get(self, call);
+  uint64_t id;
+  tnt_fusion_t *f = fusion_tensor_buffer(self, call, id_obj, "buf", buf_obj, 0, &id, &buf);
   if (f == NULL) return NULL;
-  const tnt_tensor_info_t *t = fusion_tensor(self, call, id_obj);
-  if (t == NULL) return NULL;
-  if (fusion_buffer(call, "buf", buf_obj, 0, t, &buf) < 0) return NULL;
-  const uint64_t id = t->id;
   tnt_status_t st;
-  ++g_busy;
   ++self->busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_fusion_start(f, id, buf.view.buf);
-  Py_END_ALLOW_THREADS
+  TNT_WITHOUT_GIL(st = tnt_fusion_start(f, id, buf.view.buf));
   --self->busy;
-  --g_busy;
-  if (st < 0) {
-    char detail[224];
-    const char *d = NULL;
-    if (st == TNT_ERR_STATE) {
-      snprintf(detail, sizeof detail,
-               "tensor %llu was started already in this round; a round ends once every "
-               "tensor of the bucket has finished, so call finish() for them first",
-               (unsigned long long)id);
-      d = detail;
-    }
-    raise_status(call, st, d);
-    goto done;
+  char detail[224];
+  const char *d = NULL;
+  if (st == TNT_ERR_STATE) {
+    snprintf(detail, sizeof detail,
+             "tensor %llu was started already in this round; a round ends once every "
+             "tensor of the bucket has finished, so call finish() for them first",
+             (unsigned long long)id);
+    d = detail;
   }
-  result = Py_None;
-  Py_INCREF(result);
-done:
+  PyObject *result = result_of(call, st, d, Py_None);
   release_tensor(&buf);
   return result;
 }
@@ -1168,7 +1134,6 @@ static PyObject *fusion_finish(FusionObject *self, PyObject *args, PyObject *kwa
   static const char call[] = "Fusion.finish";
   static char *kwlist[] = {"id", "out", "timeout_s", NULL};
   PyObject *id_obj, *out_obj, *timeout_obj = Py_None;
-  PyObject *result = NULL;
   tensor_t out = {0};
   double timeout_s = -1.0;
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:finish", kwlist, &id_obj, &out_obj,
@@ -1183,41 +1148,28 @@ static PyObject *fusion_finish(FusionObject *self, PyObject *args, PyObject *kwa
       return NULL;
     }
   }
-  tnt_fusion_t *f = fusion_get(self, call);
+  uint64_t id;
+  tnt_fusion_t *f = fusion_tensor_buffer(self, call, id_obj, "out", out_obj, 1, &id, &out);
   if (f == NULL) return NULL;
-  const tnt_tensor_info_t *t = fusion_tensor(self, call, id_obj);
-  if (t == NULL) return NULL;
-  if (fusion_buffer(call, "out", out_obj, 1, t, &out) < 0) return NULL;
-  const uint64_t id = t->id;
   tnt_status_t st;
-  ++g_busy;
   ++self->busy;
-  Py_BEGIN_ALLOW_THREADS
-  st = tnt_fusion_finish(f, id, out.view.buf, timeout_s);
-  Py_END_ALLOW_THREADS
+  TNT_WITHOUT_GIL(st = tnt_fusion_finish(f, id, out.view.buf, timeout_s));
   --self->busy;
-  --g_busy;
-  if (st < 0) {
-    char detail[256];
-    const char *d = NULL;
-    if (st == TNT_ERR_STATE) {
-      snprintf(detail, sizeof detail, "tensor %llu was not started; call start() for it first",
-               (unsigned long long)id);
-      d = detail;
-    } else if (st == TNT_ERR_TIMEOUT) {
-      snprintf(detail, sizeof detail,
-               "bucket %ld of tensor %llu was not reduced in time; every rank must start "
-               "every tensor of the bucket (libtnt's log names the tensors this rank has not "
-               "started)",
-               tnt_fusion_bucket_of(f, id), (unsigned long long)id);
-      d = detail;
-    }
-    raise_status(call, st, d);
-    goto done;
+  char detail[256];
+  const char *d = NULL;
+  if (st == TNT_ERR_STATE) {
+    snprintf(detail, sizeof detail, "tensor %llu was not started; call start() for it first",
+             (unsigned long long)id);
+    d = detail;
+  } else if (st == TNT_ERR_TIMEOUT) {
+    snprintf(detail, sizeof detail,
+             "bucket %ld of tensor %llu was not reduced in time; every rank must start "
+             "every tensor of the bucket (libtnt's log names the tensors this rank has not "
+             "started)",
+             tnt_fusion_bucket_of(f, id), (unsigned long long)id);
+    d = detail;
   }
-  result = out_obj;
-  Py_INCREF(result);
-done:
+  PyObject *result = result_of(call, st, d, out_obj);
   release_tensor(&out);
   return result;
 }

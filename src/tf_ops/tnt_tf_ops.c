@@ -329,6 +329,59 @@ static void delete_tensors(TF_Tensor *a, TF_Tensor *b, TF_Tensor *c) {
   if (c != NULL) TF_DeleteTensor(c);
 }
 
+/* Input `index` of a fusion kernel, checked against the count the set
+ * expects, and the kernel's fusion set; false after failing the op. The
+ * caller deletes *tensor. */
+static bool fusion_input(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
+                         int index, TF_Tensor **tensor, tnt_fusion_t **f, TF_Status *status) {
+  TF_GetInput(ctx, index, tensor, status);
+  if (!ok(ctx, status) || !check_count(ctx, op, k, *tensor)) return false;
+  return (*f = find_fusion(ctx, op, k)) != NULL;
+}
+
+/* Fails the op when libtnt's call on the kernel's tensor returned an error
+ * `st`, naming the tensor. */
+static void check_fusion_status(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
+                                const tnt_fusion_t *f, tnt_status_t st) {
+  if (st >= 0) return;
+  char what[96];
+  snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
+  fail_tnt(ctx, tnt_fusion_group(f), what, st);
+}
+
+/* The libtnt call of a collective kernel: reads `in`, leaves the result in
+ * `out`, which is `in` itself when `forwarded`. */
+typedef tnt_status_t (*collective_fn)(const collective_kernel_t *k, tnt_group_t *g,
+                                      const TF_Tensor *in, TF_Tensor *out, bool forwarded);
+
+/*
+ * What TntAllreduce and TntBroadcast share: input 0, the kernel's group,
+ * an output shaped like the input (the input itself when TensorFlow hands
+ * it over), then `run`, whose failure fails the op. The root is checked
+ * here too: TntAllreduce leaves it at 0, which every group has.
+ */
+static void collective_compute(TF_OpKernelContext *ctx, const char *op,
+                               const collective_kernel_t *k, collective_fn run) {
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *in = NULL, *out = NULL;
+  tnt_group_t *g = NULL;
+  bool forwarded = false;
+  TF_GetInput(ctx, 0, &in, status);
+  if (!ok(ctx, status)) goto out;
+  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
+  if (k->root >= tnt_group_size(g)) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: root %lld is not a rank of group %lld (%d ranks)", op,
+         (long long)k->root, (long long)k->group, tnt_group_size(g));
+    goto out;
+  }
+  if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
+  tnt_status_t st = run(k, g, in, out, forwarded);
+  if (st < 0) fail_tnt(ctx, g, op, st);
+out:
+  delete_tensors(in, out, NULL);
+  TF_DeleteStatus(status);
+}
+
 /* ---------------------------------------------------------- kernels */
 
 /* TntFusionStart: tensor -> token. Copies the tensor into its bucket (the
@@ -339,21 +392,14 @@ static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *tensor = NULL, *token = NULL;
   tnt_fusion_t *f = NULL;
-  tnt_status_t st = TNT_OK;
-  TF_GetInput(ctx, 0, &tensor, status);
-  if (!ok(ctx, status) || !check_count(ctx, op, k, tensor)) goto out;
-  if ((f = find_fusion(ctx, op, k)) == NULL) goto out;
+  if (!fusion_input(ctx, op, k, 0, &tensor, &f, status)) goto out;
   /* The token first: an op that fails after starting would leave the
    * tensor started with nobody to finish it. */
   token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
   if (!ok(ctx, status)) goto out;
   *(int64_t *)TF_TensorData(token) = k->tensor_id;
-  st = tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor));
-  if (st < 0) {
-    char what[96];
-    snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
-    fail_tnt(ctx, tnt_fusion_group(f), what, st);
-  }
+  check_fusion_status(ctx, op, k, f,
+                      tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor)));
 out:
   delete_tensors(tensor, token, NULL);
   TF_DeleteStatus(status);
@@ -367,7 +413,6 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_Status *status = TF_NewStatus();
   TF_Tensor *token = NULL, *like = NULL, *out = NULL;
   tnt_fusion_t *f = NULL;
-  tnt_status_t st = TNT_OK;
   bool forwarded = false;
   TF_GetInput(ctx, 0, &token, status);
   if (!ok(ctx, status)) goto out;
@@ -380,74 +425,44 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
          op, (long long)k->tensor_id);
     goto out;
   }
-  TF_GetInput(ctx, 1, &like, status);
-  if (!ok(ctx, status) || !check_count(ctx, op, k, like)) goto out;
-  if ((f = find_fusion(ctx, op, k)) == NULL) goto out;
+  if (!fusion_input(ctx, op, k, 1, &like, &f, status)) goto out;
   /* `like` is usually the gradient that the start has already copied, so
    * its buffer can often hold the result. */
   if ((out = output_like(ctx, like, 1, &forwarded)) == NULL) goto out;
-  st = tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0);
-  if (st < 0) {
-    char what[96];
-    snprintf(what, sizeof what, "%s of tensor %lld", op, (long long)k->tensor_id);
-    fail_tnt(ctx, tnt_fusion_group(f), what, st);
-  }
+  check_fusion_status(ctx, op, k, f,
+                      tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0));
 out:
   delete_tensors(token, like, out);
   TF_DeleteStatus(status);
 }
 
+static tnt_status_t run_allreduce(const collective_kernel_t *k, tnt_group_t *g, const TF_Tensor *in,
+                                  TF_Tensor *out, bool forwarded) {
+  (void)forwarded;
+  return tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out), (size_t)TF_TensorElementCount(in),
+                       k->dtype, k->op);
+}
+
 /* TntAllreduce: tensor -> its reduction over the group, in place when the
  * input's buffer can be reused. */
 static void allreduce_compute(void *kernel, TF_OpKernelContext *ctx) {
-  static const char op[] = "TntAllreduce";
-  const collective_kernel_t *k = kernel;
-  TF_Status *status = TF_NewStatus();
-  TF_Tensor *in = NULL, *out = NULL;
-  tnt_group_t *g = NULL;
-  tnt_status_t st = TNT_OK;
-  bool forwarded = false;
-  TF_GetInput(ctx, 0, &in, status);
-  if (!ok(ctx, status)) goto out;
-  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
-  if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
-  st = tnt_allreduce(g, TF_TensorData(in), TF_TensorData(out), (size_t)TF_TensorElementCount(in),
-                     k->dtype, k->op);
-  if (st < 0) fail_tnt(ctx, g, op, st);
-out:
-  delete_tensors(in, out, NULL);
-  TF_DeleteStatus(status);
+  collective_compute(ctx, "TntAllreduce", kernel, run_allreduce);
 }
 
-/* TntBroadcast: tensor -> the root's tensor. The input is never written:
- * the broadcast runs on the output, a copy unless the input was handed
- * over. */
-static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
-  static const char op[] = "TntBroadcast";
-  const collective_kernel_t *k = kernel;
-  TF_Status *status = TF_NewStatus();
-  TF_Tensor *in = NULL, *out = NULL;
-  tnt_group_t *g = NULL;
-  tnt_status_t st = TNT_OK;
-  bool forwarded = false;
-  TF_GetInput(ctx, 0, &in, status);
-  if (!ok(ctx, status)) goto out;
-  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
-  if (k->root >= tnt_group_size(g)) {
-    fail(ctx, TF_INVALID_ARGUMENT, "%s: root %lld is not a rank of group %lld (%d ranks)", op,
-         (long long)k->root, (long long)k->group, tnt_group_size(g));
-    goto out;
-  }
-  if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
+/* The input is never written: the broadcast runs on the output, a copy
+ * unless the input was handed over. */
+static tnt_status_t run_broadcast(const collective_kernel_t *k, tnt_group_t *g, const TF_Tensor *in,
+                                  TF_Tensor *out, bool forwarded) {
   if (!forwarded && TF_TensorByteSize(in) > 0) {
     memcpy(TF_TensorData(out), TF_TensorData(in), TF_TensorByteSize(in));
   }
-  st = tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in), k->dtype,
-                     (int)k->root);
-  if (st < 0) fail_tnt(ctx, g, op, st);
-out:
-  delete_tensors(in, out, NULL);
-  TF_DeleteStatus(status);
+  return tnt_broadcast(g, TF_TensorData(out), (size_t)TF_TensorElementCount(in), k->dtype,
+                       (int)k->root);
+}
+
+/* TntBroadcast: tensor -> the root's tensor. */
+static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
+  collective_compute(ctx, "TntBroadcast", kernel, run_broadcast);
 }
 
 /* ---------------------------------------------------------- registration */

@@ -39,9 +39,23 @@
 
 /* ---------------------------------------------------------------- types */
 
-typedef struct thr_msg {
-  struct thr_msg *next;
+/* What messages and posted receives share: their link in a mailbox queue
+ * and the (channel, source, tag) that pairs them up. It comes first in
+ * both, so that one queue code serves the two. */
+typedef struct thr_entry {
+  struct thr_entry *next;
   int ch, src, tag;
+} thr_entry_t;
+
+/* A mailbox queue, oldest first, with the link that the next entry goes
+ * into. */
+typedef struct thr_queue {
+  thr_entry_t *head;
+  thr_entry_t **tail;
+} thr_queue_t;
+
+typedef struct thr_msg {
+  thr_entry_t e; /* first */
   size_t bytes;
   unsigned char data[];
 } thr_msg_t;
@@ -49,8 +63,7 @@ typedef struct thr_msg {
 /* A posted receive. It belongs to the request (impl[0]) and sits in the
  * posted queue until a message is attached to it. */
 typedef struct thr_recv {
-  struct thr_recv *next;
-  int ch, src, tag;
+  thr_entry_t e; /* first */
   void *buf;
   size_t bytes;
   thr_msg_t *msg; /* set under the mailbox lock when matched */
@@ -58,10 +71,8 @@ typedef struct thr_recv {
 
 typedef struct thr_box {
   pthread_mutex_t lock;
-  thr_msg_t *msgs; /* unexpected messages, oldest first */
-  thr_msg_t **msgs_tail;
-  thr_recv_t *recvs; /* posted receives, oldest first */
-  thr_recv_t **recvs_tail;
+  thr_queue_t msgs;  /* unexpected messages (thr_msg_t) */
+  thr_queue_t recvs; /* posted receives (thr_recv_t) */
 } thr_box_t;
 
 typedef struct thr_split thr_split_t;
@@ -133,8 +144,8 @@ static thr_comm_t *comm_new(int size, int refs) {
   pthread_mutex_init(&c->lock, NULL);
   for (int r = 0; r < size; r++) {
     pthread_mutex_init(&c->boxes[r].lock, NULL);
-    c->boxes[r].msgs_tail = &c->boxes[r].msgs;
-    c->boxes[r].recvs_tail = &c->boxes[r].recvs;
+    c->boxes[r].msgs.tail = &c->boxes[r].msgs.head;
+    c->boxes[r].recvs.tail = &c->boxes[r].recvs.head;
   }
   return c;
 }
@@ -153,15 +164,14 @@ static void comm_release(thr_comm_t *c) {
   if (!last) return;
   for (int r = 0; r < c->size; r++) {
     thr_box_t *b = &c->boxes[r];
-    while (b->msgs != NULL) {
-      thr_msg_t *m = b->msgs;
-      b->msgs = m->next;
-      free(m);
-    }
-    while (b->recvs != NULL) {
-      thr_recv_t *rv = b->recvs;
-      b->recvs = rv->next;
-      free(rv);
+    /* Both kinds of entry were allocated whole, with the entry first. */
+    thr_queue_t *queues[2] = {&b->msgs, &b->recvs};
+    for (int q = 0; q < 2; q++) {
+      while (queues[q]->head != NULL) {
+        thr_entry_t *e = queues[q]->head;
+        queues[q]->head = e->next;
+        free(e);
+      }
     }
     pthread_mutex_destroy(&b->lock);
   }
@@ -185,6 +195,32 @@ static void comm_release(thr_comm_t *c) {
 
 /* ------------------------------------------------------------- messages */
 
+/* Takes the entry at link `pp` of `q` out of the queue and returns it. */
+static thr_entry_t *queue_unlink(thr_queue_t *q, thr_entry_t **pp) {
+  thr_entry_t *e = *pp;
+  *pp = e->next;
+  if (q->tail == &e->next) q->tail = pp;
+  e->next = NULL;
+  return e;
+}
+
+/*
+ * Pairs `e` (a message or a receive, under its mailbox lock) with the
+ * oldest entry of `other` (the opposite kind) that has the same channel,
+ * source and tag: takes that entry out of `other` and returns it. With no
+ * such entry, `e` waits at the end of `mine` and the result is NULL.
+ */
+static thr_entry_t *match_or_queue(thr_queue_t *other, thr_queue_t *mine, thr_entry_t *e) {
+  for (thr_entry_t **pp = &other->head; *pp != NULL; pp = &(*pp)->next) {
+    const thr_entry_t *o = *pp;
+    if (o->ch == e->ch && o->src == e->src && o->tag == e->tag) return queue_unlink(other, pp);
+  }
+  e->next = NULL;
+  *mine->tail = e;
+  mine->tail = &e->next;
+  return NULL;
+}
+
 static tnt_status_t check_transfer(const tnt__transport_t *t, tnt__channel_t ch, const void *buf,
                                    size_t bytes, int peer, const char *what) {
   if (peer < 0 || peer >= t->size || (ch != TNT__CH_COLL && ch != TNT__CH_P2P) ||
@@ -204,31 +240,17 @@ static tnt_status_t thr_isend(tnt__transport_t *t, tnt__channel_t ch, const void
    * again as soon as isend returns. */
   thr_msg_t *m = malloc(sizeof *m + bytes);
   if (m == NULL) return TNT_ERR_NO_MEMORY;
-  m->next = NULL;
-  m->ch = (int)ch;
-  m->src = t->rank;
-  m->tag = tag;
+  m->e.next = NULL;
+  m->e.ch = (int)ch;
+  m->e.src = t->rank;
+  m->e.tag = tag;
   m->bytes = bytes;
   if (bytes > 0) memcpy(m->data, buf, bytes);
 
   thr_box_t *box = &tt->comm->boxes[peer];
   pthread_mutex_lock(&box->lock);
-  thr_recv_t **pp = &box->recvs;
-  while (*pp != NULL) {
-    thr_recv_t *rv = *pp;
-    if (rv->ch == m->ch && rv->src == m->src && rv->tag == m->tag) break;
-    pp = &rv->next;
-  }
-  if (*pp != NULL) {
-    thr_recv_t *rv = *pp;
-    *pp = rv->next;
-    if (box->recvs_tail == &rv->next) box->recvs_tail = pp;
-    rv->next = NULL;
-    rv->msg = m;
-  } else {
-    *box->msgs_tail = m;
-    box->msgs_tail = &m->next;
-  }
+  thr_recv_t *rv = (thr_recv_t *)match_or_queue(&box->recvs, &box->msgs, &m->e);
+  if (rv != NULL) rv->msg = m;
   pthread_mutex_unlock(&box->lock);
 
   req->impl[0] = 0;
@@ -244,30 +266,15 @@ static tnt_status_t thr_irecv(tnt__transport_t *t, tnt__channel_t ch, void *buf,
   TNT_CHECK(check_transfer(t, ch, buf, bytes, peer, "receive"));
   thr_recv_t *rv = calloc(1, sizeof *rv);
   if (rv == NULL) return TNT_ERR_NO_MEMORY;
-  rv->ch = (int)ch;
-  rv->src = peer;
-  rv->tag = tag;
+  rv->e.ch = (int)ch;
+  rv->e.src = peer;
+  rv->e.tag = tag;
   rv->buf = buf;
   rv->bytes = bytes;
 
   thr_box_t *box = &tt->comm->boxes[t->rank];
   pthread_mutex_lock(&box->lock);
-  thr_msg_t **pp = &box->msgs;
-  while (*pp != NULL) {
-    thr_msg_t *m = *pp;
-    if (m->ch == rv->ch && m->src == rv->src && m->tag == rv->tag) break;
-    pp = &m->next;
-  }
-  if (*pp != NULL) {
-    thr_msg_t *m = *pp;
-    *pp = m->next;
-    if (box->msgs_tail == &m->next) box->msgs_tail = pp;
-    m->next = NULL;
-    rv->msg = m;
-  } else {
-    *box->recvs_tail = rv;
-    box->recvs_tail = &rv->next;
-  }
+  rv->msg = (thr_msg_t *)match_or_queue(&box->msgs, &box->recvs, &rv->e);
   pthread_mutex_unlock(&box->lock);
 
   req->impl[0] = (uint64_t)(uintptr_t)rv;
@@ -299,7 +306,7 @@ static tnt_status_t thr_test(tnt__transport_t *t, tnt__xreq_t *req, int *done) {
     TNT_LOG_ERROR(
         "threads transport: a message of %zu bytes from rank %d does not fit a "
         "receive of %zu bytes",
-        m->bytes, t->world_ranks[m->src], rv->bytes);
+        m->bytes, t->world_ranks[m->e.src], rv->bytes);
     st = TNT_ERR_INVALID_ARG;
   } else if (m->bytes > 0) {
     memcpy(rv->buf, m->data, m->bytes);
@@ -322,12 +329,9 @@ static void thr_cancel(tnt__transport_t *t, tnt__xreq_t *req) {
   thr_box_t *box = &tt->comm->boxes[t->rank];
   pthread_mutex_lock(&box->lock);
   if (rv->msg == NULL) {
-    thr_recv_t **pp = &box->recvs;
-    while (*pp != NULL && *pp != rv) pp = &(*pp)->next;
-    if (*pp == rv) {
-      *pp = rv->next;
-      if (box->recvs_tail == &rv->next) box->recvs_tail = pp;
-    }
+    thr_entry_t **pp = &box->recvs.head;
+    while (*pp != NULL && *pp != &rv->e) pp = &(*pp)->next;
+    if (*pp == &rv->e) queue_unlink(&box->recvs, pp);
   }
   pthread_mutex_unlock(&box->lock);
   free(rv->msg);

@@ -1,9 +1,10 @@
 /*
  * Shared helpers for the MPI-launched tests of libtnt: failure reporting
  * that names rank, case, index, expected and got; a watchdog so that no
- * test hangs; element access for every dtype (with independent float16 and
- * bfloat16 conversions); deterministic data generators; hashing for
- * cross-rank bitwise comparisons; and a few MPI helpers.
+ * test hangs; element access for every dtype (from tnt_test_data.h, with
+ * independent float16 and bfloat16 conversions); deterministic data
+ * generators; hashing for cross-rank bitwise comparisons; and a few MPI
+ * helpers.
  *
  * Every function is static inline so that each program uses what it needs
  * without unused-function warnings.
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "tnt/tnt.h"
+#include "tnt_test_data.h"
 
 /* Failures printed per rank before the rest are only counted. */
 #define MT_MAX_PRINTED_FAILURES 25
@@ -235,121 +237,19 @@ static inline int mt_verdict(void) {
 
 /* ------------------------------------------------------------ dtypes */
 
-static inline uint16_t mt_float_to_half(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xffu) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int e = (int)exp - 127 + 15;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return (uint16_t)sign;
-    mant |= 0x800000u;
-    int shift = 14 - e;
-    uint32_t half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) half++;
-    return (uint16_t)(sign | half);
-  }
-  uint32_t half = ((uint32_t)e << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) half++;
-  return (uint16_t)(sign | half);
-}
-
-static inline float mt_half_to_float(uint16_t h) {
-  uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-  uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
-  uint32_t mant = (uint32_t)h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {
-      int e = -1;
-      do {
-        e++;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
-static inline uint16_t mt_float_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return (uint16_t)((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-static inline float mt_bf16_to_float(uint16_t b) {
-  uint32_t x = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
+/* Element access is the shared test data of tests/common (with its own
+ * float16 and bfloat16 conversions); these names keep the MPI programs'
+ * mt_ vocabulary. */
 static inline size_t mt_dsize(tnt_dtype_t dt) {
-  static const size_t sizes[TNT_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8};
-  return sizes[dt];
+  return td_dsize(dt);
 }
 
-/* Stores `v` as element `i` of `buf` (converted to the dtype; integers are
- * expected to be integral). */
 static inline void mt_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)v;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = v;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = mt_float_to_half((float)v);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = mt_float_to_bf16((float)v);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)v;
-      break;
-    case TNT_INT64:
-      ((int64_t *)buf)[i] = (int64_t)v;
-      break;
-    default:
-      break;
-  }
+  td_store(dt, buf, i, v);
 }
 
 static inline double mt_load(tnt_dtype_t dt, const void *buf, size_t i) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      return ((const float *)buf)[i];
-    case TNT_FLOAT64:
-      return ((const double *)buf)[i];
-    case TNT_FLOAT16:
-      return mt_half_to_float(((const uint16_t *)buf)[i]);
-    case TNT_BFLOAT16:
-      return mt_bf16_to_float(((const uint16_t *)buf)[i]);
-    case TNT_INT32:
-      return ((const int32_t *)buf)[i];
-    case TNT_INT64:
-      return (double)((const int64_t *)buf)[i];
-    default:
-      return 0.0;
-  }
+  return td_load(dt, buf, i);
 }
 
 /* The raw bits of element `i`, for messages. */
@@ -387,15 +287,9 @@ static inline void mt_fill_sentinel(void *buf, size_t count, tnt_dtype_t dt) {
  */
 static inline int mt_compare(tnt_dtype_t dt, const void *got, const void *want, size_t count,
                              const char *what) {
-  size_t es = mt_dsize(dt);
-  if (count == 0 || memcmp(got, want, count * es) == 0) return 1;
-  size_t first = count, ndiff = 0;
-  for (size_t i = 0; i < count; i++) {
-    if (memcmp((const uint8_t *)got + i * es, (const uint8_t *)want + i * es, es) != 0) {
-      if (first == count) first = i;
-      ndiff++;
-    }
-  }
+  size_t first;
+  size_t ndiff = td_count_diff(dt, got, want, count, &first);
+  if (ndiff == 0) return 1;
   mt_fail((long)first,
           "%s (%s, %zu elements): expected %.17g (bits 0x%" PRIx64 "), got %.17g (bits 0x%" PRIx64
           "); %zu element(s) differ",
@@ -437,60 +331,24 @@ static inline double mt_value(uint64_t seed, int r, size_t i, tnt_dtype_t dt) {
   }
 }
 
+/* mt_value as a generator of the shared test data; `arg` is the seed. */
+static inline double mt_value_of_seed(const void *arg, tnt_dtype_t dt, int r, size_t i) {
+  return mt_value(*(const uint64_t *)arg, r, i, dt);
+}
+
 /* Fills buf[0..count-1] with rank r's contribution. */
 static inline void mt_fill(void *buf, size_t count, tnt_dtype_t dt, uint64_t seed, int r) {
-  for (size_t i = 0; i < count; i++) mt_store(dt, buf, i, mt_value(seed, r, i, dt));
+  td_fill(dt, buf, count, mt_value_of_seed, &seed, r);
 }
 
 /*
  * The exact result of reducing mt_value over the `n` contributors
- * ranks[0..n-1] (NULL: 0..n-1) with `op`, stored into want[0..count-1].
- * AVERAGE divides the sum by n: in the dtype's precision for float32 and
- * float64, in float with one rounding for the half types, and with C
- * integer division (truncation) for ints.
+ * ranks[0..n-1] (NULL: 0..n-1) with `op`, stored into want[0..count-1]
+ * (AVERAGE rounds as td_store_average says).
  */
 static inline void mt_expected_reduce(void *want, size_t count, tnt_dtype_t dt, tnt_op_t op,
                                       uint64_t seed, const int *ranks, int n) {
-  for (size_t i = 0; i < count; i++) {
-    double acc = 0.0;
-    for (int k = 0; k < n; k++) {
-      double v = mt_value(seed, ranks != NULL ? ranks[k] : k, i, dt);
-      if (k == 0) {
-        acc = v;
-      } else if (op == TNT_SUM || op == TNT_AVERAGE) {
-        acc += v;
-      } else if (op == TNT_MIN) {
-        acc = v < acc ? v : acc;
-      } else {
-        acc = v > acc ? v : acc;
-      }
-    }
-    if (op == TNT_AVERAGE) {
-      switch (dt) {
-        case TNT_FLOAT32:
-          ((float *)want)[i] = (float)acc / (float)n;
-          continue;
-        case TNT_FLOAT64:
-          ((double *)want)[i] = acc / (double)n;
-          continue;
-        case TNT_FLOAT16:
-          ((uint16_t *)want)[i] = mt_float_to_half((float)acc / (float)n);
-          continue;
-        case TNT_BFLOAT16:
-          ((uint16_t *)want)[i] = mt_float_to_bf16((float)acc / (float)n);
-          continue;
-        case TNT_INT32:
-          ((int32_t *)want)[i] = (int32_t)((int64_t)acc / n);
-          continue;
-        case TNT_INT64:
-          ((int64_t *)want)[i] = (int64_t)acc / n;
-          continue;
-        default:
-          continue;
-      }
-    }
-    mt_store(dt, want, i, acc);
-  }
+  td_expected_reduce(dt, op, want, count, mt_value_of_seed, &seed, ranks, n);
 }
 
 /* A small seeded generator (splitmix64). */

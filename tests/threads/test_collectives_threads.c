@@ -33,6 +33,7 @@
 #include "collectives/collectives.h"
 #include "core/log.h"
 #include "core/reduce.h"
+#include "tnt_test_data.h"
 
 #define MAX_RANKS 8
 #define TIMEOUT_S 20.0
@@ -170,102 +171,14 @@ static void run_all_layouts(rank_fn fn, void *shared) {
 
 /* ----------------------------------------------------------- values */
 
-/* Input element i of rank r: a small integer, so that sums of up to 8
- * ranks are exact in every dtype (halves hold integers up to 2048, bfloat16
- * up to 256). */
-static int64_t input_value(tnt_dtype_t dt, int r, size_t i) {
+/* Input element i of rank r (a generator of tnt_test_data.h): a small
+ * integer, so that sums of up to 8 ranks are exact in every dtype (halves
+ * hold integers up to 2048, bfloat16 up to 256). */
+static double input_value(const void *arg, tnt_dtype_t dt, int r, size_t i) {
+  (void)arg;
   int64_t span = (dt == TNT_FLOAT16 || dt == TNT_BFLOAT16) ? 33 : 2001;
-  return (int64_t)((i * 131u + (size_t)r * 977u + (i >> 7) * 7u) % (size_t)span) - span / 2;
-}
-
-static void store_value(void *buf, size_t i, tnt_dtype_t dt, double v) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)v;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = v;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_half((float)v);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_bfloat16((float)v);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)v;
-      break;
-    case TNT_INT64:
-      ((int64_t *)buf)[i] = (int64_t)v;
-      break;
-    default:
-      break;
-  }
-}
-
-static void fill_input(void *buf, size_t count, tnt_dtype_t dt, int r) {
-  for (size_t i = 0; i < count; i++) store_value(buf, i, dt, (double)input_value(dt, r, i));
-}
-
-/* The exact result of the allreduce at element i, in dtype dt. */
-static void expected_value(void *buf, size_t i, tnt_dtype_t dt, tnt_op_t op, int n) {
-  int64_t acc = input_value(dt, 0, i);
-  for (int r = 1; r < n; r++) {
-    int64_t v = input_value(dt, r, i);
-    if (op == TNT_MIN)
-      acc = v < acc ? v : acc;
-    else if (op == TNT_MAX)
-      acc = v > acc ? v : acc;
-    else
-      acc += v;
-  }
-  if (op != TNT_AVERAGE || n == 1) {
-    store_value(buf, i, dt, (double)acc);
-    return;
-  }
-  /* One division of the exact sum, rounded once in the dtype. */
-  switch (dt) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)acc / (float)n;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = (double)acc / (double)n;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_half((float)acc / (float)n);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_bfloat16((float)acc / (float)n);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)(acc / n);
-      break;
-    case TNT_INT64:
-      ((int64_t *)buf)[i] = acc / n;
-      break;
-    default:
-      break;
-  }
-}
-
-/* Element i of buf as a double, for messages. */
-static double element(const void *buf, size_t i, tnt_dtype_t dt) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      return ((const float *)buf)[i];
-    case TNT_FLOAT64:
-      return ((const double *)buf)[i];
-    case TNT_FLOAT16:
-      return tnt__half_to_float(((const uint16_t *)buf)[i]);
-    case TNT_BFLOAT16:
-      return tnt__bfloat16_to_float(((const uint16_t *)buf)[i]);
-    case TNT_INT32:
-      return ((const int32_t *)buf)[i];
-    case TNT_INT64:
-      return (double)((const int64_t *)buf)[i];
-    default:
-      return 0;
-  }
+  return (double)((int64_t)((i * 131u + (size_t)r * 977u + (i >> 7) * 7u) % (size_t)span) -
+                  span / 2);
 }
 
 /* Counts: empty, tiny, primes, one slot exactly (float32, 4 KiB slots), and
@@ -285,13 +198,11 @@ static const char *const kAllgathervAlgos[] = {"shm", "ring"};
 static int check_allreduce(rank_ctx_t *rc, const tnt__algo_t *algo, const uint8_t *got,
                            const uint8_t *want, size_t count, tnt_dtype_t dt, tnt_op_t op,
                            int in_place) {
-  size_t esz = tnt_dtype_size(dt);
-  if (memcmp(got, want, count * esz) != 0) {
-    size_t i = 0;
-    while (memcmp(got + i * esz, want + i * esz, esz) == 0) i++;
+  size_t esz = tnt_dtype_size(dt), i;
+  if (td_count_diff(dt, got, want, count, &i) != 0) {
     note_error(rc, "allreduce %s %s %s count %zu%s: element %zu is %g, want %g", algo->name,
                tnt_dtype_name(dt), tnt_op_name(op), count, in_place ? " in place" : "", i,
-               element(got, i, dt), element(want, i, dt));
+               td_load(dt, got, i), td_load(dt, want, i));
     return 0;
   }
   for (size_t i = 0; i < 64; i++) {
@@ -320,11 +231,10 @@ static int allreduce_rank(rank_ctx_t *rc, tnt__comm_t *c) {
     ran++;
     for (int dt = 0; dt < TNT_DTYPE_COUNT; dt++) {
       size_t esz = tnt_dtype_size((tnt_dtype_t)dt);
-      fill_input(pristine, MAX_COUNT, (tnt_dtype_t)dt, c->rank);
+      td_fill((tnt_dtype_t)dt, pristine, MAX_COUNT, input_value, NULL, c->rank);
       for (int op = 0; op < TNT_OP_COUNT; op++) {
-        for (size_t i = 0; i < MAX_COUNT; i++) {
-          expected_value(want, i, (tnt_dtype_t)dt, (tnt_op_t)op, c->size);
-        }
+        td_expected_reduce((tnt_dtype_t)dt, (tnt_op_t)op, want, MAX_COUNT, input_value, NULL, NULL,
+                           c->size);
         for (size_t k = 0; k < NCOUNTS; k++) {
           size_t count = kCounts[k];
           /* The largest count for float32 only, where the fast kernels
@@ -396,7 +306,7 @@ static int agree_rank(rank_ctx_t *rc, tnt__comm_t *c) {
         FAIL_IF(in == NULL, "out of memory");
         for (size_t i = 0; i < count; i++) {
           double v = (double)((i * 7919u + (size_t)c->rank * 104729u) % 10007u) / 97.0 - 50.0;
-          store_value(in, i, (tnt_dtype_t)dt, v);
+          td_store((tnt_dtype_t)dt, in, i, v);
         }
         tnt__wait_ctx_t w = tnt__wait_ctx(TIMEOUT_S, "agreement test");
         tnt_status_t st = algo->fn.allreduce(c, in, mine, count, (tnt_dtype_t)dt, (tnt_op_t)op, &w);

@@ -30,6 +30,7 @@
 #include "core/log.h"
 #include "core/reduce.h"
 #include "tnt/tnt.h"
+#include "tnt_test_data.h"
 
 #define MAX_RANKS 8
 
@@ -57,58 +58,22 @@ typedef struct rank_arg {
 
 /* -------------------------------------------------------------- values */
 
-static int64_t value(int r, size_t i, int salt) {
-  return (int64_t)((i * 37u + (size_t)r * 11u + (size_t)salt * 5u) % 31u) - 15;
-}
-
-static void store(void *buf, size_t i, tnt_dtype_t dt, double v) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)v;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = v;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_half((float)v);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = tnt__float_to_bfloat16((float)v);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)v;
-      break;
-    case TNT_INT64:
-      ((int64_t *)buf)[i] = (int64_t)v;
-      break;
-    default:
-      break;
-  }
+/* Element i of rank r (a generator of tnt_test_data.h; `arg` is the salt):
+ * a small integer, so that every expected result is exact. */
+static double value(const void *arg, tnt_dtype_t dt, int r, size_t i) {
+  (void)dt;
+  int salt = *(const int *)arg;
+  return (double)((int64_t)((i * 37u + (size_t)r * 11u + (size_t)salt * 5u) % 31u) - 15);
 }
 
 static void fill(void *buf, size_t count, tnt_dtype_t dt, int r, int salt) {
-  for (size_t i = 0; i < count; i++) store(buf, i, dt, (double)value(r, i, salt));
+  td_fill(dt, buf, count, value, &salt, r);
 }
 
 /* The exact reduction over ranks 0..n-1 (or the listed ranks). */
 static void expect(void *buf, size_t count, tnt_dtype_t dt, tnt_op_t op, const int *ranks, int n,
                    int salt) {
-  for (size_t i = 0; i < count; i++) {
-    int64_t acc = value(ranks ? ranks[0] : 0, i, salt);
-    for (int k = 1; k < n; k++) {
-      int64_t v = value(ranks ? ranks[k] : k, i, salt);
-      acc = op == TNT_MIN ? (v < acc ? v : acc) : op == TNT_MAX ? (v > acc ? v : acc) : acc + v;
-    }
-    if (op != TNT_AVERAGE || n == 1) {
-      store(buf, i, dt, (double)acc);
-    } else if (dt == TNT_INT32 || dt == TNT_INT64) {
-      store(buf, i, dt, (double)(acc / n));
-    } else if (dt == TNT_FLOAT64) {
-      store(buf, i, dt, (double)acc / n);
-    } else {
-      store(buf, i, dt, (double)((float)acc / (float)n));
-    }
-  }
+  td_expected_reduce(dt, op, buf, count, value, &salt, ranks, n);
 }
 
 /* ---------------------------------------------------------- collectives */

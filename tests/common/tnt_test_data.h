@@ -1,0 +1,248 @@
+/*
+ * Test data for every Tarantella dtype, shared by the C tests: elements
+ * written and read as doubles, buffers filled from a generator, the exact
+ * expected result of a reduction, and the first element where two buffers
+ * differ.
+ *
+ * The float16 and bfloat16 conversions here are written without libtnt on
+ * purpose: the tests use them as an independent oracle for libtnt's own
+ * conversions and kernels, so a defect there cannot hide itself by also
+ * producing the expected values.
+ *
+ * Every function is static inline so that each program uses what it needs
+ * without unused-function warnings.
+ */
+#ifndef TNT_TESTS_COMMON_TNT_TEST_DATA_H
+#define TNT_TESTS_COMMON_TNT_TEST_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tnt/tnt.h"
+
+/* ------------------------------------------------------------ bits */
+
+static inline uint32_t td_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static inline float td_f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* ------------------------------------------------------------ halves */
+
+/* Rounds to the nearest float16, ties to even; NaN stays NaN and overflow
+ * gives infinity. */
+static inline uint16_t td_float_to_half(float f) {
+  uint32_t x = td_f32_bits(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xffu) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int e = (int)exp - 127 + 15;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000u;
+    int shift = 14 - e;
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = ((uint32_t)e << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) half++;
+  return (uint16_t)(sign | half);
+}
+
+static inline float td_half_to_float(uint16_t h) {
+  uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+  uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
+  uint32_t mant = (uint32_t)h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      int e = -1;
+      do {
+        e++;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  return td_f32_from_bits(x);
+}
+
+/* Rounds to the nearest bfloat16, ties to even; a NaN keeps a quiet bit so
+ * that rounding cannot turn it into infinity. */
+static inline uint16_t td_float_to_bf16(float f) {
+  uint32_t x = td_f32_bits(f);
+  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+static inline float td_bf16_to_float(uint16_t b) {
+  return td_f32_from_bits((uint32_t)b << 16);
+}
+
+/* ------------------------------------------------------------ elements */
+
+/* The size of one element, independently of tnt_dtype_size. */
+static inline size_t td_dsize(tnt_dtype_t dt) {
+  static const size_t sizes[TNT_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8};
+  return sizes[dt];
+}
+
+/* Stores `v` as element `i` of `buf` (converted to the dtype; integers are
+ * expected to be integral). */
+static inline void td_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
+  switch (dt) {
+    case TNT_FLOAT32:
+      ((float *)buf)[i] = (float)v;
+      break;
+    case TNT_FLOAT64:
+      ((double *)buf)[i] = v;
+      break;
+    case TNT_FLOAT16:
+      ((uint16_t *)buf)[i] = td_float_to_half((float)v);
+      break;
+    case TNT_BFLOAT16:
+      ((uint16_t *)buf)[i] = td_float_to_bf16((float)v);
+      break;
+    case TNT_INT32:
+      ((int32_t *)buf)[i] = (int32_t)v;
+      break;
+    case TNT_INT64:
+      ((int64_t *)buf)[i] = (int64_t)v;
+      break;
+    default:
+      break;
+  }
+}
+
+static inline double td_load(tnt_dtype_t dt, const void *buf, size_t i) {
+  switch (dt) {
+    case TNT_FLOAT32:
+      return ((const float *)buf)[i];
+    case TNT_FLOAT64:
+      return ((const double *)buf)[i];
+    case TNT_FLOAT16:
+      return td_half_to_float(((const uint16_t *)buf)[i]);
+    case TNT_BFLOAT16:
+      return td_bf16_to_float(((const uint16_t *)buf)[i]);
+    case TNT_INT32:
+      return ((const int32_t *)buf)[i];
+    case TNT_INT64:
+      return (double)((const int64_t *)buf)[i];
+    default:
+      return 0.0;
+  }
+}
+
+/*
+ * Stores the mean of the exact `sum` of `n` contributions as element `i`:
+ * one division, rounded once, in the dtype's precision for float32 and
+ * float64, in float for the half types (libtnt accumulates them in float),
+ * and with C integer division (truncation) for the integers.
+ */
+static inline void td_store_average(tnt_dtype_t dt, void *buf, size_t i, double sum, int n) {
+  switch (dt) {
+    case TNT_FLOAT32:
+      ((float *)buf)[i] = (float)sum / (float)n;
+      break;
+    case TNT_FLOAT64:
+      ((double *)buf)[i] = sum / (double)n;
+      break;
+    case TNT_FLOAT16:
+      ((uint16_t *)buf)[i] = td_float_to_half((float)sum / (float)n);
+      break;
+    case TNT_BFLOAT16:
+      ((uint16_t *)buf)[i] = td_float_to_bf16((float)sum / (float)n);
+      break;
+    case TNT_INT32:
+      ((int32_t *)buf)[i] = (int32_t)((int64_t)sum / n);
+      break;
+    case TNT_INT64:
+      ((int64_t *)buf)[i] = (int64_t)sum / n;
+      break;
+    default:
+      break;
+  }
+}
+
+/* ------------------------------------------------------------ generators */
+
+/* The value that contributor `rank` gives at element `i` of a dtype `dt`
+ * buffer; `arg` carries the generator's own parameters (a seed, a salt). */
+typedef double (*td_value_fn)(const void *arg, tnt_dtype_t dt, int rank, size_t i);
+
+/* Fills buf[0..count-1] with the contribution of `rank`. */
+static inline void td_fill(tnt_dtype_t dt, void *buf, size_t count, td_value_fn value,
+                           const void *arg, int rank) {
+  for (size_t i = 0; i < count; i++) td_store(dt, buf, i, value(arg, dt, rank, i));
+}
+
+/*
+ * The exact result of reducing `value` over the `n` contributors
+ * ranks[0..n-1] (NULL: 0..n-1) with `op`, stored into want[0..count-1].
+ * The generators give integers small enough that every combination is
+ * exact in a double, so only AVERAGE rounds (see td_store_average).
+ */
+static inline void td_expected_reduce(tnt_dtype_t dt, tnt_op_t op, void *want, size_t count,
+                                      td_value_fn value, const void *arg, const int *ranks, int n) {
+  for (size_t i = 0; i < count; i++) {
+    double acc = 0.0;
+    for (int k = 0; k < n; k++) {
+      double v = value(arg, dt, ranks != NULL ? ranks[k] : k, i);
+      if (k == 0) {
+        acc = v;
+      } else if (op == TNT_MIN) {
+        acc = v < acc ? v : acc;
+      } else if (op == TNT_MAX) {
+        acc = v > acc ? v : acc;
+      } else {
+        acc += v;
+      }
+    }
+    if (op == TNT_AVERAGE) {
+      td_store_average(dt, want, i, acc, n);
+    } else {
+      td_store(dt, want, i, acc);
+    }
+  }
+}
+
+/* ------------------------------------------------------------ comparison */
+
+/* Compares `count` elements bitwise. Returns how many differ and sets
+ * `*first` to the index of the first that does (`count` when none). */
+static inline size_t td_count_diff(tnt_dtype_t dt, const void *got, const void *want, size_t count,
+                                   size_t *first) {
+  size_t es = td_dsize(dt), ndiff = 0;
+  *first = count;
+  if (count == 0 || memcmp(got, want, count * es) == 0) return 0;
+  for (size_t i = 0; i < count; i++) {
+    if (memcmp((const uint8_t *)got + i * es, (const uint8_t *)want + i * es, es) != 0) {
+      if (*first == count) *first = i;
+      ndiff++;
+    }
+  }
+  return ndiff;
+}
+
+#endif
