@@ -60,6 +60,8 @@ def main():
     parser.add_argument("--train_size", type=int, default=60000,
                         help="use the first N training samples")
     parser.add_argument("--data_dir", default=DATA_DIR)
+    parser.add_argument("--save_weights", metavar="PATH",
+                        help="write the trained weights to PATH (.npz), from the master rank")
     args = parser.parse_args()
 
     tnt.init()  # Tarantella
@@ -79,6 +81,8 @@ def main():
     test_dataset = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(args.batch_size)
 
     model.fit(train_dataset, epochs=args.epochs, verbose=2)
+    if args.save_weights and tnt.is_master_rank():
+        np.savez(args.save_weights, *model.get_weights())
     loss, accuracy = model.evaluate(test_dataset, verbose=0)
     if tnt.is_master_rank():
         print(f"test loss {loss:.4f}, test accuracy {accuracy:.4f} "

@@ -3,7 +3,8 @@
 #   1. the release build: C unit tests, ranks-as-threads tests, MPI tests
 #   2. an AddressSanitizer + UndefinedBehaviorSanitizer build of the same
 #   3. a ThreadSanitizer build of the threaded engine tests
-#   4. the Python tests (pytest): the extension module, the TensorFlow ops,
+#   4. the launcher: its end-to-end tests (pytest) and its fuzz targets
+#   5. the Python tests (pytest): the extension module, the TensorFlow ops,
 #      and training on 1 to 4 ranks against serial Keras
 # Usage: tests/run_all.sh [BUILD_DIR]
 set -uo pipefail
@@ -61,6 +62,55 @@ if configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DTNT_SANITIZE=thread; th
 else
   echo "tarantella: the ThreadSanitizer build failed" >&2
   failed=$((failed + 1)); failed_suites+=("tsan build")
+fi
+
+echo "=== launcher ==="
+# The launcher's end-to-end tests (dry runs, bad input, real runs, a rank
+# killed mid-training, a simulated two-host cluster), then each libFuzzer
+# target for a bounded time; a fuzzer's finding counts as a failure.
+launcher_bin=$build/src/launcher/tarantella
+[[ $launcher_bin == /* ]] || launcher_bin=$PWD/$launcher_bin
+log=$(mktemp)
+TNT_LAUNCHER=$launcher_bin TF_CPP_MIN_LOG_LEVEL=2 "${PYTHON:-python3}" -m pytest -q tests/launcher \
+  2>&1 | tee "$log"
+line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1)
+p=$(grep -oE "[0-9]+ passed" <<<"$line" | grep -oE "[0-9]+" || true)
+f=0
+for n in $(grep -oE "[0-9]+ (failed|errors?)" <<<"$line" | grep -oE "[0-9]+" || true); do
+  f=$((f + n))
+done
+if [[ -z $line ]]; then
+  echo "tarantella: the launcher tests produced no summary" >&2
+  f=1
+fi
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-0}))
+((${f:-0} == 0)) || failed_suites+=("launcher")
+rm -f "$log"
+
+fuzz_seconds=${TNT_FUZZ_SECONDS:-30}
+if CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTNT_BUILD_TESTS=OFF \
+     -DTNT_BUILD_FUZZERS=ON >/dev/null &&
+   cmake --build build-fuzz -j "$jobs" --target fuzz_options fuzz_hostfile >/dev/null; then
+  for target in options hostfile; do
+    work=$(mktemp -d)
+    # New inputs go to a scratch corpus; the committed seeds stay as they are.
+    if build-fuzz/fuzz/fuzz_$target -max_total_time="$fuzz_seconds" -artifact_prefix="$work/" \
+         "$work" "fuzz/corpus/$target" >"$work.log" 2>&1; then
+      echo "fuzz_$target: $(grep -E "^#[0-9]+.*DONE" "$work.log" | tail -1)"
+      passed=$((passed + 1))
+    else
+      tail -40 "$work.log"
+      echo "tarantella: fuzz_$target found a problem; the input is in $work" >&2
+      failed=$((failed + 1))
+      failed_suites+=("fuzz_$target")
+    fi
+    rm -f "$work.log"
+  done
+else
+  echo "tarantella: the fuzz targets did not build (they need clang and libclang-rt-14-dev)" >&2
+  failed=$((failed + 1))
+  failed_suites+=("fuzz build")
 fi
 
 echo "=== python ==="

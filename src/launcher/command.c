@@ -34,8 +34,8 @@ static int env_set(tnt__strvec_t *env, const char *name, size_t name_len, const 
   return tnt__strvec_pushf(env, "%.*s=%s", (int)name_len, name, value);
 }
 
-static const char *env_lookup(char *const *environ, const char *name, size_t len) {
-  for (char *const *e = environ; e != NULL && *e != NULL; ++e) {
+static const char *env_lookup(char *const *envp, const char *name, size_t len) {
+  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
     if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
   }
   return NULL;
@@ -48,40 +48,48 @@ static int compare_strings(const void *a, const void *b) {
 /* The environment of the ranks, by the rules in the header. */
 static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *err,
                      size_t err_len) {
+  int rc = -1;
   const tnt__options_t *o = plan->opts;
-  for (char *const *e = plan->environ; e != NULL && *e != NULL; ++e) {
+  for (char *const *e = plan->envp; e != NULL && *e != NULL; ++e) {
     const char *eq = strchr(*e, '=');
     if (eq == NULL || !tnt__env_name_exported(*e, (size_t)(eq - *e))) continue;
     if (env_set(env, *e, (size_t)(eq - *e), eq + 1) != 0) goto nomem;
   }
-  if (o->log_level != NULL && env_set(env, "TNT_LOG_LEVEL", 13, o->log_level) != 0) goto nomem;
-  if (o->log_on_all_devices && env_set(env, "TNT_LOG_ON_ALL_DEVICES", 22, "true") != 0) {
-    goto nomem;
-  }
-  if (o->output_on_all_devices && env_set(env, "TNT_OUTPUT_ON_ALL_DEVICES", 25, "true") != 0) {
-    goto nomem;
-  }
-  if (o->fusion_threshold != NULL &&
-      env_set(env, "TNT_FUSION_THRESHOLD_KB", 23, o->fusion_threshold) != 0) {
-    goto nomem;
+  /* Each option that sets a variable, and the value it gives it. */
+  const struct {
+    const char *name;
+    const char *value;
+  } settings[] = {
+      {"TNT_LOG_LEVEL", o->log_level},
+      {"TNT_LOG_ON_ALL_DEVICES", o->log_on_all_devices ? "true" : NULL},
+      {"TNT_OUTPUT_ON_ALL_DEVICES", o->output_on_all_devices ? "true" : NULL},
+      {"TNT_FUSION_THRESHOLD_KB", o->fusion_threshold},
+  };
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; ++i) {
+    if (settings[i].value == NULL) continue;
+    if (env_set(env, settings[i].name, strlen(settings[i].name), settings[i].value) != 0) {
+      goto nomem;
+    }
   }
   for (int i = 0; i < o->num_env; ++i) {
     const char *arg = o->env[i];
     const char *eq = strchr(arg, '=');
     size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
-    const char *value = eq != NULL ? eq + 1 : env_lookup(plan->environ, arg, len);
+    const char *value = eq != NULL ? eq + 1 : env_lookup(plan->envp, arg, len);
     if (value == NULL) {
       tnt__errorf(err, err_len, "-x %s: %s is not set here; give its value with -x %s=VALUE", arg,
-               arg, arg);
-      return -1;
+                  arg, arg);
+      goto out;
     }
     if (env_set(env, arg, len, value) != 0) goto nomem;
   }
   if (env->count > 0) qsort(env->items, env->count, sizeof *env->items, compare_strings);
-  return 0;
+  rc = 0;
+  goto out;
 nomem:
   tnt__errorf(err, err_len, "out of memory");
-  return -1;
+out:
+  return rc;
 }
 
 /* The host list in the syntax both launchers accept: a:N,b:N. */
@@ -151,8 +159,8 @@ static int push_open_mpi(const tnt__launch_plan_t *plan, const tnt__strvec_t *en
   return rc;
 }
 
-static int push_mpich(const tnt__launch_plan_t *plan, const tnt__strvec_t *env,
-                      const char *hosts, tnt__strvec_t *a) {
+static int push_mpich(const tnt__launch_plan_t *plan, const tnt__strvec_t *env, const char *hosts,
+                      tnt__strvec_t *a) {
   int rc = 0;
   rc |= tnt__strvec_push(a, plan->mpirun);
   rc |= tnt__strvec_push(a, "-n");
@@ -186,9 +194,8 @@ int tnt__command_build(const tnt__launch_plan_t *plan, tnt__command_t *cmd, char
     hosts = host_list(plan);
     if (hosts == NULL) goto nomem;
   }
-  int failed = plan->flavor == TNT__MPI_OPEN_MPI
-                   ? push_open_mpi(plan, &cmd->env, hosts, &cmd->argv)
-                   : push_mpich(plan, &cmd->env, hosts, &cmd->argv);
+  int failed = plan->flavor == TNT__MPI_OPEN_MPI ? push_open_mpi(plan, &cmd->env, hosts, &cmd->argv)
+                                                 : push_mpich(plan, &cmd->env, hosts, &cmd->argv);
   if (failed || push_rank_command(plan, &cmd->argv) != 0) goto nomem;
   rc = 0;
   goto out;
@@ -214,9 +221,11 @@ static int print_word(const char *word, FILE *out) {
     rc = fputs(small, out) < 0 ? -1 : 0;
   } else {
     char *big = malloc(need + 1);
-    if (big == NULL) return -1;
-    tnt__shell_quote(word, big, need + 1);
-    rc = fputs(big, out) < 0 ? -1 : 0;
+    rc = -1;
+    if (big != NULL) {
+      tnt__shell_quote(word, big, need + 1);
+      rc = fputs(big, out) < 0 ? -1 : 0;
+    }
     free(big);
   }
   return rc;

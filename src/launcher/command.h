@@ -34,7 +34,7 @@ typedef struct {
   const char *gpus;             /* comma-separated GPUs for local ranks; NULL for CPU ranks */
   const char *interpreter;      /* Python for a script; NULL for an executable */
   const char *program;          /* the program, as the ranks will start it */
-  char *const *environ;         /* the launcher's environment */
+  char *const *envp;            /* the launcher's environment */
 } tnt__launch_plan_t;
 
 typedef struct {

@@ -53,8 +53,9 @@ int main(int argc, char *argv[]) {
     goto out;
   }
   if (parsed != TNT__PARSE_RUN) {
-    fprintf(stderr, "tarantella: error: %s\nUsage: tarantella [options] -- PROGRAM [ARGS...] "
-                    "(see tarantella --help)\n",
+    fprintf(stderr,
+            "tarantella: error: %s\nUsage: tarantella [options] -- PROGRAM [ARGS...] "
+            "(see tarantella --help)\n",
             err);
     goto out;
   }

@@ -199,15 +199,14 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
   switch (spec->id) {
     case OPT_NRANKS:
       if (parse_count(value, &o->nranks) != 0) {
-        set_error(err, err_len, "%s needs a positive whole number of ranks, not '%s'", arg,
-                  value);
+        set_error(err, err_len, "%s needs a positive whole number of ranks, not '%s'", arg, value);
         return -1;
       }
       return 0;
     case OPT_N_PER_NODE:
       if (parse_count(value, &o->n_per_node) != 0) {
-        set_error(err, err_len, "%s needs a positive whole number of ranks per host, not '%s'",
-                  arg, value);
+        set_error(err, err_len, "%s needs a positive whole number of ranks per host, not '%s'", arg,
+                  value);
         return -1;
       }
       return 0;
@@ -221,8 +220,7 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
     case OPT_LOG_LEVEL:
       o->log_level = canonical_log_level(value);
       if (o->log_level == NULL) {
-        set_error(err, err_len, "%s must be DEBUG, INFO, WARNING or ERROR, not '%s'", arg,
-                  value);
+        set_error(err, err_len, "%s must be DEBUG, INFO, WARNING or ERROR, not '%s'", arg, value);
         return -1;
       }
       return 0;
@@ -336,8 +334,7 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
     if (apply_option(opts, spec, arg, value, err, err_len) != 0) goto out;
   }
   if (i >= argc) {
-    set_error(err, err_len,
-              "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");
+    set_error(err, err_len, "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");
     goto out;
   }
   if (i + 1 >= argc) {

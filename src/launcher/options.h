@@ -18,23 +18,23 @@ typedef enum {
 } tnt__parse_result_t;
 
 typedef struct {
-  int nranks;                 /* -n / -np; 0 when not given */
-  int n_per_node;             /* --n-per-node and its aliases; 0 when not given */
-  const char *hostfile;       /* --hostfile; NULL for a run on this host only */
-  int no_gpu;                 /* --no-gpu */
-  const char *log_level;      /* --log-level, upper case (a static string); NULL if not given */
-  int log_on_all_devices;     /* --log-on-all-devices */
-  int output_on_all_devices;  /* --output-on-all-devices */
+  int nranks;                   /* -n / -np; 0 when not given */
+  int n_per_node;               /* --n-per-node and its aliases; 0 when not given */
+  const char *hostfile;         /* --hostfile; NULL for a run on this host only */
+  int no_gpu;                   /* --no-gpu */
+  const char *log_level;        /* --log-level, upper case (a static string); NULL if not given */
+  int log_on_all_devices;       /* --log-on-all-devices */
+  int output_on_all_devices;    /* --output-on-all-devices */
   const char *fusion_threshold; /* --fusion-threshold as given (validated); NULL if not given */
-  double fusion_threshold_kb; /* its value */
-  int pin_to_socket;          /* --pin-to-socket (implied by --pin-memory-to-socket) */
-  int pin_memory_to_socket;   /* --pin-memory-to-socket */
-  const char *python;         /* --python-interpreter; NULL for the default */
-  const char *run_dir;        /* --run-dir; NULL for the default */
-  int dry_run;                /* --dry-run */
-  const char **env;           /* -x arguments, "NAME=VALUE" or "NAME"; owned by the options */
+  double fusion_threshold_kb;   /* its value */
+  int pin_to_socket;            /* --pin-to-socket (implied by --pin-memory-to-socket) */
+  int pin_memory_to_socket;     /* --pin-memory-to-socket */
+  const char *python;           /* --python-interpreter; NULL for the default */
+  const char *run_dir;          /* --run-dir; NULL for the default */
+  int dry_run;                  /* --dry-run */
+  const char **env;             /* -x arguments, "NAME=VALUE" or "NAME"; owned by the options */
   int num_env;
-  char *const *program_argv;  /* PROGRAM and its arguments (points into argv) */
+  char *const *program_argv; /* PROGRAM and its arguments (points into argv) */
   int program_argc;
 } tnt__options_t;
 

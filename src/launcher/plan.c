@@ -17,9 +17,9 @@
 /* Seconds a tool asked for its version or an interpreter probe may take. */
 #define TNT__PROBE_TIMEOUT_S 20
 
-static const char *env_get(char *const *environ, const char *name) {
+static const char *env_get(char *const *envp, const char *name) {
   size_t len = strlen(name);
-  for (char *const *e = environ; e != NULL && *e != NULL; ++e) {
+  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
     if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
   }
   return NULL;
@@ -44,7 +44,7 @@ static int has_python_shebang(const char *path) {
 
 /* Decides how PROGRAM runs: a Python script through the interpreter, or
  * an executable found as given or on PATH. Sets *is_python. */
-static int resolve_program(const char *name, char *const *environ, tnt__plan_storage_t *ps,
+static int resolve_program(const char *name, char *const *envp, tnt__plan_storage_t *ps,
                            int *is_python, char *err, size_t err_len) {
   struct stat st;
   *is_python = 0;
@@ -60,17 +60,17 @@ static int resolve_program(const char *name, char *const *environ, tnt__plan_sto
     *is_python = ends_with(name, ".py") || has_python_shebang(name);
     if (!*is_python && access(name, X_OK) != 0) {
       tnt__errorf(err, err_len,
-               "program '%s' is not executable (chmod +x it, or name its interpreter before it)",
-               name);
+                  "program '%s' is not executable (chmod +x it, or name its interpreter before it)",
+                  name);
       return -1;
     }
     snprintf(ps->program, sizeof ps->program, "%s", name);
     return 0;
   }
-  if (tnt__which(name, env_get(environ, "PATH"), ps->program, sizeof ps->program) != 0) {
+  if (tnt__which(name, env_get(envp, "PATH"), ps->program, sizeof ps->program) != 0) {
     tnt__errorf(err, err_len,
-             "program '%s' not found on PATH (for a file in this directory, write ./%s)", name,
-             name);
+                "program '%s' not found on PATH (for a file in this directory, write ./%s)", name,
+                name);
     return -1;
   }
   *is_python = has_python_shebang(ps->program);
@@ -93,9 +93,9 @@ static int probe_python(const char *python, char *real, size_t len) {
   return st == 0;
 }
 
-static int resolve_interpreter(const tnt__options_t *opts, char *const *environ,
+static int resolve_interpreter(const tnt__options_t *opts, char *const *envp,
                                tnt__plan_storage_t *ps, char *err, size_t err_len) {
-  const char *path = env_get(environ, "PATH");
+  const char *path = env_get(envp, "PATH");
   if (opts->python != NULL) {
     if (tnt__which(opts->python, path, ps->interpreter, sizeof ps->interpreter) != 0) {
       tnt__errorf(err, err_len, "--python-interpreter '%s': no such executable", opts->python);
@@ -145,10 +145,9 @@ static int detect_flavor(const char *mpirun, tnt__mpi_flavor_t *flavor) {
   return -1;
 }
 
-static int resolve_mpi(char *const *environ, tnt__plan_storage_t *ps, char *err,
-                       size_t err_len) {
-  const char *path = env_get(environ, "PATH");
-  const char *forced = env_get(environ, "TNT_MPIRUN");
+static int resolve_mpi(char *const *envp, tnt__plan_storage_t *ps, char *err, size_t err_len) {
+  const char *path = env_get(envp, "PATH");
+  const char *forced = env_get(envp, "TNT_MPIRUN");
   if (forced != NULL && *forced != '\0') {
     if (tnt__which(forced, path, ps->mpirun, sizeof ps->mpirun) != 0) {
       tnt__errorf(err, err_len, "TNT_MPIRUN=%s: no such executable", forced);
@@ -156,9 +155,9 @@ static int resolve_mpi(char *const *environ, tnt__plan_storage_t *ps, char *err,
     }
     if (detect_flavor(ps->mpirun, &ps->plan.flavor) != 0) {
       tnt__errorf(err, err_len,
-               "TNT_MPIRUN=%s is neither Open MPI's mpirun nor MPICH's mpiexec (judging by "
-               "its --version)",
-               forced);
+                  "TNT_MPIRUN=%s is neither Open MPI's mpirun nor MPICH's mpiexec (judging by "
+                  "its --version)",
+                  forced);
       return -1;
     }
     return 0;
@@ -169,8 +168,8 @@ static int resolve_mpi(char *const *environ, tnt__plan_storage_t *ps, char *err,
     if (detect_flavor(ps->mpirun, &ps->plan.flavor) == 0) return 0;
   }
   tnt__errorf(err, err_len,
-           "no MPI launcher found: install Open MPI (mpirun) or MPICH (mpiexec), or name one "
-           "with TNT_MPIRUN");
+              "no MPI launcher found: install Open MPI (mpirun) or MPICH (mpiexec), or name one "
+              "with TNT_MPIRUN");
   return -1;
 }
 
@@ -193,15 +192,14 @@ static int load_hosts(const tnt__options_t *opts, tnt__plan_storage_t *ps, char 
 }
 
 /* Decides the number of ranks and whether they use GPUs. */
-static int decide_ranks(const tnt__options_t *opts, char *const *environ,
-                        tnt__plan_storage_t *ps, char *err, size_t err_len) {
+static int decide_ranks(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
+                        char *err, size_t err_len) {
   tnt__launch_plan_t *p = &ps->plan;
-  const char *root = env_get(environ, "TNT_SYS_ROOT");
+  const char *root = env_get(envp, "TNT_SYS_ROOT");
   if (root == NULL) root = "";
   int gpus = 0;
   if (!opts->no_gpu) {
-    gpus = tnt__gpus_detect(root, env_get(environ, "CUDA_VISIBLE_DEVICES"), ps->gpus,
-                            sizeof ps->gpus);
+    gpus = tnt__gpus_detect(root, env_get(envp, "CUDA_VISIBLE_DEVICES"), ps->gpus, sizeof ps->gpus);
     if (gpus < 0) gpus = 0;
   }
   int hosts = opts->hostfile != NULL ? ps->hosts.count : 1;
@@ -213,9 +211,9 @@ static int decide_ranks(const tnt__options_t *opts, char *const *environ,
   } else if (opts->nranks > 0) {
     if (opts->nranks % hosts != 0) {
       tnt__errorf(err, err_len,
-               "-n %d does not split evenly over the %d hosts of the hostfile; give a multiple "
-               "of %d, or --n-per-node",
-               opts->nranks, hosts, hosts);
+                  "-n %d does not split evenly over the %d hosts of the hostfile; give a multiple "
+                  "of %d, or --n-per-node",
+                  opts->nranks, hosts, hosts);
       return -1;
     }
     p->per_host = opts->nranks / hosts;
@@ -227,8 +225,8 @@ static int decide_ranks(const tnt__options_t *opts, char *const *environ,
   const char *where = hosts > 1 ? "per host" : "on this host";
   if (!opts->no_gpu && gpus == 0 && !explicit_count) {
     fprintf(stderr,
-            "tarantella: warning: no GPU found: running 1 rank %s on the CPU (--no-gpu "
-            "silences this)\n",
+            "tarantella: warning: no GPU found: starting 1 CPU rank %s (--no-gpu silences "
+            "this)\n",
             where);
   } else if (!opts->no_gpu && gpus > 0 && p->per_host > gpus) {
     fprintf(stderr,
@@ -241,22 +239,22 @@ static int decide_ranks(const tnt__options_t *opts, char *const *environ,
     int nodes = tnt__numa_node_count(root);
     if (nodes < p->per_host) {
       tnt__errorf(err, err_len,
-               "--pin-to-socket needs a NUMA node for each rank of a host, but this host has %d "
-               "NUMA node(s) for %d ranks per host; run fewer ranks per host or drop the option",
-               nodes, p->per_host);
+                  "--pin-to-socket needs a NUMA node for each rank of a host, but this host has %d "
+                  "NUMA node(s) for %d ranks per host; run fewer ranks per host or drop the option",
+                  nodes, p->per_host);
       return -1;
     }
   }
   return 0;
 }
 
-static int decide_dirs(const tnt__options_t *opts, char *const *environ,
-                       tnt__plan_storage_t *ps, char *err, size_t err_len) {
+static int decide_dirs(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
+                       char *err, size_t err_len) {
   if (getcwd(ps->workdir, sizeof ps->workdir) == NULL) {
     tnt__errorf(err, err_len, "cannot tell the working directory: %s", strerror(errno));
     return -1;
   }
-  const char *dir = opts->run_dir != NULL ? opts->run_dir : env_get(environ, "TNT_RUN_DIR");
+  const char *dir = opts->run_dir != NULL ? opts->run_dir : env_get(envp, "TNT_RUN_DIR");
   char name[128];
   if (dir == NULL || *dir == '\0') {
     time_t now = time(NULL);
@@ -275,22 +273,22 @@ static int decide_dirs(const tnt__options_t *opts, char *const *environ,
   return 0;
 }
 
-int tnt__plan_make(const tnt__options_t *opts, char *const *environ, tnt__plan_storage_t *ps,
+int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
                    char *err, size_t err_len) {
   int rc = -1;
   memset(ps, 0, sizeof *ps);
   tnt__launch_plan_t *p = &ps->plan;
   p->opts = opts;
-  p->environ = environ;
+  p->envp = envp;
   int is_python = 0;
-  if (resolve_program(opts->program_argv[0], environ, ps, &is_python, err, err_len) != 0) {
+  if (resolve_program(opts->program_argv[0], envp, ps, &is_python, err, err_len) != 0) {
     goto out;
   }
-  if (is_python && resolve_interpreter(opts, environ, ps, err, err_len) != 0) goto out;
+  if (is_python && resolve_interpreter(opts, envp, ps, err, err_len) != 0) goto out;
   if (opts->hostfile != NULL && load_hosts(opts, ps, err, err_len) != 0) goto out;
-  if (decide_ranks(opts, environ, ps, err, err_len) != 0) goto out;
-  if (decide_dirs(opts, environ, ps, err, err_len) != 0) goto out;
-  if (resolve_mpi(environ, ps, err, err_len) != 0) goto out;
+  if (decide_ranks(opts, envp, ps, err, err_len) != 0) goto out;
+  if (decide_dirs(opts, envp, ps, err, err_len) != 0) goto out;
+  if (resolve_mpi(envp, ps, err, err_len) != 0) goto out;
   ssize_t n = readlink("/proc/self/exe", ps->self, sizeof ps->self - 1);
   if (n <= 0) {
     tnt__errorf(err, err_len, "cannot find the tarantella executable: %s", strerror(errno));

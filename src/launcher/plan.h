@@ -30,7 +30,7 @@ typedef struct {
  * stderr. Returns 0, or -1 with a message in err. Release ps with
  * tnt__plan_free either way.
  */
-int tnt__plan_make(const tnt__options_t *opts, char *const *environ, tnt__plan_storage_t *ps,
+int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
                    char *err, size_t err_len);
 
 void tnt__plan_free(tnt__plan_storage_t *ps);

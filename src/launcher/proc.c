@@ -95,10 +95,8 @@ int tnt__which(const char *name, const char *path, char *out, size_t len) {
     size_t n = strcspn(p, ":");
     char candidate[4096];
     /* An empty PATH entry means the current directory. */
-    int w = snprintf(candidate, sizeof candidate, "%.*s/%s", (int)(n ? n : 1), n ? p : ".",
-                     name);
-    if (w > 0 && (size_t)w < sizeof candidate && is_executable_file(candidate) &&
-        (size_t)w < len) {
+    int w = snprintf(candidate, sizeof candidate, "%.*s/%s", (int)(n ? n : 1), n ? p : ".", name);
+    if (w > 0 && (size_t)w < sizeof candidate && is_executable_file(candidate) && (size_t)w < len) {
       strcpy(out, candidate);
       return 0;
     }

@@ -35,7 +35,8 @@
 /* Seconds to keep reading output after the program ended: a process it
  * started may hold the pipes open, and must not keep the rank alive. */
 #define TNT__RANK_DRAIN_S 2.0
-/* Longest stderr line kept for the filter of library messages. */
+/* Most output held back while a line is incomplete; a longer line is
+ * passed on in pieces. */
 #define TNT__LINE_MAX 4096
 /* The set_mempolicy mode that restricts allocations to the given nodes. */
 #define TNT__MPOL_BIND 2
@@ -69,7 +70,7 @@ int tnt__rank_options_parse(int argc, char *const argv[], tnt__rank_options_t *o
   }
   if (o->run_dir == NULL || !have_devices || i + 1 >= argc) {
     tnt__errorf(err, err_len,
-             "rank mode needs --run-dir DIR, --gpus LIST or --cpu, then -- PROGRAM");
+                "rank mode needs --run-dir DIR, --gpus LIST or --cpu, then -- PROGRAM");
     return -1;
   }
   o->program_argv = &argv[i + 1];
@@ -117,41 +118,70 @@ static int write_all(int fd, const char *buf, size_t len) {
   return 0;
 }
 
-/* Everything the copying loop needs. */
+/* What of one output stream of the program reaches the terminal. Output
+ * is passed on in whole lines (or up to a '\r', for progress bars), so that
+ * lines of ranks that share a terminal never run into each other; a partial
+ * line is passed on once the program has been quiet for a moment. */
+typedef struct {
+  int fd;     /* the wrapper's own stdout or stderr */
+  int shown;  /* anything of this stream reaches the terminal */
+  int filter; /* only library messages ("[tnt r/n] LEVEL: ...") do */
+  int ok;     /* 0 once a write failed (the reader is gone) */
+  int keep;   /* the current line is passed on */
+  size_t col; /* characters of the current line so far */
+  char head[5];
+  char buf[TNT__LINE_MAX];
+  size_t len;
+} stream_t;
+
 typedef struct {
   int log_fd;
-  int show_all;       /* copy everything to the terminal */
-  int terminal_ok[3]; /* 0 once a write to fd 1 or 2 failed (the reader is gone) */
-  char line[TNT__LINE_MAX];
-  size_t line_len;
-  int line_shown; /* the current stderr line is a library message */
+  stream_t out, err;
 } output_t;
 
-static void to_terminal(output_t *out, int fd, const char *buf, size_t len) {
-  if (out->terminal_ok[fd] && write_all(fd, buf, len) != 0) out->terminal_ok[fd] = 0;
+static void stream_init(stream_t *s, int fd, int shown, int filter) {
+  memset(s, 0, sizeof *s);
+  s->fd = fd;
+  s->shown = shown;
+  s->filter = filter;
+  s->ok = 1;
+  s->keep = !filter;
 }
 
-/* On ranks other than 0, stderr reaches the terminal only for library
- * messages ("[tnt r/n] LEVEL: ..."): the library already decides, by
- * --log-level and --log-on-all-devices, which of them every rank prints. */
-static void filter_stderr(output_t *out, const char *buf, size_t len) {
-  for (size_t i = 0; i < len; ++i) {
-    char c = buf[i];
-    if (out->line_len < sizeof out->line) out->line[out->line_len] = c;
-    out->line_len++;
-    if (out->line_len == 5) out->line_shown = strncmp(out->line, "[tnt ", 5) == 0;
-    if (c != '\n') continue;
-    if (out->line_shown) {
-      size_t n = out->line_len < sizeof out->line ? out->line_len : sizeof out->line;
-      to_terminal(out, STDERR_FILENO, out->line, n);
+static void stream_flush(stream_t *s) {
+  if (s->len > 0 && s->shown && s->ok && s->keep && write_all(s->fd, s->buf, s->len) != 0) {
+    s->ok = 0;
+  }
+  s->len = 0;
+}
+
+/* Passes on a partial line after a quiet moment, once it is known whether
+ * it is a library message. */
+static void stream_idle(stream_t *s) {
+  if (!s->filter || s->col >= sizeof s->head) stream_flush(s);
+}
+
+static void stream_put(stream_t *s, const char *data, size_t n) {
+  if (!s->shown) return;
+  for (size_t i = 0; i < n; ++i) {
+    char c = data[i];
+    if (s->col < sizeof s->head) s->head[s->col] = c;
+    s->col++;
+    /* On ranks other than 0, stderr reaches the terminal only for library
+     * messages: the library already decides, by --log-level and
+     * --log-on-all-devices, which of them every rank prints. */
+    if (s->filter && s->col == sizeof s->head) s->keep = memcmp(s->head, "[tnt ", 5) == 0;
+    s->buf[s->len++] = c;
+    if (c == '\n' || c == '\r' || s->len == sizeof s->buf) stream_flush(s);
+    if (c == '\n') {
+      s->col = 0;
+      s->keep = !s->filter;
     }
-    out->line_len = 0;
-    out->line_shown = 0;
   }
 }
 
 /* Copies what one pipe has. Returns 0 at end of file, 1 otherwise. */
-static int copy_output(output_t *out, int fd, int target) {
+static int copy_output(output_t *out, int fd, stream_t *s) {
   char buf[65536];
   ssize_t n = read(fd, buf, sizeof buf);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return 1;
@@ -159,11 +189,7 @@ static int copy_output(output_t *out, int fd, int target) {
   /* The log is the complete record; a failed write there cannot be helped
    * and must not stop the program. */
   (void)write_all(out->log_fd, buf, (size_t)n);
-  if (out->show_all) {
-    to_terminal(out, target, buf, (size_t)n);
-  } else if (target == STDERR_FILENO) {
-    filter_stderr(out, buf, (size_t)n);
-  }
+  stream_put(s, buf, (size_t)n);
   return 1;
 }
 
@@ -173,14 +199,14 @@ static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t
   cpu_set_t cpus;
   if (tnt__numa_node_cpus(root, node, &cpus) != 0) {
     tnt__errorf(err, err_len,
-             "--pin-to-socket: this host has no NUMA node %d for local rank %d (found %d "
-             "node(s))",
-             node, node, tnt__numa_node_count(root));
+                "--pin-to-socket: this host has no NUMA node %d for local rank %d (found %d "
+                "node(s))",
+                node, node, tnt__numa_node_count(root));
     return -1;
   }
   if (sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
     tnt__errorf(err, err_len, "--pin-to-socket: cannot bind to the CPUs of NUMA node %d: %s", node,
-             strerror(errno));
+                strerror(errno));
     return -1;
   }
   if (o->pin_memory_to_socket) {
@@ -194,7 +220,7 @@ static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t
      * program allocates only on its node (what numactl --membind does). */
     if (syscall(SYS_set_mempolicy, TNT__MPOL_BIND, mask, sizeof mask * 8 + 1) != 0) {
       tnt__errorf(err, err_len, "--pin-memory-to-socket: cannot bind memory to NUMA node %d: %s",
-               node, strerror(errno));
+                  node, strerror(errno));
       return -1;
     }
   }
@@ -251,6 +277,9 @@ static int supervise(const tnt__rank_options_t *o, output_t *out, tnt__rank_stat
   close(err_pipe[1]);
   out_pipe[1] = err_pipe[1] = -1;
   status->pid = child;
+  /* Now the status names the program's process, which is what a person
+   * looking for a rank wants to see (and to signal). */
+  tnt__status_write(o->run_dir, status);
 
   int open_out = 1, open_err = 1, child_done = 0;
   double kill_at = 0, drain_until = 0;
@@ -266,9 +295,13 @@ static int supervise(const tnt__rank_options_t *o, output_t *out, tnt__rank_stat
                           {.fd = sig_fd, .events = POLLIN}};
     int r = poll(p, 3, 200);
     if (r < 0 && errno != EINTR) break;
+    if (r == 0) {
+      stream_idle(&out->out);
+      stream_idle(&out->err);
+    }
     if (r <= 0) continue;
-    if (p[0].revents) open_out = copy_output(out, out_pipe[0], STDOUT_FILENO);
-    if (p[1].revents) open_err = copy_output(out, err_pipe[0], STDERR_FILENO);
+    if (p[0].revents) open_out = copy_output(out, out_pipe[0], &out->out);
+    if (p[1].revents) open_err = copy_output(out, err_pipe[0], &out->err);
     if (!p[2].revents) continue;
     struct signalfd_siginfo si;
     while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
@@ -296,10 +329,8 @@ static int supervise(const tnt__rank_options_t *o, output_t *out, tnt__rank_stat
 out:
   /* Processes the program started in its group go with it. */
   if (child > 0) kill(-child, SIGKILL);
-  if (out->line_len > 0 && out->line_shown) {
-    size_t n = out->line_len < sizeof out->line ? out->line_len : sizeof out->line;
-    to_terminal(out, STDERR_FILENO, out->line, n);
-  }
+  stream_flush(&out->out);
+  stream_flush(&out->err);
   for (int i = 0; i < 2; ++i) {
     if (out_pipe[i] >= 0) close(out_pipe[i]);
     if (err_pipe[i] >= 0) close(err_pipe[i]);
@@ -312,19 +343,20 @@ int tnt__rank_main(int argc, char *argv[]) {
   int exit_code = 1;
   char err[1024] = "";
   tnt__rank_options_t o;
-  output_t out = {.log_fd = -1, .terminal_ok = {0, 1, 1}};
+  output_t out = {.log_fd = -1};
+  stream_init(&out.out, STDOUT_FILENO, 0, 0);
+  stream_init(&out.err, STDERR_FILENO, 0, 0);
   tnt__rank_status_t status;
   memset(&status, 0, sizeof status);
   if (tnt__rank_options_parse(argc, argv, &o, err, sizeof err) != 0) goto out;
 
-  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
-                                          NULL};
+  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", NULL};
   static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                            "PMI_LOCAL_RANK", NULL};
   int rank = env_int(rank_vars, 0);
   int local_rank = env_int(local_vars, 0);
   status.rank = rank;
-  status.pid = getpid();
+  status.wrapper_pid = getpid();
   if (gethostname(status.host, sizeof status.host - 1) != 0) strcpy(status.host, "?");
 
   /* The rank ends when its MPI launcher or daemon does. */
@@ -334,7 +366,7 @@ int tnt__rank_main(int argc, char *argv[]) {
 
   if (tnt__mkdirs(o.run_dir) != 0) {
     tnt__errorf(err, sizeof err, "cannot create the run directory %s: %s", o.run_dir,
-             strerror(errno));
+                strerror(errno));
     goto out;
   }
   char log_path[4200];
@@ -344,7 +376,9 @@ int tnt__rank_main(int argc, char *argv[]) {
     tnt__errorf(err, sizeof err, "cannot write %s: %s", log_path, strerror(errno));
     goto out;
   }
-  out.show_all = rank == 0 || o.output_on_all_devices;
+  int show_all = rank == 0 || o.output_on_all_devices;
+  stream_init(&out.out, STDOUT_FILENO, show_all, 0);
+  stream_init(&out.err, STDERR_FILENO, 1, !show_all);
 
   /* Each rank sees only its own GPU, so that TensorFlow in every rank
    * uses device 0 and the ranks of a host never share one. A CPU rank
@@ -359,7 +393,7 @@ int tnt__rank_main(int argc, char *argv[]) {
 
   if (tnt__status_write(o.run_dir, &status) != 0) {
     tnt__errorf(err, sizeof err, "cannot write the status of rank %d in %s: %s", rank, o.run_dir,
-             strerror(errno));
+                strerror(errno));
     goto out;
   }
   if (supervise(&o, &out, &status, err, sizeof err) != 0) goto out;

@@ -51,8 +51,7 @@ static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t laun
   sigprocmask(SIG_SETMASK, mask, NULL);
   for (size_t i = 0; i < cmd->env.count; ++i) putenv(cmd->env.items[i]);
   execv(cmd->argv.items[0], cmd->argv.items);
-  dprintf(STDERR_FILENO, "tarantella: cannot run %s: %s\n", cmd->argv.items[0],
-          strerror(errno));
+  dprintf(STDERR_FILENO, "tarantella: cannot run %s: %s\n", cmd->argv.items[0], strerror(errno));
   _exit(127);
 }
 
@@ -161,38 +160,31 @@ static void print_log_tail(const char *path) {
   free(text);
 }
 
-/* Says what happened and returns the launcher's exit status. */
-static int report(const tnt__launch_plan_t *plan, int mpi_status, int interrupted) {
-  tnt__rank_status_t first;
-  int failed_rank = first_failure(plan, &first);
-  if (interrupted) {
-    fprintf(stderr, "tarantella: interrupted (%s); every rank was ended\n",
-            strsignal(interrupted));
-    return 128 + interrupted;
+/* Names the first rank that failed, the ranks that failed after it, and
+ * shows the end of the first one's log. Returns the launcher's status. */
+static int report_failure(const tnt__launch_plan_t *plan, int failed_rank,
+                          const tnt__rank_status_t *first) {
+  char how[256], log_path[4200];
+  tnt__status_describe(first, how, sizeof how);
+  snprintf(log_path, sizeof log_path, "%s/rank%d.log", plan->run_dir, failed_rank);
+  fprintf(stderr, "tarantella: error: rank %d on host %s failed: it %s; its log: %s\n", failed_rank,
+          first->host, how, log_path);
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (r == failed_rank || tnt__status_read(plan->run_dir, r, &s) != 0) continue;
+    if (!tnt__status_failed(&s) || s.ended_by_request) continue;
+    tnt__status_describe(&s, how, sizeof how);
+    fprintf(stderr, "tarantella: then rank %d on host %s %s (log: %s/rank%d.log)\n", r, s.host, how,
+            plan->run_dir, r);
   }
-  if (failed_rank >= 0) {
-    char how[256], log_path[4200];
-    tnt__status_describe(&first, how, sizeof how);
-    snprintf(log_path, sizeof log_path, "%s/rank%d.log", plan->run_dir, failed_rank);
-    fprintf(stderr, "tarantella: error: rank %d on host %s failed: it %s; its log: %s\n",
-            failed_rank, first.host, how, log_path);
-    int others = 0;
-    for (int r = 0; r < plan->total; ++r) {
-      tnt__rank_status_t s;
-      if (r == failed_rank || tnt__status_read(plan->run_dir, r, &s) != 0) continue;
-      if (!tnt__status_failed(&s) || s.ended_by_request) continue;
-      tnt__status_describe(&s, how, sizeof how);
-      fprintf(stderr, "tarantella: then rank %d on host %s %s (log: %s/rank%d.log)\n", r, s.host,
-              how, plan->run_dir, r);
-      ++others;
-    }
-    print_log_tail(log_path);
-    if (first.signal != 0) return 128 + first.signal;
-    return first.exit_code > 0 && first.exit_code < 256 ? first.exit_code : 1;
-  }
-  if (mpi_status == 0) return 0;
-  /* No rank reports a failure of its own: some rank never reported, or
-   * the MPI launcher itself failed. */
+  print_log_tail(log_path);
+  if (first->signal != 0) return 128 + first->signal;
+  return first->exit_code > 0 && first->exit_code < 256 ? first->exit_code : 1;
+}
+
+/* When no rank reports a failure of its own but the MPI launcher failed:
+ * some rank never reported, or the MPI launcher itself failed. */
+static int report_mpi_failure(const tnt__launch_plan_t *plan, int mpi_status) {
   int silent = 0;
   for (int r = 0; r < plan->total; ++r) {
     tnt__rank_status_t s;
@@ -213,6 +205,22 @@ static int report(const tnt__launch_plan_t *plan, int mpi_status, int interrupte
   return mpi_status > 0 && mpi_status < 256 ? mpi_status : 1;
 }
 
+/* Says what happened and returns the launcher's exit status. */
+static int report(const tnt__launch_plan_t *plan, int mpi_status, int interrupted) {
+  int code = 0;
+  tnt__rank_status_t first;
+  int failed_rank = first_failure(plan, &first);
+  if (interrupted) {
+    fprintf(stderr, "tarantella: interrupted (%s); every rank was ended\n", strsignal(interrupted));
+    code = 128 + interrupted;
+  } else if (failed_rank >= 0) {
+    code = report_failure(plan, failed_rank, &first);
+  } else if (mpi_status != 0) {
+    code = report_mpi_failure(plan, mpi_status);
+  }
+  return code;
+}
+
 /* Sends sig to the MPI launcher's process group. */
 static void signal_group(pid_t pgid, int sig) {
   if (kill(-pgid, sig) != 0 && errno == ESRCH) kill(pgid, sig);
@@ -229,8 +237,8 @@ int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
   sigprocmask(SIG_BLOCK, &watched, &old_mask);
 
   if (tnt__mkdirs(plan->run_dir) != 0) {
-    fprintf(stderr, "tarantella: error: cannot create the run directory %s: %s\n",
-            plan->run_dir, strerror(errno));
+    fprintf(stderr, "tarantella: error: cannot create the run directory %s: %s\n", plan->run_dir,
+            strerror(errno));
     goto out;
   }
   /* Status files of an earlier run in the same directory would be taken

@@ -11,11 +11,12 @@
 #include "proc.h"
 
 int tnt__status_format(const tnt__rank_status_t *s, char *buf, size_t len) {
-  return snprintf(buf, len,
-                  "rank=%d\nhost=%s\npid=%ld\nfinished=%d\nexit_code=%d\nsignal=%d\n"
-                  "ended_by_request=%d\nend_time=%.6f\n",
-                  s->rank, s->host, s->pid, s->finished, s->exit_code, s->signal,
-                  s->ended_by_request, s->end_time);
+  return snprintf(
+      buf, len,
+      "rank=%d\nhost=%s\npid=%ld\nwrapper_pid=%ld\nfinished=%d\nexit_code=%d\nsignal=%d\n"
+      "ended_by_request=%d\nend_time=%.6f\n",
+      s->rank, s->host, s->pid, s->wrapper_pid, s->finished, s->exit_code, s->signal,
+      s->ended_by_request, s->end_time);
 }
 
 /* Finds "key=" at the start of a line and returns its value, or NULL. */
@@ -41,11 +42,12 @@ static int field_long(const char *buf, const char *key, long *out) {
 }
 
 int tnt__status_parse(const char *buf, tnt__rank_status_t *s) {
-  long rank, pid, finished, code, sig, requested;
+  long rank, pid, wrapper_pid, finished, code, sig, requested;
   memset(s, 0, sizeof *s);
   if (field_long(buf, "rank", &rank) || field_long(buf, "pid", &pid) ||
-      field_long(buf, "finished", &finished) || field_long(buf, "exit_code", &code) ||
-      field_long(buf, "signal", &sig) || field_long(buf, "ended_by_request", &requested)) {
+      field_long(buf, "wrapper_pid", &wrapper_pid) || field_long(buf, "finished", &finished) ||
+      field_long(buf, "exit_code", &code) || field_long(buf, "signal", &sig) ||
+      field_long(buf, "ended_by_request", &requested)) {
     return -1;
   }
   const char *host = field(buf, "host");
@@ -58,6 +60,7 @@ int tnt__status_parse(const char *buf, tnt__rank_status_t *s) {
   s->end_time = strtod(end_time, NULL);
   s->rank = (int)rank;
   s->pid = pid;
+  s->wrapper_pid = wrapper_pid;
   s->finished = finished != 0;
   s->exit_code = (int)code;
   s->signal = (int)sig;

@@ -14,7 +14,8 @@
 typedef struct {
   int rank;
   char host[256];
-  long pid;             /* of the program */
+  long pid;             /* of the program (0 before it started) */
+  long wrapper_pid;     /* of the rank's wrapper */
   int finished;         /* 0 while the program runs (or when its wrapper died) */
   int exit_code;        /* when the program exited by itself */
   int signal;           /* the signal that ended it, or 0 */

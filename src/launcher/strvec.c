@@ -63,10 +63,10 @@ size_t tnt__shell_quote(const char *s, char *buf, size_t len) {
   for (const char *p = s; *p != '\0'; ++p) safe = safe && shell_safe(*p);
   size_t need = 0;
   /* Writes one character when it fits, and always counts it. */
-#define QUOTE_PUT(ch)                      \
-  do {                                     \
-    if (need + 1 < len) buf[need] = (ch);  \
-    ++need;                                \
+#define QUOTE_PUT(ch)                     \
+  do {                                    \
+    if (need + 1 < len) buf[need] = (ch); \
+    ++need;                               \
   } while (0)
   if (safe) {
     for (const char *p = s; *p != '\0'; ++p) QUOTE_PUT(*p);

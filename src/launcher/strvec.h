@@ -18,8 +18,7 @@ typedef struct {
 int tnt__strvec_push(tnt__strvec_t *v, const char *s);
 
 /* Appends a formatted string. Returns 0, or -1 when memory runs out. */
-int tnt__strvec_pushf(tnt__strvec_t *v, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+int tnt__strvec_pushf(tnt__strvec_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Frees every string and the vector itself, leaving an empty vector. */
 void tnt__strvec_free(tnt__strvec_t *v);

@@ -12,9 +12,9 @@
 #include "command.h"
 #include "strvec.h"
 
-static char *test_environ[] = {"PATH=/usr/bin:/bin", "HOME=/root",          "TNT_TIMEOUT_S=20",
-                               "TF_CPP_MIN_LOG_LEVEL=2", "TNT_LOG_LEVEL=ERROR", "OTHER=1",
-                               "LD_LIBRARY_PATH=/opt/lib", NULL};
+static char *test_environ[] = {
+    "PATH=/usr/bin:/bin",  "HOME=/root", "TNT_TIMEOUT_S=20",         "TF_CPP_MIN_LOG_LEVEL=2",
+    "TNT_LOG_LEVEL=ERROR", "OTHER=1",    "LD_LIBRARY_PATH=/opt/lib", NULL};
 
 /* Joins the command into one line, words separated by single spaces. */
 static char *join(const tnt__strvec_t *v) {
@@ -44,7 +44,7 @@ static void base_plan(tnt__launch_plan_t *p, tnt__options_t *o, char **program_a
   p->total = 2;
   p->interpreter = "/usr/bin/python3";
   p->program = "model.py";
-  p->environ = test_environ;
+  p->envp = test_environ;
 }
 
 static void test_local_open_mpi(void **state) {
@@ -91,11 +91,13 @@ static void test_root_oversubscribed_gpus_and_options(void **state) {
   o.num_env = 3;
   assert_int_equal(tnt__command_build(&p, &cmd, err, sizeof err), 0);
   char *line = join(&cmd.argv);
-  assert_non_null(strstr(line, "/usr/bin/mpirun --allow-run-as-root -np 4 --oversubscribe "
-                               "--bind-to none -x HOME -x LD_LIBRARY_PATH -x NEW -x PATH"));
-  assert_non_null(strstr(line, "--rank-exec --run-dir /w/run --gpus 0,1,2,3 "
-                               "--output-on-all-devices --pin-to-socket --pin-memory-to-socket "
-                               "-- /usr/bin/python3 model.py"));
+  assert_non_null(strstr(line,
+                         "/usr/bin/mpirun --allow-run-as-root -np 4 --oversubscribe "
+                         "--bind-to none -x HOME -x LD_LIBRARY_PATH -x NEW -x PATH"));
+  assert_non_null(strstr(line,
+                         "--rank-exec --run-dir /w/run --gpus 0,1,2,3 "
+                         "--output-on-all-devices --pin-to-socket --pin-memory-to-socket "
+                         "-- /usr/bin/python3 model.py"));
   free(line);
   /* The options override the environment, and -x overrides both. */
   int found = 0;
@@ -138,8 +140,9 @@ static void test_hosts(void **state) {
   p.mpirun = "/usr/bin/mpiexec";
   assert_int_equal(tnt__command_build(&p, &cmd, err, sizeof err), 0);
   line = join(&cmd.argv);
-  assert_non_null(strstr(line, "/usr/bin/mpiexec -n 4 -hosts a:2,b:2 -ppn 2 -bind-to none "
-                               "-genv LD_LIBRARY_PATH /opt/lib -genv PATH /usr/bin:/bin"));
+  assert_non_null(strstr(line,
+                         "/usr/bin/mpiexec -n 4 -hosts a:2,b:2 -ppn 2 -bind-to none "
+                         "-genv LD_LIBRARY_PATH /opt/lib -genv PATH /usr/bin:/bin"));
   assert_non_null(strstr(line, "-wdir /w /usr/local/bin/tarantella --rank-exec"));
   free(line);
   tnt__command_free(&cmd);
@@ -197,9 +200,12 @@ static void test_shell_quote(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_local_open_mpi), cmocka_unit_test(test_root_oversubscribed_gpus_and_options),
-      cmocka_unit_test(test_hosts),          cmocka_unit_test(test_unset_x_name),
-      cmocka_unit_test(test_print_quotes),   cmocka_unit_test(test_shell_quote),
+      cmocka_unit_test(test_local_open_mpi),
+      cmocka_unit_test(test_root_oversubscribed_gpus_and_options),
+      cmocka_unit_test(test_hosts),
+      cmocka_unit_test(test_unset_x_name),
+      cmocka_unit_test(test_print_quotes),
+      cmocka_unit_test(test_shell_quote),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,9 +133,9 @@ static void test_many_hosts(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_plain),       cmocka_unit_test(test_comments_blanks_and_spacing),
-      cmocka_unit_test(test_empty),       cmocka_unit_test(test_duplicates),
-      cmocka_unit_test(test_bad_lines),   cmocka_unit_test(test_local_names),
+      cmocka_unit_test(test_plain),      cmocka_unit_test(test_comments_blanks_and_spacing),
+      cmocka_unit_test(test_empty),      cmocka_unit_test(test_duplicates),
+      cmocka_unit_test(test_bad_lines),  cmocka_unit_test(test_local_names),
       cmocka_unit_test(test_many_hosts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,11 +46,34 @@ static void test_defaults(void **state) {
 
 static void test_every_option(void **state) {
   (void)state;
-  char *argv[] = {"tarantella", "--hostfile", "hosts", "--n-per-node", "2", "--no-gpu",
-                  "--log-level", "warning", "--log-on-all-devices", "--output-on-all-devices",
-                  "-x", "A=1", "-xB=two words", "--fusion-threshold", "0.5", "--pin-to-socket",
-                  "--python-interpreter", "/usr/bin/python3", "--run-dir", "runs",
-                  "--dry-run", "--", "model.py", "--epochs", "3", "--help", "-n", "7"};
+  char *argv[] = {"tarantella",
+                  "--hostfile",
+                  "hosts",
+                  "--n-per-node",
+                  "2",
+                  "--no-gpu",
+                  "--log-level",
+                  "warning",
+                  "--log-on-all-devices",
+                  "--output-on-all-devices",
+                  "-x",
+                  "A=1",
+                  "-xB=two words",
+                  "--fusion-threshold",
+                  "0.5",
+                  "--pin-to-socket",
+                  "--python-interpreter",
+                  "/usr/bin/python3",
+                  "--run-dir",
+                  "runs",
+                  "--dry-run",
+                  "--",
+                  "model.py",
+                  "--epochs",
+                  "3",
+                  "--help",
+                  "-n",
+                  "7"};
   tnt__options_t o;
   char err[512];
   assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);
@@ -81,8 +104,13 @@ static void test_equals_forms_and_aliases(void **state) {
   (void)state;
   const char *aliases[] = {"--n-per-node=3", "--npernode=3", "--devices-per-node=3"};
   for (int i = 0; i < 3; ++i) {
-    char *argv[] = {"tarantella", (char *)aliases[i], "--hostfile=h", "--log-level=ERROR",
-                    "--fusion-threshold=1e3", "--", "p"};
+    char *argv[] = {"tarantella",
+                    (char *)aliases[i],
+                    "--hostfile=h",
+                    "--log-level=ERROR",
+                    "--fusion-threshold=1e3",
+                    "--",
+                    "p"};
     tnt__options_t o;
     char err[512];
     assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);

@@ -99,8 +99,13 @@ static void test_numa(void **state) {
 
 static void test_status_round_trip(void **state) {
   (void)state;
-  tnt__rank_status_t s = {.rank = 3, .pid = 1234, .finished = 1, .signal = 9,
-                          .ended_by_request = 0, .end_time = 1700000000.25};
+  tnt__rank_status_t s = {.rank = 3,
+                          .pid = 1234,
+                          .wrapper_pid = 1233,
+                          .finished = 1,
+                          .signal = 9,
+                          .ended_by_request = 0,
+                          .end_time = 1700000000.25};
   strcpy(s.host, "node-b");
   char text[512];
   tnt__status_format(&s, text, sizeof text);
@@ -132,8 +137,9 @@ static void test_status_round_trip(void **state) {
 
 static void test_rank_options(void **state) {
   (void)state;
-  char *argv[] = {"tarantella", "--rank-exec", "--run-dir", "/r", "--gpus", "0,1",
-                  "--pin-memory-to-socket", "--", "prog", "--x"};
+  char *argv[] = {
+      "tarantella", "--rank-exec", "--run-dir", "/r", "--gpus", "0,1", "--pin-memory-to-socket",
+      "--",         "prog",        "--x"};
   tnt__rank_options_t o;
   char err[256];
   assert_int_equal(tnt__rank_options_parse(10, argv, &o, err, sizeof err), 0);
@@ -172,9 +178,12 @@ static void test_which_and_capture(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_visible_devices),   cmocka_unit_test(test_gpu_detection),
-      cmocka_unit_test(test_numa),              cmocka_unit_test(test_status_round_trip),
-      cmocka_unit_test(test_rank_options),      cmocka_unit_test(test_which_and_capture),
+      cmocka_unit_test(test_visible_devices),
+      cmocka_unit_test(test_gpu_detection),
+      cmocka_unit_test(test_numa),
+      cmocka_unit_test(test_status_round_trip),
+      cmocka_unit_test(test_rank_options),
+      cmocka_unit_test(test_which_and_capture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

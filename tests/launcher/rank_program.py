@@ -1,0 +1,36 @@
+"""A small rank program for the launcher tests (no TensorFlow, so it starts
+at once): reports what the launcher gave it, then fails or waits on demand.
+
+    rank_program.py [--fail-rank R] [--code C] [--raise-rank R] [--sleep S] [--pin]
+"""
+import argparse
+import os
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--raise-rank", type=int, default=-1)
+parser.add_argument("--code", type=int, default=3)
+parser.add_argument("--sleep", type=float, default=0)
+parser.add_argument("--pin", action="store_true")
+args = parser.parse_args()
+
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+print(f"rank {rank} of {size}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
+      f" FOO={os.environ.get('FOO')!r} TNT_LOG_LEVEL={os.environ.get('TNT_LOG_LEVEL')!r}")
+print(f"[tnt {rank}/{size}] WARNING: library message from rank {rank}", file=sys.stderr)
+print(f"plain stderr from rank {rank}", file=sys.stderr)
+if args.pin:
+    with open("/proc/self/numa_maps") as f:
+        policies = {line.split()[1] for line in f if len(line.split()) > 1}
+    print(f"rank {rank} cpus {sorted(os.sched_getaffinity(0))} policies {sorted(policies)}")
+sys.stdout.flush()
+if rank == args.fail_rank:
+    print(f"rank {rank} is failing on purpose", file=sys.stderr)
+    sys.exit(args.code)
+if rank == args.raise_rank:
+    raise RuntimeError(f"rank {rank} raised on purpose")
+time.sleep(args.sleep)
+print(f"rank {rank} done")
