@@ -1,5 +1,6 @@
 # Tarantella: the two commands of the README, and the steps they are made of.
 #   make demo   install what is missing, build, install, train the quick start on 2 ranks
+#               (with the tarantella launcher)
 #   make test   install what is missing, build, install, run every test suite
 # Both are safe to run again; they rebuild only what changed.
 
@@ -32,8 +33,8 @@ install: build
 	@echo "tarantella: installed libtnt and tnt-bench to $(PREFIX), and the Python package"
 
 demo: install
-	TF_CPP_MIN_LOG_LEVEL=2 $(MPIRUN) $(MPIFLAGS) -np 2 \
-	  $(PYTHON) examples/quick_start.py --epochs 3
+	TF_CPP_MIN_LOG_LEVEL=2 $(PREFIX)/bin/tarantella --no-gpu -n 2 --python-interpreter $(PYTHON) \
+	  -- examples/quick_start.py --epochs 3
 
 test: install
 	tests/run_all.sh $(BUILD)
@@ -43,4 +44,4 @@ bench-allreduce: install
 	$(MPIRUN) $(MPIFLAGS) -np 4 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
 
 clean:
-	rm -rf build build-asan build-tsan build-py
+	rm -rf build build-asan build-tsan build-py build-fuzz

@@ -1,7 +1,9 @@
 """Shared helpers of the Python tests: launching programs on several ranks."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -9,10 +11,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def mpirun_command(nranks, *argv):
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(nranks)]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd + list(argv)
+    """Runs argv on `nranks` CPU ranks with Tarantella's own launcher, every
+    rank's output shown, logs in a fresh run directory."""
+    launcher = shutil.which("tarantella")
+    if launcher is None:
+        pytest.fail("the tarantella launcher is not on PATH: run `make install` first")
+    run_dir = tempfile.mkdtemp(prefix="tnt-run-")
+    return [launcher, "--no-gpu", "-n", str(nranks), "--output-on-all-devices",
+            "--run-dir", run_dir, "--"] + list(argv)
 
 
 def run(cmd, timeout=600, env=None):
