@@ -5,7 +5,8 @@ decides from them (EarlyStopping, ReduceLROnPlateau, LearningRateScheduler,
 TerminateOnNaN) decides identically on every rank, and runs on every rank.
 Callbacks that write files write them once:
 
-* ModelCheckpoint and CSVLogger run on the master rank only;
+* ModelCheckpoint and CSVLogger run on the master rank only; checkpoints
+  are written through a temporary file and a rename;
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
 * BackupAndRestore restores on every rank (the backup is read by all) and
@@ -104,6 +105,38 @@ class Callback(_Forwarding):
         return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
 
 
+class _AtomicSaves:
+    """The model as ModelCheckpoint sees it: saves go through a temporary
+    file and a rename, so a job killed while saving leaves the previous
+    checkpoint intact; everything else is the model's."""
+
+    def __init__(self, model):
+        object.__setattr__(self, "_model", model)
+
+    def __getattr__(self, name):
+        return getattr(object.__getattribute__(self, "_model"), name)
+
+    def __setattr__(self, name, value):
+        setattr(object.__getattribute__(self, "_model"), name, value)
+
+    def save(self, filepath, *args, **kwargs):
+        from tarantella import models
+        models.write_atomically(filepath, lambda p: self._model.save(p, *args, **kwargs))
+
+    def save_weights(self, filepath, *args, **kwargs):
+        from tarantella import models
+        models.write_atomically(filepath,
+                                lambda p: self._model.save_weights(p, *args, **kwargs))
+
+
+class _Checkpointing(_Forwarding):
+    """Runs a ModelCheckpoint whose saves are atomic."""
+
+    def set_model(self, model):
+        keras.callbacks.Callback.set_model(self, model)
+        self.callback.set_model(_AtomicSaves(model))
+
+
 def _quiet(callback):
     if (hasattr(callback, "verbose") and not runtime.is_master_rank()
             and not runtime.output_on_all_devices()):
@@ -127,7 +160,11 @@ def distribute(callbacks):
                 _quiet(cb.callback)
                 out.append(cb)
             continue
-        if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger)):
+        if isinstance(cb, keras.callbacks.ModelCheckpoint):
+            if master:
+                out.append(_Checkpointing(cb))
+            continue
+        if isinstance(cb, keras.callbacks.CSVLogger):
             if master:
                 out.append(_Forwarding(cb))
             continue

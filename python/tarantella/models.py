@@ -25,23 +25,32 @@ def _temporary_name(path):
     return os.path.join(head, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
 
 
+def write_atomically(filepath, write):
+    """Runs write(temporary_path) and renames the result to `filepath`, so
+    that `filepath` is either the old file or the complete new one."""
+    filepath = os.fspath(filepath)
+    tmp = _temporary_name(filepath)
+    try:
+        write(tmp)
+        os.replace(tmp, filepath)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def write_on_master(filepath, overwrite, all_devices, write):
-    """Runs write(temporary_path) on the master (or every rank), renames the
-    result to `filepath`, and waits on every rank. Collective."""
+    """write_atomically on the master (or every rank), then every rank waits.
+    Collective."""
     filepath = os.fspath(filepath)
     if not overwrite and os.path.exists(filepath):
         raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove it or "
                                       "pass overwrite=True")
     error = None
     if all_devices or runtime.is_master_rank():
-        tmp = _temporary_name(filepath)
         try:
-            write(tmp)
-            os.replace(tmp, filepath)
+            write_atomically(filepath, write)
         except Exception as e:  # reported after the barrier, so no rank hangs
             error = e
-            if os.path.exists(tmp):
-                os.remove(tmp)
     if runtime.get_size() > 1:
         _core.barrier()
     if error is not None:
