@@ -4,6 +4,7 @@
  * host) and the shared memory of this host's members.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "collectives/collectives.h"
@@ -106,11 +107,12 @@ void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value) {
 tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
                                const tnt__wait_ctx_t *w) {
   _Atomic uint64_t *ctr = counter(c, r, which);
+  int warned = 0;
   for (unsigned it = 0; atomic_load_explicit(ctr, memory_order_acquire) < value; ++it) {
-    if ((it & 1023u) == 1023u && tnt__now() > w->deadline) {
-      TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d (shared memory)", w->label,
-                    w->timeout, c->node->world_ranks[r]);
-      return TNT_ERR_TIMEOUT;
+    if ((it & 1023u) == 1023u) {
+      char what[48];
+      snprintf(what, sizeof what, "rank %d (shared memory)", c->node->world_ranks[r]);
+      TNT_CHECK(tnt__wait_check(w, &warned, what));
     }
     tnt__spin_pause(it);
   }

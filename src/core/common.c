@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,12 +18,36 @@ double tnt__now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static pthread_once_t stall_once = PTHREAD_ONCE_INIT;
+static double stall_warning_s = -1.0; /* < 0: a third of each timeout */
+
+static void read_stall_warning(void) {
+  stall_warning_s = tnt__env_double("TNT_STALL_WARNING_S", -1.0);
+}
+
 tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label) {
+  pthread_once(&stall_once, read_stall_warning);
   tnt__wait_ctx_t w;
+  const double now = tnt__now();
   w.timeout = timeout_s;
-  w.deadline = tnt__now() + timeout_s;
+  w.deadline = now + timeout_s;
+  w.warn_at = now + (stall_warning_s > 0 ? stall_warning_s : timeout_s / 3.0);
   w.label = label;
   return w;
+}
+
+tnt_status_t tnt__wait_check(const tnt__wait_ctx_t *w, int *warned, const char *what) {
+  const double now = tnt__now();
+  if (now > w->deadline) {
+    TNT_LOG_ERROR("%s: timed out after %.1f s waiting for %s", w->label, w->timeout, what);
+    return TNT_ERR_TIMEOUT;
+  }
+  if (!*warned && now > w->warn_at) {
+    *warned = 1;
+    TNT_LOG_WARN("%s: still waiting for %s after %.1f s; it fails after %.1f s", w->label,
+                 what, now - (w->deadline - w->timeout), w->timeout);
+  }
+  return TNT_OK;
 }
 
 /* Pause iterations before waits start yielding the core; lowered when a

@@ -39,11 +39,20 @@ double tnt__now(void);
 typedef struct tnt__wait_ctx {
   double deadline; /* tnt__now() value after which waits fail */
   double timeout;  /* the timeout the deadline came from, for messages */
+  double warn_at;  /* tnt__now() value after which a wait warns that it stalls */
   const char *label; /* e.g. "allreduce of fusion bucket 3" */
 } tnt__wait_ctx_t;
 
-/* A wait context that expires `timeout_s` seconds from now. */
+/* A wait context that expires `timeout_s` seconds from now and warns of a
+ * stall after TNT_STALL_WARNING_S seconds (default: a third of the
+ * timeout), so that a rank that is alive but not contributing is named long
+ * before the job fails. */
 tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label);
+
+/* The check every wait loop makes now and then: TNT_ERR_TIMEOUT once the
+ * deadline has passed, else TNT_OK; logs the stall warning once per wait
+ * (`*warned` starts at 0). `what` names what is missing ("rank 3 (receive)"). */
+tnt_status_t tnt__wait_check(const tnt__wait_ctx_t *w, int *warned, const char *what);
 
 /* Polite spinning: pause instructions while every rank has a core, then
  * sched_yield, so that waits stay fast when cores are free and do not

@@ -386,7 +386,11 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
 }
 
 /* Names the members of bucket b that this rank has not started. */
-static void log_missing(const tnt_fusion_t *f, size_t b, double timeout) {
+/* Names what keeps bucket b from being submitted on this rank: its members
+ * not started here, or an earlier bucket. `what` says what happened ("timed
+ * out after 30.0 s"); stalls are warnings, timeouts errors. */
+static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
+                        const char *what) {
   char ids[256];
   size_t len = 0;
   ids[0] = '\0';
@@ -399,14 +403,17 @@ static void log_missing(const tnt_fusion_t *f, size_t b, double timeout) {
     }
   }
   if (len > 0) {
-    TNT_LOG_ERROR("fusion bucket %zu: timed out after %.1f s; tensors not started on this "
-                  "rank:%s",
-                  b, timeout, ids);
+    tnt__log(level, "fusion bucket %zu: %s; tensors not started on this rank:%s", b, what, ids);
   } else {
-    TNT_LOG_ERROR("fusion bucket %zu: timed out after %.1f s waiting for an earlier bucket "
-                  "(%zu) to be started on this rank",
-                  b, timeout, f->next_issue);
+    tnt__log(level, "fusion bucket %zu: %s waiting for an earlier bucket (%zu) to be started "
+             "on this rank", b, what, f->next_issue);
   }
+}
+
+static void log_timeout(const tnt_fusion_t *f, size_t b, double timeout) {
+  char what[64];
+  snprintf(what, sizeof what, "timed out after %.1f s", timeout);
+  log_missing(f, b, TNT__LOG_ERROR, what);
 }
 
 tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
@@ -431,9 +438,21 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
     TNT_LOG_ERROR("tnt_fusion_finish: tensor %llu was not started", (unsigned long long)id);
     return TNT_ERR_STATE;
   }
+  /* A stall is reported once, a third of the way to the timeout. */
+  const tnt__wait_ctx_t w = tnt__wait_ctx(timeout_s, "");
+  const struct timespec warn_ts = abs_time(w.warn_at);
+  int warned = 0;
   while (bk->req == NULL) {
-    if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && bk->req == NULL) {
-      log_missing(f, b, timeout_s);
+    if (!warned) {
+      if (pthread_cond_timedwait(&f->cv, &f->mu, &warn_ts) == ETIMEDOUT && bk->req == NULL) {
+        char what[64];
+        snprintf(what, sizeof what, "still waiting after %.1f s", w.warn_at - (deadline -
+                                                                             timeout_s));
+        log_missing(f, b, TNT__LOG_WARNING, what);
+        warned = 1;
+      }
+    } else if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && bk->req == NULL) {
+      log_timeout(f, b, timeout_s);
       pthread_mutex_unlock(&f->mu);
       return TNT_ERR_TIMEOUT;
     }
@@ -490,7 +509,7 @@ static void *watchdog_main(void *arg) {
       }
       if (expired == NULL) continue;
       if (f->buckets[b].req == NULL) {
-        log_missing(f, b, tnt_context_timeout(f->g->ctx));
+        log_timeout(f, b, tnt_context_timeout(f->g->ctx));
       } else {
         TNT_LOG_ERROR("%s: not done after %.1f s", f->buckets[b].label,
                       tnt_context_timeout(f->g->ctx));

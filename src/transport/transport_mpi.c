@@ -232,6 +232,7 @@ static tnt_status_t mpi_native_allreduce(tnt__transport_t *t, const void *sendbu
     st = mpi_fail(rc, "MPI_Iallreduce");
     goto out;
   }
+  int warned = 0;
   for (unsigned it = 0;; ++it) {
     int done = 0;
     rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -240,12 +241,9 @@ static tnt_status_t mpi_native_allreduce(tnt__transport_t *t, const void *sendbu
       break;
     }
     if (done) break;
-    if ((it & 255u) == 255u && tnt__now() > w->deadline) {
-      TNT_LOG_ERROR("%s: timed out after %.1f s in MPI_Allreduce (a peer did not take part)",
-                    w->label, w->timeout);
-      st = TNT_ERR_TIMEOUT;
+    if ((it & 255u) == 255u &&
+        (st = tnt__wait_check(w, &warned, "a peer in MPI_Allreduce (MPI does not say which)")) < 0)
       break;
-    }
     tnt__spin_pause(it);
   }
 out:

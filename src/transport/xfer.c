@@ -3,6 +3,8 @@
  * calls. This is the one place where collective algorithms wait for peers,
  * so it is also the one place that names the peer when a wait times out.
  */
+#include <stdio.h>
+
 #include "core/log.h"
 #include "transport/transport.h"
 
@@ -13,25 +15,23 @@
 tnt_status_t tnt__xwait_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n,
                             const tnt__wait_ctx_t *w) {
   tnt_status_t st = TNT_OK;
+  int warned = 0;
   for (unsigned it = 0;; ++it) {
-    int pending = 0;
+    int pending = 0, first = -1;
     for (int i = 0; i < n; ++i) {
       if (!reqs[i].active) continue;
       int done = 0;
       st = t->ops->test(t, &reqs[i], &done);
       if (st < 0) goto fail;
       pending += !done;
+      if (!done && first < 0) first = i;
     }
     if (pending == 0) return TNT_OK;
-    if ((it & 63u) == 63u && tnt__now() > w->deadline) {
-      for (int i = 0; i < n; ++i) {
-        if (!reqs[i].active) continue;
-        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d (%s)", w->label, w->timeout,
-                      t->world_ranks[reqs[i].peer], reqs[i].is_recv ? "receive" : "send");
-        break;
-      }
-      st = TNT_ERR_TIMEOUT;
-      goto fail;
+    if ((it & 63u) == 63u) {
+      char what[48];
+      snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[reqs[first].peer],
+               reqs[first].is_recv ? "receive" : "send");
+      TNT_CHECK_GOTO(tnt__wait_check(w, &warned, what), st, fail);
     }
     tnt__spin_pause(it);
   }

@@ -5,6 +5,7 @@
 #  - every rank but the last printed "rank R: timed out after X s" with
 #    2.5 <= X <= 8, and no rank printed a FAIL line;
 #  - a call after the timeout returned TNT_ERR_FAILED;
+#  - a stall warning ("still waiting for rank W") came before the timeout;
 #  - the library log (stderr lines starting with "[tnt") names the missing
 #    peer ("rank W", W the last rank), and in fusion mode the bucket;
 #  - the whole job took less than 40 s.
@@ -81,6 +82,12 @@ fi
 
 if ! grep -E '^\[tnt' "$err" | grep -qE "rank $withholder([^0-9]|$)"; then
   complain "the library log does not name the missing peer: no '[tnt' line with 'rank $withholder'"
+fi
+
+# A stalled peer is reported as a warning before the wait gives up.
+if ! grep -E '^\[tnt [0-9]+/[0-9]+\] WARNING: .*still waiting for rank '"$withholder"'([^0-9]|$)' \
+    "$err" >/dev/null; then
+  complain "no stall warning naming rank $withholder before the timeout"
 fi
 
 if [ "$mode" = fusion ]; then
