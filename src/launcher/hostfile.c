@@ -1,23 +1,13 @@
 /* Hostfile parsing and validation. */
 #include "hostfile.h"
+#include "strvec.h"
 
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static void set_error(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_error(char *err, size_t err_len, const char *fmt, ...) {
-  if (err == NULL || err_len == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
 
 /* Letters, digits, '-', '.' and '_': what host names and IPv4 addresses
  * are made of. Anything else (quotes, ':' or '=' in particular) would be
@@ -52,7 +42,7 @@ static int check_name(const char *name, size_t len, int line, char *err, size_t 
   for (size_t i = 0; i < len; ++i) {
     if (isspace((unsigned char)name[i])) {
       size_t shown = len < 60 ? len : 60;
-      set_error(err, err_len,
+      tnt__set_error(err, err_len,
                 "line %d: expected one host name, found '%.*s' (give the number of ranks "
                 "per host with --n-per-node, not in the hostfile)",
                 line, (int)shown, name);
@@ -60,7 +50,7 @@ static int check_name(const char *name, size_t len, int line, char *err, size_t 
     }
   }
   if (len > TNT__HOST_NAME_MAX) {
-    set_error(err, err_len, "line %d: host name longer than %d characters", line,
+    tnt__set_error(err, err_len, "line %d: host name longer than %d characters", line,
               TNT__HOST_NAME_MAX);
     return -1;
   }
@@ -68,12 +58,12 @@ static int check_name(const char *name, size_t len, int line, char *err, size_t 
     if (!host_char(name[i])) {
       unsigned char c = (unsigned char)name[i];
       if (isprint(c)) {
-        set_error(err, err_len,
+        tnt__set_error(err, err_len,
                   "line %d: '%.*s' is not a host name: '%c' is not allowed (letters, digits, "
                   "'-', '.' and '_' are)",
                   line, (int)len, name, c);
       } else {
-        set_error(err, err_len,
+        tnt__set_error(err, err_len,
                   "line %d: not a host name: byte 0x%02x is not allowed (is this a text file?)",
                   line, c);
       }
@@ -81,7 +71,7 @@ static int check_name(const char *name, size_t len, int line, char *err, size_t 
     }
   }
   if (name[0] == '-' || name[0] == '.') {
-    set_error(err, err_len, "line %d: '%.*s' is not a host name: it starts with '%c'", line,
+    tnt__set_error(err, err_len, "line %d: '%.*s' is not a host name: it starts with '%c'", line,
               (int)len, name, name[0]);
     return -1;
   }
@@ -150,29 +140,29 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
     while (b > a && isspace((unsigned char)buf[b - 1])) --b;
     if (b > a) {
       if (memchr(buf + a, '\0', b - a) != NULL) {
-        set_error(err, err_len, "line %d: contains a NUL byte (is this a text file?)", line);
+        tnt__set_error(err, err_len, "line %d: contains a NUL byte (is this a text file?)", line);
         goto out;
       }
       if (check_name(buf + a, b - a, line, err, err_len) != 0) goto out;
       if (hostlist_add(out, &capacity, buf + a, b - a, line) != 0) {
-        set_error(err, err_len, "out of memory");
+        tnt__set_error(err, err_len, "out of memory");
         goto out;
       }
     }
     pos = end + 1;
   }
   if (out->count == 0) {
-    set_error(err, err_len, "no host names in it (one name per line; '#' starts a comment)");
+    tnt__set_error(err, err_len, "no host names in it (one name per line; '#' starts a comment)");
     goto out;
   }
   int first = 0, second = 0;
   int dup = find_duplicate(out, &first, &second);
   if (dup < 0) {
-    set_error(err, err_len, "out of memory");
+    tnt__set_error(err, err_len, "out of memory");
     goto out;
   }
   if (dup > 0) {
-    set_error(err, err_len,
+    tnt__set_error(err, err_len,
               "line %d: host '%s' is already listed on line %d; every host must appear once "
               "(use --n-per-node for several ranks per host)",
               out->lines[second], out->names[second], out->lines[first]);
@@ -209,7 +199,7 @@ int tnt__hostlist_check_local(const tnt__hostlist_t *list, const char *local_nam
   for (int i = 0; i < list->count; ++i) {
     if (!tnt__host_is_local(list->names[i], local_name)) continue;
     if (first >= 0) {
-      set_error(err, err_len,
+      tnt__set_error(err, err_len,
                 "line %d: '%s' and '%s' on line %d both name this host; every host must appear "
                 "once (use --n-per-node for several ranks per host)",
                 list->lines[i], list->names[i], list->names[first], list->lines[first]);

@@ -5,11 +5,11 @@
  * the parser many times in one process.
  */
 #include "options.h"
+#include "strvec.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,16 +111,6 @@ static const option_spec_t short_options[] = {
     {"-h", OPT_HELP, 0},
 };
 
-static void set_error(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_error(char *err, size_t err_len, const char *fmt, ...) {
-  if (err == NULL || err_len == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
 
 /* Parses a whole positive decimal number no larger than TNT__MAX_RANKS. */
 static int parse_count(const char *s, int *out) {
@@ -199,20 +189,20 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
   switch (spec->id) {
     case OPT_NRANKS:
       if (parse_count(value, &o->nranks) != 0) {
-        set_error(err, err_len, "%s needs a positive whole number of ranks, not '%s'", arg, value);
+        tnt__set_error(err, err_len, "%s needs a positive whole number of ranks, not '%s'", arg, value);
         return -1;
       }
       return 0;
     case OPT_N_PER_NODE:
       if (parse_count(value, &o->n_per_node) != 0) {
-        set_error(err, err_len, "%s needs a positive whole number of ranks per host, not '%s'", arg,
+        tnt__set_error(err, err_len, "%s needs a positive whole number of ranks per host, not '%s'", arg,
                   value);
         return -1;
       }
       return 0;
     case OPT_HOSTFILE:
       if (*value == '\0') {
-        set_error(err, err_len, "%s needs the name of a file", arg);
+        tnt__set_error(err, err_len, "%s needs the name of a file", arg);
         return -1;
       }
       o->hostfile = value;
@@ -220,13 +210,13 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
     case OPT_LOG_LEVEL:
       o->log_level = canonical_log_level(value);
       if (o->log_level == NULL) {
-        set_error(err, err_len, "%s must be DEBUG, INFO, WARNING or ERROR, not '%s'", arg, value);
+        tnt__set_error(err, err_len, "%s must be DEBUG, INFO, WARNING or ERROR, not '%s'", arg, value);
         return -1;
       }
       return 0;
     case OPT_ENV:
       if (!tnt__env_assignment_valid(value, 1)) {
-        set_error(err, err_len,
+        tnt__set_error(err, err_len,
                   "-x needs NAME=VALUE (or NAME, to pass on its current value) with NAME made "
                   "of letters, digits and '_', not '%s'",
                   value);
@@ -236,7 +226,7 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       return 0;
     case OPT_FUSION:
       if (parse_threshold(value, &o->fusion_threshold_kb) != 0 || o->fusion_threshold_kb < 0) {
-        set_error(err, err_len, "%s needs a non-negative number of KB (e.g. 32), not '%s'", arg,
+        tnt__set_error(err, err_len, "%s needs a non-negative number of KB (e.g. 32), not '%s'", arg,
                   value);
         return -1;
       }
@@ -244,14 +234,14 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       return 0;
     case OPT_PYTHON:
       if (*value == '\0') {
-        set_error(err, err_len, "%s needs the path of a Python interpreter", arg);
+        tnt__set_error(err, err_len, "%s needs the path of a Python interpreter", arg);
         return -1;
       }
       o->python = value;
       return 0;
     case OPT_RUN_DIR:
       if (*value == '\0') {
-        set_error(err, err_len, "%s needs the name of a directory", arg);
+        tnt__set_error(err, err_len, "%s needs the name of a directory", arg);
         return -1;
       }
       o->run_dir = value;
@@ -290,7 +280,7 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
   /* Every -x takes at least one argument, so argc slots always suffice. */
   opts->env = calloc((size_t)(argc > 0 ? argc : 1), sizeof *opts->env);
   if (opts->env == NULL) {
-    set_error(err, err_len, "out of memory");
+    tnt__set_error(err, err_len, "out of memory");
     goto out;
   }
   int i = 1;
@@ -298,7 +288,7 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
     const char *arg = argv[i];
     if (strcmp(arg, "--") == 0) break;
     if (arg[0] != '-' || arg[1] == '\0') {
-      set_error(err, err_len,
+      tnt__set_error(err, err_len,
                 "unexpected argument '%s' before '--': write the options, then '--', then "
                 "the program (tarantella -n 2 -- %s)",
                 arg, arg);
@@ -307,7 +297,7 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
     const char *value = NULL;
     const option_spec_t *spec = find_option(arg, &value);
     if (spec == NULL) {
-      set_error(err, err_len, "unknown option '%s' (see tarantella --help)", arg);
+      tnt__set_error(err, err_len, "unknown option '%s' (see tarantella --help)", arg);
       goto out;
     }
     if (spec->id == OPT_HELP && value == NULL) {
@@ -319,14 +309,14 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
       goto out;
     }
     if (!spec->takes_value && value != NULL) {
-      set_error(err, err_len, "option %s takes no value", spec->name);
+      tnt__set_error(err, err_len, "option %s takes no value", spec->name);
       goto out;
     }
     if (spec->takes_value && value == NULL) {
       /* A following option or '--' means the value was forgotten; taking
        * it as the value would only give a more confusing error later. */
       if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
-        set_error(err, err_len, "option %s needs a value", arg);
+        tnt__set_error(err, err_len, "option %s needs a value", arg);
         goto out;
       }
       value = argv[++i];
@@ -334,21 +324,21 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
     if (apply_option(opts, spec, arg, value, err, err_len) != 0) goto out;
   }
   if (i >= argc) {
-    set_error(err, err_len, "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");
+    tnt__set_error(err, err_len, "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");
     goto out;
   }
   if (i + 1 >= argc) {
-    set_error(err, err_len, "missing PROGRAM after '--': tarantella [options] -- PROGRAM");
+    tnt__set_error(err, err_len, "missing PROGRAM after '--': tarantella [options] -- PROGRAM");
     goto out;
   }
   if (argv[i + 1][0] == '\0') {
-    set_error(err, err_len, "PROGRAM after '--' is an empty string");
+    tnt__set_error(err, err_len, "PROGRAM after '--' is an empty string");
     goto out;
   }
   opts->program_argv = &argv[i + 1];
   opts->program_argc = argc - i - 1;
   if (opts->nranks > 0 && opts->n_per_node > 0) {
-    set_error(err, err_len,
+    tnt__set_error(err, err_len,
               "-n and --n-per-node cannot be combined: give -n for the total number of ranks, "
               "or --n-per-node for the ranks on each host");
     goto out;

@@ -90,3 +90,11 @@ size_t tnt__shell_quote(const char *s, char *buf, size_t len) {
   if (len > 0) buf[need < len ? need : len - 1] = '\0';
   return need;
 }
+
+void tnt__set_error(char *err, size_t err_len, const char *fmt, ...) {
+  if (err == NULL || err_len == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err_len, fmt, ap);
+  va_end(ap);
+}
