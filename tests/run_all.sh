@@ -40,6 +40,29 @@ run_ctest() {
   rm -f "$log"
 }
 
+# Adds one pytest run's counts to the totals.
+run_pytest() {
+  local name=$1
+  shift
+  local log
+  log=$(mktemp)
+  TF_CPP_MIN_LOG_LEVEL=2 "${PYTHON:-python3}" -m pytest -q "$@" 2>&1 | tee "$log"
+  local line p f=0 n
+  line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1)
+  p=$(grep -oE "[0-9]+ passed" <<<"$line" | grep -oE "[0-9]+" || true)
+  for n in $(grep -oE "[0-9]+ (failed|errors?)" <<<"$line" | grep -oE "[0-9]+" || true); do
+    f=$((f + n))
+  done
+  if [[ -z $line ]]; then
+    echo "tarantella: the $name tests produced no pytest summary" >&2
+    f=1
+  fi
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + f))
+  ((f == 0)) || failed_suites+=("$name")
+  rm -f "$log"
+}
+
 configure_build() {
   local dir=$1
   shift
@@ -70,23 +93,7 @@ echo "=== launcher ==="
 # target for a bounded time; a fuzzer's finding counts as a failure.
 launcher_bin=$build/src/launcher/tarantella
 [[ $launcher_bin == /* ]] || launcher_bin=$PWD/$launcher_bin
-log=$(mktemp)
-TNT_LAUNCHER=$launcher_bin TF_CPP_MIN_LOG_LEVEL=2 "${PYTHON:-python3}" -m pytest -q tests/launcher \
-  2>&1 | tee "$log"
-line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1)
-p=$(grep -oE "[0-9]+ passed" <<<"$line" | grep -oE "[0-9]+" || true)
-f=0
-for n in $(grep -oE "[0-9]+ (failed|errors?)" <<<"$line" | grep -oE "[0-9]+" || true); do
-  f=$((f + n))
-done
-if [[ -z $line ]]; then
-  echo "tarantella: the launcher tests produced no summary" >&2
-  f=1
-fi
-passed=$((passed + ${p:-0}))
-failed=$((failed + ${f:-0}))
-((${f:-0} == 0)) || failed_suites+=("launcher")
-rm -f "$log"
+TNT_LAUNCHER=$launcher_bin run_pytest "launcher" tests/launcher
 
 fuzz_seconds=${TNT_FUZZ_SECONDS:-30}
 if CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTNT_BUILD_TESTS=OFF \
@@ -114,22 +121,7 @@ else
 fi
 
 echo "=== python ==="
-log=$(mktemp)
-TF_CPP_MIN_LOG_LEVEL=2 "${PYTHON:-python3}" -m pytest -q tests/python 2>&1 | tee "$log"
-line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1)
-p=$(grep -oE "[0-9]+ passed" <<<"$line" | grep -oE "[0-9]+" || true)
-f=0
-for n in $(grep -oE "[0-9]+ (failed|errors?)" <<<"$line" | grep -oE "[0-9]+" || true); do
-  f=$((f + n))
-done
-if [[ -z $line ]]; then
-  echo "tarantella: pytest produced no summary" >&2
-  f=1
-fi
-passed=$((passed + ${p:-0}))
-failed=$((failed + ${f:-0}))
-((${f:-0} == 0)) || failed_suites+=("python")
-rm -f "$log"
+run_pytest "python" tests/python
 
 if ((${#failed_suites[@]})); then
   echo "failing suites: ${failed_suites[*]}"

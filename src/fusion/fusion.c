@@ -108,6 +108,16 @@ static long find(const tnt_fusion_t *f, uint64_t id) {
   return -1;
 }
 
+/* The index of tensor `id`, or -1 after logging that `call` got an id
+ * that is not in the set. */
+static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
+  const long i = find(f, id);
+  if (i < 0) {
+    TNT_LOG_ERROR("%s: tensor id %llu is not in the fusion set", call, (unsigned long long)id);
+  }
+  return i;
+}
+
 static struct timespec abs_time(double t) {
   struct timespec ts;
   ts.tv_sec = (time_t)t;
@@ -337,12 +347,8 @@ static void attach_callbacks(round_ref_t **issued, size_t n) {
 
 tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
   if (f == NULL) return TNT_ERR_INVALID_ARG;
-  long i = find(f, id);
-  if (i < 0) {
-    TNT_LOG_ERROR("tnt_fusion_start: tensor id %llu is not in the fusion set",
-                  (unsigned long long)id);
-    return TNT_ERR_INVALID_ARG;
-  }
+  const long i = find_tensor(f, id, "tnt_fusion_start");
+  if (i < 0) return TNT_ERR_INVALID_ARG;
   const tnt_tensor_info_t *t = &f->tensors[i];
   if (data == NULL && t->count > 0) return TNT_ERR_INVALID_ARG;
   TNT_CHECK(tnt__context_check(f->g->ctx));
@@ -418,12 +424,8 @@ static void log_timeout(const tnt_fusion_t *f, size_t b, double timeout) {
 
 tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
   if (f == NULL) return TNT_ERR_INVALID_ARG;
-  long i = find(f, id);
-  if (i < 0) {
-    TNT_LOG_ERROR("tnt_fusion_finish: tensor id %llu is not in the fusion set",
-                  (unsigned long long)id);
-    return TNT_ERR_INVALID_ARG;
-  }
+  const long i = find_tensor(f, id, "tnt_fusion_finish");
+  if (i < 0) return TNT_ERR_INVALID_ARG;
   const tnt_tensor_info_t *t = &f->tensors[i];
   if (out == NULL && t->count > 0) return TNT_ERR_INVALID_ARG;
   if (timeout_s < 0) timeout_s = tnt_context_timeout(f->g->ctx);
@@ -526,12 +528,8 @@ static void *watchdog_main(void *arg) {
 tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tnt_done_fn done,
                                      void *arg) {
   if (f == NULL || done == NULL) return TNT_ERR_INVALID_ARG;
-  long i = find(f, id);
-  if (i < 0) {
-    TNT_LOG_ERROR("tnt_fusion_finish_async: tensor id %llu is not in the fusion set",
-                  (unsigned long long)id);
-    return TNT_ERR_INVALID_ARG;
-  }
+  const long i = find_tensor(f, id, "tnt_fusion_finish_async");
+  if (i < 0) return TNT_ERR_INVALID_ARG;
   if (out == NULL && f->tensors[i].count > 0) return TNT_ERR_INVALID_ARG;
   waiter_t *w = malloc(sizeof *w);
   if (w == NULL) return TNT_ERR_NO_MEMORY;
