@@ -2,7 +2,9 @@
 #   make demo   install what is missing, build, install, train the quick start on 2 ranks
 #               (with the tarantella launcher)
 #   make test   install what is missing, build, install, run every test suite
-# Both are safe to run again; they rebuild only what changed.
+#   make bench  install, run the benchmark suite, write bench/results/summary.md
+#               (make bench QUICK=1: a short version)
+# All are safe to run again; they rebuild only what changed.
 
 PREFIX    ?= /usr/local
 PYTHON    ?= python3
@@ -13,7 +15,7 @@ MPIFLAGS  ?= --oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--al
 
 export PYTHON
 
-.PHONY: all deps build install demo test bench-allreduce clean
+.PHONY: all deps build install demo test bench clean
 
 all: build
 
@@ -39,9 +41,13 @@ demo: install
 test: install
 	tests/run_all.sh $(BUILD)
 
-bench-allreduce: install
-	$(MPIRUN) $(MPIFLAGS) -np 2 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
-	$(MPIRUN) $(MPIFLAGS) -np 4 $(PREFIX)/bin/tnt-bench allreduce --min 4K --max 64M
+# Collectives against MPI, framework overhead, fusion threshold sweep,
+# training against other frameworks, simulated cluster: JSON, plots and
+# summary.md in bench/results (tools/bench/run_bench.sh).
+bench: install
+	@tools/setup/install_deps.sh bench
+	PREFIX=$(PREFIX) MPIRUN=$(MPIRUN) MPIFLAGS="$(MPIFLAGS)" \
+	  tools/bench/run_bench.sh $(if $(filter-out 0,$(QUICK)),--quick) $(if $(STAGES),--only $(STAGES))
 
 clean:
 	rm -rf build build-asan build-tsan build-py build-fuzz

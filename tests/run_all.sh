@@ -6,6 +6,7 @@
 #   4. the launcher: its end-to-end tests (pytest) and its fuzz targets
 #   5. the Python tests (pytest): the extension module, the TensorFlow ops,
 #      and training on 1 to 4 ranks against serial Keras
+#   6. the bad-input matrix (tests/reliability/test_bad_input.py)
 # Usage: tests/run_all.sh [BUILD_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -122,6 +123,11 @@ fi
 
 echo "=== python ==="
 run_pytest "python" tests/python
+
+echo "=== reliability ==="
+# The bad-input matrix: launcher, hostfile, environment and Python API cases,
+# each in a subprocess with a deadline, against this build's launcher.
+TNT_LAUNCHER=$launcher_bin run_pytest "reliability" tests/reliability
 
 if ((${#failed_suites[@]})); then
   echo "failing suites: ${failed_suites[*]}"

@@ -50,7 +50,9 @@ typedef enum tnt_status {
   TNT_ERR_FAILED = -5,       /* an earlier operation failed; the context is unusable */
   TNT_ERR_UNSUPPORTED = -6,  /* valid request that this build or MPI cannot serve */
   TNT_ERR_STATE = -7,        /* call out of order (e.g. finish before start) */
-  TNT_ERR_INTERNAL = -8      /* a bug in libtnt: please report it */
+  TNT_ERR_INTERNAL = -8,     /* a bug in libtnt: please report it */
+  TNT_ERR_MISMATCH = -9      /* ranks called different collectives, or the same with
+                                different arguments, at the same point */
 } tnt_status_t;
 
 /* A static, human-readable name for `status` ("TNT_ERR_TIMEOUT: ..."). */
@@ -275,6 +277,31 @@ tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f);
 size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */
 long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
+
+/* ---------------------------------------------------------------- timeline */
+
+/*
+ * With TNT_TIMELINE=PATH in the environment when tnt_context_create runs,
+ * every rank writes a Chrome trace (the JSON array format of the Trace
+ * Event Format, for ui.perfetto.dev or chrome://tracing) of its
+ * communication: each fusion tensor started, each bucket's allreduce on the
+ * thread that ran it, the time callers waited in tnt_fusion_finish, and
+ * every other collective. With more than one rank, rank R writes PATH with
+ * ".rank<R>" before its extension (trace.json -> trace.rank1.json). pid is
+ * the rank; tids are named threads ("main", "progress", "caller N"). The
+ * file is written at least once a second and closed (a valid JSON array)
+ * when the context is destroyed; a crashed run leaves a file the viewers
+ * still read.
+ */
+
+/* 1 while this process writes a timeline, else 0. */
+int tnt_timeline_enabled(void);
+
+/* Adds an event of the calling thread to the timeline (a no-op without
+ * one): phase 'B' begins a span called `name`, 'E' ends the thread's
+ * innermost span (same name), 'i' marks an instant. `category` may be NULL
+ * ("user"). TNT_ERR_INVALID_ARG for a NULL name or another phase. */
+tnt_status_t tnt_timeline_event(const char *name, const char *category, char phase);
 
 /* -------------------------------------------------------------- algorithms */
 

@@ -10,7 +10,8 @@ Callbacks that write files write them once:
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
 * BackupAndRestore restores on every rank (the backup is read by all) and
-  writes and deletes its backup on the master only.
+  writes and deletes its backup on the master only, so that a job killed
+  while it writes leaves the previous backup usable.
 
 User-defined callbacks run on every rank with the global logs, unless
 wrapped in ``tnt.keras.callbacks.Callback`` to choose otherwise. Printing
@@ -143,11 +144,56 @@ def _quiet(callback):
         callback.verbose = 0
 
 
-def _backup_writes_on_master_only(callback):
+def _backup_atomically(callback):
+    """Makes a BackupAndRestore write on the master only, and so that a job
+    killed at any moment leaves a consistent backup: the weights go to a
+    new file named by epoch and batch (through a temporary file), then the
+    metadata that names that file replaces the previous metadata in one
+    rename, and only then the previous weights file is deleted. Every rank
+    restores the weights the metadata names."""
+    import json
+    from tarantella import models
+
+    def weights_named():
+        try:
+            with open(callback._training_metadata_path) as f:
+                return json.load(f).get("tnt_weights")
+        except (OSError, ValueError):
+            return None
+
+    keras_load = callback._load_model
+
+    def load():
+        name = weights_named()
+        if name is not None:
+            callback._weights_path = os.path.join(callback.backup_dir, name)
+        keras_load()
+
+    def save():
+        os.makedirs(callback.backup_dir, exist_ok=True)
+        previous = weights_named()
+        name = f"epoch{callback._current_epoch}-batch{callback._last_batch_seen}.weights.h5"
+        models.write_atomically(os.path.join(callback.backup_dir, name),
+                                lambda p: callback.model.save_weights(p, overwrite=True))
+        meta = json.dumps({"epoch": callback._current_epoch,
+                           "batch": callback._last_batch_seen, "tnt_weights": name})
+
+        def write_meta(path):
+            with open(path, "w") as f:
+                f.write(meta)
+        models.write_atomically(callback._training_metadata_path, write_meta)
+        if previous is not None and previous != name:
+            try:
+                os.remove(os.path.join(callback.backup_dir, previous))
+            except FileNotFoundError:
+                pass
+
+    callback._load_model = load
     if runtime.is_master_rank():
-        return
-    callback._save_model = lambda *args, **kwargs: None
-    callback.on_train_end = lambda logs=None: None
+        callback._save_model = save
+    else:
+        callback._save_model = lambda *args, **kwargs: None
+        callback.on_train_end = lambda logs=None: None
 
 
 def distribute(callbacks):
@@ -177,7 +223,7 @@ def distribute(callbacks):
                 out.append(_Forwarding(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            _backup_writes_on_master_only(cb)
+            _backup_atomically(cb)
         _quiet(cb)
         out.append(_Forwarding(cb))
     return out

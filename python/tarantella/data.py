@@ -74,6 +74,14 @@ def _slicer(rank, size):
     return slice_batch
 
 
+def require_batched(info, what):
+    """Raises the error for a dataset that BatchInfo `info` shows unbatched."""
+    if info.batched is False:
+        raise runtime.TarantellaError(
+            f"the {what} dataset is not batched: batch it with the global batch size "
+            "(dataset.batch(global_batch_size)) or pass tnt_micro_batch_size")
+
+
 def distribute(dataset, micro_batch_size=None, what="training"):
     """The dataset of this rank's micro-batches.
 
@@ -84,10 +92,11 @@ def distribute(dataset, micro_batch_size=None, what="training"):
     size = runtime.get_size()
     info = batch_info(dataset)
     if micro_batch_size is not None:
-        mbs = int(micro_batch_size)
-        if mbs <= 0:
+        if not runtime._is_whole_number(micro_batch_size) or micro_batch_size <= 0:
             raise runtime.TarantellaError(
-                f"tnt_micro_batch_size={micro_batch_size} must be a positive number of samples")
+                f"tnt_micro_batch_size={micro_batch_size!r} must be a positive whole number of "
+                "samples")
+        mbs = int(micro_batch_size)
         global_batch = mbs * size
         if info.batched:
             if info.size is not None and info.size != global_batch:
@@ -99,10 +108,8 @@ def distribute(dataset, micro_batch_size=None, what="training"):
         else:
             dataset = dataset.batch(global_batch, drop_remainder=False)
             info = BatchInfo(True, global_batch, False)
-    elif info.batched is False:
-        raise runtime.TarantellaError(
-            f"the {what} dataset is not batched: batch it with the global batch size "
-            "(dataset.batch(global_batch_size)) or pass tnt_micro_batch_size")
+    else:
+        require_batched(info, what)
     if info.size is not None and info.size < size:
         raise runtime.TarantellaError(
             f"the global batch size of the {what} dataset ({info.size}) is smaller than the "
@@ -121,6 +128,10 @@ def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
     as Keras builds for `fit(x, y, batch_size=...)`."""
     if batch_size is None:
         batch_size = 32
+    if not runtime._is_whole_number(batch_size) or batch_size <= 0:
+        raise runtime.TarantellaError(
+            f"batch_size={batch_size!r} must be a positive whole number of samples (the global "
+            "batch size)")
     parts = tuple(p for p in (x, y, sample_weight) if p is not None)
     data = parts[0] if len(parts) == 1 else parts
     ds = tf.data.Dataset.from_tensor_slices(data)
@@ -136,6 +147,10 @@ def is_array_like(x):
 
 def split_arrays(arrays, validation_split):
     """Keras's validation_split for arrays: the last fraction validates."""
+    if not 0 < validation_split < 1:
+        raise runtime.TarantellaError(
+            f"validation_split={validation_split!r} must be a fraction between 0 and 1 (the "
+            "share of the samples that validates, e.g. 0.2)")
     flat = tf.nest.flatten(arrays)
     n = len(flat[0])
     cut = int(n * (1.0 - validation_split))

@@ -13,6 +13,10 @@ a TensorFlow thread while they wait (TensorFlow's C API cannot keep an
 asynchronous kernel's completion callback alive), so every finish depends
 on all starts: a finish never occupies a thread that a start still needs.
 
+With TNT_OVERLAP=0 (runtime.overlap()), every start also depends on every
+gradient, so that no communication overlaps backprop: a control for
+measuring what overlap gains.
+
 The ops are stateless, and TensorFlow evaluates stateless ops whose inputs
 are all known ahead of time while it optimizes the graph. The sample count
 therefore arrives as a variable read, never as a constant (a static batch
@@ -76,12 +80,15 @@ class GradientReducer:
         fusion = self._fusion(signature, count_id)
         h = fusion.handle
 
-        n = tf.reshape(local_count, [1])
-        tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
-        scaled = {}
-        for i, numel, _ in signature:
-            scaled[i] = dense[i] * tf.cast(n[0], dense[i].dtype)
-            tokens[i] = ops.fusion_start(scaled[i], h, i, numel)
+        # TNT_OVERLAP=0: every start waits for every gradient (no overlap).
+        after = [] if runtime.overlap() else [dense[i] for i in order]
+        with tf.control_dependencies(after):
+            n = tf.reshape(local_count, [1])
+            tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
+            scaled = {}
+            for i, numel, _ in signature:
+                scaled[i] = dense[i] * tf.cast(n[0], dense[i].dtype)
+                tokens[i] = ops.fusion_start(scaled[i], h, i, numel)
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             total = ops.fusion_finish(tokens[count_id], n, h, count_id, 1)[0]
             out = list(dense)

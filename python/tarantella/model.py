@@ -27,6 +27,7 @@ from tarantella import gradients
 from tarantella import log
 from tarantella import metrics
 from tarantella import runtime
+from tarantella import timeline
 
 
 def _current_graph_tensors(tensors):
@@ -35,6 +36,16 @@ def _current_graph_tensors(tensors):
         return []
     graph = tf.compat.v1.get_default_graph()
     return [t for t in tensors if getattr(t, "graph", None) is graph]
+
+
+def _steps(dataset, steps=None):
+    """The steps a loop over `dataset` takes: `steps` when given, else the
+    dataset's cardinality (-1: infinite, -2: unknown, 0: no dataset)."""
+    if steps is not None:
+        return int(steps)
+    if dataset is None:
+        return 0
+    return int(dataset.cardinality().numpy())
 
 
 class Model:
@@ -152,11 +163,10 @@ class Model:
             return
         weights = self.model.get_weights()
         signature = ";".join(f"{w.dtype}{w.shape}" for w in weights).encode()
-        digest = np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64).copy()
-        everyone = np.zeros(runtime.get_size(), dtype=np.int64)
-        _core.allgather(digest, everyone)
-        differ = [r for r in range(runtime.get_size()) if everyone[r] != everyone[0]]
+        digest = int(np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64)[0])
+        differ = runtime.disagreements({"weights": digest}).get("weights")
         if differ:
+            differ = sorted(differ[1])
             raise runtime.TarantellaError(
                 f"ranks {differ} have models whose weight shapes differ from the master rank's; "
                 "every rank must build the same model")
@@ -190,7 +200,16 @@ class Model:
     def load_weights(self, filepath, *args, **kwargs):
         """Loads weights on every rank; the master's are broadcast before the
         next fit, evaluate or predict."""
-        result = self.model.load_weights(filepath, *args, **kwargs)
+        path = os.fspath(filepath)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file; give the path that save_weights() "
+                                    "wrote")
+        try:
+            result = self.model.load_weights(filepath, *args, **kwargs)
+        except (OSError, ValueError) as e:
+            raise runtime.TarantellaError(
+                f"{path}: cannot load weights from it ({e}); give a file that save_weights() "
+                "wrote for this model") from e
         self._tnt_broadcast_pending = True
         return result
 
@@ -303,8 +322,15 @@ class Model:
                 None if isinstance(vx, tf.data.Dataset) else batch_size)
             val = self._tnt_dataset(vx, vy, vw, vbs, tnt_validation_micro_batch_size,
                                     tnt_distribute_validation_dataset, False, "validation")
+        runtime.check_agreement("fit()", {
+            "the number of epochs": epochs,
+            "initial_epoch": kwargs.get("initial_epoch", 0),
+            "the number of steps per epoch": _steps(train, kwargs.get("steps_per_epoch")),
+            "the number of validation steps": _steps(val, kwargs.get("validation_steps")),
+            "validation_freq": kwargs.get("validation_freq", 1)})
         self._tnt_prepare(train)
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
+        cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # Shuffling is the dataset's business (arrays were shuffled above).
         history = self.model.fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                                  validation_data=val, shuffle=False, **kwargs)
@@ -333,6 +359,8 @@ class Model:
                  tnt_micro_batch_size=None, tnt_distribute_dataset=True, **kwargs):
         ds = self._tnt_dataset(x, y, sample_weight, batch_size, tnt_micro_batch_size,
                                tnt_distribute_dataset, False, "evaluation")
+        runtime.check_agreement("evaluate()", {
+            "the number of steps": _steps(ds, kwargs.get("steps"))})
         self._tnt_prepare(ds)
         return self.model.evaluate(ds, verbose=self._tnt_verbose(verbose), **kwargs)
 
@@ -361,6 +389,7 @@ class Model:
         else:
             micro_done = False
         info = data.batch_info(ds)
+        data.require_batched(info, "prediction")
         verbose = self._tnt_verbose(verbose)
         if size == 1 or not tnt_distribute_dataset or info.size is None:
             if size > 1 and tnt_distribute_dataset:

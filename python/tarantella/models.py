@@ -7,8 +7,10 @@ a half-written file under the final name. Loading returns a tnt.Model,
 compiled when the model was saved compiled.
 """
 import os
+import zipfile
 
 import keras
+import numpy as np
 
 from tarantella import _core
 from tarantella import runtime
@@ -33,6 +35,15 @@ def write_atomically(filepath, write):
     try:
         write(tmp)
         os.replace(tmp, filepath)
+    except Exception as e:
+        # The writer only saw the temporary name: the message names the real one.
+        if tmp not in str(e):
+            raise
+        try:
+            renamed = type(e)(str(e).replace(tmp, filepath))
+        except Exception:  # an exception class that wants other arguments
+            raise e from None
+        raise renamed from e
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -49,10 +60,24 @@ def write_on_master(filepath, overwrite, all_devices, write):
     if all_devices or runtime.is_master_rank():
         try:
             write_atomically(filepath, write)
-        except Exception as e:  # reported after the barrier, so no rank hangs
+        except Exception as e:  # reported after the ranks met, so no rank hangs
             error = e
     if runtime.get_size() > 1:
-        _core.barrier()
+        # Every rank learns which ranks failed to write, instead of only a barrier.
+        failed = np.zeros(runtime.get_size(), dtype=np.int64)
+        try:
+            _core.allgather(np.array([error is not None], dtype=np.int64), failed)
+        except _core.TntError as e:
+            raise runtime.TarantellaError(
+                f"saving {filepath}: the other ranks did not take part. Saving is collective: "
+                "every rank must call save/save_weights (the master rank writes, the others "
+                "wait for it), not only the master rank; "
+                f"{e}") from (error or e)
+        failed_ranks = [r for r in range(runtime.get_size()) if failed[r]]
+        if failed_ranks and error is None:
+            raise runtime.TarantellaError(
+                f"saving {filepath} failed on rank(s) {failed_ranks}; its error is in the "
+                "log of that rank")
     if error is not None:
         raise error
 
@@ -70,6 +95,13 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
     """A tnt.Model from a file written by save; compiled if it was saved
     compiled (and compile=True)."""
     runtime.require_init()
+    path = os.fspath(filepath)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file; give the path that save() wrote")
+    if path.endswith(".keras") and not zipfile.is_zipfile(path):
+        raise runtime.TarantellaError(
+            f"{path} is not a .keras file written by save() (it is not a zip archive): the "
+            "file is damaged, or of another kind")
     return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
                                          compile=compile, safe_mode=safe_mode))
 

@@ -10,8 +10,13 @@ def library():
     """The loaded op library (``libtnt_tf_ops.so`` next to this package)."""
     global _library
     if _library is None:
-        path = os.environ.get("TNT_TF_OPS_LIBRARY") or os.path.join(
+        override = os.environ.get("TNT_TF_OPS_LIBRARY")
+        path = override or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "libtnt_tf_ops.so")
+        if override and not os.path.exists(path):
+            raise ImportError(
+                f"TNT_TF_OPS_LIBRARY={override}: no such file; unset it to use the ops "
+                "installed with Tarantella")
         if not os.path.exists(path):
             raise ImportError(
                 f"Tarantella's TensorFlow ops are missing ({path}); reinstall the package "

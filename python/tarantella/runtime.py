@@ -29,6 +29,9 @@ def init(seed=None):
     """
     if _core.is_initialized():
         return
+    if seed is not None and not _is_whole_number(seed):
+        raise TarantellaError(f"tnt.init(seed={seed!r}): the seed must be an integer, "
+                              "or None for the default")
     _core.init()
     log.configure(_core.rank(), _core.size())
     import numpy as np
@@ -42,11 +45,53 @@ def init(seed=None):
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
 
 
+def _is_whole_number(value):
+    """True for ints (and NumPy integers), not for bools, floats or strings."""
+    import numbers
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def require_init():
     if not _core.is_initialized():
         raise TarantellaError(
             "Tarantella is not initialized: call tnt.init() at the start of the "
             "program, before creating models or datasets")
+
+
+def disagreements(values):
+    """Compares `values` (a dict of name -> int) across ranks with one small
+    allgather (collective: every rank calls it with the same names).
+    Returns {name: (master's value, {rank: its value})} for every name on
+    which some rank differs from the master; {} when all agree."""
+    size = get_size()
+    if size == 1:
+        return {}
+    import numpy as np
+    names = list(values)
+    mine = np.array([int(values[n]) for n in names], dtype=np.int64)
+    everyone = np.zeros(size * len(names), dtype=np.int64)
+    _core.allgather(mine, everyone)
+    table = everyone.reshape(size, len(names))
+    out = {}
+    for j, name in enumerate(names):
+        master = int(table[MASTER_RANK, j])
+        differ = {r: int(table[r, j]) for r in range(size) if table[r, j] != master}
+        if differ:
+            out[name] = (master, differ)
+    return out
+
+
+def check_agreement(what, values):
+    """Raises a TarantellaError on every rank unless all ranks hold the same
+    `values`; the message names, per value, the ranks that differ from the
+    master and what they hold. `what` names the call ("fit")."""
+    problems = [f"{name} is {master} on the master rank but "
+                + ", ".join(f"{v} on rank {r}" for r, v in differ.items())
+                for name, (master, differ) in disagreements(values).items()]
+    if problems:
+        raise TarantellaError(
+            f"the ranks disagree on {what}: " + "; ".join(problems) +
+            ". Every rank must make the same calls with datasets of the same length")
 
 
 def get_rank():
@@ -86,11 +131,20 @@ def threshold_kb():
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value < 0:
+    if not 0 <= value < float("inf"):  # also rejects nan
         raise TarantellaError(
             f"TNT_FUSION_THRESHOLD_KB={raw!r} is not a non-negative number of KiB "
             f"(e.g. {DEFAULT_FUSION_THRESHOLD_KB}); fix or unset it")
     return value
+
+
+def overlap():
+    """False when TNT_OVERLAP is 0 (or false/no/off): then no gradient enters
+    its fusion bucket before every gradient of the step is computed, so
+    communication does not overlap backprop. For measuring what overlap
+    gains; on by default."""
+    raw = os.environ.get("TNT_OVERLAP", "").strip().lower()
+    return raw not in ("0", "false", "no", "off")
 
 
 def output_on_all_devices():

@@ -3,8 +3,9 @@
  *
  * On one host the shared-memory algorithms win at every size (measured with
  * tnt-bench against MPI_Allreduce). Across hosts, the allreduce uses the
- * hierarchical shared-memory algorithm when hosts are alike, otherwise
- * recursive doubling up to TNT__RD_MAX_BYTES and the ring above.
+ * hierarchical shared-memory algorithm when hosts are alike and hold
+ * several ranks each, otherwise recursive doubling up to TNT__RD_MAX_BYTES
+ * and the ring above.
  */
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -27,8 +27,11 @@
 /* Up to this many bytes read per rank, small vectors skip the slicing. */
 #define TNT__SHM_WHOLE_MAX_BYTES (32u * 1024u)
 
+/* Across hosts, only when hosts hold several ranks each: with one rank per
+ * host there is nothing to share, and the ring across hosts would run once
+ * per slot-sized segment instead of once over the whole vector. */
 static int shm_usable(const tnt__comm_t *c) {
-  return c->shm != NULL && (c->num_hosts == 1 || c->cross != NULL);
+  return c->shm != NULL && (c->num_hosts == 1 || (c->cross != NULL && c->local_size > 1));
 }
 
 static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,

@@ -7,7 +7,8 @@
 
 tnt_status_t tnt__barrier(tnt__comm_t *c, const tnt__wait_ctx_t *w) {
   if (c->shm != NULL && c->num_hosts == 1) {
-    const uint64_t seq = tnt__shm_round_join(c);
+    uint64_t seq;
+    TNT_CHECK(tnt__shm_round_begin(c, w, &seq));
     tnt__shm_publish(c, 0, seq);
     return tnt__shm_wait_all(c, 0, seq, w);
   }

@@ -16,7 +16,8 @@
 #include "transport/transport.h"
 
 /* Bytes of each rank's shared region before its data slots: one cache line
- * for each of the two progress counters. */
+ * for each of the two progress counters; the first line also holds the
+ * signatures of the collectives of the last two rounds. */
 #define TNT__SHM_CTRL_BYTES 128
 
 /*
@@ -80,8 +81,29 @@ typedef enum tnt__coll_kind {
   TNT__COLL_ALLREDUCE = 0,
   TNT__COLL_BROADCAST = 1,
   TNT__COLL_ALLGATHERV = 2,
-  TNT__COLL_KIND_COUNT
+  TNT__COLL_KIND_COUNT = 3, /* the kinds above have algorithm tables */
+  TNT__COLL_BARRIER = 3
 } tnt__coll_kind_t;
+
+/*
+ * What a collective call is, in the terms every member must agree on.
+ * Shared-memory rounds publish it next to their counters and every rank
+ * compares it with its own, so ranks that call different collectives (or
+ * the same one with different arguments) at the same point get
+ * TNT_ERR_MISMATCH, naming both calls, instead of combining unrelated
+ * buffers. Sixteen bytes without padding, compared with memcmp.
+ */
+typedef struct tnt__coll_sig {
+  uint64_t count; /* elements (allreduce, broadcast), total bytes (allgatherv) */
+  int32_t root;   /* broadcast root, else 0 */
+  uint8_t kind;   /* tnt__coll_kind_t */
+  uint8_t dtype;  /* tnt_dtype_t (allreduce, broadcast), else 0 */
+  uint8_t op;     /* tnt_op_t (allreduce), else 0 */
+  uint8_t set;    /* 1; 0 marks a round without a signature */
+} tnt__coll_sig_t;
+
+/* "allreduce of 1024 float32 (sum)" and the like. */
+void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len);
 
 /* The algorithm for `kind` on `c` and a message of `bytes` (the full
  * vector for allreduce and broadcast, the gathered total for allgatherv). */
@@ -93,28 +115,28 @@ const tnt__algo_t *tnt__algo_find(tnt__coll_kind_t kind, const char *name);
  * dissemination over the transport otherwise). */
 tnt_status_t tnt__barrier(tnt__comm_t *c, const tnt__wait_ctx_t *w);
 
-/* ---- shared-memory synchronisation (shm_sync.c) ---- */
+/* ---- shared-memory synchronisation (comm.c) ---- */
 
 /* Pointer to data slot `slot` (0 or 1) of node rank `r`. */
 uint8_t *tnt__shm_slot(const tnt__comm_t *c, int r, int slot);
 /* Publishes that this rank reached `value` on counter `which` (0 or 1). */
 void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value);
-/* Waits until node rank `r` published at least `value` on `which`. */
+/* Waits until node rank `r` published at least `value` on `which`. A wait
+ * on counter 0 for the current round (value == c->shm_seq) also checks
+ * that r runs the collective w->sig describes (TNT_ERR_MISMATCH if not). */
 tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
                                const tnt__wait_ctx_t *w);
 /* Waits until every node rank published at least `value` on `which`. */
 tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
                                const tnt__wait_ctx_t *w);
 /*
- * Starts a shared-memory round in which this rank writes its slot: *seq
- * becomes the round's number, and the call returns once the slot (seq & 1)
- * is free, i.e. every rank has finished reading round seq - 2. Every rank
- * publishes counter 0 = seq only after it finished reading the slots of
- * round seq - 1. Ranks that only read in a round use tnt__shm_round_join.
+ * Starts a shared-memory round: *seq becomes the round's number, and the
+ * call returns once slot (seq & 1) is free, i.e. every rank has finished
+ * round seq - 2 (reading its slots and signatures); it then writes this
+ * rank's signature of the round (w->sig). Every rank publishes counter
+ * 0 = seq only after it finished reading the slots of round seq - 1.
  */
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
-/* Starts a round in which this rank writes nothing; returns its number. */
-uint64_t tnt__shm_round_join(tnt__comm_t *c);
 
 /* In-place ring allreduce (reduce-scatter then allgather) over transport
  * `t`; AVERAGE divides by t->size. Used directly by hierarchical

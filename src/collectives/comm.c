@@ -6,12 +6,21 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "collectives/collectives.h"
 #include "core/log.h"
 
+/* Largest shared-memory slot: each rank maps two per communicator. */
+#define TNT__SHM_SLOT_MAX_KB (1024.0 * 1024.0)
+
 static size_t slot_bytes_from_env(void) {
   double kb = tnt__env_double("TNT_SHM_SLOT_KB", 256.0);
+  if (kb > TNT__SHM_SLOT_MAX_KB) {
+    TNT_LOG_WARN("ignoring TNT_SHM_SLOT_KB=%g: at most %.0f (1 GiB per slot); using 256", kb,
+                 TNT__SHM_SLOT_MAX_KB);
+    kb = 256.0;
+  }
   size_t bytes = (size_t)(kb * 1024.0);
   bytes = (bytes + 63u) & ~(size_t)63u; /* whole cache lines */
   return bytes < 64 ? 64 : bytes;
@@ -104,18 +113,61 @@ void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value) {
   atomic_store_explicit(counter(c, c->local_rank, which), value, memory_order_release);
 }
 
+/* Rank r's signature of round `seq`: two alternate, after counter 0. */
+static tnt__coll_sig_t *sig_of(const tnt__comm_t *c, int r, uint64_t seq) {
+  _Static_assert(16 + 2 * sizeof(tnt__coll_sig_t) <= 64, "signatures must fit the line");
+  return (tnt__coll_sig_t *)(void *)(c->shm->base[r] + 16 + sizeof(tnt__coll_sig_t) * (seq & 1u));
+}
+
+void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len) {
+  const unsigned long long n = (unsigned long long)s->count;
+  switch (s->kind) {
+    case TNT__COLL_ALLREDUCE:
+      snprintf(buf, len, "allreduce of %llu %s (%s)", n, tnt_dtype_name((tnt_dtype_t)s->dtype),
+               tnt_op_name((tnt_op_t)s->op));
+      break;
+    case TNT__COLL_BROADCAST:
+      snprintf(buf, len, "broadcast of %llu %s from rank %d", n,
+               tnt_dtype_name((tnt_dtype_t)s->dtype), (int)s->root);
+      break;
+    case TNT__COLL_ALLGATHERV: snprintf(buf, len, "allgather of %llu bytes in all", n); break;
+    case TNT__COLL_BARRIER: snprintf(buf, len, "barrier"); break;
+    default: snprintf(buf, len, "unknown collective %d", (int)s->kind); break;
+  }
+}
+
+/* Compares node rank r's signature of round `seq` with this rank's. */
+static tnt_status_t sig_check(const tnt__comm_t *c, int r, uint64_t seq, const tnt__wait_ctx_t *w) {
+  const tnt__coll_sig_t *theirs = sig_of(c, r, seq);
+  if (w->sig == NULL || !theirs->set || memcmp(theirs, w->sig, sizeof *theirs) == 0) return TNT_OK;
+  char mine_s[96], theirs_s[96];
+  tnt__coll_sig_describe(w->sig, mine_s, sizeof mine_s);
+  tnt__coll_sig_describe(theirs, theirs_s, sizeof theirs_s);
+  TNT_LOG_ERROR("%s: the ranks disagree on the collective: rank %d runs %s while rank %d runs %s; "
+                "every rank must make the same collective calls in the same order",
+                w->label, c->node->world_ranks[c->local_rank], mine_s, c->node->world_ranks[r],
+                theirs_s);
+  return TNT_ERR_MISMATCH;
+}
+
 tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
                                const tnt__wait_ctx_t *w) {
   _Atomic uint64_t *ctr = counter(c, r, which);
   int warned = 0;
   for (unsigned it = 0; atomic_load_explicit(ctr, memory_order_acquire) < value; ++it) {
-    if ((it & 1023u) == 1023u) {
+    /* The clock is read every 64 pauses: negligible while spinning, and
+     * timely when each pause yields the core on a busy host. */
+    if ((it & 63u) == 63u) {
       char what[48];
       snprintf(what, sizeof what, "rank %d (shared memory)", c->node->world_ranks[r]);
       TNT_CHECK(tnt__wait_check(w, &warned, what));
     }
     tnt__spin_pause(it);
   }
+  /* Rank r wrote its signature of this round before publishing counter 0,
+   * and rewrites that half only in round value + 2, which needs this rank
+   * to finish round value first. */
+  if (which == 0 && value == c->shm_seq) return sig_check(c, r, value, w);
   return TNT_OK;
 }
 
@@ -125,15 +177,18 @@ tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
   return TNT_OK;
 }
 
-uint64_t tnt__shm_round_join(tnt__comm_t *c) {
-  return ++c->shm_seq;
-}
-
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq) {
   *seq = ++c->shm_seq;
   /* Slot (seq & 1) was last read in round seq - 2; every rank announces
    * the end of those reads when it publishes counter 0 of round seq - 1. */
-  return tnt__shm_wait_all(c, 0, *seq - 1, w);
+  TNT_CHECK(tnt__shm_wait_all(c, 0, *seq - 1, w));
+  tnt__coll_sig_t *mine = sig_of(c, c->local_rank, *seq);
+  if (w->sig != NULL) {
+    *mine = *w->sig;
+  } else {
+    memset(mine, 0, sizeof *mine);
+  }
+  return TNT_OK;
 }
 
 void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi) {

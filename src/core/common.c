@@ -33,6 +33,7 @@ tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label) {
   w.deadline = now + timeout_s;
   w.warn_at = now + (stall_warning_s > 0 ? stall_warning_s : timeout_s / 3.0);
   w.label = label;
+  w.sig = NULL;
   return w;
 }
 
@@ -81,7 +82,11 @@ double tnt__env_double(const char *name, double fallback) {
   errno = 0;
   double v = strtod(s, &end);
   if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v <= 0) {
-    TNT_LOG_WARN("ignoring %s=%s: expected a positive number; using %g", name, s, fallback);
+    if (fallback > 0) {
+      TNT_LOG_WARN("ignoring %s=%s: expected a positive number; using %g", name, s, fallback);
+    } else { /* a fallback <= 0 stands for a default computed elsewhere */
+      TNT_LOG_WARN("ignoring %s=%s: expected a positive number; using the default", name, s);
+    }
     return fallback;
   }
   return v;

@@ -36,11 +36,16 @@ double tnt__now(void);
  * What a blocking wait inside libtnt needs to know: when to give up, and
  * what to call the operation in the message that says it gave up.
  */
+struct tnt__coll_sig;
+
 typedef struct tnt__wait_ctx {
   double deadline; /* tnt__now() value after which waits fail */
   double timeout;  /* the timeout the deadline came from, for messages */
   double warn_at;  /* tnt__now() value after which a wait warns that it stalls */
   const char *label; /* e.g. "allreduce of fusion bucket 3" */
+  /* The collective being run, which every member must agree on; NULL for
+   * waits that are not part of a collective. */
+  const struct tnt__coll_sig *sig;
 } tnt__wait_ctx_t;
 
 /* A wait context that expires `timeout_s` seconds from now and warns of a

@@ -13,6 +13,7 @@
 #include "core/context.h"
 #include "core/handles.h"
 #include "core/log.h"
+#include "core/timeline.h"
 #include "engine/engine.h"
 
 struct tnt_context {
@@ -149,11 +150,20 @@ tnt_status_t tnt_context_create(const tnt_config_t *config, tnt_context_t **out)
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   tnt__log_set_rank(rank, size, 0);
+  /* Before the engine starts, so that its thread is in the timeline. */
+  tnt__timeline_open(rank, size);
+  tnt__timeline_name_thread("main");
   tnt__transport_t *t = NULL;
   tnt_status_t st = tnt__transport_mpi_create(&t);
   if (st >= 0) st = tnt__context_create_with_transport(t, config, out);
   if (st < 0) {
-    if (owns) MPI_Finalize();
+    tnt__timeline_close();
+    /* With other ranks, a failure here (e.g. shared memory that could not be
+     * allocated) can leave them inside a collective MPI call that waits for
+     * this rank; MPI_Finalize would then wait for them forever. Returning
+     * without it lets the program exit with the error, and the launcher end
+     * the others. */
+    if (owns && size == 1) MPI_Finalize();
     return st;
   }
   (*out)->owns_mpi = owns;
@@ -174,6 +184,7 @@ tnt_status_t tnt_context_destroy(tnt_context_t *ctx) {
   tnt__comm_destroy(ctx->world->comm);
   group_free(ctx->world);
   int finalize = ctx->owns_mpi && failed == TNT_OK;
+  if (ctx->is_mpi) tnt__timeline_close();
   pthread_mutex_destroy(&ctx->mu);
   free(ctx);
   if (finalize) MPI_Finalize();

@@ -14,6 +14,8 @@ const char *tnt_status_string(tnt_status_t status) {
     case TNT_ERR_UNSUPPORTED: return "TNT_ERR_UNSUPPORTED: not supported by this build or MPI";
     case TNT_ERR_STATE: return "TNT_ERR_STATE: call out of order";
     case TNT_ERR_INTERNAL: return "TNT_ERR_INTERNAL: internal error in libtnt";
+    case TNT_ERR_MISMATCH:
+      return "TNT_ERR_MISMATCH: the ranks called different collectives at the same point";
   }
   return "unknown tnt_status_t value";
 }

@@ -62,15 +62,20 @@ static tnt_status_t check_buf(const char *call, const void *buf, size_t count, c
   return TNT_OK;
 }
 
-/* A request for `run` on group g, labelled "<call> #<n> (<bytes> bytes)". */
+/* A request for `run` on group g, the collective `sig`, labelled
+ * "<call> of <bytes> bytes". */
 static tnt_status_t new_op(tnt_group_t *g, const char *call, tnt__op_run_fn run, size_t bytes,
-                           tnt_request_t **out) {
+                           tnt__coll_sig_t sig, tnt_request_t **out) {
   TNT_CHECK(tnt__request_new(g->ctx, out));
   tnt__op_t *op = &(*out)->op;
   op->kind = TNT__OP_RUN;
   op->run = run;
   op->comm = g->comm;
   op->group = g;
+  op->sig = sig;
+  op->call = call;
+  op->bytes = bytes;
+  op->bucket = -1;
   snprintf(op->label, sizeof op->label, "%s of %zu bytes", call, bytes);
   return TNT_OK;
 }
@@ -90,13 +95,22 @@ static tnt_status_t finish(tnt_group_t *g, tnt_request_t *req, tnt_request_t **o
 tnt_status_t tnt__iallreduce_labeled(tnt_group_t *g, const void *sendbuf, void *recvbuf,
                                      size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                      const char *label, tnt_request_t **req) {
+  return tnt__iallreduce_bucket(g, sendbuf, recvbuf, count, dtype, op, label, -1, req);
+}
+
+tnt_status_t tnt__iallreduce_bucket(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                    const char *label, long bucket, tnt_request_t **req) {
   static const char call[] = "allreduce";
   TNT_CHECK(check_common(call, g, dtype, count));
   if (!tnt__op_valid(op)) return bad(call, "invalid op");
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, count, "recvbuf"));
   tnt_request_t *r = NULL;
-  TNT_CHECK(new_op(g, call, allreduce_run, count * tnt_dtype_size(dtype), &r));
+  const tnt__coll_sig_t sig = {.count = count, .kind = TNT__COLL_ALLREDUCE,
+                               .dtype = (uint8_t)dtype, .op = (uint8_t)op, .set = 1};
+  TNT_CHECK(new_op(g, call, allreduce_run, count * tnt_dtype_size(dtype), sig, &r));
+  r->op.bucket = bucket;
   r->op.sendbuf = sendbuf;
   r->op.recvbuf = recvbuf;
   r->op.count = count;
@@ -131,7 +145,9 @@ static tnt_status_t broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype
   if (root < 0 || root >= g->comm->size) return bad(call, "root is not a rank of the group");
   TNT_CHECK(check_buf(call, buf, count, "buf"));
   tnt_request_t *r = NULL;
-  TNT_CHECK(new_op(g, call, broadcast_run, count * tnt_dtype_size(dtype), &r));
+  const tnt__coll_sig_t sig = {.count = count, .root = root, .kind = TNT__COLL_BROADCAST,
+                               .dtype = (uint8_t)dtype, .set = 1};
+  TNT_CHECK(new_op(g, call, broadcast_run, count * tnt_dtype_size(dtype), sig, &r));
   r->op.recvbuf = buf;
   r->op.count = count;
   r->op.dtype = dtype;
@@ -168,7 +184,8 @@ static tnt_status_t allgatherv(tnt_group_t *g, const void *sendbuf, size_t count
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, total, "recvbuf"));
   tnt_request_t *rq = NULL;
-  TNT_CHECK(new_op(g, call, allgatherv_run, total * esz, &rq));
+  const tnt__coll_sig_t sig = {.count = total * esz, .kind = TNT__COLL_ALLGATHERV, .set = 1};
+  TNT_CHECK(new_op(g, call, allgatherv_run, total * esz, sig, &rq));
   tnt__op_t *op = &rq->op;
   op->counts = malloc((size_t)n * sizeof(size_t));
   op->displs = malloc((size_t)n * sizeof(size_t));
@@ -217,7 +234,8 @@ tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, 
 static tnt_status_t barrier(tnt_group_t *g, tnt_request_t **req) {
   TNT_CHECK(check_common("barrier", g, TNT_FLOAT32, 0));
   tnt_request_t *r = NULL;
-  TNT_CHECK(new_op(g, "barrier", barrier_run, 0, &r));
+  const tnt__coll_sig_t sig = {.kind = TNT__COLL_BARRIER, .set = 1};
+  TNT_CHECK(new_op(g, "barrier", barrier_run, 0, sig, &r));
   snprintf(r->op.label, sizeof r->op.label, "barrier");
   return finish(g, r, req);
 }

@@ -26,11 +26,13 @@
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "core/context.h"
 #include "core/log.h"
+#include "core/timeline.h"
 
 struct tnt__engine {
   tnt_context_t *ctx;
@@ -175,11 +177,38 @@ void tnt_request_free(tnt_request_t *req) {
 
 /* ------------------------------------------------------------- execution */
 
+/* A collective's slice of the timeline, on the thread that ran it. */
+static void timeline_collective(const tnt__op_t *op, double begin, double end, tnt_status_t st) {
+  const char *algo = "";
+  if (op->sig.kind < TNT__COLL_KIND_COUNT) { /* the barrier has no table */
+    algo = tnt__algo_select(op->comm, (tnt__coll_kind_t)op->sig.kind, op->bytes)->name;
+  }
+  const double queued_ms = op->submitted > 0 ? (begin - op->submitted) * 1e3 : 0.0;
+  if (op->bucket >= 0) {
+    char name[48];
+    snprintf(name, sizeof name, "allreduce bucket %ld", op->bucket);
+    tnt__timeline_complete("comm", name, begin, end,
+                           "\"bucket\":%ld,\"bytes\":%zu,\"algorithm\":\"%s\","
+                           "\"queued_ms\":%.3f,\"status\":%d",
+                           op->bucket, op->bytes, algo, queued_ms, (int)st);
+  } else {
+    tnt__timeline_complete("comm", op->call != NULL ? op->call : op->label, begin, end,
+                           "\"bytes\":%zu,\"algorithm\":\"%s\",\"queued_ms\":%.3f,"
+                           "\"status\":%d,\"label\":\"%s\"",
+                           op->bytes, algo, queued_ms, (int)st, op->label);
+  }
+}
+
 static tnt_status_t run_collective(tnt__engine_t *e, tnt__op_t *op) {
   tnt_status_t st = tnt__context_check(e->ctx);
   if (st < 0) return st;
   tnt__wait_ctx_t w = tnt__wait_ctx(tnt_context_timeout(e->ctx), op->label);
-  return op->run(op, &w);
+  w.sig = &op->sig;
+  if (!TNT__TIMELINE_ON()) return op->run(op, &w);
+  const double begin = tnt__now();
+  st = op->run(op, &w);
+  timeline_collective(op, begin, tnt__now(), st);
+  return st;
 }
 
 static void fail_active(tnt__engine_t *e, size_t i, tnt_status_t st) {
@@ -259,6 +288,7 @@ static void execute(tnt__engine_t *e, tnt__op_t *op) {
 static void *engine_main(void *arg) {
   tnt__engine_t *e = arg;
   tnt__log_set_rank(tnt__context_rank(e->ctx), tnt__context_size(e->ctx), 1);
+  tnt__timeline_name_thread("progress");
   unsigned idle = 0;
   pthread_mutex_lock(&e->mu);
   for (;;) {
@@ -310,6 +340,7 @@ static void *engine_main(void *arg) {
 void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req) {
   tnt__op_t *op = &req->op;
   op->next = NULL;
+  if (TNT__TIMELINE_ON()) op->submitted = tnt__now();
   pthread_mutex_lock(&e->mu);
   if (e->tail != NULL) {
     e->tail->next = op;

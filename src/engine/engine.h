@@ -36,10 +36,18 @@ struct tnt__op {
   int root; /* broadcast root, or p2p peer */
   int tag;
   size_t *counts, *displs; /* bytes, for allgatherv */
+  tnt__coll_sig_t sig;     /* collectives: what every member must agree on */
   tnt__xreq_t xreq;
   double deadline;
   char label[112];
   tnt__op_t *next;
+  /* For the timeline: the public call ("allreduce", NULL for internal
+   * operations) and its bytes, the fusion bucket it reduces (-1: none)
+   * and when it was queued (0: run inline). */
+  const char *call;
+  size_t bytes;
+  long bucket;
+  double submitted;
 };
 
 struct tnt_request {
@@ -85,5 +93,10 @@ tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req);
 tnt_status_t tnt__iallreduce_labeled(struct tnt_group *g, const void *sendbuf, void *recvbuf,
                                      size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                      const char *label, tnt_request_t **req);
+/* tnt__iallreduce_labeled of fusion bucket `bucket`, which the timeline
+ * names. */
+tnt_status_t tnt__iallreduce_bucket(struct tnt_group *g, const void *sendbuf, void *recvbuf,
+                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                    const char *label, long bucket, tnt_request_t **req);
 
 #endif

@@ -27,6 +27,7 @@
 #include "core/context.h"
 #include "core/handles.h"
 #include "core/log.h"
+#include "core/timeline.h"
 #include "engine/engine.h"
 #include "fusion/planner.h"
 
@@ -324,8 +325,8 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, round_ref_t **issued, size_t *n
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
     round_ref_t *ref = malloc(sizeof *ref);
     if (ref == NULL) return TNT_ERR_NO_MEMORY;
-    tnt_status_t st = tnt__iallreduce_labeled(f->g, bk->buf, bk->buf, bp->count, bp->dtype,
-                                              f->op, bk->label, &bk->req);
+    tnt_status_t st = tnt__iallreduce_bucket(f->g, bk->buf, bk->buf, bp->count, bp->dtype,
+                                             f->op, bk->label, (long)b, &bk->req);
     if (st < 0) {
       free(ref);
       return st;
@@ -374,6 +375,11 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
   /* Members occupy disjoint parts of the bucket, which no allreduce uses
    * until every member has started: the copy needs no lock. */
   memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
+  if (TNT__TIMELINE_ON()) {
+    tnt__timeline_instant("fusion", "fusion start",
+                          "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
+                          (unsigned long long)id, t->count * esz, b);
+  }
 
   round_ref_t *stack_issued[8];
   round_ref_t **issued = stack_issued;
@@ -386,6 +392,11 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
   f->buckets[b].started++;
   tnt_status_t st = issue_ready(f, issued, &nissued);
   pthread_mutex_unlock(&f->mu);
+  for (size_t k = 0; k < nissued && TNT__TIMELINE_ON(); ++k) {
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[issued[k]->bucket];
+    tnt__timeline_instant("fusion", "bucket submitted", "\"bucket\":%zu,\"bytes\":%zu",
+                          issued[k]->bucket, bp->count * tnt_dtype_size(bp->dtype));
+  }
   attach_callbacks(issued, nissued);
   if (issued != stack_issued) free(issued);
   return st;
@@ -431,7 +442,8 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
   if (timeout_s < 0) timeout_s = tnt_context_timeout(f->g->ctx);
   const size_t b = f->plan.bucket_of[i];
   bucket_t *bk = &f->buckets[b];
-  const double deadline = tnt__now() + timeout_s;
+  const double entered = tnt__now();
+  const double deadline = entered + timeout_s;
   const struct timespec ts = abs_time(deadline);
 
   pthread_mutex_lock(&f->mu);
@@ -466,6 +478,10 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
   if (st < 0) return st;
   const size_t esz = tnt_dtype_size(t->dtype);
   memcpy(out, bk->buf + f->plan.offset_of[i] * esz, t->count * esz);
+  if (TNT__TIMELINE_ON()) {
+    tnt__timeline_complete("wait", "fusion finish", entered, tnt__now(),
+                           "\"tensor\":%llu,\"bucket\":%zu", (unsigned long long)id, b);
+  }
 
   pthread_mutex_lock(&f->mu);
   tnt_request_t *release = mark_finished(f, (size_t)i);

@@ -832,6 +832,59 @@ static PyObject *core_barrier(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   return result_of("barrier", st, NULL, Py_None);
 }
 
+/* ---------------------------------------------------------------- timeline */
+
+PyDoc_STRVAR(timeline_enabled_doc,
+             "timeline_enabled()\n--\n\n"
+             "True while this process writes a timeline (TNT_TIMELINE was set when init()\n"
+             "ran).");
+
+static PyObject *core_timeline_enabled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  return PyBool_FromLong(tnt_timeline_enabled());
+}
+
+/* timeline_begin, timeline_end and timeline_instant differ only in the
+ * phase of the event they add. */
+static PyObject *timeline_event(const char *call, char phase, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"name", "category", NULL};
+  const char *name = NULL;
+  const char *category = "user";
+  char format[32];
+  snprintf(format, sizeof format, "s|s:%s", call);
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &name, &category)) return NULL;
+  if (!tnt_timeline_enabled()) Py_RETURN_NONE;
+  tnt_status_t st = tnt_timeline_event(name, category, phase);
+  if (st < 0) return raise_status(call, st, NULL);
+  Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(timeline_begin_doc,
+             "timeline_begin(name, category='user')\n--\n\n"
+             "Begins a span called name on the calling thread in the timeline (a no-op\n"
+             "without one); timeline_end(name) ends it. Spans of a thread nest.");
+PyDoc_STRVAR(timeline_end_doc,
+             "timeline_end(name, category='user')\n--\n\n"
+             "Ends the calling thread's innermost span, which timeline_begin(name) began.");
+PyDoc_STRVAR(timeline_instant_doc,
+             "timeline_instant(name, category='user')\n--\n\n"
+             "Marks an instant called name on the calling thread in the timeline.");
+
+static PyObject *core_timeline_begin(PyObject *module, PyObject *args, PyObject *kwargs) {
+  (void)module;
+  return timeline_event("timeline_begin", 'B', args, kwargs);
+}
+
+static PyObject *core_timeline_end(PyObject *module, PyObject *args, PyObject *kwargs) {
+  (void)module;
+  return timeline_event("timeline_end", 'E', args, kwargs);
+}
+
+static PyObject *core_timeline_instant(PyObject *module, PyObject *args, PyObject *kwargs) {
+  (void)module;
+  return timeline_event("timeline_instant", 'i', args, kwargs);
+}
+
 /* ------------------------------------------------------------------ Fusion */
 
 struct FusionObject {
@@ -1286,6 +1339,12 @@ static PyMethodDef core_methods[] = {
     {"allgatherv", TNT_PYFN(core_allgatherv), METH_VARARGS | METH_KEYWORDS, allgatherv_doc},
     {"barrier", (PyCFunction)core_barrier, METH_NOARGS, barrier_doc},
     {"abort", TNT_PYFN(core_abort), METH_VARARGS | METH_KEYWORDS, abort_doc},
+    {"timeline_enabled", (PyCFunction)core_timeline_enabled, METH_NOARGS, timeline_enabled_doc},
+    {"timeline_begin", TNT_PYFN(core_timeline_begin), METH_VARARGS | METH_KEYWORDS,
+     timeline_begin_doc},
+    {"timeline_end", TNT_PYFN(core_timeline_end), METH_VARARGS | METH_KEYWORDS, timeline_end_doc},
+    {"timeline_instant", TNT_PYFN(core_timeline_instant), METH_VARARGS | METH_KEYWORDS,
+     timeline_instant_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@ typedef struct tnt__xreq {
   int peer;    /* transport rank of the other side */
   int is_recv; /* for messages: "waiting for rank 3 (receive)" */
   int active;  /* 1 from post until test reports completion */
+  size_t bytes; /* the size of the transfer; a received message must match it */
 } tnt__xreq_t;
 
 /* Memory that every rank of a single-host transport can address directly.
@@ -47,7 +48,9 @@ typedef struct tnt__transport_ops {
                         int peer, int tag, tnt__xreq_t *req);
   tnt_status_t (*irecv)(tnt__transport_t *t, tnt__channel_t ch, void *buf, size_t bytes, int peer,
                         int tag, tnt__xreq_t *req);
-  /* *done = 1 once the transfer completed (then req->active is cleared). */
+  /* *done = 1 once the transfer completed (then req->active is cleared). A
+   * received message of another size than the receive fails with
+   * TNT_ERR_MISMATCH: the ranks disagree on the operation. */
   tnt_status_t (*test)(tnt__transport_t *t, tnt__xreq_t *req, int *done);
   /* Abandons a pending transfer after a failure (best effort). */
   void (*cancel)(tnt__transport_t *t, tnt__xreq_t *req);

@@ -7,6 +7,7 @@
  */
 #include <limits.h>
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,6 +60,7 @@ static tnt_status_t mpi_isend(tnt__transport_t *t, tnt__channel_t ch, const void
   mpi_transport_t *m = (mpi_transport_t *)t;
   TNT_CHECK(check_bytes(bytes));
   MPI_TRY(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm[ch], req_of(req)));
+  req->bytes = bytes;
   req->peer = peer;
   req->is_recv = 0;
   req->active = 1;
@@ -70,16 +72,41 @@ static tnt_status_t mpi_irecv(tnt__transport_t *t, tnt__channel_t ch, void *buf,
   mpi_transport_t *m = (mpi_transport_t *)t;
   TNT_CHECK(check_bytes(bytes));
   MPI_TRY(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, m->comm[ch], req_of(req)));
+  req->bytes = bytes;
   req->peer = peer;
   req->is_recv = 1;
   req->active = 1;
   return TNT_OK;
 }
 
+static tnt_status_t size_mismatch(tnt__transport_t *t, const tnt__xreq_t *req, const char *got) {
+  TNT_LOG_ERROR("a message from rank %d has %s where %zu were expected: the ranks disagree on "
+                "the operation (a different collective, count or type)",
+                t->world_ranks[req->peer], got, req->bytes);
+  return TNT_ERR_MISMATCH;
+}
+
 static tnt_status_t mpi_test(tnt__transport_t *t, tnt__xreq_t *req, int *done) {
-  (void)t;
-  MPI_TRY(MPI_Test(req_of(req), done, MPI_STATUS_IGNORE));
-  if (*done) req->active = 0;
+  MPI_Status status;
+  int rc = MPI_Test(req_of(req), done, &status);
+  if (rc != MPI_SUCCESS) {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    req->active = 0;
+    if (cls == MPI_ERR_TRUNCATE) return size_mismatch(t, req, "more bytes");
+    return mpi_fail(rc, "MPI_Test");
+  }
+  if (!*done) return TNT_OK;
+  req->active = 0;
+  if (req->is_recv) {
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if ((size_t)got != req->bytes) {
+      char what[40];
+      snprintf(what, sizeof what, "%d bytes", got);
+      return size_mismatch(t, req, what);
+    }
+  }
   return TNT_OK;
 }
 

@@ -302,12 +302,11 @@ static tnt_status_t thr_test(tnt__transport_t *t, tnt__xreq_t *req, int *done) {
     return TNT_OK;
   }
   /* Matched: the record left the queues, so only this thread sees it. */
-  if (m->bytes > rv->bytes) {
-    TNT_LOG_ERROR(
-        "threads transport: a message of %zu bytes from rank %d does not fit a "
-        "receive of %zu bytes",
-        m->bytes, t->world_ranks[m->e.src], rv->bytes);
-    st = TNT_ERR_INVALID_ARG;
+  if (m->bytes != rv->bytes) {
+    TNT_LOG_ERROR("a message from rank %d has %zu bytes where %zu were expected: the ranks "
+                  "disagree on the operation (a different collective, count or type)",
+                  t->world_ranks[m->e.src], m->bytes, rv->bytes);
+    st = TNT_ERR_MISMATCH;
   } else if (m->bytes > 0) {
     memcpy(rv->buf, m->data, m->bytes);
   }

@@ -1,6 +1,7 @@
 """The launcher's command line: --dry-run output over the option
-combinations, and a clear message with a non-zero exit for every bad input.
-Nothing here starts a rank, so every test takes well under a second."""
+combinations. Nothing here starts a rank, so every test takes well under a
+second. Bad input (a clear message and exit 2) is in the matrix of
+tests/reliability/test_bad_input.py."""
 import os
 import shlex
 import shutil
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from launcher_util import ROOT, base_env, run_launcher
+from launcher_util import base_env, run_launcher
 
 PY = sys.executable
 
@@ -280,92 +281,6 @@ def test_version_and_help(launcher):
 
 
 # --------------------------------------------------------------- bad input
-
-def bad(args, expected, env=None, cwd=None):
-    """Checks that args fail at once, with a non-zero exit and the message."""
-    proc = run_launcher(args, env=env, timeout=30, cwd=cwd)
-    assert proc.returncode != 0, f"tarantella {args} succeeded:\n{proc.stdout}"
-    assert expected in proc.stderr, proc.stderr
-    assert "tarantella: error:" in proc.stderr
-    assert proc.stdout == ""
-    return proc
-
-
-def test_bad_command_lines(launcher, prog):
-    bad(["--bogus", "--", prog], "unknown option '--bogus'")
-    bad(["-q", "--", prog], "unknown option '-q'")
-    bad(["-n", "2", prog], "before '--'")
-    bad([], "missing '--' and PROGRAM")
-    bad(["-n", "2"], "missing '--' and PROGRAM")
-    bad(["-n", "2", "--"], "missing PROGRAM after '--'")
-    bad(["-n", "2", "--n-per-node", "2", "--", prog], "cannot be combined")
-    bad(["--npernode", "2", "-np", "2", "--", prog], "cannot be combined")
-    bad(["-n", "0", "--", prog], "positive whole number")
-    bad(["-n", "two", "--", prog], "positive whole number")
-    bad(["-n", "-3", "--", prog], "positive whole number")
-    bad(["--n-per-node", "1.5", "--", prog], "positive whole number")
-    bad(["-n"], "needs a value")
-    bad(["--hostfile", "--no-gpu", "--", prog], "--hostfile needs a value")
-    bad(["--no-gpu=1", "--", prog], "takes no value")
-    bad(["--log-level", "LOUD", "--", prog], "DEBUG, INFO, WARNING or ERROR")
-
-
-@pytest.mark.parametrize("value", ["NOEQUALS-", "=value", "1ABC=x", "A-B=c", "", "A B=c"])
-def test_bad_x(launcher, prog, value):
-    bad(["-x", value, "--", prog], "-x needs NAME=VALUE")
-
-
-def test_x_of_unset_variable(launcher, prog):
-    bad(["-x", "SURELY_NOT_SET_ANYWHERE", "--", prog], "SURELY_NOT_SET_ANYWHERE is not set")
-
-
-@pytest.mark.parametrize("value", ["-1", "-0.5", "abc", "12kb", "nan", "inf", "0x20", ""])
-def test_bad_fusion_threshold(launcher, prog, value):
-    bad(["--fusion-threshold", value, "--", prog], "non-negative number of KB")
-
-
-def test_program_not_found(launcher, tmp_path):
-    bad(["--", "no_such_model.py"], "program 'no_such_model.py' not found")
-    bad(["--", "no-such-program-anywhere"], "not found on PATH")
-    bad(["--", str(tmp_path / "missing")], "not found")
-    bad(["--", str(tmp_path)], "is not a file")
-    plain = tmp_path / "data.bin"
-    plain.write_text("not a program")
-    bad(["--", str(plain)], "is not executable")
-
-
-def test_bad_hostfiles(launcher, prog, tmp_path):
-    bad(["--hostfile", str(tmp_path / "missing"), "--", prog], "No such file")
-    bad(["--hostfile", str(tmp_path), "--", prog], "Is a directory")
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    bad(["--hostfile", str(empty), "--", prog], "no host names")
-    comments = tmp_path / "comments"
-    comments.write_text("# nothing here\n\n")
-    bad(["--hostfile", str(comments), "--", prog], "no host names")
-    dup = tmp_path / "dup"
-    dup.write_text("node1\nnode2\nnode1\n")
-    bad(["--hostfile", str(dup), "--", prog], "line 3: host 'node1' is already listed on line 1")
-    local = tmp_path / "local"
-    local.write_text(f"localhost\n{socket.gethostname()}\n")
-    bad(["--hostfile", str(local), "--", prog], "both name this host")
-    slots = tmp_path / "slots"
-    slots.write_text("node1 slots=2\n")
-    bad(["--hostfile", str(slots), "--", prog], "expected one host name")
-    three = tmp_path / "three"
-    three.write_text("a\nb\nc\n")
-    bad(["--hostfile", str(three), "-n", "4", "--", prog], "does not split evenly")
-
-
-def test_too_few_numa_nodes(launcher, prog, fake_sys):
-    env = base_env(TNT_SYS_ROOT=fake_sys(numa_nodes=1))
-    bad(["--pin-to-socket", "-n", "2", "--", prog], "1 NUMA node(s) for 2 ranks per host",
-        env=env)
-    bad(["--pin-memory-to-socket", "-n", "2", "--", prog], "needs a NUMA node", env=env)
-
-
-def test_bad_tools(launcher, prog, tmp_path):
-    bad(["--python-interpreter", "/no/such/python", "--", prog], "no such executable")
-    bad(["--", prog], "neither Open MPI", env=base_env(TNT_MPIRUN="/bin/true"))
-    bad(["--", prog], "TNT_MPIRUN=/no/mpirun: no such executable",
-        env=base_env(TNT_MPIRUN="/no/mpirun"))
+# Bad options, -x values, fusion thresholds, programs, hostfiles and tools:
+# the cases of tests/reliability/test_bad_input.py (the launcher, hostfile,
+# program and environment rows of its table).

@@ -2,8 +2,8 @@
  * Collective algorithms over ranks simulated as threads.
  *
  * Every layout (1, 2, 3, 4, 5 and 8 ranks on one host; 2 hosts x 2, 2 x 4,
- * an interleaved 2 x 2 and an uneven 3 + 1) starts one thread per rank;
- * each builds a communicator over the threads transport with
+ * an interleaved 2 x 2, 3 hosts x 1 and an uneven 3 + 1) starts one thread
+ * per rank; each builds a communicator over the threads transport with
  * tnt__comm_create and runs every usable algorithm of each table, looked up
  * by name, on the same sequence of calls:
  *  - allreduce for every dtype x op, counts from 0 to several shared-memory
@@ -16,7 +16,8 @@
  * is unique whatever the order of combination: each rank checks its bits
  * against it, which also proves the ranks agree. A separate test reduces
  * non-integer floats, whose bits depend on the order, and compares the
- * ranks' results with each other.
+ * ranks' results with each other. Another makes one rank call a different
+ * collective than the others and expects TNT_ERR_MISMATCH, not a result.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -88,6 +89,7 @@ static const int kHosts2x2[] = {0, 0, 1, 1};
 static const int kHosts2x4[] = {0, 0, 0, 0, 1, 1, 1, 1};
 static const int kHostsInterleaved[] = {5, 9, 5, 9};
 static const int kHosts3p1[] = {0, 0, 0, 1};
+static const int kHosts3x1[] = {0, 1, 2};
 
 static const layout_t kLayouts[] = {
     {"1 rank", 1, NULL},
@@ -99,6 +101,7 @@ static const layout_t kLayouts[] = {
     {"2 hosts x 2", 4, kHosts2x2},
     {"2 hosts x 4", 8, kHosts2x4},
     {"2 hosts x 2 interleaved", 4, kHostsInterleaved},
+    {"3 hosts x 1", 3, kHosts3x1},
     {"3 + 1 ranks on 2 hosts", 4, kHosts3p1},
 };
 #define NLAYOUTS (sizeof kLayouts / sizeof kLayouts[0])
@@ -272,6 +275,9 @@ static int allreduce_rank(rank_ctx_t *rc, tnt__comm_t *c) {
     const tnt__algo_t *sel = tnt__algo_select(c, TNT__COLL_ALLREDUCE, bytes);
     FAIL_IF(sel == NULL || !sel->usable(c), "selected allreduce for %zu bytes is not usable",
             bytes);
+    /* One rank per host: a ring over the whole vector, not one per segment. */
+    FAIL_IF(c->num_hosts > 1 && c->local_size == 1 && strcmp(sel->name, "shm") == 0,
+            "shm selected with one rank per host");
   }
   free(pristine);
   free(want);
@@ -487,6 +493,107 @@ static void test_barrier(void **state) {
   if (failed > 0) fail_msg("%d ranks failed", failed);
 }
 
+/* ------------------------------------------------------------ mismatch */
+
+/* The last rank deviates from what the others call. */
+typedef enum mismatch_kind {
+  MM_COUNT,     /* allreduce of one element more */
+  MM_DTYPE,     /* allreduce of float64 instead of float32 */
+  MM_OP,        /* allreduce with max instead of sum */
+  MM_BARRIER,   /* a barrier instead of the allreduce */
+  MM_BROADCAST, /* the others broadcast from rank 0, it allreduces */
+  MM_KINDS
+} mismatch_kind_t;
+
+typedef struct mismatch_case {
+  mismatch_kind_t kind;
+  const char *algo; /* allreduce algorithm */
+  _Atomic int mismatches;
+} mismatch_case_t;
+
+static tnt_status_t mismatch_call(tnt__comm_t *c, const tnt__algo_t *algo, tnt__coll_sig_t sig,
+                                  double *buf, const tnt__wait_ctx_t *w0) {
+  tnt__wait_ctx_t w = *w0;
+  w.sig = &sig;
+  switch (sig.kind) {
+    case TNT__COLL_ALLREDUCE:
+      return algo->fn.allreduce(c, buf, buf, sig.count, (tnt_dtype_t)sig.dtype, (tnt_op_t)sig.op,
+                                &w);
+    case TNT__COLL_BARRIER: return tnt__barrier(c, &w);
+    default: {
+      const tnt__algo_t *b = tnt__algo_find(TNT__COLL_BROADCAST, "shm");
+      return b->fn.broadcast(c, buf, sig.count * tnt_dtype_size((tnt_dtype_t)sig.dtype), sig.root,
+                             &w);
+    }
+  }
+}
+
+static int mismatch_rank(rank_ctx_t *rc, tnt__comm_t *c) {
+  mismatch_case_t *mc = rc->shared;
+  const tnt__algo_t *algo = tnt__algo_find(TNT__COLL_ALLREDUCE, mc->algo);
+  double buf[2048] = {0};
+  tnt__coll_sig_t sig = {.count = 1000, .kind = TNT__COLL_ALLREDUCE, .dtype = TNT_FLOAT32,
+                         .op = TNT_SUM, .set = 1};
+  if (mc->kind == MM_BROADCAST) sig = (tnt__coll_sig_t){.count = 1000, .kind = TNT__COLL_BROADCAST,
+                                                        .dtype = TNT_FLOAT32, .set = 1};
+  if (rc->rank == rc->size - 1) {
+    switch (mc->kind) {
+      case MM_COUNT: sig.count += 1; break;
+      case MM_DTYPE: sig.dtype = TNT_FLOAT64; break;
+      case MM_OP: sig.op = TNT_MAX; break;
+      case MM_BARRIER: sig = (tnt__coll_sig_t){.kind = TNT__COLL_BARRIER, .set = 1}; break;
+      default:
+        sig = (tnt__coll_sig_t){.count = 1000, .kind = TNT__COLL_ALLREDUCE, .dtype = TNT_FLOAT32,
+                                .op = TNT_SUM, .set = 1};
+        break;
+    }
+  }
+  /* Short: ranks that never hear from a failed peer time out. */
+  tnt__wait_ctx_t w = tnt__wait_ctx(0.5, "mismatch test");
+  tnt_status_t st = mismatch_call(c, algo, sig, buf, &w);
+  if (st == TNT_ERR_MISMATCH) {
+    atomic_fetch_add(&mc->mismatches, 1);
+  } else {
+    /* In the broadcast case the others all broadcast alike and read only
+     * the root: their broadcast is whole. */
+    FAIL_IF(mc->kind != MM_BROADCAST && st == TNT_OK, "a mismatched call (case %d, %s) succeeded",
+            (int)mc->kind, mc->algo);
+  }
+  return 0;
+}
+
+/* On one host every rank that waits for the deviating rank reports the
+ * mismatch: in the allreduce and barrier cases all of them; in the
+ * broadcast case the deviating rank (the others complete a whole broadcast
+ * from rank 0). The network algorithms see it when a message has the wrong
+ * size: at least one rank reports it, and none returns a result. */
+static void test_mismatch(void **state) {
+  (void)state;
+  int failed = 0;
+  for (size_t l = 0; l < NLAYOUTS; l++) {
+    const layout_t *lay = &kLayouts[l];
+    if (lay->size < 2) continue;
+    for (int k = 0; k < MM_KINDS; k++) {
+      for (size_t a = 0; a < 3; a++) { /* shm, rd, ring */
+        const int shm = a == 0;
+        if (!shm && k != MM_COUNT && k != MM_DTYPE) continue; /* same sizes: unseen */
+        if (shm && lay->hosts != NULL) continue;
+        if (!shm && lay->hosts != NULL && l != NLAYOUTS - 1) continue; /* one multi-host case */
+        mismatch_case_t mc = {.kind = (mismatch_kind_t)k, .algo = kAllreduceAlgos[a]};
+        atomic_init(&mc.mismatches, 0);
+        failed += run_layout(lay, mismatch_rank, &mc);
+        const int want = shm && k != MM_BROADCAST ? lay->size : 1;
+        if (atomic_load(&mc.mismatches) < want) {
+          print_error("%s, case %d, %s: %d ranks reported the mismatch, expected %d\n", lay->name,
+                      k, mc.algo, atomic_load(&mc.mismatches), want);
+          failed++;
+        }
+      }
+    }
+  }
+  if (failed > 0) fail_msg("%d failures", failed);
+}
+
 /* -------------------------------------------------------- communicators */
 
 /* The communicator describes the layout: local ranks and sizes, hosts,
@@ -542,6 +649,7 @@ int main(void) {
       cmocka_unit_test(test_broadcast),
       cmocka_unit_test(test_allgatherv),
       cmocka_unit_test(test_barrier),
+      cmocka_unit_test(test_mismatch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

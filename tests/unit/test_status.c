@@ -15,7 +15,8 @@
 
 static const tnt_status_t kStatuses[] = {
     TNT_OK,          TNT_IN_PROGRESS, TNT_ERR_INVALID_ARG, TNT_ERR_NO_MEMORY, TNT_ERR_MPI,
-    TNT_ERR_TIMEOUT, TNT_ERR_FAILED,  TNT_ERR_UNSUPPORTED, TNT_ERR_STATE,     TNT_ERR_INTERNAL};
+    TNT_ERR_TIMEOUT, TNT_ERR_FAILED,  TNT_ERR_UNSUPPORTED, TNT_ERR_STATE,     TNT_ERR_INTERNAL,
+    TNT_ERR_MISMATCH};
 #define NSTATUS (sizeof kStatuses / sizeof kStatuses[0])
 
 static void test_status_strings_distinct(void **state) {
@@ -38,7 +39,7 @@ static void test_status_strings_distinct(void **state) {
 
 static void test_status_unknown_codes(void **state) {
   (void)state;
-  int unknown[] = {2, 3, 100, -9, -100, 12345, -2147483647 - 1, 2147483647};
+  int unknown[] = {2, 3, 100, -10, -100, 12345, -2147483647 - 1, 2147483647};
   const char *generic = tnt_status_string((tnt_status_t)unknown[0]);
   assert_non_null(generic);
   assert_true(strlen(generic) > 0);

@@ -2,12 +2,16 @@
 
 overhead   1 rank: tnt.Model.fit against plain keras fit, same model, data
            and settings, trials interleaved; prints the step-time ratio.
-sweep      N ranks (under mpirun): fit step time for each fusion threshold.
+sweep      N ranks (under mpirun): fit step time for each fusion threshold,
+           trials interleaved.
 
-    python3 tools/bench/fit_bench.py overhead
+    python3 tools/bench/fit_bench.py overhead [--json overhead.json]
     mpirun -np 2 python3 tools/bench/fit_bench.py sweep --thresholds 0,8,32,128,1024,65536
+
+--json PATH also writes the results as JSON (rank 0 only).
 """
 import argparse
+import json
 import os
 import statistics
 import time
@@ -19,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
+from tarantella.runtime import DEFAULT_FUSION_THRESHOLD_KB  # noqa: E402
 
 
 def lenet5():
@@ -70,6 +75,21 @@ def build(wrap, jit_compile="auto", name="lenet5"):
     return model
 
 
+def write_json(path, doc):
+    """Writes `doc` to `path` on rank 0 (whole file or nothing)."""
+    if not path or not tnt.is_master_rank():
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def ms(values):
+    return [round(v * 1e3, 4) for v in values]
+
+
 def overhead(args):
     """tnt.Model never XLA-compiles the step, so the peer that isolates the
     framework's own overhead is Keras with jit_compile=False; Keras with its
@@ -93,23 +113,47 @@ def overhead(args):
     print(f"  tnt.Model.fit                 {med['tnt'] * 1e3:8.3f} ms/step")
     print(f"step time ratio tnt/keras(auto): {med['tnt'] / med['keras_auto']:.3f}")
     print(f"step time ratio tnt/keras: {med['tnt'] / med['keras']:.3f}")
+    write_json(args.json, {
+        "benchmark": "overhead", "model": "lenet5", "ranks": tnt.get_size(),
+        "batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
+        "ms_per_step": {name: round(t * 1e3, 4) for name, t in med.items()},
+        "trials_ms": {name: ms(t) for name, t in times.items()},
+        "ratio_tnt_keras": med["tnt"] / med["keras"],
+        "ratio_tnt_keras_auto": med["tnt"] / med["keras_auto"],
+    })
 
 
 def sweep(args):
     steps = args.samples // args.batch
     ds = data(args.samples, args.batch)
-    rows = []
-    for kb in [float(v) for v in args.thresholds.split(",")]:
-        os.environ["TNT_FUSION_THRESHOLD_KB"] = str(kb)
-        model = build(True, name=args.model)
-        trials = [step_time(model, ds, steps) for _ in range(args.trials)]
-        rows.append((kb, statistics.median(trials)))
+    thresholds = [float(v) for v in args.thresholds.split(",")]
+    models = [build(True, name=args.model) for _ in thresholds]
+    times = [[] for _ in thresholds]
+    # Trials are interleaved, in an order that rotates from trial to trial,
+    # so that noise from other work hits every threshold alike. The
+    # threshold is read when a model's step is first traced (its first fit).
+    for trial in range(args.trials):
+        for k in range(len(thresholds)):
+            i = (k + trial) % len(thresholds)
+            os.environ["TNT_FUSION_THRESHOLD_KB"] = str(thresholds[i])
+            times[i].append(step_time(models[i], ds, steps))
+    rows = [(kb, statistics.median(t), t) for kb, t in zip(thresholds, times)]
     if tnt.is_master_rank():
         print(f"{tnt.get_size()} ranks, {args.model}, global batch {args.batch} (median of "
               f"{args.trials}):")
-        best = min(t for _, t in rows)
-        for kb, t in rows:
+        best = min(t for _, t, _ in rows)
+        for kb, t, _ in rows:
             print(f"  threshold {kb:>9g} KiB  {t * 1e3:8.3f} ms/step  {t / best:.3f}x best")
+    weights = MODELS[args.model]().trainable_weights
+    write_json(args.json, {
+        "benchmark": "fusion_sweep", "model": args.model, "ranks": tnt.get_size(),
+        "global_batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
+        "default_threshold_kb": DEFAULT_FUSION_THRESHOLD_KB,
+        "tensors": len(weights),
+        "gradient_bytes": int(sum(np.prod(w.shape) * 4 for w in weights)),
+        "rows": [{"threshold_kb": kb, "ms_per_step": round(t * 1e3, 4), "trials_ms": ms(tr)}
+                 for kb, t, tr in rows],
+    })
 
 
 def main():
@@ -121,6 +165,7 @@ def main():
     p.add_argument("--thresholds", default="0,8,32,128,1024,65536")
     p.add_argument("--model", choices=sorted(MODELS), default="lenet5",
                    help="model of the sweep")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (rank 0)")
     args = p.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tnt.init()

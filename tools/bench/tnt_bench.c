@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
@@ -128,6 +129,10 @@ typedef struct bench {
   tnt_group_t *world;
   int rank;
   int nranks;
+  int hosts;           /* hosts in the job */
+  int max_per_host;    /* the most ranks that share one host */
+  int cores;           /* online cores of the most crowded host */
+  bool oversubscribed; /* some host runs more ranks than it has cores */
   size_t esz;
   bool sparse; /* see contribution */
   int64_t dense_rank_sum;
@@ -174,7 +179,8 @@ static void print_usage(FILE *out) {
           "  --iters N     calls per timed trial, or 'auto' (default): clamp(256M / size,\n"
           "                5, 1000), fewer when one trial would take longer than 0.1 s\n"
           "  --dtype TYPE  float32 (default), float64, float16, bfloat16, int32 or int64\n"
-          "  --json FILE   also write the results to FILE as JSON (rank 0)\n"
+          "  --json FILE   also write the results to FILE as JSON (rank 0), with the hosts,\n"
+          "                ranks per host and whether they were oversubscribed\n"
           "  -h, --help    print this help\n"
           "\n"
           "Exit status: 0 all checks passed, 1 a result was wrong, 2 bad arguments,\n"
@@ -866,6 +872,9 @@ static void print_header(const bench_t *b) {
   printf("# MPI peer: %s on MPI_COMM_WORLD%s\n", kMpiPeerNames[o->coll],
          half && o->coll == COLL_ALLREDUCE ? " (MPI_UINT16_T with a user-defined sum)" : "");
   if (o->coll == COLL_ALLGATHER) printf("# bytes: the whole gathered buffer\n");
+  if (b->oversubscribed) {
+    printf("# oversubscribed: %d ranks on a host with %d cores\n", b->max_per_host, b->cores);
+  }
   printf("# times: per call, slowest rank; bandwidths in GB/s; memcpy: one process, rank 0\n");
   printf("%11s  %-9s %10s %9s %9s %10s %9s %9s %6s %8s %6s  %s\n", "bytes", "algorithm", "tnt_us",
          "tnt_algbw", "tnt_busbw", "mpi_us", "mpi_algbw", "mpi_busbw", "ratio", "memcpy", "iters",
@@ -921,15 +930,20 @@ static void json_row(FILE *f, const bench_t *b, const row_t *r) {
   fprintf(f,
           ", \"tnt_us\": %.3f, \"tnt_algbw\": %.6f, \"tnt_busbw\": %.6f, \"mpi_us\": %.3f, "
           "\"mpi_algbw\": %.6f, \"mpi_busbw\": %.6f, \"ratio\": %.6f, \"memcpy_gbps\": %.6f, "
-          "\"ok\": %s}",
+          "\"iters\": %ld, \"ok\": %s}",
           r->tnt_s * 1e6, tnt_bw, tnt_bw * fac, r->mpi_s * 1e6, mpi_bw, mpi_bw * fac, ratio(b, r),
-          r->memcpy_gbps, r->ok ? "true" : "false");
+          r->memcpy_gbps, r->iters, r->ok ? "true" : "false");
 }
 
 static int write_json(FILE *f, const bench_t *b, const row_t *rows, double min_ratio,
                       double geomean) {
   fprintf(f, "{\n  \"collective\": \"%s\",\n  \"ranks\": %d,\n  \"dtype\": \"%s\",\n",
           kCollectiveNames[b->opt->coll], b->nranks, tnt_dtype_name(b->opt->dtype));
+  fprintf(f,
+          "  \"hosts\": %d,\n  \"max_ranks_per_host\": %d,\n  \"cores_per_host\": %d,\n"
+          "  \"oversubscribed\": %s,\n  \"trials\": %d,\n  \"iters\": \"%s\",\n",
+          b->hosts, b->max_per_host, b->cores, b->oversubscribed ? "true" : "false", TRIALS,
+          b->opt->iters > 0 ? "fixed" : "auto");
   fprintf(f, "  \"rows\": [\n");
   for (int i = 0; i < b->ncases; i++) {
     json_row(f, b, &rows[i]);
@@ -1055,6 +1069,29 @@ static tnt_status_t create_context(bench_t *b) {
   return TNT_OK;
 }
 
+/* Counts hosts and the ranks on each, so that results of ranks that share
+ * too few cores are marked as oversubscribed. */
+static void survey_hosts(bench_t *b) {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, b->rank, MPI_INFO_NULL, &local);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = online > 0 ? (int)online : 1;
+  int leader = local_rank == 0;
+  int crowding[2] = {local_size, local_size > cores};
+  int worst[2] = {0, 0};
+  MPI_Allreduce(&leader, &b->hosts, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(crowding, worst, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  /* The cores of the most crowded host: ties take the fewest cores. */
+  int mine = local_size == worst[0] ? cores : INT32_MAX;
+  MPI_Allreduce(&mine, &b->cores, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  b->max_per_host = worst[0];
+  b->oversubscribed = worst[1] != 0;
+}
+
 /* ----------------------------------------------------------------- main */
 
 /* Measures every size and prints the table; returns the exit code. */
@@ -1097,6 +1134,7 @@ int main(int argc, char **argv) {
   bool own_op_created = false;
   code = EXIT_TNT_ERROR;
   if (!thread_level_ok(&b)) goto done;
+  survey_hosts(&b);
   code = EXIT_USAGE;
   plan_cases(&b);
   choose_pattern(&b);

@@ -3,6 +3,9 @@
 # missing: Debian packages with apt-get (as root, or through sudo), Python
 # packages with the pip of $PYTHON (default: python3 on PATH). Safe to
 # re-run; it does nothing when everything is present.
+#
+#   install_deps.sh         what building, testing and running need
+#   install_deps.sh bench   that, and what `make bench` needs (matplotlib)
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -12,6 +15,13 @@ DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmo
 # name as pip knows it, and the module that shows it is importable
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
              "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard")
+# only for `make bench`: the plots of the benchmark report
+BENCH_PY_PACKAGES=("matplotlib:matplotlib")
+case "${1:-}" in
+  "") ;;
+  bench) PY_PACKAGES+=("${BENCH_PY_PACKAGES[@]}") ;;
+  *) echo "usage: $0 [bench]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do

@@ -1,0 +1,102 @@
+"""The benchmark report (tools/bench/report.py) on small hand-made results:
+every target gets PASS, MISS, FAILED or NOT RUN as its figures say, and
+missing stages do not stop the report."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+REPORT = os.path.join(ROOT, "tools", "bench", "report.py")
+
+
+def collective(path, coll, ranks, ratios, oversubscribed=False):
+    rows = []
+    for i, q in enumerate(ratios):
+        b = 4096 << (2 * i)
+        rows.append({"bytes": b, "algorithm": "shm" if coll == "allreduce" else "auto",
+                     "tnt_us": 10.0, "tnt_algbw": q, "tnt_busbw": q, "mpi_us": 10.0 * q,
+                     "mpi_algbw": 1.0, "mpi_busbw": 1.0, "ratio": q, "memcpy_gbps": 50.0,
+                     "iters": 5, "ok": True})
+    geo = 1.0
+    for q in ratios:
+        geo *= q
+    doc = {"collective": coll, "ranks": ranks, "dtype": "float32", "hosts": 1,
+           "max_ranks_per_host": ranks, "cores_per_host": 2, "oversubscribed": oversubscribed,
+           "rows": rows, "min_ratio": min(ratios), "geomean_ratio": geo ** (1 / len(ratios))}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def write(path, doc):
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def report(results):
+    proc = subprocess.run([sys.executable, REPORT, "--results", str(results), "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return (results / "summary.md").read_text()
+
+
+def target_row(summary, start):
+    rows = [line for line in summary.splitlines() if line.startswith("| " + start)]
+    assert rows, f"no target row starting with {start!r} in\n{summary}"
+    return rows[0]
+
+
+def test_report_states_every_target(tmp_path):
+    # sizes 4K, 16K, 64K, 256K, 1M, 4M: the two largest are >= 1 MiB
+    collective(tmp_path / "collectives_allreduce_2ranks.json", "allreduce", 2,
+               [2.0, 2.0, 2.0, 2.0, 1.5, 1.4])
+    collective(tmp_path / "collectives_allreduce_4ranks.json", "allreduce", 4,
+               [2.0, 2.0, 2.0, 2.0, 1.1, 1.4], oversubscribed=True)
+    write(tmp_path / "overhead.json", {
+        "benchmark": "overhead", "model": "lenet5", "ranks": 1, "batch": 64,
+        "steps_per_epoch": 64, "trials": 3,
+        "ms_per_step": {"keras": 10.0, "keras_auto": 11.0, "tnt": 10.5},
+        "trials_ms": {"keras": [10.0, 9.9, 10.1], "keras_auto": [11.0] * 3, "tnt": [10.5] * 3},
+        "ratio_tnt_keras": 1.05, "ratio_tnt_keras_auto": 10.5 / 11.0})
+    write(tmp_path / "fusion_sweep_deep_mlp.json", {
+        "benchmark": "fusion_sweep", "model": "deep_mlp", "ranks": 2, "global_batch": 64,
+        "steps_per_epoch": 64, "trials": 3, "default_threshold_kb": 32, "tensors": 50,
+        "gradient_bytes": 1926184,
+        "rows": [{"threshold_kb": k, "ms_per_step": t, "trials_ms": [t] * 3}
+                 for k, t in ((0.0, 11.0), (32.0, 10.1), (1024.0, 10.0))]})
+    res = [{"model": "m", "framework": fw, "ranks": n, "oversubscribed": False,
+            "global_batch": 64 * n, "samples_per_s": sps, "step_ms": 64 * n / sps * 1e3,
+            "efficiency": None}
+           for fw, n, sps in (("tarantella", 1, 100.0), ("tarantella", 2, 150.0),
+                              ("mwms", 1, 100.0), ("mwms", 2, 100.0))]
+    write(tmp_path / "training.json", {"config": {"quick": True}, "results": res,
+                                       "errors": {"horovod": "horovod is not installed"}})
+    os.makedirs(tmp_path / "logs")
+    (tmp_path / "logs" / "stages.tsv").write_text(
+        "stage\tstatus\trc\tseconds\tlog\n"
+        "sim_cluster\ttimeout\t124\t900\tlogs/sim_cluster.log\n")
+
+    summary = report(tmp_path)
+
+    assert "| PASS |" in target_row(summary, "Allreduce vs MPI_Allreduce, geomean over sizes, 2")
+    assert "1.40x at 4 MiB | PASS" in target_row(summary, "Allreduce vs MPI_Allreduce, min "
+                                                          "over sizes >= 1 MiB, 2 ranks")
+    row = target_row(summary, "Allreduce vs MPI_Allreduce, min over sizes >= 1 MiB, 4 ranks "
+                              "(oversubscribed)")
+    assert "1.10x at 1 MiB | **MISS**" in row and "0.20x short" in row
+    row = target_row(summary, "1-rank step time")
+    assert "+5.0%" in row and "**MISS**" in row and "2.0 points over" in row
+    assert "| PASS |" in target_row(summary, "Default fusion threshold")
+    assert "1.50x | PASS" in target_row(summary, "2-rank throughput vs MWMS, m")
+    row = target_row(summary, "2-rank throughput vs Horovod, m")
+    assert "N/A" in row and "horovod is not installed" in row
+    row = target_row(summary, "Simulated cluster")
+    assert "**FAILED**" in row and "stage timeout" in row
+    # the stages without results are reported, not fatal
+    assert "### broadcast vs MPI_Bcast\n\nNot run." in summary
+
+
+def test_report_without_any_results(tmp_path):
+    summary = report(tmp_path)
+    assert "NOT RUN" in summary and "PASS" not in summary

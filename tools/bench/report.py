@@ -1,0 +1,843 @@
+"""The benchmark report: bench/results/summary.md and its plots, from the JSON
+that the stages of tools/bench/run_bench.sh wrote.
+
+    python3 tools/bench/report.py [--results bench/results] [--quick]
+    python3 tools/bench/report.py --run-info [--results DIR] [--quick]   # run.json only
+
+Reads (each optional; a missing file is reported as "not run"):
+  collectives_{allreduce,broadcast,allgather}_{2,4}ranks.json   tnt-bench --json
+  overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
+  training.json                                                   train_compare.py
+  sim_cluster.json                                                sim_cluster_bench.py
+  logs/stages.tsv                                                 how every stage ended
+  run.json                                                        commit, host, versions
+Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
+training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png
+(a plot only when its data is there). File names never change from run to run.
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+COLLECTIVES = [("allreduce", "MPI_Allreduce"), ("broadcast", "MPI_Bcast"),
+               ("allgather", "MPI_Allgather")]
+RANKS = [2, 4]
+MIB = 1 << 20
+
+# The targets (docs/performance.md).
+ALLREDUCE_GEOMEAN_MIN = 1.0
+ALLREDUCE_LARGE_MIN = 1.3
+LARGE_BYTES = MIB
+OVERHEAD_MAX = 0.03
+MWMS_MIN = 1.3
+HOROVOD_MIN = 1.0
+SIM_BOUND_MAX = 1.15
+# Not a target but the check behind the default fusion threshold: its step
+# time is within this much of the best threshold's.
+FUSION_DEFAULT_MAX = 1.03
+
+
+# ------------------------------------------------------------------ inputs
+
+def load_json(path):
+    """(document, None), or (None, why) when missing or unreadable."""
+    if not os.path.exists(path):
+        return None, "no results"
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, f"unreadable {os.path.basename(path)}: {e}"
+
+
+def load_stages(results):
+    path = os.path.join(results, "logs", "stages.tsv")
+    if not os.path.exists(path):
+        return {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    # The order of the suite, whatever order a partial rerun appended them in.
+    order = ["collectives", "overhead", "fusion", "training", "sim_cluster"]
+    rank = lambda name: next((i for i, p in enumerate(order) if name.startswith(p)), len(order))  # noqa: E731
+    return {row["stage"]: row for row in sorted(rows, key=lambda r: rank(r["stage"]))}
+
+
+def stage_note(stages, *names):
+    """Why a stage's results are missing, from how it ended."""
+    for name in names:
+        st = stages.get(name)
+        if st is None:
+            continue
+        if st["status"] == "not run":
+            return f"not run: {st['log']}"
+        if st["status"] != "ok":
+            return f"stage {st['status']} (rc {st['rc']}, {st['log']})"
+    return "not run"
+
+
+def missing_note(stages, why, *names):
+    """Why a stage's JSON could not be used: how the stage ended, else why
+    the file was unusable."""
+    ended = stage_note(stages, *names)
+    if ended != "not run":
+        return ended
+    return "not run" if why == "no results" else why
+
+
+# ---------------------------------------------------------------- formatting
+
+def size_str(b):
+    for unit, n in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
+        if b >= n and b % n == 0:
+            return f"{b // n} {unit}"
+    return f"{b} B"
+
+
+def bytes_str(b):
+    """Exact sizes as '4 KiB', others as '1.84 MiB'."""
+    if b < 1024 or any(b >= n and b % n == 0 for n in (1 << 30, MIB, 1024)):
+        return size_str(b)
+    for unit, n in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
+        if b >= n:
+            return f"{b / n:.2f} {unit}"
+    return f"{b} B"
+
+
+def bw(v):
+    """A bandwidth in GB/s, with the decimals that small ones need."""
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v >= 1 else f"{v:.3f}" if v >= 0.01 else f"{v:.5f}"
+
+
+def f2(v, digits=2):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def not_run_line(notes):
+    """'Not run.' or 'Not run: why.'"""
+    why = sorted(set(n for n in notes if n and n != "not run"))
+    return "Not run" + (": " + "; ".join(why) if why else "") + "."
+
+
+def config_lines(cfg):
+    """A stage's configuration: its short entries inline, all of it folded."""
+    if not cfg:
+        return []
+    short = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(cfg.items())
+                      if len(json.dumps(v)) <= 40)
+    return [f"Configuration: {short}.", "", "<details><summary>whole configuration</summary>",
+            "", "```json", json.dumps(cfg, indent=1, sort_keys=True), "```", "", "</details>",
+            ""]
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def image(name, results):
+    return f"![{name}]({name})" if os.path.exists(os.path.join(results, name)) else \
+        f"(plot {name} not drawn)"
+
+
+class Target:
+    """One row of the targets table."""
+
+    def __init__(self, name, required, measured=None, ok=None, note=""):
+        self.name, self.required, self.measured, self.ok, self.note = \
+            name, required, measured, ok, note
+
+    @property
+    def result(self):
+        if self.ok is None and self.measured is None:
+            # stage_note's wording for a stage that ran and failed
+            return "**FAILED**" if (self.note or "").startswith("stage ") else "NOT RUN"
+        if self.ok is None:
+            return "N/A"
+        return "PASS" if self.ok else "**MISS**"
+
+    def row(self):
+        return [self.name, self.required, "-" if self.measured is None else self.measured,
+                self.result, self.note or ""]
+
+
+def short_by(measured, required, higher_is_better=True):
+    """How far a measured figure is from its target, as text."""
+    if higher_is_better:
+        gap = required - measured
+        return f"{gap:.2f}x short ({gap / required * 100:.0f}% below {required:.2f}x)"
+    gap = measured - required
+    return f"{gap:.3f} over ({gap / required * 100:.0f}% above {required:.2f})"
+
+
+# -------------------------------------------------------------- plotting
+
+def pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plt.rcParams.update({"figure.dpi": 100, "font.size": 9, "svg.hashsalt": "tnt"})
+        return plt
+    except ImportError:
+        return None
+
+
+def save(fig, results, name):
+    # No software or date stamps: the same data gives the same file.
+    fig.savefig(os.path.join(results, name), metadata={"Software": None})
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def plot_collective(plt, results, coll, peer, docs):
+    fig, axes = plt.subplots(1, len(RANKS), figsize=(11, 4), sharey=True, squeeze=False)
+    for ax, ranks in zip(axes[0], RANKS):
+        doc = docs.get(ranks)
+        title = f"{ranks} ranks"
+        if doc is None:
+            ax.set_title(title)
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            continue
+        if doc.get("oversubscribed"):
+            title += f" (oversubscribed: {doc.get('max_ranks_per_host', ranks)} ranks on " \
+                     f"{doc.get('cores_per_host', '?')} cores)"
+        rows = doc["rows"]
+        x = [r["bytes"] for r in rows]
+        ax.plot(x, [r["tnt_busbw"] for r in rows], "o-", label="Tarantella (libtnt)")
+        ax.plot(x, [r["mpi_busbw"] for r in rows], "s--", label=peer)
+        ax.plot(x, [r["memcpy_gbps"] for r in rows], ":", color="grey",
+                label="memcpy, 1 process (ceiling)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(x[::2])
+        ax.set_xticklabels([size_str(v) for v in x[::2]], rotation=45, ha="right")
+        ax.set_title(title)
+        ax.set_xlabel("message size")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("bus bandwidth (GB/s)")
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right")
+            break
+    fig.suptitle(f"{coll}: Tarantella vs {peer}")
+    fig.tight_layout()
+    save(fig, results, f"collectives_{coll}.png")
+
+
+def plot_fusion(plt, results, sweeps, default_kb):
+    # Thresholds span 0 to megabytes: evenly spaced categories read best.
+    ks = sorted({r["threshold_kb"] for d in sweeps.values() for r in d["rows"]})
+    pos = {k: i for i, k in enumerate(ks)}
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for model, doc in sweeps.items():
+        rows = doc["rows"]
+        best = min(r["ms_per_step"] for r in rows)
+        ax.plot([pos[r["threshold_kb"]] for r in rows],
+                [r["ms_per_step"] / best for r in rows],
+                "o-", label=f"{model} (best {best:.1f} ms/step)")
+    if default_kb in pos:
+        ax.axvline(pos[default_kb], color="grey", ls=":", label=f"default {default_kb:g} KiB")
+    ax.set_xticks(range(len(ks)))
+    ax.set_xticklabels([f"{k:g}" for k in ks])
+    ax.set_xlabel("fusion threshold (KiB; 0 = one bucket per tensor)")
+    ax.set_ylabel("step time / best step time")
+    ax.set_title(f"Fusion threshold sweep, {next(iter(sweeps.values()))['ranks']} ranks")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save(fig, results, "fusion_sweep.png")
+
+
+FRAMEWORK_ORDER = ["tarantella", "mwms", "horovod"]
+
+
+def plot_training(plt, results, doc):
+    res = doc["results"]
+    models = sorted({r["model"] for r in res})
+    ranks = sorted({r["ranks"] for r in res})
+    fws = [f for f in FRAMEWORK_ORDER if any(r["framework"] == f for r in res)]
+    fws += sorted({r["framework"] for r in res} - set(fws))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    width = 0.8 / max(1, len(fws))
+    for ax, model in zip(axes[0], models):
+        for i, fw in enumerate(fws):
+            ys = []
+            for n in ranks:
+                hit = [r for r in res if (r["model"], r["framework"], r["ranks"]) == (model, fw, n)]
+                ys.append(hit[0]["samples_per_s"] if hit else 0.0)
+            ax.bar([k + (i - (len(fws) - 1) / 2) * width for k in range(len(ranks))], ys,
+                   width, label=fw)
+        labels = []
+        for n in ranks:
+            over = any(r["oversubscribed"] for r in res if r["ranks"] == n)
+            labels.append(str(n) + ("\n(oversubscribed)" if over else ""))
+        ax.set_xticks(range(len(ranks)))
+        ax.set_xticklabels(labels)
+        ax.set_xlabel("ranks")
+        ax.set_title(model)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("samples/s (global)")
+    axes[0][0].legend()
+    fig.suptitle("Training throughput")
+    fig.tight_layout()
+    save(fig, results, "training_throughput.png")
+
+
+def on_off(v):
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+
+def sim_label(r):
+    return (f"{r['hosts']} hosts\n{r['link']}\nfusion {on_off(r['fusion'])}\n"
+            f"{'overlap' if r['overlap'] else 'no overlap'}")
+
+
+def plot_sim(plt, results, doc):
+    res = doc["results"]
+    x = range(len(res))
+    labels = [sim_label(r) for r in res]
+    width = max(6.0, 1.0 * len(res))
+    fig, ax = plt.subplots(figsize=(width, 4.5))
+    compute = [r["compute_ms"] for r in res]
+    wait = [r["wait_ms"] for r in res]
+    rest = [max(0.0, r["step_ms"] - r["compute_ms"] - r["wait_ms"]) for r in res]
+    ax.bar(x, compute, label="compute")
+    ax.bar(x, wait, bottom=compute, label="waiting for communication (not overlapped)")
+    ax.bar(x, rest, bottom=[c + w for c, w in zip(compute, wait)], label="other")
+    ax.plot(x, [r["comm_ms"] for r in res], "k_", markersize=14, mew=2,
+            label="communication time (overlapped or not)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("ms per step")
+    ax.set_title("Simulated cluster: step time breakdown")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    save(fig, results, "sim_cluster_breakdown.png")
+
+    fig, ax = plt.subplots(figsize=(width, 4))
+    ax.bar([k - 0.2 for k in x], [r["step_ms"] for r in res], 0.4, label="step time")
+    ax.bar([k + 0.2 for k in x], [r["bound_ms"] for r in res], 0.4, label="bound")
+    for k, r in zip(x, res):
+        ax.annotate(f"{r['ratio_to_bound']:.2f}", (k, r["step_ms"]), ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"Simulated cluster: step time vs bound (label: step / bound; "
+                 f"target <= {SIM_BOUND_MAX} with overlap)")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    save(fig, results, "sim_cluster_step_vs_bound.png")
+
+
+# ---------------------------------------------------------------- sections
+
+def collectives_section(results, stages, plt, targets):
+    out = ["## 1. Collectives against MPI", ""]
+    out.append("`tnt-bench` (libtnt's own choice of algorithm) against the MPI collective, "
+               "same process, alternating trials, median of 5, every result checked. "
+               "Bus bandwidth in GB/s; ratio = Tarantella busbw / MPI busbw; memcpy = one "
+               "process copying the same bytes (the ceiling of one host).")
+    out.append("")
+    for coll, peer in COLLECTIVES:
+        docs, notes = {}, {}
+        for n in RANKS:
+            d, why = load_json(os.path.join(results, f"collectives_{coll}_{n}ranks.json"))
+            if d is not None:
+                docs[n] = d
+            else:
+                notes[n] = missing_note(stages, why, f"collectives_{coll}_{n}ranks",
+                                        "collectives")
+        out.append(f"### {coll} vs {peer}")
+        out.append("")
+        if coll == "allreduce":
+            allreduce_targets(docs, notes, targets)
+        if not docs:
+            out += [not_run_line(notes.values()), ""]
+            continue
+        if plt is not None:
+            plot_collective(plt, results, coll, peer, docs)
+            out += [image(f"collectives_{coll}.png", results), ""]
+        for n in RANKS:
+            if n in notes:
+                out.append(f"- {n} ranks: {notes[n]}")
+                continue
+            d = docs[n]
+            over = " (oversubscribed: %s ranks on %s cores)" % (
+                d.get("max_ranks_per_host", n), d.get("cores_per_host", "?")) \
+                if d.get("oversubscribed") else ""
+            bad = sum(1 for r in d["rows"] if not r["ok"])
+            out.append(f"- {n} ranks{over}: ratio geomean **{d['geomean_ratio']:.2f}x**, "
+                       f"min {d['min_ratio']:.2f}x; "
+                       + ("every result checked ok" if bad == 0 else
+                          f"**{bad} sizes gave wrong results**"))
+        out.append("")
+        sizes = sorted({r["bytes"] for d in docs.values() for r in d["rows"]})
+        # tnt-bench names the algorithm of allreduce only ("auto" otherwise).
+        named = any(r["algorithm"] != "auto" for d in docs.values() for r in d["rows"])
+        header = ["size"]
+        for n in RANKS:
+            if n in docs:
+                tag = f"{n}r" + ("*" if docs[n].get("oversubscribed") else "")
+                header += ([f"{tag} algorithm"] if named else []) + [
+                    f"{tag} tnt", f"{tag} MPI", f"{tag} ratio"]
+        header += ["memcpy", "check"]
+        rows = []
+        for b in sizes:
+            row, memcpy, ok = [size_str(b)], None, True
+            for n in RANKS:
+                if n not in docs:
+                    continue
+                hit = [r for r in docs[n]["rows"] if r["bytes"] == b]
+                if not hit:
+                    row += ["-"] * (4 if named else 3)
+                    continue
+                r = hit[0]
+                row += ([r["algorithm"]] if named else []) + [
+                    bw(r["tnt_busbw"]), bw(r["mpi_busbw"]), f"{r['ratio']:.2f}"]
+                memcpy = memcpy if memcpy is not None else r["memcpy_gbps"]
+                ok = ok and r["ok"]
+            rows.append(row + [f2(memcpy, 1), "ok" if ok else "**FAILED**"])
+        out.append(table(header, rows))
+        if any(d.get("oversubscribed") for d in docs.values()):
+            out.append("")
+            out.append("\\* oversubscribed: more ranks than cores on the host.")
+        out.append("")
+    return out
+
+
+def allreduce_targets(docs, notes, targets):
+    for n in RANKS:
+        d = docs.get(n)
+        over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
+        name = f"Allreduce vs MPI_Allreduce, geomean over sizes, {n} ranks{over}"
+        if d is None:
+            targets.append(Target(name, f">= {ALLREDUCE_GEOMEAN_MIN:.1f}x", note=notes.get(n)))
+            continue
+        g = d["geomean_ratio"]
+        t = Target(name, f">= {ALLREDUCE_GEOMEAN_MIN:.1f}x", f"{g:.2f}x",
+                   g >= ALLREDUCE_GEOMEAN_MIN)
+        if not t.ok:
+            below = [r for r in d["rows"] if r["ratio"] < 1.0]
+            worst = min(d["rows"], key=lambda r: r["ratio"])
+            t.note = (f"{short_by(g, ALLREDUCE_GEOMEAN_MIN)}; {len(below)} of {len(d['rows'])} "
+                      f"sizes below 1.0x, worst {worst['ratio']:.2f}x at "
+                      f"{size_str(worst['bytes'])} ({worst['algorithm']})")
+        targets.append(t)
+    for n in RANKS:
+        d = docs.get(n)
+        over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
+        name = f"Allreduce vs MPI_Allreduce, min over sizes >= 1 MiB, {n} ranks{over}"
+        req = f">= {ALLREDUCE_LARGE_MIN:.1f}x"
+        if d is None:
+            targets.append(Target(name, req, note=notes.get(n)))
+            continue
+        large = [r for r in d["rows"] if r["bytes"] >= LARGE_BYTES]
+        if not large:
+            targets.append(Target(name, req, note="no size >= 1 MiB was run"))
+            continue
+        worst = min(large, key=lambda r: r["ratio"])
+        t = Target(name, req, f"{worst['ratio']:.2f}x at {size_str(worst['bytes'])}",
+                   worst["ratio"] >= ALLREDUCE_LARGE_MIN)
+        if not t.ok:
+            t.note = (f"{short_by(worst['ratio'], ALLREDUCE_LARGE_MIN)}; at "
+                      f"{size_str(worst['bytes'])} ({worst['algorithm']}) Tarantella "
+                      f"{worst['tnt_busbw']:.2f} GB/s = "
+                      f"{worst['tnt_busbw'] / worst['memcpy_gbps'] * 100:.0f}% of memcpy, "
+                      f"MPI {worst['mpi_busbw']:.2f} GB/s")
+            if d.get("oversubscribed"):
+                t.note += "; ranks oversubscribed"
+        targets.append(t)
+
+
+def spread(values):
+    """(min, max) relative to the median, in percent."""
+    med = sorted(values)[len(values) // 2]
+    return (min(values) / med - 1) * 100, (max(values) / med - 1) * 100
+
+
+def overhead_section(results, stages, targets):
+    out = ["## 2. Framework overhead, 1 rank", ""]
+    d, why = load_json(os.path.join(results, "overhead.json"))
+    name = "1-rank step time, tnt.Model.fit vs plain Keras fit"
+    req = f"<= +{OVERHEAD_MAX * 100:.0f}%"
+    if d is None:
+        note = missing_note(stages, why, "overhead")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    ratio = d["ratio_tnt_keras"]
+    t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", ratio - 1 <= OVERHEAD_MAX)
+    ms, tr = d["ms_per_step"], d["trials_ms"]
+    if not t.ok:
+        lo, hi = spread(tr["keras"])
+        t.note = (f"{(ratio - 1 - OVERHEAD_MAX) * 100:.1f} points over: "
+                  f"{ms['tnt']:.2f} vs {ms['keras']:.2f} ms/step "
+                  f"(+{ms['tnt'] - ms['keras']:.2f} ms); Keras' own trials spread "
+                  f"{lo:+.1f}%..{hi:+.1f}%")
+    targets.append(t)
+    out.append(f"LeNet-5, batch {d['batch']}, {d['steps_per_epoch']} steps per epoch, median "
+               f"of {d['trials']} interleaved trials. Tarantella never XLA-compiles the step, "
+               "so the peer that isolates its overhead is Keras with `jit_compile=False`; "
+               "Keras' default (`auto`) is shown too.")
+    out.append("")
+    labels = {"keras": "Keras fit, jit_compile=False", "keras_auto": "Keras fit, jit_compile=auto",
+              "tnt": "tnt.Model.fit"}
+    rows = []
+    for key in ("keras", "keras_auto", "tnt"):
+        lo, hi = spread(tr[key])
+        rows.append([labels[key], f"{ms[key]:.2f}", f"{lo:+.1f}% .. {hi:+.1f}%",
+                     f"{ms['tnt'] / ms[key]:.3f}"])
+    out.append(table(["run", "ms/step (median)", "trial spread", "tnt / this"], rows))
+    out.append("")
+    return out
+
+
+def fusion_section(results, stages, plt, targets):
+    out = ["## 3. Fusion threshold sweep", ""]
+    sweeps = {}
+    for name in sorted(os.listdir(results)):
+        if name.startswith("fusion_sweep_") and name.endswith(".json"):
+            d, _ = load_json(os.path.join(results, name))
+            if d is not None:
+                sweeps[d["model"]] = d
+    failed = sorted(s for s, st in stages.items()
+                    if s.startswith("fusion_sweep_") and st["status"] != "ok")
+    if not sweeps:
+        note = stage_note(stages, *failed) if failed else "not run"
+        targets.append(Target("Default fusion threshold vs best threshold (2 ranks)",
+                              f"<= {FUSION_DEFAULT_MAX:.2f}x best", note=note))
+        return out + [not_run_line([note]), ""]
+    default_kb = next(iter(sweeps.values())).get("default_threshold_kb", 32)
+    any_doc = next(iter(sweeps.values()))
+    out.append(f"{any_doc['ranks']} ranks, global batch {any_doc['global_batch']}, "
+               f"{any_doc['steps_per_epoch']} steps per epoch, median of {any_doc['trials']} "
+               "interleaved trials per threshold; step time relative to the best threshold of the same "
+               "model. A threshold of 0 gives one bucket per tensor.")
+    out.append("")
+    for model, d in sweeps.items():
+        rows = d["rows"]
+        best = min(rows, key=lambda r: r["ms_per_step"])
+        dflt = [r for r in rows if r["threshold_kb"] == default_kb]
+        name = f"Default fusion threshold ({default_kb:g} KiB) vs best, {model}, " \
+               f"{d['ranks']} ranks"
+        req = f"<= {FUSION_DEFAULT_MAX:.2f}x best"
+        if not dflt:
+            targets.append(Target(name, req, note="default threshold not in the sweep"))
+            continue
+        rel = dflt[0]["ms_per_step"] / best["ms_per_step"]
+        t = Target(name, req, f"{rel:.3f}x", rel <= FUSION_DEFAULT_MAX)
+        if not t.ok:
+            lo, hi = spread(dflt[0]["trials_ms"])
+            t.note = (f"{short_by(rel, FUSION_DEFAULT_MAX, False)}; best "
+                      f"{best['threshold_kb']:g} KiB at {best['ms_per_step']:.2f} ms/step; "
+                      f"the default's trials spread {lo:+.1f}%..{hi:+.1f}%")
+        targets.append(t)
+    if plt is not None:
+        plot_fusion(plt, results, sweeps, default_kb)
+        out += [image("fusion_sweep.png", results), ""]
+    thresholds = sorted({r["threshold_kb"] for d in sweeps.values() for r in d["rows"]})
+    header = ["model (tensors, gradient bytes)"] + [
+        f"{k:g} KiB" + (" (default)" if k == default_kb else "") for k in thresholds]
+    rows = []
+    for model, d in sweeps.items():
+        best = min(r["ms_per_step"] for r in d["rows"])
+        by = {r["threshold_kb"]: r["ms_per_step"] for r in d["rows"]}
+        cells = []
+        for k in thresholds:
+            if k not in by:
+                cells.append("-")
+                continue
+            cell = f"{by[k]:.2f} ms ({by[k] / best:.3f}x)"
+            cells.append(f"**{cell}**" if by[k] == best else cell)
+        label = f"{model} ({d.get('tensors', '?')}, {bytes_str(d['gradient_bytes'])})" \
+            if "gradient_bytes" in d else model
+        rows.append([label] + cells)
+    out.append(table(header, rows))
+    for s in failed:
+        out.append(f"\n- {s}: {stage_note(stages, s)}")
+    out.append("")
+    return out
+
+
+def training_section(results, stages, plt, targets):
+    out = ["## 4. Training throughput against other frameworks", ""]
+    d, why = load_json(os.path.join(results, "training.json"))
+    if d is None:
+        note = missing_note(stages, why, "training")
+        targets.append(Target("2-rank throughput vs MWMS, per model", f">= {MWMS_MIN:.1f}x",
+                              note=note))
+        targets.append(Target("2-rank throughput vs Horovod, per model (where it builds)",
+                              f">= {HOROVOD_MIN:.1f}x", note=note))
+        return out + [not_run_line([note]), ""]
+    res, errors = d.get("results", []), d.get("errors", {}) or {}
+    cfg = d.get("config", {})
+    out += config_lines(cfg)
+    models = sorted({r["model"] for r in res})
+
+    def pick(model, fw, n):
+        hit = [r for r in res if (r["model"], r["framework"], r["ranks"]) == (model, fw, n)]
+        return hit[0] if hit else None
+
+    ratio_rows = []
+    for model in models or ["(no model)"]:
+        tnt = pick(model, "tarantella", 2)
+        for peer, need, label in (("mwms", MWMS_MIN, "MWMS"), ("horovod", HOROVOD_MIN, "Horovod")):
+            name = f"2-rank throughput vs {label}, {model}"
+            req = f">= {need:.1f}x"
+            other = pick(model, peer, 2)
+            if tnt is None or other is None:
+                missing = "Tarantella" if tnt is None else label
+                err = errors.get("tarantella" if tnt is None else peer)
+                note = f"no 2-rank {missing} result" + (f": {err}" if err else "")
+                ok = None
+                targets.append(Target(name, req, "n/a" if peer == "horovod" and err else None,
+                                      ok, note))
+                ratio_rows.append([model, label, "-", f"no 2-rank {missing} result"])
+                continue
+            q = tnt["samples_per_s"] / other["samples_per_s"]
+            t = Target(name, req, f"{q:.2f}x", q >= need)
+            if not t.ok:
+                t.note = (f"{short_by(q, need)}; {tnt['samples_per_s']:.0f} vs "
+                          f"{other['samples_per_s']:.0f} samples/s, E(2) "
+                          f"{f2(tnt.get('efficiency'))} vs {f2(other.get('efficiency'))}")
+            targets.append(t)
+            ratio_rows.append([model, label, f"{q:.2f}x", t.result])
+    if plt is not None and res:
+        plot_training(plt, results, d)
+        out += [image("training_throughput.png", results), ""]
+    out.append("Tarantella / other framework, samples/s at 2 ranks:")
+    out.append("")
+    out.append(table(["model", "against", "ratio", "result"], ratio_rows))
+    out.append("")
+    out.append("E(N) = X_N / (N X_1), X = samples/s (weak scaling; all ranks share this "
+               "host's cores).")
+    out.append("")
+    rows = []
+    order = {f: i for i, f in enumerate(FRAMEWORK_ORDER)}
+    for r in sorted(res, key=lambda r: (r["model"], r["ranks"],
+                                        order.get(r["framework"], 99), r["framework"])):
+        rows.append([r["model"], r["framework"],
+                     f"{r['ranks']}{' *' if r.get('oversubscribed') else ''}",
+                     r.get("global_batch", "-"), f"{r['samples_per_s']:.1f}",
+                     f2(r.get("step_ms")), f2(r.get("efficiency"))])
+    out.append(table(["model", "framework", "ranks", "global batch", "samples/s", "ms/step",
+                      "E(N)"], rows))
+    if any(r.get("oversubscribed") for r in res):
+        out += ["", "\\* oversubscribed: more ranks than cores."]
+    if errors:
+        out += ["", "Errors:", ""]
+        out += [f"- {fw}: {msg}" for fw, msg in sorted(errors.items())]
+    out.append("")
+    return out
+
+
+def sim_section(results, stages, plt, targets):
+    out = ["## 5. Simulated cluster", ""]
+    d, why = load_json(os.path.join(results, "sim_cluster.json"))
+    name = "Simulated cluster with overlap: step time / bound (worst configuration)"
+    req = f"<= {SIM_BOUND_MAX:.2f}"
+    if d is None:
+        note = missing_note(stages, why, "sim_cluster")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    res = d.get("results", [])
+    cfg = d.get("config", {})
+    out += config_lines(cfg)
+    over = cfg.get("oversubscribed", {}) if isinstance(cfg.get("oversubscribed"), dict) else {}
+    lapped = [r for r in res if r.get("overlap")]
+    if not lapped:
+        targets.append(Target(name, req, note="no configuration with overlap"))
+    for hosts in sorted({r["hosts"] for r in lapped}):
+        mine = [r for r in lapped if r["hosts"] == hosts]
+        worst = max(mine, key=lambda r: r["ratio_to_bound"])
+        t = Target(f"Simulated cluster with overlap, {hosts} hosts"
+                   + (" (oversubscribed)" if over.get(str(hosts)) else "")
+                   + ": step time / bound, worst configuration",
+                   req, f"{worst['ratio_to_bound']:.3f}", worst["ratio_to_bound"] <= SIM_BOUND_MAX)
+        t.note = (f"{worst['link']}, fusion {on_off(worst['fusion'])}: "
+                  f"{worst['step_ms']:.1f} vs {worst['bound_ms']:.1f} ms")
+        if not t.ok:
+            t.note = (f"{short_by(worst['ratio_to_bound'], SIM_BOUND_MAX, False)}; " + t.note +
+                      f", of which {worst['wait_ms']:.1f} ms waiting for communication; "
+                      f"communication {worst['comm_ms']:.1f} ms = "
+                      f"{worst['comm_ms'] / worst['bound_ms']:.1f}x the bound, compute "
+                      f"{worst['compute_ms']:.1f} ms")
+        targets.append(t)
+    if plt is not None and res:
+        plot_sim(plt, results, d)
+        out += [image("sim_cluster_breakdown.png", results), "",
+                image("sim_cluster_step_vs_bound.png", results), ""]
+    rows = [[f"{r['hosts']}{' *' if over.get(str(r['hosts'])) else ''}", r["link"],
+             on_off(r["fusion"]),
+             "yes" if r["overlap"] else "no",
+             f2(r["step_ms"]), f2(r["compute_ms"]), f2(r["comm_ms"]), f2(r["wait_ms"]),
+             f2(r["bound_ms"]), f"{r['ratio_to_bound']:.3f}",
+             bytes_str(r["gradient_bytes"]) if "gradient_bytes" in r else "-"] for r in res]
+    out.append(table(["hosts", "link", "fusion", "overlap", "step ms", "compute ms", "comm ms",
+                      "wait ms", "bound ms", "step / bound", "gradients"], rows))
+    if any(over.values()):
+        out += ["", "\\* oversubscribed: more simulated hosts (one rank each) than cores."]
+    tl = d.get("timeline_example")
+    if tl:
+        out += ["", f"Timeline example: {timeline_link(results, tl)}."]
+    out.append("")
+    return out
+
+
+TIMELINE_COPY_MAX = 4 << 20
+
+
+def timeline_link(results, path):
+    """Keeps a copy of the example timeline next to the report (under a fixed
+    name) when it is small enough; returns how to refer to it."""
+    src = path if os.path.isabs(path) else os.path.join(results, path)
+    if os.path.isfile(src) and os.path.getsize(src) <= TIMELINE_COPY_MAX:
+        name = "sim_cluster_timeline" + (".json.gz" if src.endswith(".gz") else ".json")
+        dst = os.path.join(results, name)
+        if os.path.abspath(src) != os.path.abspath(dst):
+            shutil.copyfile(src, dst)
+        return f"[{name}]({name}) (load it in chrome://tracing or Perfetto)"
+    return f"`{path}`" + ("" if os.path.exists(src) else " (no longer there)")
+
+
+# --------------------------------------------------------------- run info
+
+def command_line(*cmd):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return (p.stdout or p.stderr).strip().splitlines()[0] if p.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def write_run_info(args):
+    path = os.path.join(args.results, "run.json")
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    old, _ = load_json(path)
+    if args.rerun and old is not None:
+        # Only some stages run again: the run's record stays, with a note.
+        old.setdefault("reruns", []).append(
+            {"stages": args.rerun, "started_utc": now,
+             "load_average_at_start": [round(v, 2) for v in os.getloadavg()]})
+        info = old
+    else:
+        info = new_run_info(args, now)
+    with open(path, "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+
+
+def new_run_info(args, now):
+    info = {
+        "started_utc": now,
+        "mode": "quick" if args.quick else "full",
+        "commit": command_line("git", "-C", ROOT, "rev-parse", "--short", "HEAD"),
+        "uncommitted_changes": bool(command_line("git", "-C", ROOT, "status", "--porcelain",
+                                                 "--untracked-files=no")),
+        "host_cores": os.cpu_count(),
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "mpi": command_line(args.mpirun, "--version"),
+    }
+    try:
+        import importlib.metadata as md
+        info["tensorflow"] = md.version("tensorflow-cpu")
+    except Exception:  # noqa: BLE001 - any failure just leaves it out
+        pass
+    return info
+
+
+def header(results, stages, quick):
+    info, _ = load_json(os.path.join(results, "run.json"))
+    info = info or {}
+    mode = info.get("mode", "quick" if quick else "full")
+    out = ["# Tarantella benchmark results", ""]
+    out.append(f"`make bench{' QUICK=1' if mode == 'quick' else ''}` "
+               f"({mode} run), started {info.get('started_utc', '?')} UTC, commit "
+               f"`{info.get('commit', '?')}`"
+               + (" with uncommitted changes" if info.get("uncommitted_changes") else "") + ".")
+    load = info.get("load_average_at_start")
+    out.append(f"One host: {info.get('host_cores', '?')} cores"
+               + (f", load average {load[0]:.2f} at the start" if load else "")
+               + f"; {info.get('mpi') or 'MPI ?'}; Python {info.get('python', '?')}, "
+               f"TensorFlow {info.get('tensorflow', '?')}.")
+    for r in info.get("reruns", []):
+        out.append(f"Run again later: {r['stages']}, at {r['started_utc']} UTC (load average "
+                   f"{r['load_average_at_start'][0]:.2f}).")
+    if mode == "quick":
+        out += ["", "A quick run: fewer sizes, steps and trials than the full run; its "
+                "figures are indicative only."]
+    out.append("")
+    return out
+
+
+def stages_section(stages):
+    out = ["## Stages", ""]
+    if not stages:
+        return out + ["No stage record (logs/stages.tsv); the report was run on its own.", ""]
+    rows = [[name, st["status"] if st["status"] == "ok" else f"**{st['status']}**",
+             st["rc"], st["seconds"], f"`{st['log']}`"] for name, st in stages.items()]
+    return out + [table(["stage", "status", "exit", "seconds", "log"], rows), ""]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--quick", action="store_true", help="the results are of a quick run")
+    p.add_argument("--run-info", action="store_true",
+                   help="only record the run's environment in run.json (at the start of a run)")
+    p.add_argument("--mpirun", default="mpirun", help="with --run-info: the MPI launcher")
+    p.add_argument("--rerun", metavar="STAGES",
+                   help="with --run-info: only these stages run again; keep the run's record")
+    args = p.parse_args()
+    os.makedirs(args.results, exist_ok=True)
+    if args.run_info:
+        write_run_info(args)
+        return 0
+    plt = pyplot()
+    stages = load_stages(args.results)
+    targets = []
+    body = []
+    body += collectives_section(args.results, stages, plt, targets)
+    body += overhead_section(args.results, stages, targets)
+    body += fusion_section(args.results, stages, plt, targets)
+    body += training_section(args.results, stages, plt, targets)
+    body += sim_section(args.results, stages, plt, targets)
+    out = header(args.results, stages, args.quick)
+    if plt is None:
+        out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",
+                ""]
+    counts = {k: sum(1 for t in targets if t.result.strip("*") == k)
+              for k in ("PASS", "MISS", "FAILED", "NOT RUN", "N/A")}
+    out += ["## Targets", ""]
+    out.append(", ".join(f"{v} {k}" for k, v in counts.items() if v) + ".")
+    out.append("")
+    out.append(table(["target", "required", "measured", "result", "note"],
+                     [t.row() for t in targets]))
+    out.append("")
+    out += stages_section(stages)
+    out += body
+    with open(os.path.join(args.results, "summary.md"), "w") as f:
+        f.write("\n".join(out).rstrip() + "\n")
+    print(f"wrote {os.path.join(args.results, 'summary.md')}: " +
+          ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

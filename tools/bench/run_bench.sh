@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Runs the benchmark suite and writes its report (what `make bench` runs).
+#
+#   tools/bench/run_bench.sh [--quick] [--out DIR] [--only STAGE[,STAGE...]]
+#
+# Stages, each under its own time limit, each writing JSON into DIR
+# (default bench/results):
+#   collectives  tnt-bench allreduce, broadcast, allgather on 2 and 4 ranks
+#                (4 ranks on fewer cores are marked oversubscribed)
+#   overhead     1 rank: tnt.Model.fit against plain Keras fit (fit_bench.py)
+#   fusion       2 ranks: step time for each fusion threshold (fit_bench.py)
+#   training     Tarantella against other data-parallel frameworks
+#                (train_compare.py, when present)
+#   sim_cluster  a simulated multi-host cluster (sim_cluster_bench.py, when present;
+#                as root)
+# then tools/bench/report.py writes DIR/summary.md and the plots.
+#
+# A stage that fails or runs out of time is recorded in the summary and the
+# others still run; the exit status is 1 when any stage failed, 0 otherwise.
+# Every command's output is in DIR/logs/<stage>.log.
+#
+# Environment: PYTHON (python3), PREFIX (/usr/local: where tnt-bench is
+# installed), TNT_BENCH (the tnt-bench binary), MPIRUN (mpirun), MPIFLAGS
+# (--oversubscribe --bind-to none, plus --allow-run-as-root as root),
+# BENCH_TIMEOUT_SCALE (multiplies every time limit, default 1).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+PREFIX=${PREFIX:-/usr/local}
+TNT_BENCH=${TNT_BENCH:-$PREFIX/bin/tnt-bench}
+MPIRUN=${MPIRUN:-mpirun}
+if [[ -z ${MPIFLAGS+x} ]]; then
+  MPIFLAGS="--oversubscribe --bind-to none"
+  [[ $(id -u) -eq 0 ]] && MPIFLAGS+=" --allow-run-as-root"
+fi
+SCALE=${BENCH_TIMEOUT_SCALE:-1}
+
+QUICK=0
+OUT=$ROOT/bench/results
+ONLY=""
+usage() {
+  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+while (($#)); do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --out) OUT=${2:?--out needs a directory}; shift ;;
+    --out=*) OUT=${1#--out=} ;;
+    --only) ONLY=${2:?--only needs stage names}; shift ;;
+    --only=*) ONLY=${1#--only=} ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
+  esac
+  shift
+done
+
+LOGS=$OUT/logs
+STAGES_TSV=$LOGS/stages.tsv
+mkdir -p "$OUT" "$LOGS" || exit 1
+# Results of an earlier run must not pass for this run's: everything goes,
+# or with --only, what the chosen stages write (the rest stays in the report).
+STAGE_NAMES=(collectives overhead fusion training sim_cluster)
+declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
+                        [training]=training [sim_cluster]=sim_cluster)
+for s in ${ONLY//,/ }; do
+  [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
+    "${STAGE_NAMES[*]})" >&2; exit 2; }
+done
+if [[ -z $ONLY ]]; then
+  rm -f "$OUT"/*.json "$OUT"/*.png "$LOGS"/*.log "$STAGES_TSV"
+else
+  for s in ${ONLY//,/ }; do
+    p=${STAGE_FILES[$s]}
+    rm -f "$OUT/$p"*.json "$OUT/$p"*.png "$LOGS/$p"*.log
+    [[ -f $STAGES_TSV ]] && sed -i "/^$p/d" "$STAGES_TSV"
+  done
+fi
+rm -f "$OUT"/summary.md
+[[ -s $STAGES_TSV ]] || printf 'stage\tstatus\trc\tseconds\tlog\n' >"$STAGES_TSV"
+
+# Time limits in seconds: full run, quick run.
+limit() {
+  local full=$1 quick=$2 s
+  s=$((QUICK ? quick : full))
+  awk -v s="$s" -v k="$SCALE" 'BEGIN { printf "%d\n", s * k + 0.5 }'
+}
+
+wanted() {
+  [[ -z $ONLY ]] || [[ ",$ONLY," == *",$1,"* ]]
+}
+
+failed=0
+# run_stage NAME LIMIT_S EXPECTED_JSON COMMAND...: runs COMMAND under a time
+# limit with its output in logs/NAME.log and records how it ended.
+run_stage() {
+  local name=$1 limit_s=$2 expect=$3
+  shift 3
+  local log=$LOGS/$name.log start rc status
+  printf 'bench: %-28s ' "$name"
+  start=$(date +%s)
+  {
+    echo "\$ $*"
+    echo "# time limit: ${limit_s} s"
+  } >"$log"
+  timeout --kill-after=20 "$limit_s" "$@" >>"$log" 2>&1 </dev/null
+  rc=$?
+  local secs=$(($(date +%s) - start))
+  if ((rc == 124 || rc == 137)); then
+    status="timeout"
+  elif ((rc != 0)); then
+    status="failed"
+  elif [[ -n $expect && ! -s $expect ]]; then
+    status="failed"
+    echo "# no results in $expect" >>"$log"
+  else
+    status="ok"
+  fi
+  # A stage cut short may leave an empty file (tnt-bench opens it early).
+  [[ $status != ok && -n $expect && -f $expect && ! -s $expect ]] && rm -f "$expect"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$secs" "logs/$name.log" >>"$STAGES_TSV"
+  printf '%-8s %5d s  (logs/%s.log)\n' "$status" "$secs" "$name"
+  if [[ $status != ok ]]; then
+    failed=1
+    tail -n 15 "$log" | sed 's/^/    /'
+  fi
+}
+
+# not_run NAME WHY: records a stage that could not start.
+not_run() {
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "not run" "-" "0" "$2" >>"$STAGES_TSV"
+  printf 'bench: %-28s not run  (%s)\n' "$1" "$2"
+}
+
+# What ran where: commit, cores, load, versions (the report's header).
+info_args=(--results "$OUT" --run-info --mpirun "$MPIRUN")
+[[ $QUICK == 1 ]] && info_args+=(--quick)
+[[ -n $ONLY ]] && info_args+=(--rerun "$ONLY")
+"$PYTHON" "$ROOT/tools/bench/report.py" "${info_args[@]}" >"$LOGS/run_info.log" 2>&1 ||
+  echo "bench: could not record the run's environment (logs/run_info.log)"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+# 1. Collectives against MPI, and the memcpy ceiling.
+if wanted collectives; then
+  if [[ ! -x $TNT_BENCH ]]; then
+    not_run collectives "no tnt-bench at $TNT_BENCH (make install)"
+  else
+    max=$([[ $QUICK == 1 ]] && echo 4M || echo 64M)
+    for coll in allreduce broadcast allgather; do
+      for np in 2 4; do
+        json=$OUT/collectives_${coll}_${np}ranks.json
+        # shellcheck disable=SC2086
+        run_stage "collectives_${coll}_${np}ranks" "$(limit 900 240)" "$json" \
+          "$MPIRUN" $MPIFLAGS -np "$np" "$TNT_BENCH" "$coll" --min 4K --max "$max" --json "$json"
+      done
+    done
+  fi
+fi
+
+# 2. Framework overhead on 1 rank.
+if wanted overhead; then
+  args=()
+  [[ $QUICK == 1 ]] && args=(--samples 2048 --trials 3)
+  run_stage overhead "$(limit 1200 400)" "$OUT/overhead.json" \
+    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.json"
+fi
+
+# 3. Fusion threshold sweep on 2 ranks.
+if wanted fusion; then
+  if [[ $QUICK == 1 ]]; then
+    models=(deep_mlp)
+    args=(--samples 1024 --trials 3 --thresholds "0,32,1024,8192")
+  else
+    models=(deep_mlp lenet5)
+    args=(--trials 5 --thresholds "0,8,32,128,512,2048,8192")
+  fi
+  for model in "${models[@]}"; do
+    json=$OUT/fusion_sweep_$model.json
+    # shellcheck disable=SC2086
+    run_stage "fusion_sweep_$model" "$(limit 1500 480)" "$json" \
+      "$MPIRUN" $MPIFLAGS -np 2 -x TF_CPP_MIN_LOG_LEVEL "$PYTHON" \
+      "$ROOT/tools/bench/fit_bench.py" sweep --model "$model" "${args[@]}" --json "$json"
+  done
+fi
+
+# 4 and 5. Stages with scripts of their own: run when present.
+optional_stage() {
+  local name=$1 script=$2 full=$3 quick=$4
+  wanted "$name" || return 0
+  if [[ ! -f $ROOT/tools/bench/$script ]]; then
+    not_run "$name" "tools/bench/$script is not there"
+    return 0
+  fi
+  if [[ $name == sim_cluster && $(id -u) -ne 0 ]]; then
+    not_run "$name" "needs root (network namespaces, tc)"
+    return 0
+  fi
+  local args=(--out "$OUT/$name.json")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
+    "$PYTHON" "$ROOT/tools/bench/$script" "${args[@]}"
+}
+optional_stage training train_compare.py 3600 1200
+optional_stage sim_cluster sim_cluster_bench.py 2400 900
+
+# The report: summary.md and the plots, from whatever the stages left.
+report_args=(--results "$OUT")
+[[ $QUICK == 1 ]] && report_args+=(--quick)
+printf 'bench: %-28s ' report
+if timeout 300 "$PYTHON" "$ROOT/tools/bench/report.py" "${report_args[@]}" >"$LOGS/report.log" 2>&1; then
+  echo "ok        -> $OUT/summary.md"
+else
+  echo "failed    (logs/report.log)"
+  tail -n 15 "$LOGS/report.log" | sed 's/^/    /'
+  failed=1
+fi
+if ((failed)); then
+  echo "bench: some stages failed; see $OUT/summary.md and $LOGS"
+fi
+exit "$failed"

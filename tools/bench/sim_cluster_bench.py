@@ -1,0 +1,478 @@
+#!/usr/bin/env python3
+"""Training on a simulated cluster with shaped links, broken down from the timeline.
+
+Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
+host name, /dev/shm and network, one rank per host), and each host's link
+is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus 0.1 ms of delay where the
+kernel has netem. LeNet-5 trains on synthetic data with TNT_TIMELINE on,
+for every combination of tensor fusion (threshold 32 KiB, or 0: one bucket
+per tensor) and overlap (on, or TNT_OVERLAP=0: no gradient enters its
+bucket before backprop is over). Configurations are interleaved inside one
+run per (hosts, link), so that noise from other work on the machine hits
+them alike. From each rank's trace, per step:
+
+  step_ms     the training step (the Keras layer's "step N" span)
+  wait_ms     time the step's callers were blocked in fusion finish (union)
+  compute_ms  step_ms - wait_ms: the step minus the communication it waited for
+  comm_ms     time the step's bucket allreduces ran (union)
+  bound_ms    max(compute_ms, 2(N-1)/N * gradient_bytes / link bandwidth)
+
+medians over the steps of each rank, averaged over the ranks.
+
+    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 3 minutes
+    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 10 minutes
+
+Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
+(`make install`). All hosts share this machine's cores: 4 hosts with one
+rank each on a 2-core machine are oversubscribed, so their compute is
+slower than a real cluster's and their timings are noisier.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
+
+LINKS = {"1gbit_0.1ms": 1e9, "10gbit_0.1ms": 10e9}
+DELAY = "0.1ms"
+CONFIGS = [(True, True), (True, False), (False, True), (False, False)]  # (fusion, overlap)
+FUSION_KB = 32  # the default threshold: fusion "on"; 0 is "off"
+GLOBAL_BATCH = 64
+
+
+# ---------------------------------------------------------------- worker
+
+
+def lenet5(keras):
+    inputs = keras.Input(shape=(28, 28, 1))
+    x = keras.layers.Conv2D(20, 5, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Conv2D(50, 5, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(500, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
+
+
+def config_name(fusion, overlap):
+    return f"config fusion={int(fusion)} overlap={int(overlap)}"
+
+
+def worker(args):
+    """One rank: builds a model per configuration, then trains them in
+    turns, each fit inside a "config ..." span of the timeline."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    import tarantella as tnt
+    from tarantella import _core
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tnt.init()
+    rng = np.random.default_rng(0)
+    n = GLOBAL_BATCH * args.steps
+    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, size=n).astype(np.int32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
+    models = {}
+    for fusion, overlap in CONFIGS:
+        # Both are read when the training step is traced (the first fit).
+        os.environ["TNT_FUSION_THRESHOLD_KB"] = str(FUSION_KB if fusion else 0)
+        os.environ["TNT_OVERLAP"] = "1" if overlap else "0"
+        keras.utils.set_random_seed(1)
+        model = tnt.Model(lenet5(keras))
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
+        models[(fusion, overlap)] = model
+    grad_bytes = int(sum(np.prod(w.shape) * 4 for w in models[CONFIGS[0]].trainable_weights))
+    for rep in range(args.reps):
+        order = CONFIGS if rep % 2 == 0 else list(reversed(CONFIGS))
+        for key in order:
+            name = config_name(*key)
+            _core.timeline_begin(name, "config")
+            models[key].fit(ds, epochs=1, verbose=0)
+            _core.timeline_end(name, "config")
+    if tnt.is_master_rank():
+        print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, gradient bytes "
+              f"{grad_bytes}", flush=True)
+
+
+# ---------------------------------------------------------------- traces
+
+
+def load_trace(path):
+    """The events of a trace file; a file cut short by a crash lacks the
+    closing bracket (and may end in a partial line)."""
+    text = open(path).read().rstrip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        lines = text.splitlines()
+        while lines:
+            try:
+                return json.loads("\n".join(lines).rstrip().rstrip(",") + "\n]")
+            except json.JSONDecodeError:
+                lines.pop()
+        raise
+
+
+def union_ms(intervals, lo, hi):
+    """Length in ms of the union of [a, b) intervals (µs) clipped to [lo, hi)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, end = 0.0, lo
+    for a, b in clipped:
+        a = max(a, end)
+        if b > a:
+            total += b - a
+            end = b
+    return total / 1e3
+
+
+def spans(events, cat, keep_open=False):
+    """[(name, begin, end)] of the B/E spans of category `cat`; with
+    keep_open, a span a cut-short run never ended lasts to the end."""
+    out, open_ = [], {}
+    for e in events:
+        if e.get("cat") != cat:
+            continue
+        if e["ph"] == "B":
+            open_[e["name"]] = e["ts"]
+        elif e["ph"] == "E" and e["name"] in open_:
+            out.append((e["name"], open_.pop(e["name"]), e["ts"]))
+    if keep_open:
+        out += [(name, ts, float("inf")) for name, ts in open_.items()]
+    return out
+
+
+def breakdown(events, nhosts):
+    """Per configuration name: lists of per-step values of one rank."""
+    configs = spans(events, "config", keep_open=True)
+    steps = spans(events, "step")
+    buckets = [(e["ts"], e["ts"] + e["dur"], e["args"]["bytes"]) for e in events
+               if e["ph"] == "X" and e["name"].startswith("allreduce bucket")]
+    waits = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e["ph"] == "X" and e["name"] == "fusion finish"]
+    out = {}
+    for cname, cb, ce in configs:
+        rows = out.setdefault(cname, {"step": [], "wait": [], "comm": [], "bytes": [],
+                                      "bus": [], "bus_s": []})
+        for _, sb, se in steps:
+            if not (cb <= sb and se <= ce):
+                continue
+            mine = [b for b in buckets if sb <= b[0] < se]
+            rows["step"].append((se - sb) / 1e3)
+            rows["wait"].append(union_ms(waits, sb, se))
+            rows["comm"].append(union_ms([(a, b) for a, b, _ in mine], sb, se))
+            rows["bytes"].append(sum(n for _, _, n in mine))
+            for a, b, n in mine:
+                rows["bus"].append(2 * (nhosts - 1) / nhosts * n)
+                rows["bus_s"].append((b - a) / 1e6)
+    return out
+
+
+def summarize(per_rank, nhosts, link_bps):
+    """One result row per configuration from the ranks' breakdowns."""
+    results = []
+    for fusion, overlap in CONFIGS:
+        cname = config_name(fusion, overlap)
+        ranks = [b[cname] for b in per_rank if cname in b and b[cname]["step"]]
+        if not ranks:
+            continue
+
+        def avg_median(key):
+            return statistics.fmean(statistics.median(r[key]) for r in ranks)
+
+        step, wait, comm = avg_median("step"), avg_median("wait"), avg_median("comm")
+        grad_bytes = int(statistics.median(ranks[0]["bytes"]))
+        compute = step - wait
+        transfer = 2 * (nhosts - 1) / nhosts * grad_bytes * 8 / link_bps * 1e3
+        bound = max(compute, transfer)
+        bus_bytes = sum(sum(r["bus"]) for r in ranks)
+        bus_s = sum(sum(r["bus_s"]) for r in ranks)
+        results.append({
+            "fusion": fusion, "overlap": overlap,
+            "step_ms": round(step, 3), "compute_ms": round(compute, 3),
+            "comm_ms": round(comm, 3), "wait_ms": round(wait, 3),
+            "transfer_ms": round(transfer, 3), "bound_ms": round(bound, 3),
+            "ratio_to_bound": round(step / bound, 3), "gradient_bytes": grad_bytes,
+            "allreduce_busbw_gbit": round(bus_bytes * 8 / bus_s / 1e9, 3) if bus_s else None,
+            "steps": sum(len(r["step"]) for r in ranks)})
+    return results
+
+
+# ---------------------------------------------------------------- cluster
+
+
+class Cluster:
+    """Simulated hosts, always removed again (also on errors and signals)."""
+
+    live = []
+
+    def __init__(self, nhosts):
+        self.id = uuid.uuid4().hex[:6]
+        self.hosts = [f"tnt-sb-{self.id}-{k}" for k in range(nhosts)]
+        self.octet = free_octet()
+        Cluster.live.append(self)
+        up = run_checked([SIM, "up", self.id, str(self.octet)] + self.hosts, timeout=60)
+        if up.returncode != 0:
+            raise RuntimeError(f"cannot create the simulated cluster:\n{up.stderr}")
+        self.net = f"169.254.{self.octet}.0/24"
+
+    def shape(self, link_bps):
+        """Shapes every host's outgoing link; returns what was applied."""
+        rate = f"{int(link_bps / 1e6)}mbit"
+        # A token bucket must hold at least one timer tick of traffic.
+        burst = max(int(link_bps / 8 / 1000), 256 * 1024)
+        netem = ["netem", "delay", DELAY, "rate", rate, "limit", "100000"]
+        # A queue of a few ms, like a switch port's, rather than a deep one
+        # that would hold control messages behind bulk data.
+        tbf = ["tbf", "rate", rate, "burst", str(burst), "latency", "5ms"]
+        applied = None
+        for qdisc in (netem, tbf):
+            ok = True
+            for host in self.hosts:
+                r = run_checked(["ip", "netns", "exec", host, "tc", "qdisc", "replace", "dev",
+                                 "eth0", "root"] + qdisc, timeout=20)
+                ok = ok and r.returncode == 0
+            if ok:
+                applied = " ".join(qdisc)
+                break
+        if applied is None:
+            raise RuntimeError("tc could not shape the links (neither netem nor tbf)")
+        return applied
+
+    def kill_processes(self):
+        for host in self.hosts:
+            pids = run_checked(["ip", "netns", "pids", host], timeout=10).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+    def down(self):
+        self.kill_processes()
+        run_checked([SIM, "down", self.id] + self.hosts, timeout=60)
+        if self in Cluster.live:
+            Cluster.live.remove(self)
+
+    @classmethod
+    def down_all(cls):
+        for c in list(cls.live):
+            try:
+                c.down()
+            except Exception as e:  # cleanup goes on with the others
+                print(f"sim_cluster_bench: cleanup of {c.id}: {e}", file=sys.stderr)
+
+
+def run_checked(cmd, timeout, **kw):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {timeout} s")
+
+
+def free_octet():
+    used = run_checked(["ip", "-4", "addr"], timeout=10).stdout
+    for _ in range(200):
+        octet = random.randint(16, 250)
+        if f"169.254.{octet}." not in used:
+            return octet
+    raise RuntimeError("no free link-local network for the simulated cluster")
+
+
+def launch(cluster, work, steps, reps, timeout, algorithm):
+    """Runs the worker on every host for at most `timeout` seconds; returns
+    the trace files and what went wrong (None: nothing). A run that times
+    out or fails still leaves the traces it wrote so far."""
+    hostfile = os.path.join(work, "hostfile")
+    with open(hostfile, "w") as f:
+        f.write("\n".join(cluster.hosts) + "\n")
+    trace = os.path.join(work, "trace.json")
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+           "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120", "TNT_TIMELINE": trace,
+           "OMPI_MCA_plm_rsh_agent": f"{SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+           "OMPI_MCA_oob_tcp_if_include": cluster.net,
+           "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp",
+           "TNT_ALLREDUCE_ALGORITHM": algorithm}
+    for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1", "--no-gpu",
+           "--run-dir", os.path.join(work, "run"), "--python-interpreter", sys.executable, "--",
+           os.path.abspath(__file__), "--worker", "--steps", str(steps), "--reps", str(reps)]
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    problem = None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            problem = f"failed with status {proc.returncode}: {err.strip()[-600:]}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        # Open MPI's daemons leave the launcher's session: end what runs on the hosts.
+        cluster.kill_processes()
+        proc.communicate(timeout=30)
+        problem = f"timed out after {timeout:.0f} s (the results use the steps traced so far)"
+    files = [os.path.join(work, f"trace.rank{r}.json") for r in range(len(cluster.hosts))]
+    files = [f for f in files if os.path.exists(f)]
+    return files, problem
+
+
+def print_table(results):
+    head = (f"{'hosts':>5} {'link':<13} {'fusion':>6} {'overlap':>7} {'step':>8} {'compute':>8} "
+            f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'busbw':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        bus = f"{r['allreduce_busbw_gbit']:.2f}" if r.get("allreduce_busbw_gbit") else "-"
+        print(f"{r['hosts']:>5} {r['link']:<13} {'on' if r['fusion'] else 'off':>6} "
+              f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
+              f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
+              f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {bus:>7}")
+    print("times in ms per step (medians); xfer = 2(N-1)/N * gradient bytes / link bandwidth; "
+          "bound = max(compute, xfer); busbw = achieved allreduce bus bandwidth, Gbit/s")
+
+
+def driver(args):
+    if os.geteuid() != 0:
+        sys.exit("sim_cluster_bench: needs root (network namespaces and tc)")
+    for tool in ("ip", "tc", "unshare", "tarantella"):
+        if shutil.which(tool) is None:
+            sys.exit(f"sim_cluster_bench: {tool} is not on PATH")
+    hosts = [int(h) for h in args.hosts.split(",")]
+    links = args.links.split(",")
+    for link in links:
+        if link not in LINKS:
+            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    steps, reps = (4, 1) if args.quick else (args.steps, args.reps)
+    budget = args.budget if args.budget else (200 if args.quick else 840)
+    keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
+        prefix="tnt-simbench-")
+    os.makedirs(keep, exist_ok=True)
+    ncores = os.cpu_count()
+    config = {"model": "lenet5", "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
+              "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
+              "fusion_threshold_kb_off": 0, "overlap_off": "TNT_OVERLAP=0",
+              "ranks_per_host": 1, "cores": ncores, "quick": bool(args.quick),
+              "statistic": "per-rank median over steps, mean over ranks",
+              "oversubscribed": {str(n): n > ncores for n in hosts}, "links": {},
+              "allreduce_algorithm": args.algorithm,
+              "load_average_at_start": round(os.getloadavg()[0], 2), "budget_s": budget,
+              "problems": {}}
+    results, example = [], None
+    start = time.monotonic()
+    # Each run's time limit is its share of what is left of the budget,
+    # by its expected cost (4 hosts and slow links take longest).
+    todo = [(n, link) for n in hosts for link in links]
+
+    def cost(n, link):
+        return n * n * (3 if LINKS[link] < 5e9 else 1)
+
+    for nhosts in hosts:
+        cluster = Cluster(nhosts)
+        try:
+            for link in links:
+                applied = cluster.shape(LINKS[link])
+                config["links"][link] = applied
+                work = os.path.join(keep, f"{nhosts}hosts_{link}")
+                os.makedirs(work, exist_ok=True)
+                t0 = time.monotonic()
+                left = budget - (t0 - start)
+                share = left * cost(nhosts, link) / sum(cost(*r) for r in todo)
+                todo.remove((nhosts, link))
+                limit = min(args.timeout, max(90.0, share))
+                files, problem = launch(cluster, work, steps, reps, limit, args.algorithm)
+                key = f"{nhosts}hosts_{link}"
+                try:
+                    per_rank = [breakdown(load_trace(f), nhosts) for f in files]
+                except (OSError, ValueError) as e:
+                    per_rank, problem = [], f"{problem or ''} unreadable trace: {e}".strip()
+                if len(files) < nhosts:
+                    problem = f"{problem or ''} traces of {len(files)} of {nhosts} ranks".strip()
+                rows = summarize(per_rank, nhosts, LINKS[link])
+                for row in rows:
+                    row.update({"hosts": nhosts, "link": link, "link_shaping": applied,
+                                "complete": problem is None})
+                    results.append({k: row[k] for k in ("hosts", "link")} | row)
+                if problem:
+                    config["problems"][key] = problem
+                if files and (example is None or problem is None):
+                    example = files[0]
+                print(f"sim_cluster_bench: {nhosts} hosts, {link} ({applied}): "
+                      f"{time.monotonic() - t0:.0f} s (limit {limit:.0f} s)"
+                      f"{'; ' + problem if problem else ''}", file=sys.stderr, flush=True)
+        finally:
+            cluster.down()
+    config["elapsed_s"] = round(time.monotonic() - start, 1)
+    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    config["added_delay"] = DELAY if all("netem" in v for v in config["links"].values()) else (
+        "none: this kernel has no netem qdisc (links are rate-limited with tbf only)")
+    out = {"config": config, "results": results, "timeline_example": example}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print_table(results)
+    if any("netem" not in v for v in config["links"].values()):
+        print("note: this kernel has no netem qdisc; links are rate-limited with tbf and get no "
+              "added delay (the link labels keep the 0.1ms of the intended setup)")
+    if any(n > ncores for n in hosts):
+        print(f"note: {max(hosts)} hosts with one rank each share {ncores} cores: "
+              "oversubscribed, compute is slower and noisier than on a real cluster")
+    for key, problem in config["problems"].items():
+        print(f"problem: {key}: {problem}")
+    print(f"load average {config['load_average_at_start']} at the start, "
+          f"{config['load_average_at_end']} at the end ({ncores} cores)")
+    print(f"timeline example: {example}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--quick", action="store_true",
+                   help="4 steps x 1 fit per configuration, 200 s budget")
+    p.add_argument("--hosts", default="2,4", help="cluster sizes (default 2,4)")
+    p.add_argument("--links", default=",".join(LINKS), help="link kinds (default both)")
+    p.add_argument("--steps", type=int, default=10, help="steps per fit (default 10)")
+    p.add_argument("--reps", type=int, default=3, help="fits per configuration (default 3)")
+    p.add_argument("--timeout", type=int, default=600,
+                   help="most seconds one run may take (default 600)")
+    p.add_argument("--budget", type=int,
+                   help="seconds for all runs together (default 840, quick 200); each run "
+                        "gets a share, and one that runs out is cut short")
+    p.add_argument("--algorithm", default="auto",
+                   help="TNT_ALLREDUCE_ALGORITHM of the ranks (default auto: libtnt's choice)")
+    p.add_argument("--keep-dir", help="where traces and logs go (default: a new temp dir)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        driver(args)
+    finally:
+        Cluster.down_all()
+
+
+if __name__ == "__main__":
+    main()
