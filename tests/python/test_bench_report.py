@@ -93,6 +93,10 @@ def test_report_states_every_target(tmp_path):
     assert "N/A" in row and "horovod is not installed" in row
     row = target_row(summary, "Simulated cluster")
     assert "**FAILED**" in row and "stage timeout" in row
+    # each missed kind of target gets its next step, and only those
+    closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
+    assert "- **allreduce**:" in closing and "- **overhead**:" in closing
+    assert "**training**" not in closing and "**fusion**" not in closing
     # the stages without results are reported, not fatal
     assert "### broadcast vs MPI_Bcast\n\nNot run." in summary
 
@@ -100,3 +104,4 @@ def test_report_states_every_target(tmp_path):
 def test_report_without_any_results(tmp_path):
     summary = report(tmp_path)
     assert "NOT RUN" in summary and "PASS" not in summary
+    assert "What would close the misses" not in summary
