@@ -171,10 +171,13 @@ NEXT_STEPS = {
                 "every rank replans), an option to aggregate metrics per epoch only, and a "
                 "measurement on a quiet host (Tarantella's CPU time per step is the lowest of "
                 "the three frameworks).",
-    "sim": "the breakdown puts the time in communication: the allreduce across hosts reaches a "
-           "fraction of the link bandwidth. Next: a pipelined ring across hosts (several "
-           "segments in flight) and progress without a thread hand-off per ring step; with more "
-           "simulated hosts than cores each step also pays scheduling delays.",
+    "sim": "the breakdown puts the time in communication that is not hidden: the allreduce "
+           "across hosts reaches only part of the link bandwidth, and overlap gains little "
+           "because the bucket holding the largest kernel also waits for bias gradients that "
+           "TensorFlow computes last (buckets go out in plan order). Next: order the buckets by "
+           "the readiness measured in the first step, and a pipelined ring across hosts "
+           "(several segments in flight); with more simulated hosts than cores each step also "
+           "pays scheduling delays.",
 }
 
 
