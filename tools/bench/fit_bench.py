@@ -23,18 +23,12 @@ import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
+import bench_models  # noqa: E402
 from tarantella.runtime import DEFAULT_FUSION_THRESHOLD_KB  # noqa: E402
 
 
 def lenet5():
-    inputs = keras.Input(shape=(28, 28, 1))
-    x = keras.layers.Conv2D(20, 5, padding="same", activation="relu")(inputs)
-    x = keras.layers.MaxPooling2D(2)(x)
-    x = keras.layers.Conv2D(50, 5, padding="same", activation="relu")(x)
-    x = keras.layers.MaxPooling2D(2)(x)
-    x = keras.layers.Flatten()(x)
-    x = keras.layers.Dense(500, activation="relu")(x)
-    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
+    return bench_models.lenet5(keras)
 
 
 def deep_mlp():

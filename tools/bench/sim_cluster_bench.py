@@ -40,6 +40,8 @@ import tempfile
 import time
 import uuid
 
+import bench_models
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
@@ -52,17 +54,6 @@ GLOBAL_BATCH = 64
 
 
 # ---------------------------------------------------------------- worker
-
-
-def lenet5(keras):
-    inputs = keras.Input(shape=(28, 28, 1))
-    x = keras.layers.Conv2D(20, 5, padding="same", activation="relu")(inputs)
-    x = keras.layers.MaxPooling2D(2)(x)
-    x = keras.layers.Conv2D(50, 5, padding="same", activation="relu")(x)
-    x = keras.layers.MaxPooling2D(2)(x)
-    x = keras.layers.Flatten()(x)
-    x = keras.layers.Dense(500, activation="relu")(x)
-    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
 
 def config_name(fusion, overlap):
@@ -93,7 +84,7 @@ def worker(args):
         os.environ["TNT_FUSION_THRESHOLD_KB"] = str(FUSION_KB if fusion else 0)
         os.environ["TNT_OVERLAP"] = "1" if overlap else "0"
         keras.utils.set_random_seed(1)
-        model = tnt.Model(lenet5(keras))
+        model = tnt.Model(bench_models.lenet5(keras))
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss="sparse_categorical_crossentropy")
         model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up

@@ -84,6 +84,8 @@ import sys
 import tempfile
 import time
 
+import bench_models
+
 SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MODELS = ("lenet5", "resnet", "transformer")
@@ -122,14 +124,7 @@ def _set_threads(tf, cores, ranks):
 
 
 def lenet5(K):
-    inputs = K.Input(shape=(28, 28, 1))
-    x = K.layers.Conv2D(20, 5, padding="same", activation="relu")(inputs)
-    x = K.layers.MaxPooling2D(2)(x)
-    x = K.layers.Conv2D(50, 5, padding="same", activation="relu")(x)
-    x = K.layers.MaxPooling2D(2)(x)
-    x = K.layers.Flatten()(x)
-    x = K.layers.Dense(500, activation="relu")(x)
-    return K.Model(inputs, K.layers.Dense(NUM_CLASSES, activation="softmax")(x))
+    return bench_models.lenet5(K, NUM_CLASSES)
 
 
 def resnet(K):
