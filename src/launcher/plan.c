@@ -104,6 +104,26 @@ static int resolve_interpreter(const tnt__options_t *opts, char *const *envp,
     return 0;
   }
   static const char *const candidates[] = {"python3", "python"};
+  /* A launcher that pip installed into an environment's bin/ (a virtual
+   * environment's, for instance) sits beside that environment's Python,
+   * which is the one that has this Tarantella: it comes before PATH, so
+   * that venv/bin/tarantella works without activating the environment. */
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL) *slash = '\0';
+    for (size_t i = 0; slash != NULL && i < sizeof candidates / sizeof candidates[0]; ++i) {
+      char found[PATH_MAX], real[PATH_MAX];
+      if (snprintf(found, sizeof found, "%s/%s", self, candidates[i]) >= (int)sizeof found) break;
+      if (access(found, X_OK) != 0) continue;
+      if (probe_python(found, real, sizeof real) == 1) {
+        snprintf(ps->interpreter, sizeof ps->interpreter, "%s", real);
+        return 0;
+      }
+    }
+  }
   char fallback[PATH_MAX] = "";
   for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; ++i) {
     char found[PATH_MAX], real[PATH_MAX];
