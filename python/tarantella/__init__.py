@@ -4,6 +4,7 @@
     tnt.init()
     model = tnt.Model(keras_model)   # then compile / fit / evaluate as usual
 """
+from tarantella import _requirements  # noqa: F401 (first: TensorFlow 2.21 is there, or what to install)
 from tarantella import keras
 from tarantella import models
 from tarantella.model import Model

@@ -12,7 +12,11 @@ PYTHON=${PYTHON:-python3}
 
 DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev
               clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist)
-# name as pip knows it, and the module that shows it is importable
+# name as pip knows it, and the module that shows it is importable. TensorFlow
+# is installed only where none imports: tensorflow-cpu, as the CI machines
+# have no GPU; a machine with `tensorflow` (the GPU-capable package) keeps it,
+# since both install the same module and the Python package requires neither
+# (pyproject.toml).
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
              "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard")
 # only for `make bench`: the plots of the benchmark report; and tf-keras, the
