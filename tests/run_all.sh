@@ -5,7 +5,8 @@
 #   3. a ThreadSanitizer build of the threaded engine tests
 #   4. the launcher: its end-to-end tests (pytest) and its fuzz targets
 #   5. the Python tests (pytest): the extension module, the TensorFlow ops,
-#      and training on 1 to 4 ranks against serial Keras
+#      and training on 1 to 4 ranks against serial Keras; then the wheel,
+#      installed into a fresh virtual environment (tests/packaging)
 #   6. the bad-input matrix (tests/reliability/test_bad_input.py)
 # Usage: tests/run_all.sh [BUILD_DIR]
 set -uo pipefail
@@ -123,6 +124,12 @@ fi
 
 echo "=== python ==="
 run_pytest "python" tests/python
+
+echo "=== packaging ==="
+# A wheel built from this tree, installed with pip into a fresh virtual
+# environment: the package, libtnt, the launcher in its bin/, the quick
+# start on 2 ranks with that environment's Python.
+run_pytest "packaging" tests/packaging
 
 echo "=== reliability ==="
 # The bad-input matrix: launcher, hostfile, environment and Python API cases,
