@@ -5,27 +5,40 @@ decides from them (EarlyStopping, ReduceLROnPlateau, LearningRateScheduler,
 TerminateOnNaN) decides identically on every rank, and runs on every rank.
 Callbacks that write files write them once:
 
-* ModelCheckpoint and CSVLogger run on the master rank only; checkpoints
-  are written through a temporary file and a rename;
+* ModelCheckpoint and CSVLogger run on the master only; checkpoints are
+  written through a temporary file and a rename (the model's saves are the
+  master's alone while a master-only callback runs);
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
 * BackupAndRestore restores on every rank (the backup is read by all) and
   writes and deletes its backup on the master only, so that a job killed
   while it writes leaves the previous backup usable.
 
+A callback that runs on the master only and raises ends fit on every rank:
+the other ranks learn of the failure at the next epoch's end (or at the
+start or end of training) and raise an error that names it.
+
 User-defined callbacks run on every rank with the global logs, unless
 wrapped in ``tnt.keras.callbacks.Callback`` to choose otherwise. Printing
 (``verbose``) is left on the master only unless TNT_OUTPUT_ON_ALL_DEVICES.
+
+Tarantella's wrappers forward only the hooks the wrapped callback defines,
+so Keras still dispatches the batch hooks of the others asynchronously.
 """
+import contextlib
+import json
 import os
 
 import keras
+import numpy as np
 
+from tarantella import _core
+from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import runtime
+from tarantella import saving
 
 LOCAL_PREFIX = "tnt_local/"
-
 
 _NO_INDEX = {"on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
              "on_predict_begin", "on_predict_end"}
@@ -33,6 +46,8 @@ _HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
           "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
           "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
           "on_predict_batch_begin", "on_predict_batch_end")
+# Keras's training batch hooks call these older names by default.
+_ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
 
 
 def _without_local(logs):
@@ -41,9 +56,18 @@ def _without_local(logs):
     return {k: v for k, v in logs.items() if not k.startswith(LOCAL_PREFIX)}
 
 
+def _defines(callback, hook):
+    """True when `callback` has its own `hook` (from its class, or set on the
+    instance as LambdaCallback does), not keras.callbacks.Callback's."""
+    names = [hook] + ([_ALIASES[hook]] if hook in _ALIASES else [])
+    return any(getattr(getattr(callback, n), "__func__", None)
+               is not getattr(keras.callbacks.Callback, n) for n in names)
+
+
 class _Forwarding(keras.callbacks.Callback):
-    """Hands every call to `callback` with the logs that `_logs` chooses:
-    here the global ones, without this rank's local metrics."""
+    """Hands calls to `callback` with the logs that `_logs` chooses: here the
+    global ones, without this rank's local metrics. Made with forwarding(),
+    which gives it exactly the hooks it needs."""
 
     def __init__(self, callback):
         super().__init__()
@@ -60,16 +84,7 @@ class _Forwarding(keras.callbacks.Callback):
     def _logs(self, logs):
         return _without_local(logs)
 
-
-def _hook(name):
-    """The method `name`: calls it on self.callback with self._logs(logs);
-    Keras passes logs by position or by keyword."""
-    leading = 0 if name in _NO_INDEX else 1
-
-    def method(self, *args, **kwargs):
-        args = list(args)
-        logs = kwargs.pop("logs") if "logs" in kwargs else (
-            args.pop() if len(args) > leading else None)
+    def _forward(self, name, args, logs):
         seen = self._logs(logs)
         given = dict(seen) if seen is not logs and seen is not None else None
         getattr(self.callback, name)(*args, logs=seen)
@@ -80,12 +95,43 @@ def _hook(name):
             for k, v in seen.items():
                 if k not in given or given[k] is not v:
                     logs[k] = v
+
+
+def _hook(name):
+    """The method `name`, which hands the call to self._forward; Keras passes
+    logs by position or by keyword."""
+    leading = 0 if name in _NO_INDEX else 1
+
+    def method(self, *args, **kwargs):
+        args = list(args)
+        logs = kwargs.pop("logs") if "logs" in kwargs else (
+            args.pop() if len(args) > leading else None)
+        self._forward(name, args, logs)
     method.__name__ = name
     return method
 
 
-for _name in _HOOKS:
-    setattr(_Forwarding, _name, _hook(_name))
+_FORWARDING_CLASSES = {}
+
+
+def forwarding(cls, callback, hooks, *args):
+    """An instance of a subclass of `cls` (a _Forwarding) that defines the
+    methods `hooks`, made for `callback`."""
+    key = (cls, frozenset(hooks))
+    sub = _FORWARDING_CLASSES.get(key)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {h: _hook(h) for h in hooks})
+        _FORWARDING_CLASSES[key] = sub
+    return sub(callback, *args)
+
+
+def _forwarded_hooks(callback):
+    hooks = [h for h in _HOOKS if _defines(callback, h)]
+    if isinstance(callback, keras.callbacks.ModelCheckpoint) and callback.save_freq == "epoch":
+        # Its batch hooks do nothing then; leaving them out keeps Keras's
+        # asynchronous dispatch of batch hooks.
+        hooks = [h for h in hooks if "batch" not in h]
+    return hooks
 
 
 class Callback(_Forwarding):
@@ -101,41 +147,88 @@ class Callback(_Forwarding):
         self.aggregate_logs = aggregate_logs
 
     def _logs(self, logs):
-        if logs is None or self.aggregate_logs:
-            return _without_local(logs)
-        return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
+        return logs_for(self.aggregate_logs, logs)
 
 
-class _AtomicSaves:
-    """The model as ModelCheckpoint sees it: saves go through a temporary
-    file and a rename, so a job killed while saving leaves the previous
-    checkpoint intact; everything else is the model's."""
-
-    def __init__(self, model):
-        object.__setattr__(self, "_model", model)
-
-    def __getattr__(self, name):
-        return getattr(object.__getattribute__(self, "_model"), name)
-
-    def __setattr__(self, name, value):
-        setattr(object.__getattribute__(self, "_model"), name, value)
-
-    def save(self, filepath, *args, **kwargs):
-        from tarantella import models
-        models.write_atomically(filepath, lambda p: self._model.save(p, *args, **kwargs))
-
-    def save_weights(self, filepath, *args, **kwargs):
-        from tarantella import models
-        models.write_atomically(filepath,
-                                lambda p: self._model.save_weights(p, *args, **kwargs))
+for _name in _HOOKS:
+    setattr(Callback, _name, _hook(_name))
 
 
-class _Checkpointing(_Forwarding):
-    """Runs a ModelCheckpoint whose saves are atomic."""
+def logs_for(aggregate_logs, logs):
+    """The global logs, or (aggregate_logs=False) this rank's own."""
+    if logs is None or aggregate_logs:
+        return _without_local(logs)
+    return {k[len(LOCAL_PREFIX):]: v for k, v in logs.items() if k.startswith(LOCAL_PREFIX)}
 
-    def set_model(self, model):
-        keras.callbacks.Callback.set_model(self, model)
-        self.callback.set_model(_AtomicSaves(model))
+
+class _WithLogs(_Forwarding):
+    """Forwards with global or local logs (a tnt Callback's choice)."""
+
+    def __init__(self, callback, aggregate_logs):
+        super().__init__(callback)
+        self.aggregate_logs = aggregate_logs
+
+    def _logs(self, logs):
+        return logs_for(self.aggregate_logs, logs)
+
+
+# Where every rank learns whether a master-only callback has failed.
+_AGREEMENT_HOOKS = ("on_train_begin", "on_epoch_end", "on_train_end")
+_MESSAGE_BYTES = 1024
+
+
+class _MasterOnly(_WithLogs):
+    """Runs `callback` on the master only, on behalf of every rank: every
+    rank holds one, and at the start and end of training and at every
+    epoch's end all of them learn whether the master's callback raised; if
+    it did, fit ends on every rank with an error that names it."""
+
+    def __init__(self, callback, aggregate_logs=True):
+        super().__init__(callback, aggregate_logs)
+        self._error = None
+
+    def _forward(self, name, args, logs):
+        if runtime.is_master_rank() and self._error is None:
+            try:
+                with _saves_of_this_rank(self.model):
+                    super()._forward(name, args, logs)
+            except Exception as e:  # reported to every rank below
+                self._error = e
+        if name in _AGREEMENT_HOOKS and runtime.get_size() > 1:
+            self._agree(name)
+        elif self._error is not None and runtime.get_size() == 1:
+            raise self._error
+
+    def _agree(self, hook):
+        """Every rank learns the master's error (if any); raises it."""
+        buf = np.zeros(_MESSAGE_BYTES // 8, dtype=np.int64)
+        if runtime.is_master_rank() and self._error is not None:
+            text = f"{type(self._error).__name__}: {self._error}".encode()[:_MESSAGE_BYTES - 9]
+            raw = buf.view(np.uint8)
+            raw[0] = 1
+            raw[8:8 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+        _core.broadcast(buf, root=runtime.MASTER_RANK)
+        raw = buf.view(np.uint8)
+        if raw[0] == 0:
+            return
+        if runtime.is_master_rank():
+            raise self._error
+        text = raw[8:].tobytes().rstrip(b"\0").decode(errors="replace")
+        raise runtime.TarantellaError(
+            f"the callback {type(self.callback).__name__}, which runs on the master rank only, "
+            f"failed there ({text}); fit() ends on every rank (noticed at {hook})")
+
+
+def _saves_of_this_rank(model):
+    """A context in which `model`'s save and save_weights write from this
+    rank alone (not collectively)."""
+    local = getattr(model, "_tnt_saves_of_this_rank", None)
+    return local() if local is not None else contextlib.nullcontext()
+
+
+def _master_only(callback, aggregate_logs=True):
+    hooks = set(_forwarded_hooks(callback)) | set(_AGREEMENT_HOOKS)
+    return forwarding(_MasterOnly, callback, sorted(hooks), aggregate_logs)
 
 
 def _quiet(callback):
@@ -150,80 +243,104 @@ def _backup_atomically(callback):
     new file named by epoch and batch (through a temporary file), then the
     metadata that names that file replaces the previous metadata in one
     rename, and only then the previous weights file is deleted. Every rank
-    restores the weights the metadata names."""
-    import json
-    from tarantella import models
+    restores the weights the metadata names. With double_checkpoint=True
+    the previous weights file is kept and named in the metadata too, and a
+    restore that cannot read the latest weights (an I/O error) restores the
+    previous ones, as Keras's own BackupAndRestore does."""
+    backup = internals.BackupState(callback)
+    model_of = lambda: callback.model  # noqa: E731
 
-    def weights_named():
+    def metadata():
         try:
-            with open(callback._training_metadata_path) as f:
-                return json.load(f).get("tnt_weights")
+            with open(backup.metadata_path) as f:
+                return json.load(f)
         except (OSError, ValueError):
-            return None
-
-    keras_load = callback._load_model
+            return {}
 
     def load():
-        name = weights_named()
-        if name is not None:
-            callback._weights_path = os.path.join(callback.backup_dir, name)
-        keras_load()
+        meta = metadata()
+        name = meta.get("tnt_weights")
+        if name is None:
+            return backup.keras_load()
+        backup.weights_path = os.path.join(callback.backup_dir, name)
+        try:
+            return backup.keras_load()
+        except OSError:
+            previous = meta.get("tnt_previous")
+            if not previous:
+                raise
+            log.logger.warning("BackupAndRestore: cannot read %s; restoring the previous "
+                               "backup %s", name, previous)
+            backup.weights_path = os.path.join(callback.backup_dir, previous)
+            backup.keras_load()
+            backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
 
     def save():
         os.makedirs(callback.backup_dir, exist_ok=True)
-        previous = weights_named()
-        name = f"epoch{callback._current_epoch}-batch{callback._last_batch_seen}.weights.h5"
-        models.write_atomically(os.path.join(callback.backup_dir, name),
-                                lambda p: callback.model.save_weights(p, overwrite=True))
-        meta = json.dumps({"epoch": callback._current_epoch,
-                           "batch": callback._last_batch_seen, "tnt_weights": name})
+        old = metadata()
+        name = f"epoch{backup.epoch}-batch{backup.batch}.weights.h5"
+        with _saves_of_this_rank(model_of()):
+            model_of().save_weights(os.path.join(callback.backup_dir, name))
+        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name}
+        if callback.double_checkpoint and old.get("tnt_weights") not in (None, name):
+            meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0))
+        text = json.dumps(meta)
 
         def write_meta(path):
             with open(path, "w") as f:
-                f.write(meta)
-        models.write_atomically(callback._training_metadata_path, write_meta)
-        if previous is not None and previous != name:
-            try:
-                os.remove(os.path.join(callback.backup_dir, previous))
-            except FileNotFoundError:
-                pass
+                f.write(text)
+        saving.write_atomically(backup.metadata_path, write_meta)
+        keep = {name, meta.get("tnt_previous")}
+        for stale in (old.get("tnt_weights"), old.get("tnt_previous")):
+            if stale is not None and stale not in keep:
+                try:
+                    os.remove(os.path.join(callback.backup_dir, stale))
+                except FileNotFoundError:
+                    pass
 
-    callback._load_model = load
+    backup.keras_load_hook(load)
     if runtime.is_master_rank():
-        callback._save_model = save
+        backup.keras_save_hook(save)
     else:
-        callback._save_model = lambda *args, **kwargs: None
+        backup.keras_save_hook(lambda *args, **kwargs: None)
         callback.on_train_end = lambda logs=None: None
 
 
 def distribute(callbacks):
     """The callbacks this rank runs, adapted as described above."""
-    master = runtime.is_master_rank()
     out = []
     for cb in callbacks or []:
         if isinstance(cb, Callback):
-            if cb.run_on_all_ranks or master:
-                _quiet(cb.callback)
-                out.append(cb)
+            _quiet(cb.callback)
+            if cb.run_on_all_ranks:
+                out.append(forwarding(_WithLogs, cb.callback, _forwarded_hooks(cb.callback),
+                                      cb.aggregate_logs))
+            else:
+                out.append(_master_only(cb.callback, cb.aggregate_logs))
             continue
-        if isinstance(cb, keras.callbacks.ModelCheckpoint):
-            if master:
-                out.append(_Checkpointing(cb))
-            continue
-        if isinstance(cb, keras.callbacks.CSVLogger):
-            if master:
-                out.append(_Forwarding(cb))
-            continue
-        if isinstance(cb, keras.callbacks.TensorBoard):
-            on_all = log._truthy(os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
+        if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger,
+                           keras.callbacks.TensorBoard)):
+            on_all = isinstance(cb, keras.callbacks.TensorBoard) and log._truthy(
+                os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
             if on_all:
                 cb.log_dir = os.path.join(cb.log_dir, f"rank_{runtime.get_rank()}")
-                out.append(_Forwarding(cb))
-            elif master:
-                out.append(_Forwarding(cb))
+                out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
+            else:
+                out.append(_master_only(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             _backup_atomically(cb)
         _quiet(cb)
-        out.append(_Forwarding(cb))
+        out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
     return out
+
+
+def wants_local_logs(callbacks):
+    """True when one of `callbacks` (from distribute) wants this rank's own logs."""
+    return any(isinstance(cb, _WithLogs) and not cb.aggregate_logs for cb in callbacks)
+
+
+def progress_bar_without_local_logs():
+    """A progress bar that shows the global logs only."""
+    bar = keras.callbacks.ProgbarLogger()
+    return forwarding(_Forwarding, bar, _forwarded_hooks(bar))

@@ -119,8 +119,11 @@ def distribute(dataset, micro_batch_size=None, what="training"):
                         micro_batch_sizes(info.size, size))
     if size == 1:
         return dataset
-    return dataset.map(_slicer(runtime.get_rank(), size),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # A plain map: slicing is cheap, and an autotuned map makes TensorFlow
+    # block for seconds when Keras drops the iterator of each epoch (the
+    # autotuning thread of tf.data sleeps for up to a minute and is not woken
+    # when its iterator is destroyed).
+    return dataset.map(_slicer(runtime.get_rank(), size))
 
 
 def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):

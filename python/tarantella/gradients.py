@@ -52,10 +52,11 @@ class GradientReducer:
             self._sets[signature] = fusion
         return fusion
 
-    def reduce(self, grads, local_count):
+    def reduce(self, grads, local_count, after=()):
         """Averages `grads` (list, None allowed) across ranks, weighted by
-        `local_count` samples (a float32 scalar read from a variable). Runs
-        at trace time; returns new tensors."""
+        `local_count` samples (a float32 scalar read from a variable). No
+        gradient enters its bucket before the tensors `after` exist. Runs at
+        trace time; returns new tensors."""
         if runtime.get_size() == 1:
             return list(grads)
         dense = []
@@ -81,7 +82,7 @@ class GradientReducer:
         h = fusion.handle
 
         # TNT_OVERLAP=0: every start waits for every gradient (no overlap).
-        after = [] if runtime.overlap() else [dense[i] for i in order]
+        after = list(after) + ([] if runtime.overlap() else [dense[i] for i in order])
         with tf.control_dependencies(after):
             n = tf.reshape(local_count, [1])
             tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}

@@ -7,9 +7,9 @@ hold different numbers of samples. The sums are substituted for the local
 state only while the results are computed (a Keras StatelessScope), so the
 local state keeps accumulating undisturbed.
 """
+import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.common.stateless_scope import StatelessScope
 
 from tarantella import _core
 from tarantella import ops
@@ -56,5 +56,5 @@ def global_results(model, local_results, control_inputs=(), with_local=False):
         previous = [summed]
         parts = tf.split(summed, [int(np.prod(v.shape)) for v in vs])
         mapping += [(v, tf.reshape(p, v.shape)) for v, p in zip(vs, parts)]
-    with StatelessScope(state_mapping=mapping):
+    with keras.StatelessScope(state_mapping=mapping):
         return {**local_results(), **local}

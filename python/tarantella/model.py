@@ -1,32 +1,49 @@
-"""tnt.Model: a Keras model trained with data parallelism.
+"""tnt.Model: a Keras model trained on all ranks.
 
-The wrapper forwards everything to the Keras model it holds and changes
-only what distribution needs:
+``tnt.Model(keras_model)`` returns the same model, made distributed: its
+class becomes a subclass of its own class (subclass.py) with the methods
+below in front, so the result *is* a keras.Model (and still a Functional,
+a Sequential or the user's own subclass) and everything Keras offers works
+on it. Only what distribution needs changes, through Keras's public
+extension points:
 
-* ``compile`` disables XLA for the training step (the communication ops
-  are not XLA ops) and has the optimizer average gradients across ranks
-  (gradients.py) before it clips or applies them;
-* ``fit`` and ``evaluate`` split every global batch into micro-batches
-  (data.py), broadcast the master's weights first, and report metrics of
-  the global batch (metrics.py);
+* ``train_step`` runs the model's own step (Keras's, or an overridden one)
+  inside a Tarantella step (step.py): every distributed optimizer averages
+  its gradients across ranks (optimizers.py) before it clips or applies
+  them, and synchronized BatchNormalization uses the global batch's
+  statistics (batch_norm.py);
+* ``get_metrics_result`` computes the metrics of the global batch
+  (metrics.py);
+* ``compile`` distributes the optimizer and keeps the distributed step out
+  of XLA (the communication ops are not XLA ops);
+* ``fit``, ``evaluate`` and ``predict`` split every global batch into
+  micro-batches (data.py), broadcast the master's weights first, and adapt
+  the callbacks to many ranks (callbacks.py);
+* ``save`` and ``save_weights`` write once, atomically (saving.py), files
+  that plain Keras loads;
 * output (progress bars, ``summary``) comes from the master rank only,
   unless TNT_OUTPUT_ON_ALL_DEVICES is set.
 """
+import contextlib
 import hashlib
 import os
 
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tarantella import _core
+from tarantella import batch_norm
 from tarantella import callbacks as tnt_callbacks
 from tarantella import data
 from tarantella import gradients
 from tarantella import log
 from tarantella import metrics
+from tarantella import optimizers
 from tarantella import runtime
+from tarantella import saving
+from tarantella import step
+from tarantella import subclass
 from tarantella import timeline
 
 
@@ -48,120 +65,103 @@ def _steps(dataset, steps=None):
     return int(dataset.cardinality().numpy())
 
 
-class Model:
-    """Wraps `model` (a keras.Model) for training on all ranks."""
+class _State:
+    """What Tarantella keeps per model (a plain object, so Keras does not
+    track it as model state)."""
 
-    def __init__(self, model):
+    def __init__(self):
+        self.reducer = gradients.GradientReducer()
+        self.broadcast_pending = True
+        self.with_local = False
+        self.saves_of_this_rank = False
+        # The step's sample count goes through a variable so that
+        # TensorFlow cannot treat it as a constant (see gradients.py).
+        self.count_var = tf.Variable(0.0, trainable=False, dtype=tf.float32,
+                                     name="tnt_local_samples")
+
+
+class Model(keras.Model):
+    """``tnt.Model(model)``: `model` (a keras.Model) made to train on all
+    ranks; returns `model` itself, now also an instance of tnt.Model."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not Model:
+            # Keras rebuilding an instance of a distributed class (e.g.
+            # from_config of the class): build the original, distribute it.
+            return Model(cls._tnt_base(*args, **kwargs))
+        model = args[0] if args else kwargs.pop("model", None)
         runtime.require_init()
-        if isinstance(model, Model):
-            model = model.model
         if not isinstance(model, keras.Model):
             raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "_tnt_reducer", gradients.GradientReducer())
-        object.__setattr__(self, "_tnt_broadcast_pending", True)
-        object.__setattr__(self, "_tnt_local_count", None)
-        # The step's sample count goes through a variable so that TensorFlow
-        # cannot treat it as a constant (see gradients.py).
-        object.__setattr__(self, "_tnt_count_var",
-                           tf.Variable(0.0, trainable=False, dtype=tf.float32,
-                                       name="tnt_local_samples"))
-        object.__setattr__(self, "_tnt_with_local", False)
-        object.__setattr__(self, "_tnt_in_step", False)
-        self._tnt_install_hooks()
-        if model.compiled:
-            # A model loaded compiled: distribute its optimizer as compile would.
-            model.jit_compile = False
-            self._tnt_patch_optimizer()
+        if not isinstance(model, Model):
+            subclass.add_mixin(model, Model)
+            model._tnt = _State()
+            batch_norm.synchronize(model)
+            if model.compiled:
+                # A model loaded compiled: distribute it as compile would.
+                model._tnt_compiled()
+        return model
+
+    def __init__(self, *args, **kwargs):
+        """The model is complete already (see __new__)."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """A tnt.Model of the architecture in `config` (from get_config)."""
-        from tarantella import models
-        return models.model_from_config(config, custom_objects=custom_objects)
-
-    # ---------------------------------------------------------------- forwarding
-
-    def __getattr__(self, name):
-        return getattr(object.__getattribute__(self, "model"), name)
-
-    def __setattr__(self, name, value):
-        if name.startswith("_tnt_"):
-            object.__setattr__(self, name, value)
+        """A tnt.Model with the architecture in `config` (get_config())."""
+        if cls is not Model:
+            return Model(cls._tnt_base.from_config(config, custom_objects=custom_objects))
+        runtime.require_init()
+        if "class_name" in config and "config" in config:
+            km = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+        elif "input_layers" in config:
+            km = keras.Model.from_config(config, custom_objects=custom_objects)
         else:
-            setattr(self.model, name, value)
+            km = keras.Sequential.from_config(config, custom_objects=custom_objects)
+        return Model(km)
 
-    def __call__(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
+    # ---------------------------------------------------------------- steps
 
-    def __repr__(self):
-        return f"<tnt.Model wrapping {self.model!r}>"
+    def train_step(self, data):
+        with step.training_step(self._tnt, data):
+            return super().train_step(data)
 
-    # ---------------------------------------------------------------- hooks
+    def get_metrics_result(self):
+        deps = _current_graph_tensors(self._tnt.reducer.last_outputs)
+        return metrics.global_results(self, super().get_metrics_result, deps,
+                                      with_local=self._tnt.with_local)
 
-    def _tnt_install_hooks(self):
-        km = self.model
-        wrapper = self
-        keras_train_step = km.train_step
-        keras_metrics_result = km.get_metrics_result
+    # ---------------------------------------------------------------- compile
 
-        def train_step(batch):
-            wrapper._tnt_in_step = True
-            try:
-                return distributed_train_step(batch)
-            finally:
-                wrapper._tnt_in_step = False
+    def compile(self, *args, **kwargs):
+        if kwargs.get("jit_compile") not in (None, False, "auto"):
+            log.logger.warning("jit_compile=%r ignored: Tarantella's communication runs "
+                               "outside XLA", kwargs["jit_compile"])
+        super().compile(*args, **kwargs)
+        self._tnt_compiled()
 
-        def distributed_train_step(batch):
-            x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch)
-            first = next(t for t in tf.nest.flatten(x) if t is not None)
-            if runtime.get_size() > 1:
-                wrapper._tnt_count_var.assign(tf.cast(tf.shape(first)[0], tf.float32))
-                wrapper._tnt_local_count = wrapper._tnt_count_var.read_value()
-            else:
-                # Nothing to weight on one rank: keep the step as Keras's.
-                wrapper._tnt_local_count = first
-            wrapper._tnt_reducer.last_outputs = []
-            return keras_train_step(batch)
+    def compile_from_config(self, config):
+        """Compiles as `config` (get_compile_config()) says, like Keras
+        does for a model whose compile is its own."""
+        if subclass.base_class(self).compile is not keras.Model.compile:
+            return super().compile_from_config(config)  # Keras's warning for custom compiles
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
 
-        def get_metrics_result():
-            deps = _current_graph_tensors(wrapper._tnt_reducer.last_outputs)
-            return metrics.global_results(km, keras_metrics_result, deps,
-                                          with_local=wrapper._tnt_with_local)
-
-        # Plain attributes of the instance: Keras looks these methods up on
-        # the model each time it builds its step functions.
-        object.__setattr__(km, "train_step", train_step)
-        object.__setattr__(km, "get_metrics_result", get_metrics_result)
-
-    def _tnt_patch_optimizer(self):
-        opt = self.model.optimizer
-        if opt is None or getattr(opt, "_tnt_patched", False):
-            return
-        keras_apply = type(opt).apply
-        wrapper = self
-
-        def apply(grads, trainable_variables=None):
-            count = wrapper._tnt_local_count
-            if not wrapper._tnt_in_step:
-                raise runtime.TarantellaError(
-                    "the optimizer of a tnt.Model was applied outside model.fit(); custom "
-                    "training loops cannot be distributed: train with fit()")
-            grads = wrapper._tnt_reducer.reduce(list(grads), count)
-            return keras_apply(opt, grads, trainable_variables)
-
-        object.__setattr__(opt, "apply", apply)
-        object.__setattr__(opt, "_tnt_patched", True)
+    def _tnt_compiled(self):
+        self.jit_compile = False
+        optimizers.distribute(self.optimizer)
+        self._tnt.broadcast_pending = True
 
     # ---------------------------------------------------------------- weights
 
     def _tnt_broadcast_weights(self):
         """Makes every rank hold the master's weights; an error names the
         ranks whose weight shapes differ from the master's."""
-        self._tnt_broadcast_pending = False
+        self._tnt.broadcast_pending = False
         if runtime.get_size() == 1:
             return
-        weights = self.model.get_weights()
+        weights = super().get_weights()
         signature = ";".join(f"{w.dtype}{w.shape}" for w in weights).encode()
         digest = int(np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64)[0])
         differ = runtime.disagreements({"weights": digest}).get("weights")
@@ -181,20 +181,22 @@ class Model:
             n = w.nbytes
             out.append(padded[offset:offset + n].view(w.dtype).reshape(w.shape))
             offset += n
-        self.model.set_weights(out)
+        super().set_weights(out)
 
     def _tnt_prepare(self, dataset):
-        """Builds the model if needed and broadcasts the weights once."""
-        if not self.model.built and dataset is not None:
-            x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(next(iter(dataset)))
-            self.model(x)
-        if self._tnt_broadcast_pending:
+        """Builds the model if needed, broadcasts the weights once, and
+        averages the moving statistics of BatchNormalization."""
+        if not self.built and dataset is not None:
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
+            self(x)
+        if self._tnt.broadcast_pending:
             self._tnt_broadcast_weights()
+        batch_norm.average_moving_statistics(self)
 
     def set_weights(self, weights):
         """Sets the weights on every rank to the master's `weights`
         (collective: call it on every rank)."""
-        self.model.set_weights(weights)
+        super().set_weights(weights)
         self._tnt_broadcast_weights()
 
     def load_weights(self, filepath, *args, **kwargs):
@@ -205,43 +207,65 @@ class Model:
             raise FileNotFoundError(f"{path}: no such file; give the path that save_weights() "
                                     "wrote")
         try:
-            result = self.model.load_weights(filepath, *args, **kwargs)
+            result = super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError) as e:
             raise runtime.TarantellaError(
                 f"{path}: cannot load weights from it ({e}); give a file that save_weights() "
                 "wrote for this model") from e
-        self._tnt_broadcast_pending = True
+        self._tnt.broadcast_pending = True
         return result
+
+    def _tnt_plain(self):
+        """The model and its optimizer with their original classes, for
+        writers that record them."""
+        return subclass.original_classes(
+            [self, self.optimizer] + [layer for layer in batch_norm.layers(self)])
 
     def save(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the whole model from the master rank (every rank with
-        tnt_save_all_devices=True), atomically; collective."""
-        from tarantella import models
-        models.write_on_master(filepath, overwrite, tnt_save_all_devices,
-                               lambda path: self.model.save(path, overwrite=True, **kwargs))
+        tnt_save_all_devices=True), atomically, as a file that plain Keras
+        loads; collective."""
+        keras_save = subclass.base_class(self).save
+
+        def write(path):
+            with self._tnt_plain():
+                keras_save(self, path, overwrite=True, **kwargs)
+        self._tnt_write(filepath, overwrite, tnt_save_all_devices, write)
 
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the weights from the master rank (every rank with
         tnt_save_all_devices=True), atomically; collective."""
-        from tarantella import models
-        models.write_on_master(filepath, overwrite, tnt_save_all_devices,
-                               lambda path: self.model.save_weights(path, overwrite=True,
-                                                                    **kwargs))
+        keras_save_weights = subclass.base_class(self).save_weights
+        self._tnt_write(filepath, overwrite, tnt_save_all_devices,
+                        lambda path: keras_save_weights(self, path, overwrite=True, **kwargs))
+
+    def _tnt_write(self, filepath, overwrite, all_devices, write):
+        if self._tnt.saves_of_this_rank:
+            if not overwrite and os.path.exists(filepath):
+                raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove "
+                                              "it or pass overwrite=True")
+            saving.write_atomically(filepath, write)
+            return
+        batch_norm.average_moving_statistics(self)
+        saving.write_on_master(filepath, overwrite, all_devices, write)
+
+    @contextlib.contextmanager
+    def _tnt_saves_of_this_rank(self):
+        """Within it, save and save_weights write from this rank alone,
+        without the other ranks (for callbacks that run on the master only)."""
+        before = self._tnt.saves_of_this_rank
+        self._tnt.saves_of_this_rank = True
+        try:
+            yield
+        finally:
+            self._tnt.saves_of_this_rank = before
 
     def to_yaml(self, **kwargs):
         raise runtime.TarantellaError(
             "to_yaml() is gone from Keras 3: use model.to_json() and "
             "tnt.models.model_from_json(), or model.get_config()")
 
-    # ---------------------------------------------------------------- Keras API
-
-    def compile(self, *args, jit_compile=False, **kwargs):
-        if jit_compile not in (False, "auto", None):
-            log.logger.warning("jit_compile=%r ignored: Tarantella's communication runs "
-                               "outside XLA", jit_compile)
-        self.model.compile(*args, jit_compile=False, **kwargs)
-        self._tnt_patch_optimizer()
-        self._tnt_broadcast_pending = True
+    # ---------------------------------------------------------------- data
 
     def _tnt_verbose(self, verbose):
         if runtime.is_master_rank() or runtime.output_on_all_devices():
@@ -279,27 +303,20 @@ class Model:
         if data.is_array_like(x):
             micro_batch_size = None  # already batched with the global batch
         ds = data.distribute(ds, micro_batch_size, what)
-        self._tnt_warn_batch_norm(ds, what)
+        info = data.batch_info(ds)
+        if info.size is not None:
+            batch_norm.warn_small_micro_batches(
+                self, min(data.micro_batch_sizes(info.size, runtime.get_size())), what)
         return ds
 
-    def _tnt_warn_batch_norm(self, dataset, what):
-        info = data.batch_info(dataset)
-        if info.size is None:
-            return
-        smallest = min(data.micro_batch_sizes(info.size, runtime.get_size()))
-        has_bn = any(isinstance(layer, keras.layers.BatchNormalization)
-                     for layer in self.model._flatten_layers())
-        if has_bn and smallest < 16:
-            log.logger.warning("BatchNormalization sees micro-batches of %d samples in %s; "
-                               "statistics of fewer than 16 samples are noisy: use a larger "
-                               "global batch", smallest, what)
+    # ---------------------------------------------------------------- Keras API
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, sample_weight=None,
             validation_batch_size=None, tnt_micro_batch_size=None,
             tnt_validation_micro_batch_size=None, tnt_distribute_dataset=True,
             tnt_distribute_validation_dataset=True, **kwargs):
-        if not self.model.compiled:
+        if not self.compiled:
             raise runtime.TarantellaError("fit() was called before compile(): compile the "
                                           "model first")
         if validation_split and data.is_array_like(x) and not isinstance(x, tf.data.Dataset):
@@ -332,8 +349,9 @@ class Model:
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # Shuffling is the dataset's business (arrays were shuffled above).
-        history = self.model.fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
-                                 validation_data=val, shuffle=False, **kwargs)
+        history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
+                              validation_data=val, shuffle=False, **kwargs)
+        batch_norm.average_moving_statistics(self)
         history.history = {k: v for k, v in history.history.items()
                            if not k.startswith(tnt_callbacks.LOCAL_PREFIX)}
         return history
@@ -343,26 +361,32 @@ class Model:
         callback asks for this rank's own logs, the steps also return local
         metrics, and the progress bar is one that hides them."""
         cbs = tnt_callbacks.distribute(callbacks)
-        with_local = any(isinstance(cb, tnt_callbacks.Callback) and not cb.aggregate_logs
-                         for cb in cbs)
-        if with_local != self._tnt_with_local:
-            self._tnt_with_local = with_local
-            self.model.train_function = None  # rebuilt with the new results
-            self.model.test_function = None
+        averaging = batch_norm.averaging_callback(self, list(callbacks or []))
+        if averaging is not None:
+            cbs.insert(0, averaging)
+        with_local = tnt_callbacks.wants_local_logs(cbs)
+        if with_local != self._tnt.with_local:
+            self._tnt.with_local = with_local
+            self.train_function = None  # rebuilt with the new results
+            self.test_function = None
         verbose = self._tnt_verbose(verbose)
         if with_local and verbose != 0:
-            cbs.append(tnt_callbacks._Forwarding(keras.callbacks.ProgbarLogger()))
+            cbs.append(tnt_callbacks.progress_bar_without_local_logs())
             verbose = 0
         return cbs, verbose
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  tnt_micro_batch_size=None, tnt_distribute_dataset=True, **kwargs):
+        if kwargs.get("_use_cached_eval_dataset"):
+            # fit's validation: the validation data were distributed by fit.
+            return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
+                                    sample_weight=sample_weight, **kwargs)
         ds = self._tnt_dataset(x, y, sample_weight, batch_size, tnt_micro_batch_size,
                                tnt_distribute_dataset, False, "evaluation")
         runtime.check_agreement("evaluate()", {
             "the number of steps": _steps(ds, kwargs.get("steps"))})
         self._tnt_prepare(ds)
-        return self.model.evaluate(ds, verbose=self._tnt_verbose(verbose), **kwargs)
+        return super().evaluate(ds, verbose=self._tnt_verbose(verbose), **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", tnt_micro_batch_size=None,
                 tnt_distribute_dataset=True, **kwargs):
@@ -396,13 +420,13 @@ class Model:
                 log.logger.info("prediction: the dataset's batch size is unknown; every rank "
                                 "predicts all of it")
             self._tnt_prepare(None)
-            return self.model.predict(ds, verbose=verbose, **kwargs)
+            return super().predict(ds, verbose=verbose, **kwargs)
         dist = ds if micro_done else data.distribute(ds, None, "prediction")
         self._tnt_prepare(dist)
-        local = self.model.predict(dist, verbose=verbose, **kwargs)
+        local = super().predict(dist, verbose=verbose, **kwargs)
         return data.gather_batches(local, info.size)
 
     def summary(self, *args, **kwargs):
         if runtime.is_master_rank() or runtime.output_on_all_devices():
-            return self.model.summary(*args, **kwargs)
+            return super().summary(*args, **kwargs)
         return None

@@ -32,6 +32,7 @@ def init(seed=None):
     if seed is not None and not _is_whole_number(seed):
         raise TarantellaError(f"tnt.init(seed={seed!r}): the seed must be an integer, "
                               "or None for the default")
+    _require_tensorflow_backend()
     _core.init()
     log.configure(_core.rank(), _core.size())
     import numpy as np
@@ -43,6 +44,18 @@ def init(seed=None):
     threshold_kb()  # validate the environment early
     log.logger.debug("initialized: rank %d of %d, local rank %d of %d",
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
+
+
+def _require_tensorflow_backend():
+    import keras
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise TarantellaError(
+            f"Keras runs on the {backend!r} backend (KERAS_BACKEND); Tarantella trains with "
+            "TensorFlow: set KERAS_BACKEND=tensorflow (or remove the setting) before keras is "
+            "imported")
+    from tarantella import _keras_internals
+    _keras_internals.verify()
 
 
 def _is_whole_number(value):

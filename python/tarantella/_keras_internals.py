@@ -1,0 +1,104 @@
+"""Every private Keras attribute Tarantella relies on, in one place.
+
+Keras offers no public hook for these; each use says why it is needed.
+``verify()`` checks that all of them still exist and fails naming the Keras
+version when one has changed (tests/python/test_keras_internals.py runs it,
+and tnt.init() runs it too).
+"""
+import keras
+
+# (what, owner, attribute): the internals below.
+_USED = (
+    # BatchNormalization computes its batch statistics in _moments; with
+    # synchronized=True Keras reduces them through tf.distribute, which does
+    # nothing outside a tf.distribute strategy. Tarantella's synchronized
+    # layers override it (SynchronizedMoments).
+    ("BatchNormalization._moments", keras.layers.BatchNormalization, "_moments"),
+    # The axes _moments reduces over (all but the feature axis).
+    ("BatchNormalization._reduction_axes", None, "_reduction_axes"),
+    # Every layer of a model, nested ones included; Model.layers lists only
+    # the top level.
+    ("Layer._flatten_layers", keras.layers.Layer, "_flatten_layers"),
+    # BackupAndRestore has no public way to change where and how it writes
+    # its backup; Tarantella writes it from the master only and atomically
+    # (callbacks.py), through these (BackupState).
+    ("BackupAndRestore._load_model", keras.callbacks.BackupAndRestore, "_load_model"),
+    ("BackupAndRestore._save_model", keras.callbacks.BackupAndRestore, "_save_model"),
+    ("BackupAndRestore._training_metadata_path", "backup", "_training_metadata_path"),
+    ("BackupAndRestore._weights_path", "backup", "_weights_path"),
+    ("BackupAndRestore._current_epoch", "backup", "_current_epoch"),
+    ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
+    # Where fit starts when a backup is restored.
+    ("Model._initial_epoch", "model", "_initial_epoch"),
+)
+
+
+def verify():
+    """Raises RuntimeError naming the Keras version and the internal when
+    one of the internals Tarantella relies on is missing."""
+    bn = keras.layers.BatchNormalization()
+    bn.build((None, 2))
+    instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
+                 "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
+    for what, owner, attribute in _USED:
+        target = instances[owner] if owner in instances else owner
+        if not hasattr(target, attribute):
+            raise RuntimeError(
+                f"Tarantella relies on the Keras internal {what}, which Keras "
+                f"{keras.__version__} does not have; use the Keras version Tarantella was "
+                "tested with (3.15) or update tarantella/_keras_internals.py")
+
+
+def flatten_layers(model):
+    """Every layer inside `model`, nested ones included (not `model` itself)."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+class SynchronizedMoments:
+    """Placed in front of a BatchNormalization class: in a tnt.Model's
+    training step, batch statistics come from `moments_hook(layer, inputs,
+    axes)` when it returns something other than None."""
+
+    moments_hook = None  # set by tarantella.batch_norm
+
+    def _moments(self, inputs, mask):
+        if mask is None and SynchronizedMoments.moments_hook is not None:
+            moments = SynchronizedMoments.moments_hook(self, inputs, self._reduction_axes)
+            if moments is not None:
+                return moments
+        return super()._moments(inputs, mask)
+
+
+class BackupState:
+    """The parts of a keras.callbacks.BackupAndRestore that Tarantella's
+    atomic backup reads and replaces."""
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.keras_load = callback._load_model
+        self.metadata_path = callback._training_metadata_path
+
+    @property
+    def weights_path(self):
+        return self.callback._weights_path
+
+    @weights_path.setter
+    def weights_path(self, path):
+        self.callback._weights_path = path
+
+    @property
+    def epoch(self):
+        return self.callback._current_epoch
+
+    @property
+    def batch(self):
+        return self.callback._last_batch_seen
+
+    def set_initial_epoch(self, epoch):
+        self.callback.model._initial_epoch = epoch
+
+    def keras_load_hook(self, load):
+        self.callback._load_model = load
+
+    def keras_save_hook(self, save):
+        self.callback._save_model = save

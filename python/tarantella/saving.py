@@ -1,0 +1,78 @@
+"""Writing files from many ranks: once, atomically.
+
+Files are written by the master rank only (every rank waits until they
+exist), or by every rank with ``tnt_save_all_devices=True``; either way
+through a temporary file and a rename, so an interrupted save never leaves
+a half-written file under the final name.
+"""
+import os
+
+import numpy as np
+
+from tarantella import _core
+from tarantella import runtime
+
+# Endings that Keras requires a path to keep.
+_SUFFIXES = (".weights.h5", ".weights.json", ".keras", ".h5", ".json")
+
+
+def _temporary_name(path):
+    head, base = os.path.split(os.path.abspath(path))
+    suffix = next((s for s in _SUFFIXES if base.endswith(s)), "")
+    stem = base[:len(base) - len(suffix)] if suffix else base
+    return os.path.join(head, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
+
+
+def write_atomically(filepath, write):
+    """Runs write(temporary_path) and renames the result to `filepath`, so
+    that `filepath` is either the old file or the complete new one."""
+    filepath = os.fspath(filepath)
+    tmp = _temporary_name(filepath)
+    try:
+        write(tmp)
+        os.replace(tmp, filepath)
+    except Exception as e:
+        # The writer only saw the temporary name: the message names the real one.
+        if tmp not in str(e):
+            raise
+        try:
+            renamed = type(e)(str(e).replace(tmp, filepath))
+        except Exception:  # an exception class that wants other arguments
+            raise e from None
+        raise renamed from e
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_on_master(filepath, overwrite, all_devices, write):
+    """write_atomically on the master (or every rank), then every rank waits.
+    Collective."""
+    filepath = os.fspath(filepath)
+    if not overwrite and os.path.exists(filepath):
+        raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove it or "
+                                      "pass overwrite=True")
+    error = None
+    if all_devices or runtime.is_master_rank():
+        try:
+            write_atomically(filepath, write)
+        except Exception as e:  # reported after the ranks met, so no rank hangs
+            error = e
+    if runtime.get_size() > 1:
+        # Every rank learns which ranks failed to write, instead of only a barrier.
+        failed = np.zeros(runtime.get_size(), dtype=np.int64)
+        try:
+            _core.allgather(np.array([error is not None], dtype=np.int64), failed)
+        except _core.TntError as e:
+            raise runtime.TarantellaError(
+                f"saving {filepath}: the other ranks did not take part. Saving is collective: "
+                "every rank must call save/save_weights (the master rank writes, the others "
+                "wait for it), not only the master rank; "
+                f"{e}") from (error or e)
+        failed_ranks = [r for r in range(runtime.get_size()) if failed[r]]
+        if failed_ranks and error is None:
+            raise runtime.TarantellaError(
+                f"saving {filepath} failed on rank(s) {failed_ranks}; its error is in the "
+                "log of that rank")
+    if error is not None:
+        raise error
