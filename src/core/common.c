@@ -1,4 +1,5 @@
-/* Clock, deadlines, polite spinning and environment parsing. */
+/* Clock, deadlines, monotonic condition variables, polite spinning and
+ * environment parsing. */
 #include "core/common.h"
 
 #include <errno.h>
@@ -16,6 +17,32 @@ double tnt__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+tnt_status_t tnt__cond_init_monotonic(pthread_cond_t *cv) {
+  pthread_condattr_t attr;
+  if (pthread_condattr_init(&attr) != 0) return TNT_ERR_NO_MEMORY;
+  /* Linux supports CLOCK_MONOTONIC here; a failure would be a libc that
+   * cannot run libtnt's timed waits at all. */
+  int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  if (rc == 0) rc = pthread_cond_init(cv, &attr);
+  pthread_condattr_destroy(&attr);
+  if (rc != 0) {
+    TNT_LOG_ERROR("cannot create a condition variable on the monotonic clock (error %d)", rc);
+    return rc == EINVAL ? TNT_ERR_UNSUPPORTED : TNT_ERR_NO_MEMORY;
+  }
+  return TNT_OK;
+}
+
+struct timespec tnt__abs_time(double t) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec += 1;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
 }
 
 static pthread_once_t stall_once = PTHREAD_ONCE_INIT;

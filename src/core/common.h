@@ -6,8 +6,10 @@
 #ifndef TNT_CORE_COMMON_H
 #define TNT_CORE_COMMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tnt/tnt.h"
 
@@ -31,6 +33,27 @@
 
 /* Seconds on the monotonic clock. */
 double tnt__now(void);
+
+/*
+ * Condition variables with deadlines on the monotonic clock. Every
+ * deadline in libtnt is a tnt__now() value, and pthread_cond_timedwait
+ * reads its absolute time on the clock the condition variable was created
+ * with (CLOCK_REALTIME by default). On the default clock a monotonic
+ * deadline lies decades in the past: the wait returns at once, and a loop
+ * meant to sleep spins instead. So every condition variable that is ever
+ * given to pthread_cond_timedwait is created with tnt__cond_init_monotonic,
+ * and its deadlines are made with tnt__abs_time.
+ */
+
+/* Initializes `cv` on CLOCK_MONOTONIC; the caller destroys it with
+ * pthread_cond_destroy. Returns TNT_OK; TNT_ERR_NO_MEMORY when the system
+ * lacks the resources, TNT_ERR_UNSUPPORTED when it cannot use the monotonic
+ * clock (both logged; `cv` is then not initialized). */
+tnt_status_t tnt__cond_init_monotonic(pthread_cond_t *cv);
+
+/* The absolute time for pthread_cond_timedwait on a condition variable from
+ * tnt__cond_init_monotonic: `t` is a tnt__now() value in seconds. */
+struct timespec tnt__abs_time(double t);
 
 /*
  * What a blocking wait inside libtnt needs to know: when to give up, and

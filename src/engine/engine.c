@@ -54,25 +54,6 @@ static tnt_request_t *req_of_op(tnt__op_t *op) {
 
 /* ---------------------------------------------------------------- requests */
 
-static void cond_init_monotonic(pthread_cond_t *cv) {
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(cv, &attr);
-  pthread_condattr_destroy(&attr);
-}
-
-static struct timespec abs_time(double t) {
-  struct timespec ts;
-  ts.tv_sec = (time_t)t;
-  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec += 1;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
-
 tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
   tnt_request_t *req = calloc(1, sizeof *req);
   if (req == NULL) return TNT_ERR_NO_MEMORY;
@@ -80,7 +61,12 @@ tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
   atomic_init(&req->status, TNT_IN_PROGRESS);
   atomic_init(&req->refs, 2);
   pthread_mutex_init(&req->mu, NULL);
-  cond_init_monotonic(&req->cv);
+  tnt_status_t st = tnt__cond_init_monotonic(&req->cv);
+  if (st < 0) {
+    pthread_mutex_destroy(&req->mu);
+    free(req);
+    return st;
+  }
   *out = req;
   return TNT_OK;
 }
@@ -137,7 +123,7 @@ tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
     tnt__spin_pause(it);
   }
   const double deadline = tnt__now() + timeout_s;
-  const struct timespec ts = abs_time(deadline);
+  const struct timespec ts = tnt__abs_time(deadline);
   int st;
   pthread_mutex_lock(&req->mu);
   while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) {
@@ -326,7 +312,7 @@ static void *engine_main(void *arg) {
         tnt__spin_pause(idle++);
         pthread_mutex_lock(&e->mu);
       } else {
-        struct timespec ts = abs_time(tnt__now() + 100e-6);
+        struct timespec ts = tnt__abs_time(tnt__now() + 100e-6);
         pthread_cond_timedwait(&e->cv, &e->mu, &ts);
       }
     } else {
@@ -390,7 +376,14 @@ tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out) {
   if (e == NULL) return TNT_ERR_NO_MEMORY;
   e->ctx = ctx;
   pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
+  /* Monotonic: the nap between polls of pending transfers is a timed wait
+   * on this variable (see engine_main). */
+  tnt_status_t st = tnt__cond_init_monotonic(&e->cv);
+  if (st < 0) {
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+    return st;
+  }
   if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

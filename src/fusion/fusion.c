@@ -119,17 +119,6 @@ static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
   return i;
 }
 
-static struct timespec abs_time(double t) {
-  struct timespec ts;
-  ts.tv_sec = (time_t)t;
-  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
-
 /* Every rank must fuse the same list: compare a hash of it across ranks
  * so that a mismatch is an error now rather than a hang later. */
 static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
@@ -164,12 +153,14 @@ tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors,
   f->g = g;
   f->op = op;
   pthread_mutex_init(&f->mu, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&f->cv, &attr);
-  pthread_condattr_destroy(&attr);
-  tnt_status_t st = TNT_OK;
+  /* Monotonic: the stall warning, the deadline of a blocking finish and the
+   * watchdog's tick are timed waits on this variable. */
+  tnt_status_t st = tnt__cond_init_monotonic(&f->cv);
+  if (st < 0) {
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    return st;
+  }
   TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, threshold_bytes, &f->plan), st, fail);
   TNT_CHECK_GOTO(check_same_list(g, tensors, n, threshold_bytes), st, fail);
   f->tensors = malloc(n * sizeof *f->tensors + 1);
@@ -444,7 +435,7 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
   bucket_t *bk = &f->buckets[b];
   const double entered = tnt__now();
   const double deadline = entered + timeout_s;
-  const struct timespec ts = abs_time(deadline);
+  const struct timespec ts = tnt__abs_time(deadline);
 
   pthread_mutex_lock(&f->mu);
   if (f->state[i] != STARTED) {
@@ -454,7 +445,7 @@ tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double t
   }
   /* A stall is reported once, a third of the way to the timeout. */
   const tnt__wait_ctx_t w = tnt__wait_ctx(timeout_s, "");
-  const struct timespec warn_ts = abs_time(w.warn_at);
+  const struct timespec warn_ts = tnt__abs_time(w.warn_at);
   int warned = 0;
   while (bk->req == NULL) {
     if (!warned) {
@@ -509,7 +500,7 @@ static void *watchdog_main(void *arg) {
   tnt__log_set_rank(tnt__context_rank(f->g->ctx), tnt__context_size(f->g->ctx), 1);
   pthread_mutex_lock(&f->mu);
   while (!f->stopping) {
-    struct timespec ts = abs_time(tnt__now() + 0.25);
+    struct timespec ts = tnt__abs_time(tnt__now() + 0.25);
     pthread_cond_timedwait(&f->cv, &f->mu, &ts);
     const double now = tnt__now();
     for (size_t b = 0; b < f->plan.nbuckets; ++b) {
