@@ -88,4 +88,17 @@ def check():
             f"{_what_to_install()}", stacklevel=3)
 
 
+def check_keras_backend():
+    """Tarantella trains with Keras on TensorFlow: another KERAS_BACKEND is
+    an error that says what to set (before keras is imported, since another
+    backend may not even import here)."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow").strip().lower()
+    if backend != "tensorflow":
+        raise ImportError(
+            f"Keras runs on the {backend!r} backend (KERAS_BACKEND); Tarantella trains with "
+            "TensorFlow: set KERAS_BACKEND=tensorflow (or remove the setting) before keras is "
+            "imported")
+
+
 check()
+check_keras_backend()

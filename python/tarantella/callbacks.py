@@ -30,9 +30,7 @@ import json
 import os
 
 import keras
-import numpy as np
 
-from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import runtime
@@ -174,7 +172,6 @@ class _WithLogs(_Forwarding):
 
 # Where every rank learns whether a master-only callback has failed.
 _AGREEMENT_HOOKS = ("on_train_begin", "on_epoch_end", "on_train_end")
-_MESSAGE_BYTES = 1024
 
 
 class _MasterOnly(_WithLogs):
@@ -201,19 +198,13 @@ class _MasterOnly(_WithLogs):
 
     def _agree(self, hook):
         """Every rank learns the master's error (if any); raises it."""
-        buf = np.zeros(_MESSAGE_BYTES // 8, dtype=np.int64)
-        if runtime.is_master_rank() and self._error is not None:
-            text = f"{type(self._error).__name__}: {self._error}".encode()[:_MESSAGE_BYTES - 9]
-            raw = buf.view(np.uint8)
-            raw[0] = 1
-            raw[8:8 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-        _core.broadcast(buf, root=runtime.MASTER_RANK)
-        raw = buf.view(np.uint8)
-        if raw[0] == 0:
+        error = self._error
+        text = runtime.master_message(
+            None if error is None else f"{type(error).__name__}: {error}")
+        if text is None:
             return
         if runtime.is_master_rank():
-            raise self._error
-        text = raw[8:].tobytes().rstrip(b"\0").decode(errors="replace")
+            raise error
         raise runtime.TarantellaError(
             f"the callback {type(self.callback).__name__}, which runs on the master rank only, "
             f"failed there ({text}); fit() ends on every rank (noticed at {hook})")

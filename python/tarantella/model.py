@@ -304,7 +304,7 @@ class Model(keras.Model):
             micro_batch_size = None  # already batched with the global batch
         ds = data.distribute(ds, micro_batch_size, what)
         info = data.batch_info(ds)
-        if info.size is not None:
+        if info.size is not None and what == "training":
             batch_norm.warn_small_micro_batches(
                 self, min(data.micro_batch_sizes(info.size, runtime.get_size())), what)
         return ds

@@ -94,6 +94,26 @@ def disagreements(values):
     return out
 
 
+_MESSAGE_BYTES = 1024
+
+
+def master_message(text=None):
+    """The master's `text` (a str, or None), on every rank; other ranks'
+    `text` is ignored. Collective: every rank calls it."""
+    import numpy as np
+    buf = np.zeros(_MESSAGE_BYTES // 8, dtype=np.int64)
+    raw = buf.view(np.uint8)
+    if is_master_rank() and text is not None:
+        data = text.encode()[:_MESSAGE_BYTES - 9]
+        raw[0] = 1
+        raw[8:8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    if get_size() > 1:
+        _core.broadcast(buf, root=MASTER_RANK)
+    if raw[0] == 0:
+        return None
+    return raw[8:].tobytes().rstrip(b"\0").decode(errors="replace")
+
+
 def check_agreement(what, values):
     """Raises a TarantellaError on every rank unless all ranks hold the same
     `values`; the message names, per value, the ranks that differ from the

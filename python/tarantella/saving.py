@@ -70,9 +70,13 @@ def write_on_master(filepath, overwrite, all_devices, write):
                 "wait for it), not only the master rank; "
                 f"{e}") from (error or e)
         failed_ranks = [r for r in range(runtime.get_size()) if failed[r]]
+        master_text = None
+        if failed[runtime.MASTER_RANK]:
+            master_text = runtime.master_message(
+                None if error is None else f"{type(error).__name__}: {error}")
         if failed_ranks and error is None:
             raise runtime.TarantellaError(
-                f"saving {filepath} failed on rank(s) {failed_ranks}; its error is in the "
-                "log of that rank")
+                f"saving {filepath} failed on rank(s) {failed_ranks}"
+                + (f": {master_text}" if master_text else "; its error is in the log of that rank"))
     if error is not None:
         raise error

@@ -10,15 +10,16 @@ set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
 
+# graphviz and pydot: keras.utils.plot_model in the tests
 DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev
-              clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist)
+              clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist graphviz)
 # name as pip knows it, and the module that shows it is importable. TensorFlow
 # is installed only where none imports: tensorflow-cpu, as the CI machines
 # have no GPU; a machine with `tensorflow` (the GPU-capable package) keeps it,
 # since both install the same module and the Python package requires neither
 # (pyproject.toml).
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
-             "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard")
+             "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard" "pydot:pydot")
 # only for `make bench`: the plots of the benchmark report; and tf-keras, the
 # Keras that MultiWorkerMirroredStrategy trains with on TF 2.21, installed
 # without its dependencies (it would pull the full tensorflow package over

@@ -1,0 +1,37 @@
+"""A healthy run says nothing alarming: the demo-sized training (the quick
+start, 2 ranks, 3 epochs of Fashion-MNIST) prints no warning, with stall
+warnings made sensitive (TNT_STALL_WARNING_S=1) so that a rank that waits a
+second for another is reported and fails this test."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+DATA = "/usr/share/datasets/fashion-mnist"
+# TensorFlow 2.21 logs through absl before anything can configure it; its
+# own import banner ignores TF_CPP_MIN_LOG_LEVEL. It is TensorFlow's, not a
+# warning about this run.
+TENSORFLOW_BANNER = "WARNING: All log messages before absl::InitializeLog() is called"
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist is not installed")
+def test_demo_training_prints_no_warning(tmp_path):
+    launcher = shutil.which("tarantella")
+    assert launcher, "the tarantella launcher is not on PATH: run `make install` first"
+    cmd = [launcher, "--no-gpu", "-n", "2", "--output-on-all-devices", "--log-on-all-devices",
+           "--run-dir", str(tmp_path), "--python-interpreter", sys.executable, "--",
+           os.path.join(ROOT, "examples", "quick_start.py"), "--epochs", "3"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TNT_STALL_WARNING_S="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert re.search(r"test accuracy 0\.[89]", text), text[-2000:]
+    alarming = [line for line in text.splitlines()
+                if re.search(r"warn|still waiting|timed out", line, re.IGNORECASE)
+                and TENSORFLOW_BANNER not in line]
+    assert not alarming, "a healthy run printed:\n" + "\n".join(alarming[:20])
