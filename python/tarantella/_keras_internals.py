@@ -33,6 +33,11 @@ _USED = (
 )
 
 
+# The keyword with which Keras's fit calls evaluate for validation, on data
+# that fit prepared itself (tnt.Model.evaluate must not distribute it again).
+FIT_VALIDATION_KEYWORD = "_use_cached_eval_dataset"
+
+
 def verify():
     """Raises RuntimeError naming the Keras version and the internal when
     one of the internals Tarantella relies on is missing."""
@@ -43,10 +48,18 @@ def verify():
     for what, owner, attribute in _USED:
         target = instances[owner] if owner in instances else owner
         if not hasattr(target, attribute):
-            raise RuntimeError(
-                f"Tarantella relies on the Keras internal {what}, which Keras "
-                f"{keras.__version__} does not have; use the Keras version Tarantella was "
-                "tested with (3.15) or update tarantella/_keras_internals.py")
+            _missing(what)
+    import inspect
+    from keras.src.backend.tensorflow import trainer  # to read fit's source only
+    if FIT_VALIDATION_KEYWORD not in inspect.getsource(trainer.TensorFlowTrainer.fit):
+        _missing(f"fit's {FIT_VALIDATION_KEYWORD}= keyword of evaluate")
+
+
+def _missing(what):
+    raise RuntimeError(
+        f"Tarantella relies on the Keras internal {what}, which Keras {keras.__version__} does "
+        "not have; use the Keras version Tarantella was tested with (3.15) or update "
+        "tarantella/_keras_internals.py")
 
 
 def flatten_layers(model):

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _keras_internals as internals
 from tarantella import batch_norm
 from tarantella import callbacks as tnt_callbacks
 from tarantella import data
@@ -377,7 +378,7 @@ class Model(keras.Model):
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  tnt_micro_batch_size=None, tnt_distribute_dataset=True, **kwargs):
-        if kwargs.get("_use_cached_eval_dataset"):
+        if kwargs.get(internals.FIT_VALIDATION_KEYWORD):
             # fit's validation: the validation data were distributed by fit.
             return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
                                     sample_weight=sample_weight, **kwargs)
