@@ -117,13 +117,24 @@ def distribute(dataset, micro_batch_size=None, what="training"):
     if info.size is not None:
         log.logger.info("%s: global batch size %d, micro-batch sizes %s", what, info.size,
                         micro_batch_sizes(info.size, size))
+    dataset = without_autotune_stalls(dataset)
     if size == 1:
         return dataset
-    # A plain map: slicing is cheap, and an autotuned map makes TensorFlow
-    # block for seconds when Keras drops the iterator of each epoch (the
-    # autotuning thread of tf.data sleeps for up to a minute and is not woken
-    # when its iterator is destroyed).
     return dataset.map(_slicer(runtime.get_rank(), size))
+
+
+def without_autotune_stalls(dataset):
+    """`dataset` with tf.data's autotuning off, unless its options say
+    otherwise. TensorFlow 2.21 destroys an iterator only after the iterator's
+    autotuning thread wakes up from a sleep that grows to a minute, and Keras
+    drops an iterator every epoch: the program stands still for seconds (17 s
+    an epoch for the quick start), on each rank at another time. Without
+    autotuning, AUTOTUNE parallelism means one call per core."""
+    if dataset.options().autotune.enabled is not None:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
