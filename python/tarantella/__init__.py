@@ -5,9 +5,14 @@
     model = tnt.Model(keras_model)   # then compile / fit / evaluate as usual
 """
 from tarantella import _requirements  # noqa: F401 (first: TensorFlow 2.21 is there, or what to install)
+from tarantella import data
 from tarantella import keras
 from tarantella import models
+from tarantella.loops import DistributedGradientTape
+from tarantella.loops import allreduce
+from tarantella.loops import broadcast_variables
 from tarantella.model import Model
+from tarantella.optimizers import distribute as distribute_optimizer
 from tarantella.runtime import TarantellaError
 from tarantella.runtime import get_local_rank
 from tarantella.runtime import get_local_size
@@ -19,5 +24,6 @@ from tarantella.runtime import is_master_rank
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "TarantellaError", "keras", "models", "init", "get_rank", "get_size", "get_master_rank",
-           "is_master_rank", "get_local_rank", "get_local_size"]
+__all__ = ["Model", "TarantellaError", "keras", "models", "data", "init", "get_rank", "get_size",
+           "get_master_rank", "is_master_rank", "get_local_rank", "get_local_size",
+           "DistributedGradientTape", "distribute_optimizer", "broadcast_variables", "allreduce"]

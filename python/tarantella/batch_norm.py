@@ -6,7 +6,7 @@ squares and their count per feature; one allreduce adds them up, and the
 mean and variance follow as Keras computes them for a synchronized layer
 (E[x^2] - E[x]^2), so training equals serial Keras with the same global
 batch, also for micro-batches of different sizes. The gradient flows back
-through the same sums (step.Step.allreduce).
+through the same sums (step.Step.differentiable_sum).
 
 Unsynchronized layers normalize with their micro-batch's statistics, as
 documented, so their moving mean and variance drift apart between ranks.
@@ -56,7 +56,7 @@ def _global_moments(layer, inputs, axes):
     shape = tf.shape(total)
     flat = tf.concat([tf.reshape(t, [-1]) for t in (total, squares, count)], axis=0)
     total, squares, count = [tf.reshape(t, shape)
-                             for t in tf.split(current.allreduce(flat), 3)]
+                             for t in tf.split(current.differentiable_sum(flat), 3)]
     mean = tf.math.divide_no_nan(total, count)
     variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
     mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)

@@ -32,12 +32,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import batch_norm
 from tarantella import callbacks as tnt_callbacks
 from tarantella import data
-from tarantella import gradients
 from tarantella import log
 from tarantella import metrics
 from tarantella import optimizers
@@ -46,14 +44,6 @@ from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
-
-
-def _current_graph_tensors(tensors):
-    """The tensors that belong to the graph being traced now."""
-    if tf.executing_eagerly():
-        return []
-    graph = tf.compat.v1.get_default_graph()
-    return [t for t in tensors if getattr(t, "graph", None) is graph]
 
 
 def _steps(dataset, steps=None):
@@ -71,14 +61,10 @@ class _State:
     track it as model state)."""
 
     def __init__(self):
-        self.reducer = gradients.GradientReducer()
+        self.resources = step.Resources()
         self.broadcast_pending = True
         self.with_local = False
         self.saves_of_this_rank = False
-        # The step's sample count goes through a variable so that
-        # TensorFlow cannot treat it as a constant (see gradients.py).
-        self.count_var = tf.Variable(0.0, trainable=False, dtype=tf.float32,
-                                     name="tnt_local_samples")
 
 
 class Model(keras.Model):
@@ -123,12 +109,22 @@ class Model(keras.Model):
     # ---------------------------------------------------------------- steps
 
     def train_step(self, data):
-        with step.training_step(self._tnt, data):
-            return super().train_step(data)
+        with step.model_step(self._tnt.resources, data) as current:
+            # Every optimizer the model holds averages its gradients, also
+            # those a train_step of the model's own applies.
+            optimizers.distribute_held_by(self)
+            return metrics.global_logs(self, super().train_step(data), current)
+
+    def test_step(self, data):
+        with step.model_step(self._tnt.resources, data) as current:
+            return metrics.global_logs(self, super().test_step(data), current)
 
     def get_metrics_result(self):
-        deps = _current_graph_tensors(self._tnt.reducer.last_outputs)
-        return metrics.global_results(self, super().get_metrics_result, deps,
+        current = step.current()
+        if current is not None:
+            current.metrics_global = True
+        return metrics.global_results(self.metrics, super().get_metrics_result,
+                                      current or step.Step(self._tnt.resources),
                                       with_local=self._tnt.with_local)
 
     # ---------------------------------------------------------------- compile
@@ -171,18 +167,8 @@ class Model(keras.Model):
             raise runtime.TarantellaError(
                 f"ranks {differ} have models whose weight shapes differ from the master rank's; "
                 "every rank must build the same model")
-        if not weights:
-            return
-        blob = np.concatenate([np.ascontiguousarray(w).view(np.uint8).ravel() for w in weights])
-        padded = np.zeros((blob.size + 7) // 8 * 8, dtype=np.uint8)
-        padded[:blob.size] = blob
-        _core.broadcast(padded.view(np.int64), root=runtime.MASTER_RANK)
-        out, offset = [], 0
-        for w in weights:
-            n = w.nbytes
-            out.append(padded[offset:offset + n].view(w.dtype).reshape(w.shape))
-            offset += n
-        super().set_weights(out)
+        if weights:
+            super().set_weights(runtime.broadcast_arrays(weights))
 
     def _tnt_prepare(self, dataset):
         """Builds the model if needed, broadcasts the weights once, and

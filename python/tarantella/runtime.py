@@ -94,6 +94,25 @@ def disagreements(values):
     return out
 
 
+def broadcast_arrays(arrays, root=MASTER_RANK):
+    """Copies of NumPy `arrays` holding rank `root`'s values, on every rank
+    (one broadcast of their bytes). Collective: every rank passes arrays of
+    the same dtypes and shapes."""
+    import numpy as np
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    if not arrays or get_size() == 1:
+        return arrays
+    blob = np.concatenate([a.view(np.uint8).ravel() for a in arrays])
+    padded = np.zeros((blob.size + 7) // 8 * 8, dtype=np.uint8)
+    padded[:blob.size] = blob
+    _core.broadcast(padded.view(np.int64), root=root)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(padded[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
+        offset += a.nbytes
+    return out
+
+
 _MESSAGE_BYTES = 1024
 
 
