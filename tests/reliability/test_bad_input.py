@@ -230,13 +230,17 @@ CASES = [
     P("Python API", "ranks build different models",
       "compiled(8 if tnt.get_rank() == 0 else 9).fit(ds.batch(8), verbose=0)",
       "TarantellaError", "ranks [1] have models whose weight shapes differ"),
-    P("Python API", "a custom training loop",
-      "m = compiled()\n"
-      "with tf.GradientTape() as tape:\n"
-      "    loss = tf.reduce_mean(m(x[:4]))\n"
-      "grads = tape.gradient(loss, m.trainable_variables)\n"
-      "m.optimizer.apply_gradients(zip(grads, m.trainable_variables))\n",
-      "TarantellaError", "custom training loops cannot be distributed"),
+    P("Python API", "DistributedGradientTape of a non-tape",
+      "tnt.DistributedGradientTape(compiled())", "TypeError",
+      "tnt.DistributedGradientTape wraps a tf.GradientTape; got Sequential"),
+    P("Python API", "tnt.allreduce(x, op='median')", "tnt.allreduce(x[:2], op='median')",
+      "TarantellaError", "op must be one of ('average', 'sum', 'min', 'max')"),
+    P("Python API", "broadcast_variables in tf.function",
+      "tf.function(lambda: tnt.broadcast_variables(compiled().trainable_variables))()",
+      "TarantellaError", "tnt.broadcast_variables runs eagerly: call it before the training "
+      "loop"),
+    P("Python API", "distribute_optimizer of a non-optimizer", "tnt.distribute_optimizer('sgd')",
+      "TypeError", "tnt.distribute_optimizer takes a keras.optimizers.Optimizer; got str"),
     P("Python API", "model.to_yaml()", "compiled().to_yaml()", "TarantellaError",
       "use model.to_json()"),
     P("Python API", "tnt.models.model_from_yaml()", "tnt.models.model_from_yaml('a: 1')",
