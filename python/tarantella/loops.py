@@ -50,6 +50,9 @@ class DistributedGradientTape:
     def __getattr__(self, name):
         return getattr(self.tape, name)
 
+    # Tarantella's own Python code is plain graph building: AutoGraph, which
+    # converts what a tf.function calls, must leave it alone.
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self.tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         current = step.active()
@@ -75,6 +78,7 @@ def broadcast_variables(variables, root=runtime.MASTER_RANK):
 _OPS = ("average", "sum", "min", "max")
 
 
+@tf.autograph.experimental.do_not_convert
 def allreduce(value, op="average"):
     """`value` (a tensor or NumPy array) reduced over all ranks: "average"
     (default), "sum", "min" or "max". In a tf.function, chained with the
