@@ -173,7 +173,9 @@ class Model(keras.Model):
     def _tnt_prepare(self, dataset):
         """Builds the model if needed, broadcasts the weights once, and
         averages the moving statistics of BatchNormalization."""
-        if not self.built and dataset is not None:
+        if not self.built and not self.weights and dataset is not None:
+            # Built by a first call, so that there are weights to broadcast
+            # (a model whose train_step is its own may have built parts only).
             x, _, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
             self(x)
         if self._tnt.broadcast_pending:

@@ -36,3 +36,26 @@ def test_custom_training_equals_serial(case, nranks, serial, tmp_path, python):
     for key in (k for k in want if k.startswith("w")):
         diff = np.abs(got[key] - want[key]).max()
         assert diff < 1e-4, f"{case}: weight {key} differs from serial by {diff}"
+
+
+DATA = "/usr/share/datasets/fashion-mnist"
+needs_data = pytest.mark.skipif(not os.path.isdir(DATA),
+                                reason="dataset-fashion-mnist is not installed")
+
+
+@needs_data
+def test_gan_example_keeps_replicas_identical(tmp_path, python):
+    prefix = str(tmp_path / "gan")
+    run(mpirun_command(2, python, os.path.join(ROOT, "examples", "gan.py"), "--train_size", "1024",
+                       "--save_weights", prefix), timeout=600)
+    ranks = [np.load(f"{prefix}.rank{r}.npz") for r in range(2)]
+    assert len(ranks[0].files) > 0
+    for key in ranks[0].files:
+        assert np.array_equal(ranks[0][key], ranks[1][key]), f"weight {key} differs between ranks"
+
+
+@needs_data
+def test_custom_loop_example_runs(python):
+    proc = run(mpirun_command(2, python, os.path.join(ROOT, "examples", "custom_loop.py"),
+                              "--train_size", "1024"), timeout=600)
+    assert "(1024 samples on 2 ranks)" in proc.stdout, proc.stdout[-2000:]
