@@ -40,12 +40,26 @@ def deep_mlp():
     return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
 
-MODELS = {"lenet5": lenet5, "deep_mlp": deep_mlp}
+def small_cnn():
+    """Three convolutions and a 256-unit dense layer on 32x32x3 images: a
+    step short enough that per-step framework costs show."""
+    inputs = keras.Input(shape=(32, 32, 3))
+    x = inputs
+    for filters in (32, 64, 64):
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(256, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(x))
 
 
-def data(n, batch):
+MODELS = {"lenet5": lenet5, "deep_mlp": deep_mlp, "small_cnn": small_cnn}
+
+
+def data(n, batch, name="lenet5"):
     rng = np.random.default_rng(0)
-    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    shape = MODELS[name]().input_shape[1:]
+    x = rng.random((n,) + tuple(shape), dtype=np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache()
 
@@ -89,9 +103,9 @@ def overhead(args):
     framework's own overhead is Keras with jit_compile=False; Keras with its
     default ("auto") is shown too, as what a user would otherwise run."""
     steps = args.samples // args.batch
-    ds = data(args.samples, args.batch)
-    models = {"keras": build(False, False), "keras_auto": build(False, "auto"),
-              "tnt": build(True)}
+    ds = data(args.samples, args.batch, args.model)
+    models = {"keras": build(False, False, args.model), "keras_auto": build(False, "auto", args.model),
+              "tnt": build(True, name=args.model)}
     times = {name: [] for name in models}
     for trial in range(args.trials):
         order = list(models.items())
@@ -100,7 +114,7 @@ def overhead(args):
         for name, model in order:
             times[name].append(step_time(model, ds, steps))
     med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"1 rank, LeNet-5, batch {args.batch}, {steps} steps/epoch, {args.trials} trials "
+    print(f"1 rank, {args.model}, batch {args.batch}, {steps} steps/epoch, {args.trials} trials "
           "(median):")
     print(f"  keras fit, jit_compile=False  {med['keras'] * 1e3:8.3f} ms/step")
     print(f"  keras fit, jit_compile=auto   {med['keras_auto'] * 1e3:8.3f} ms/step")
@@ -108,7 +122,7 @@ def overhead(args):
     print(f"step time ratio tnt/keras(auto): {med['tnt'] / med['keras_auto']:.3f}")
     print(f"step time ratio tnt/keras: {med['tnt'] / med['keras']:.3f}")
     write_json(args.json, {
-        "benchmark": "overhead", "model": "lenet5", "ranks": tnt.get_size(),
+        "benchmark": "overhead", "model": args.model, "ranks": tnt.get_size(),
         "batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
         "ms_per_step": {name: round(t * 1e3, 4) for name, t in med.items()},
         "trials_ms": {name: ms(t) for name, t in times.items()},
@@ -119,7 +133,7 @@ def overhead(args):
 
 def sweep(args):
     steps = args.samples // args.batch
-    ds = data(args.samples, args.batch)
+    ds = data(args.samples, args.batch, args.model)
     thresholds = [float(v) for v in args.thresholds.split(",")]
     models = [build(True, name=args.model) for _ in thresholds]
     times = [[] for _ in thresholds]
@@ -158,7 +172,7 @@ def main():
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--thresholds", default="0,8,32,128,1024,65536")
     p.add_argument("--model", choices=sorted(MODELS), default="lenet5",
-                   help="model of the sweep")
+                   help="model to train")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (rank 0)")
     args = p.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -504,13 +504,23 @@ def spread(values):
 
 def overhead_section(results, stages, targets):
     out = ["## 2. Framework overhead, 1 rank", ""]
-    d, why = load_json(os.path.join(results, "overhead.json"))
-    name = "1-rank step time, tnt.Model.fit vs plain Keras fit"
+    for fname, model, label in (("overhead.json", "LeNet-5", ""),
+                                ("overhead_small_cnn.json", "the small CNN (three "
+                                 "convolutions, a 256-unit dense layer, 32x32x3 inputs)",
+                                 " (small CNN)")):
+        out += _overhead_model(results, stages, targets, fname, model, label)
+    return out
+
+
+def _overhead_model(results, stages, targets, fname, model, label):
+    out = []
+    d, why = load_json(os.path.join(results, fname))
+    name = f"1-rank step time{label}, tnt.Model.fit vs plain Keras fit"
     req = f"<= +{OVERHEAD_MAX * 100:.0f}%"
     if d is None:
         note = missing_note(stages, why, "overhead")
         targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
+        return out + [f"{model}: " + not_run_line([note]), ""]
     ratio = d["ratio_tnt_keras"]
     t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", ratio - 1 <= OVERHEAD_MAX,
                family="overhead")
@@ -522,10 +532,10 @@ def overhead_section(results, stages, targets):
                   f"(+{ms['tnt'] - ms['keras']:.2f} ms); Keras' own trials spread "
                   f"{lo:+.1f}%..{hi:+.1f}%")
     targets.append(t)
-    out.append(f"LeNet-5, batch {d['batch']}, {d['steps_per_epoch']} steps per epoch, median "
-               f"of {d['trials']} interleaved trials. Tarantella never XLA-compiles the step, "
-               "so the peer that isolates its overhead is Keras with `jit_compile=False`; "
-               "Keras' default (`auto`) is shown too.")
+    out.append(f"{model[0].upper() + model[1:]}, batch {d['batch']}, {d['steps_per_epoch']} "
+               f"steps per epoch, median of {d['trials']} interleaved trials. Tarantella never "
+               "XLA-compiles the step, so the peer that isolates its overhead is Keras with "
+               "`jit_compile=False`; Keras' default (`auto`) is shown too.")
     out.append("")
     labels = {"keras": "Keras fit, jit_compile=False", "keras_auto": "Keras fit, jit_compile=auto",
               "tnt": "tnt.Model.fit"}

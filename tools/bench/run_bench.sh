@@ -164,6 +164,9 @@ if wanted overhead; then
   [[ $QUICK == 1 ]] && args=(--samples 2048 --trials 3)
   run_stage overhead "$(limit 1200 400)" "$OUT/overhead.json" \
     "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.json"
+  run_stage overhead_small_cnn "$(limit 1200 400)" "$OUT/overhead_small_cnn.json" \
+    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead --model small_cnn "${args[@]}" \
+    --json "$OUT/overhead_small_cnn.json"
 fi
 
 # 3. Fusion threshold sweep on 2 ranks.
