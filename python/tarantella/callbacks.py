@@ -256,9 +256,12 @@ def _backup_atomically(callback):
         backup.weights_path = os.path.join(callback.backup_dir, name)
         try:
             return backup.keras_load()
-        except OSError:
+        except (OSError, runtime.TarantellaError) as e:
+            # tnt.Model.load_weights reports an unreadable file as a
+            # TarantellaError caused by the OSError.
+            unreadable = isinstance(e, OSError) or isinstance(e.__cause__, OSError)
             previous = meta.get("tnt_previous")
-            if not previous:
+            if not unreadable or not previous:
                 raise
             log.logger.warning("BackupAndRestore: cannot read %s; restoring the previous "
                                "backup %s", name, previous)

@@ -1,0 +1,52 @@
+"""BackupAndRestore(double_checkpoint=True) on the ranks of a job: training
+is interrupted at epoch 3, the latest backup's weights file is then damaged,
+and a new fit restores the previous backup (epoch 2) on every rank, as
+Keras's own BackupAndRestore falls back to its previous checkpoint."""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+
+
+class Interrupt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 3:
+            raise RuntimeError("interrupted")
+
+
+def model():
+    keras.utils.set_random_seed(1)
+    m = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    m.compile(optimizer="sgd", loss="mse")
+    return m
+
+
+def main():
+    backup_dir = sys.argv[1]
+    tnt.init()
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = x[:, :2].copy()
+    try:
+        model().fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True), Interrupt()])
+    except RuntimeError as e:
+        print(f"rank {tnt.get_rank()}: first fit {e}")
+    meta = json.load(open(os.path.join(backup_dir, "training_metadata.json")))
+    if tnt.is_master_rank():
+        print("metadata", json.dumps(meta, sort_keys=True))
+        with open(os.path.join(backup_dir, meta["tnt_weights"]), "wb") as f:
+            f.write(b"damaged")
+    tnt.allreduce(np.zeros(1))  # every rank waits for the damage
+    history = model().fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=[
+        keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True)])
+    print(f"rank {tnt.get_rank()}: resumed for {len(history.history['loss'])} epochs")
+
+
+if __name__ == "__main__":
+    main()
