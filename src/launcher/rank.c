@@ -126,6 +126,7 @@ typedef struct {
   int fd;     /* the wrapper's own stdout or stderr */
   int shown;  /* anything of this stream reaches the terminal */
   int filter; /* only library messages ("[tnt r/n] LEVEL: ...") do */
+  int tf_min_level; /* TF_CPP_MIN_LOG_LEVEL, for TensorFlow's early lines */
   int ok;     /* 0 once a write failed (the reader is gone) */
   int keep;   /* the current line is passed on */
   size_t col; /* characters of the current line so far */
@@ -146,9 +147,33 @@ static void stream_init(stream_t *s, int fd, int shown, int filter) {
   s->filter = filter;
   s->ok = 1;
   s->keep = !filter;
+  const char *level = getenv("TF_CPP_MIN_LOG_LEVEL");
+  s->tf_min_level = level != NULL ? atoi(level) : 0;
+}
+
+static int starts_with(const char *line, size_t len, const char *prefix) {
+  size_t n = strlen(prefix);
+  return len >= n && memcmp(line, prefix, n) == 0;
+}
+
+/* TensorFlow logs a few lines while it is imported, before its logging is
+ * set up, and then TF_CPP_MIN_LOG_LEVEL does not apply to them: absl's note
+ * that logging is not initialized (a warning), and information such as
+ * "oneDNN custom operations are on" (severity I, with the zero timestamp
+ * absl uses before it is initialized). The terminal copy applies the level
+ * the user set to these lines; the log keeps them. `line` is one whole line. */
+static int tensorflow_early_line_hidden(const stream_t *s, const char *line, size_t len) {
+  if (s->tf_min_level >= 1 && (starts_with(line, len, "I0000 00:00:") ||
+                               starts_with(line, len, "To enable the following instructions:"))) {
+    return 1;
+  }
+  return s->tf_min_level >= 2 &&
+         starts_with(line, len, "WARNING: All log messages before absl::InitializeLog() is called");
 }
 
 static void stream_flush(stream_t *s) {
+  const int whole_line = s->len > 0 && s->col == s->len && s->buf[s->len - 1] == '\n';
+  if (whole_line && tensorflow_early_line_hidden(s, s->buf, s->len)) s->len = 0;
   if (s->len > 0 && s->shown && s->ok && s->keep && write_all(s->fd, s->buf, s->len) != 0) {
     s->ok = 0;
   }

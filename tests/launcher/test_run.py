@@ -260,3 +260,30 @@ def test_quick_start_on_two_ranks(launcher, marked):
     assert proc.stdout.count("test accuracy") == 1
     assert "(2 ranks, global batch 64)" in proc.stdout
     assert "INFO" not in proc.stderr
+
+
+TF_EARLY_LINES = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    "I0000 00:00:1795438113.837322    4261 port.cc:153] oneDNN custom operations are on.\n"
+    "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow "
+    "with the appropriate compiler flags.\n"
+    "E0000 00:00:1795438113.837322    4261 some.cc:1] an error TensorFlow logged early\n"
+    "plain stderr\n")
+
+
+@pytest.mark.parametrize("level", ["0", "1", "2", "3"])
+def test_tensorflow_early_lines_follow_its_log_level(launcher, marked, level):
+    """TensorFlow's lines from before its logging is set up ignore
+    TF_CPP_MIN_LOG_LEVEL; the terminal copy applies it, the log keeps all."""
+    marker, d = marked
+    run_dir = os.path.join(d, "run")
+    code = f"import sys; sys.stderr.write({TF_EARLY_LINES!r})"
+    proc = run_launcher(["-n", "1", "--run-dir", run_dir, "-x", f"TF_CPP_MIN_LOG_LEVEL={level}",
+                         "--", sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stderr
+    assert ("All log messages before absl" in shown) == (level in ("0", "1"))
+    assert ("oneDNN custom operations" in shown) == (level == "0")
+    assert ("To enable the following instructions" in shown) == (level == "0")
+    assert "an error TensorFlow logged early" in shown and "plain stderr" in shown
+    assert open(os.path.join(run_dir, "rank0.log")).read() == TF_EARLY_LINES
