@@ -579,9 +579,87 @@ static PyObject *core_abort(PyObject *module, PyObject *args, PyObject *kwargs) 
 
 /* ------------------------------------------------------------ collectives */
 
+/* The group that a `group` argument names: the world for None, else the
+ * group of that handle (create_group()); NULL with an exception set. */
+static tnt_group_t *group_arg(const char *call, PyObject *obj) {
+  if (obj == NULL || obj == Py_None) return g_world;
+  long long handle = PyLong_AsLongLong(obj);
+  if (handle == -1 && PyErr_Occurred()) return NULL;
+  tnt_group_t *g = tnt_group_lookup((int64_t)handle);
+  if (g == NULL) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: group=%lld is not a live group; pass a handle that create_group() "
+                 "returned",
+                 call, handle);
+  }
+  return g;
+}
+
+PyDoc_STRVAR(create_group_doc,
+             "create_group(ranks)\n--\n\n"
+             "Creates the group of the world ranks `ranks` (distinct, in the order that\n"
+             "defines group ranks) and returns its handle, for the group= argument of the\n"
+             "collectives, of Fusion and of the TensorFlow ops. Collective over the listed\n"
+             "ranks, which pass the same list; the calling rank must be among them. The\n"
+             "group lives as long as the context.");
+
+static PyObject *core_create_group(PyObject *module, PyObject *ranks_obj) {
+  (void)module;
+  static const char call[] = "create_group";
+  if (require_context(call) < 0) return NULL;
+  PyObject *seq = PySequence_Fast(ranks_obj, "create_group: ranks must be a list of ranks");
+  if (seq == NULL) return NULL;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  int *ranks = PyMem_Malloc((size_t)n * sizeof *ranks + 1);
+  PyObject *result = NULL;
+  if (ranks == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  const int me = tnt_group_rank(g_world), size = tnt_group_size(g_world);
+  int mine = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long r = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (r == -1 && PyErr_Occurred()) goto done;
+    if (r < 0 || r >= size) {
+      PyErr_Format(PyExc_ValueError, "%s: %ld is not a rank; pass ranks in 0..%d", call, r,
+                   size - 1);
+      goto done;
+    }
+    for (Py_ssize_t j = 0; j < i; ++j) {
+      if (ranks[j] == (int)r) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %ld appears twice; list each rank once", call,
+                     r);
+        goto done;
+      }
+    }
+    ranks[i] = (int)r;
+    mine |= r == me;
+  }
+  if (!mine) {
+    PyErr_Format(PyExc_ValueError, "%s: this rank (%d) is not in the list; only members create "
+                 "a group", call, me);
+    goto done;
+  }
+  tnt_context_t *ctx = tnt_group_context(g_world);
+  tnt_group_t *g = NULL;
+  tnt_status_t st;
+  TNT_WITHOUT_GIL(st = tnt_group_create(ctx, ranks, (int)n, &g));
+  if (st < 0) {
+    raise_status(call, st, NULL);
+    goto done;
+  }
+  result = PyLong_FromLongLong((long long)tnt_group_handle(g));
+done:
+  PyMem_Free(ranks);
+  Py_DECREF(seq);
+  return result;
+}
+
 PyDoc_STRVAR(allreduce_doc,
-             "allreduce(buf, op='sum', out=None, dtype=None)\n--\n\n"
-             "Reduces buf element-wise across all ranks with op ('sum', 'average', 'min'\n"
+             "allreduce(buf, op='sum', out=None, dtype=None, group=None)\n--\n\n"
+             "Reduces buf element-wise across all ranks (of `group`, a create_group()\n"
+             "handle, when given) with op ('sum', 'average', 'min'\n"
              "or 'max'; 'average' divides integers with integer division). The result\n"
              "replaces buf, or goes to out (same dtype and element count) when given.\n"
              "buf is any C-contiguous buffer of float32, float64, float16, int32 or int64;\n"
@@ -592,17 +670,19 @@ PyDoc_STRVAR(allreduce_doc,
 static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwargs) {
   (void)module;
   static const char call[] = "allreduce";
-  static char *kwlist[] = {"buf", "op", "out", "dtype", NULL};
-  PyObject *buf_obj, *op_obj = NULL, *out_obj = Py_None, *dtype_obj = Py_None;
+  static char *kwlist[] = {"buf", "op", "out", "dtype", "group", NULL};
+  PyObject *buf_obj, *op_obj = NULL, *out_obj = Py_None, *dtype_obj = Py_None, *group_obj = NULL;
   PyObject *result = NULL;
   tensor_t in = {0}, out = {0};
   int dtype;
   tnt_op_t op;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOO:allreduce", kwlist, &buf_obj, &op_obj,
-                                   &out_obj, &dtype_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOO:allreduce", kwlist, &buf_obj, &op_obj,
+                                   &out_obj, &dtype_obj, &group_obj)) {
     return NULL;
   }
   if (require_context(call) < 0) return NULL;
+  tnt_group_t *g = group_arg(call, group_obj);
+  if (g == NULL) return NULL;
   if (parse_op(call, op_obj, TNT_SUM, &op) < 0 || parse_dtype(call, dtype_obj, &dtype) < 0) {
     return NULL;
   }
@@ -628,7 +708,7 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
   }
   void *dst = in_place ? in.view.buf : out.view.buf;
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st = tnt_allreduce(g_world, in.view.buf, dst, in.count, in.dtype, op));
+  TNT_WITHOUT_GIL(st = tnt_allreduce(g, in.view.buf, dst, in.count, in.dtype, op));
   result = result_of(call, st, NULL, in_place ? buf_obj : out_obj);
 done:
   release_tensor(&in);
@@ -637,26 +717,29 @@ done:
 }
 
 PyDoc_STRVAR(broadcast_doc,
-             "broadcast(buf, root=0, dtype=None)\n--\n\n"
-             "Copies root's buf into buf on every other rank (in place). buf must be\n"
+             "broadcast(buf, root=0, dtype=None, group=None)\n--\n\n"
+             "Copies root's buf into buf on every other rank (in place); with `group`\n"
+             "(a create_group() handle), among its ranks, root a rank of the group. buf must be\n"
              "writable on every rank and have the same dtype and element count everywhere;\n"
              "dtype as for allreduce(). Returns buf.");
 
 static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwargs) {
   (void)module;
   static const char call[] = "broadcast";
-  static char *kwlist[] = {"buf", "root", "dtype", NULL};
-  PyObject *buf_obj, *dtype_obj = Py_None;
+  static char *kwlist[] = {"buf", "root", "dtype", "group", NULL};
+  PyObject *buf_obj, *dtype_obj = Py_None, *group_obj = NULL;
   PyObject *result = NULL;
   int root = 0, dtype;
   tensor_t buf = {0};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|iO:broadcast", kwlist, &buf_obj, &root,
-                                   &dtype_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|iOO:broadcast", kwlist, &buf_obj, &root,
+                                   &dtype_obj, &group_obj)) {
     return NULL;
   }
   if (require_context(call) < 0) return NULL;
   if (parse_dtype(call, dtype_obj, &dtype) < 0) return NULL;
-  const int size = tnt_group_size(g_world);
+  tnt_group_t *g = group_arg(call, group_obj);
+  if (g == NULL) return NULL;
+  const int size = tnt_group_size(g);
   if (root < 0 || root >= size) {
     PyErr_Format(PyExc_ValueError, "%s: root=%d is not a rank; pass a rank in 0..%d", call, root,
                  size - 1);
@@ -666,7 +749,7 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
    * same arguments and none is left waiting for a rank that raised. */
   if (get_tensor(call, "buf", buf_obj, 1, dtype, &buf) < 0) goto done;
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st = tnt_broadcast(g_world, buf.view.buf, buf.count, buf.dtype, root));
+  TNT_WITHOUT_GIL(st = tnt_broadcast(g, buf.view.buf, buf.count, buf.dtype, root));
   result = result_of(call, st, NULL, buf_obj);
 done:
   release_tensor(&buf);
@@ -980,18 +1063,20 @@ done:
 
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
-  static char *kwlist[] = {"tensors", "threshold_bytes", "op", NULL};
-  PyObject *tensors_obj, *threshold_obj, *op_obj = NULL;
+  static char *kwlist[] = {"tensors", "threshold_bytes", "op", "group", NULL};
+  PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
   size_t threshold;
   tnt_op_t op;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:Fusion", kwlist, &tensors_obj,
-                                   &threshold_obj, &op_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:Fusion", kwlist, &tensors_obj,
+                                   &threshold_obj, &op_obj, &group_obj)) {
     return NULL;
   }
   if (require_context(call) < 0) return NULL;
+  tnt_group_t *group = group_arg(call, group_obj);
+  if (group == NULL) return NULL;
   if (as_count(call, "threshold_bytes", threshold_obj, &threshold) < 0) return NULL;
   if (parse_op(call, op_obj, TNT_AVERAGE, &op) < 0) return NULL;
   seq = PySequence_Fast(tensors_obj, "Fusion: tensors must be a list of (id, count, dtype)");
@@ -1025,7 +1110,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   /* Creation is collective: every rank compares the list with the others. */
   tnt_fusion_t *f = NULL;
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st = tnt_fusion_create(g_world, list, (size_t)n, threshold, op, &f));
+  TNT_WITHOUT_GIL(st = tnt_fusion_create(group, list, (size_t)n, threshold, op, &f));
   if (st < 0) {
     /* The list is valid here, so an invalid argument means the ranks
      * disagree about it. */
@@ -1293,8 +1378,9 @@ static PyGetSetDef fusion_getset[] = {
 };
 
 PyDoc_STRVAR(fusion_doc,
-             "Fusion(tensors, threshold_bytes, op='average')\n--\n\n"
-             "A tensor fusion set over all ranks. tensors lists (id, count, dtype) in the\n"
+             "Fusion(tensors, threshold_bytes, op='average', group=None)\n--\n\n"
+             "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
+             "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
              "the number of elements, dtype a name ('float32', 'float64', 'float16',\n"
              "'bfloat16', 'int32', 'int64'). Tensors are packed into buckets of one dtype\n"
@@ -1333,6 +1419,7 @@ static PyMethodDef core_methods[] = {
     {"local_size", (PyCFunction)core_local_size, METH_NOARGS, local_size_doc},
     {"num_hosts", (PyCFunction)core_num_hosts, METH_NOARGS, num_hosts_doc},
     {"world_handle", (PyCFunction)core_world_handle, METH_NOARGS, world_handle_doc},
+    {"create_group", (PyCFunction)core_create_group, METH_O, create_group_doc},
     {"allreduce", TNT_PYFN(core_allreduce), METH_VARARGS | METH_KEYWORDS, allreduce_doc},
     {"broadcast", TNT_PYFN(core_broadcast), METH_VARARGS | METH_KEYWORDS, broadcast_doc},
     {"allgather", TNT_PYFN(core_allgather), METH_VARARGS | METH_KEYWORDS, allgather_doc},

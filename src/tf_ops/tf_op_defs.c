@@ -2,13 +2,17 @@
  * Definitions and shape functions of Tarantella's TensorFlow ops (see
  * tnt_tf_ops.c for what they do and why they are defined this way).
  *
- * None of them is marked stateful, on purpose: inside a tf.function,
- * TensorFlow 2 chains stateful ops that take no resource input in program
- * order, which would run every TntFusionStart after the whole backward pass
- * and remove the overlap of communication with backprop. Stateless ops run
- * as soon as their inputs are ready. What keeps TensorFlow from merging two
- * of them (common subexpression elimination) is that every tensor has its
- * own attribute values (tensor_id).
+ * The collective ops are not marked stateful, on purpose: inside a
+ * tf.function, TensorFlow 2 chains stateful ops that take no resource input
+ * in program order, which would run every TntFusionStart after the whole
+ * backward pass and remove the overlap of communication with backprop.
+ * Stateless ops run as soon as their inputs are ready. What keeps
+ * TensorFlow from merging two of them (common subexpression elimination)
+ * is that every tensor has its own attribute values (tensor_id).
+ *
+ * The pipeline ops (TntPipeSend, TntPipeRecv, TntPipeFlush) are stateful
+ * for that very chaining: a pipeline schedule is an order of transfers
+ * that every stage must keep.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,10 +61,29 @@ static void finish_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
 
 typedef void (*shape_fn_t)(TF_ShapeInferenceContext *, TF_Status *);
 
+/* TntPipeRecv: a tensor of the shape its input holds, of unknown shape
+ * while the graph is built. */
+static void unknown_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  TF_ShapeHandle *shape = TF_NewShapeHandle();
+  TF_ShapeInferenceContextGetInput(ctx, 0, shape, status);
+  TF_DeleteShapeHandle(shape);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
+/* TntPipeFlush: the token is a scalar, and the op has no input. */
+static void flush_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
+  TF_ShapeInferenceContextSetOutput(ctx, 0, scalar, status);
+  TF_DeleteShapeHandle(scalar);
+}
+
 /* One op: NULL-terminated lists of input, output and attribute specs. */
-static void define(const char *name, const char *const *inputs, const char *const *outputs,
-                   const char *const *attrs, shape_fn_t shape_fn, TF_Status *status) {
+static void define_op(const char *name, const char *const *inputs, const char *const *outputs,
+                      const char *const *attrs, shape_fn_t shape_fn, bool stateful,
+                      TF_Status *status) {
   TF_OpDefinitionBuilder *b = TF_NewOpDefinitionBuilder(name);
+  TF_OpDefinitionBuilderSetIsStateful(b, stateful);
   for (const char *const *s = inputs; *s != NULL; ++s) TF_OpDefinitionBuilderAddInput(b, *s);
   for (const char *const *s = outputs; *s != NULL; ++s) TF_OpDefinitionBuilderAddOutput(b, *s);
   for (const char *const *s = attrs; *s != NULL; ++s) TF_OpDefinitionBuilderAddAttr(b, *s);
@@ -71,6 +94,11 @@ static void define(const char *name, const char *const *inputs, const char *cons
     snprintf(msg, sizeof msg, "cannot register the op %s: %s", name, TF_Message(status));
     TF_SetStatus(status, TF_GetCode(status), msg);
   }
+}
+
+static void define(const char *name, const char *const *inputs, const char *const *outputs,
+                   const char *const *attrs, shape_fn_t shape_fn, TF_Status *status) {
+  define_op(name, inputs, outputs, attrs, shape_fn, false, status);
 }
 
 void tnt_tf__register_op_defs(TF_Status *status) {
@@ -93,4 +121,16 @@ void tnt_tf__register_op_defs(TF_Status *status) {
   define("TntAllreduce", tensor_in, tensor_out, allreduce_attrs, same_shape_as_tensor, status);
   if (TF_GetCode(status) != TF_OK) return;
   define("TntBroadcast", tensor_in, tensor_out, broadcast_attrs, same_shape_as_tensor, status);
+  if (TF_GetCode(status) != TF_OK) return;
+
+  static const char *const none[] = {NULL};
+  static const char *const shape_in[] = {"shape: int64", NULL};
+  static const char *const pipe_attrs[] = {TNT_TF_TYPE_ATTR, "group: int", "peer: int >= 0",
+                                           "tag: int >= 0", NULL};
+  static const char *const flush_attrs[] = {"group: int", NULL};
+  define_op("TntPipeSend", tensor_in, token_out, pipe_attrs, token_shape, true, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  define_op("TntPipeRecv", shape_in, tensor_out, pipe_attrs, unknown_shape, true, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  define_op("TntPipeFlush", none, token_out, flush_attrs, flush_shape, true, status);
 }

@@ -44,6 +44,7 @@
  * a constant or tf.shape of a tensor whose shape is static; gradients,
  * function arguments and variable reads are fine.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -465,6 +466,240 @@ static void broadcast_compute(void *kernel, TF_OpKernelContext *ctx) {
   collective_compute(ctx, "TntBroadcast", kernel, run_broadcast);
 }
 
+/* ---------------------------------------------------- pipeline transfers */
+
+/*
+ * Pipeline parallelism moves activations forward and their gradients
+ * backward between neighbouring stages, micro-batch by micro-batch:
+ *   TntPipeSend(tensor) -> token   posts the send and returns at once
+ *   TntPipeRecv(shape)  -> tensor  waits for the peer's tensor
+ *   TntPipeFlush()      -> token   waits until every posted send is done
+ * Unlike the fusion ops these are stateful: a pipeline schedule is an order
+ * of sends and receives that every stage must follow exactly (else two
+ * stages wait for each other), and TensorFlow keeps stateful ops in program
+ * order inside a tf.function.
+ *
+ * A send never blocks, so that neighbours that send to each other at the
+ * same time (a forward one way, a backward the other, as 1F1B does) both go
+ * on to their receives. The op keeps its input tensor, whose buffer libtnt
+ * reads until the send is done; TensorFlow does not reuse a buffer that
+ * someone else still references.
+ *
+ * The tag names the transfer: 2 * micro-batch + 0 for activations, + 1 for
+ * their gradients; the peer is a rank of the pipeline's group, which is the
+ * stage index. Both are only used to say what a failed wait waited for.
+ */
+
+typedef struct pipe_kernel {
+  int64_t group;
+  int64_t peer;
+  int64_t tag;
+  tnt_dtype_t dtype;
+} pipe_kernel_t;
+
+/* A posted send and the tensor it reads. */
+typedef struct pending_send {
+  tnt_request_t *req;
+  TF_Tensor *tensor;
+  int64_t group, peer, tag;
+  struct pending_send *next;
+} pending_send_t;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static pending_send_t *pending_sends;
+
+static void *pipe_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  pipe_kernel_t *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "group", &k->group, status) &&
+             get_int(ctx, "peer", &k->peer, status)) {
+    get_int(ctx, "tag", &k->tag, status);
+  }
+  return created(ctx, k, status);
+}
+
+static void *pipe_flush_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  pipe_kernel_t *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    get_int(ctx, "group", &k->group, status);
+  }
+  return created(ctx, k, status);
+}
+
+/* "the activations of micro-batch 3" or "the gradients of micro-batch 3". */
+static void describe_transfer(char *buf, size_t len, int64_t tag) {
+  snprintf(buf, len, "the %s of micro-batch %lld", tag % 2 == 0 ? "activations" : "gradients",
+           (long long)(tag / 2));
+}
+
+/* The group of a pipe kernel with its peer checked; NULL after failing. */
+static tnt_group_t *pipe_group(TF_OpKernelContext *ctx, const char *op, const pipe_kernel_t *k) {
+  tnt_group_t *g = find_group(ctx, op, k->group);
+  if (g != NULL && (k->peer >= tnt_group_size(g) || k->peer == tnt_group_rank(g))) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: peer %lld is not another rank of group %lld (%d ranks)",
+         op, (long long)k->peer, (long long)k->group, tnt_group_size(g));
+    return NULL;
+  }
+  return g;
+}
+
+/* Frees the sends of `group` (every group when 0) that are done, or all of
+ * them with `wait`, waiting for each; returns the first failure, described
+ * in `what`. */
+static tnt_status_t complete_sends(int64_t group, bool wait, char *what, size_t len) {
+  tnt_status_t first = TNT_OK;
+  pthread_mutex_lock(&pending_lock);
+  pending_send_t **link = &pending_sends;
+  while (*link != NULL) {
+    pending_send_t *p = *link;
+    if (group != 0 && p->group != group) {
+      link = &p->next;
+      continue;
+    }
+    tnt_status_t st = wait ? tnt_request_wait(p->req, -1.0) : tnt_request_test(p->req);
+    if (st == TNT_IN_PROGRESS) {
+      link = &p->next;
+      continue;
+    }
+    if (st < 0 && first == TNT_OK) {
+      first = st;
+      char transfer[64];
+      describe_transfer(transfer, sizeof transfer, p->tag);
+      snprintf(what, len, "sending %s to stage %lld", transfer, (long long)p->peer);
+    }
+    if (st == TNT_ERR_TIMEOUT) {
+      link = &p->next; /* still libtnt's: keep its tensor */
+      continue;
+    }
+    *link = p->next;
+    tnt_request_free(p->req);
+    TF_DeleteTensor(p->tensor);
+    free(p);
+  }
+  pthread_mutex_unlock(&pending_lock);
+  return first;
+}
+
+/* TntPipeSend: tensor -> token. Posts the send and returns. */
+static void pipe_send_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntPipeSend";
+  const pipe_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *tensor = NULL, *token = NULL;
+  pending_send_t *p = NULL;
+  char what[160];
+  tnt_group_t *g = pipe_group(ctx, op, k);
+  if (g == NULL) goto out;
+  token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
+  if (!ok(ctx, status)) goto out;
+  *(int64_t *)TF_TensorData(token) = k->tag;
+  TF_GetInput(ctx, 0, &tensor, status);
+  if (!ok(ctx, status)) goto out;
+  tnt_status_t st = complete_sends(k->group, false, what, sizeof what);
+  if (st < 0) {
+    fail_tnt(ctx, g, what, st);
+    goto out;
+  }
+  if ((p = calloc(1, sizeof *p)) == NULL) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory", op);
+    goto out;
+  }
+  st = tnt_isend(g, TF_TensorData(tensor), (size_t)TF_TensorElementCount(tensor), k->dtype,
+                 (int)k->peer, (int)k->tag, &p->req);
+  if (st < 0) {
+    char transfer[64];
+    describe_transfer(transfer, sizeof transfer, k->tag);
+    snprintf(what, sizeof what, "%s: sending %s to stage %lld", op, transfer, (long long)k->peer);
+    fail_tnt(ctx, g, what, st);
+    free(p);
+    goto out;
+  }
+  p->tensor = tensor; /* kept until the send is done */
+  tensor = NULL;
+  p->group = k->group;
+  p->peer = k->peer;
+  p->tag = k->tag;
+  pthread_mutex_lock(&pending_lock);
+  p->next = pending_sends;
+  pending_sends = p;
+  pthread_mutex_unlock(&pending_lock);
+out:
+  delete_tensors(tensor, token, NULL);
+  TF_DeleteStatus(status);
+}
+
+/* TntPipeRecv: shape -> the peer's tensor of that shape. */
+static void pipe_recv_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntPipeRecv";
+  const pipe_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *shape = NULL, *out = NULL;
+  int64_t dims[16];
+  tnt_group_t *g = pipe_group(ctx, op, k);
+  if (g == NULL) goto out;
+  TF_GetInput(ctx, 0, &shape, status);
+  if (!ok(ctx, status)) goto out;
+  const int64_t ndims = TF_TensorElementCount(shape);
+  if (TF_NumDims(shape) != 1 || ndims > 16) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: shape must be a vector of at most 16 dimensions", op);
+    goto out;
+  }
+  int64_t count = 1;
+  for (int64_t d = 0; d < ndims; ++d) {
+    dims[d] = ((const int64_t *)TF_TensorData(shape))[d];
+    if (dims[d] < 0) {
+      fail(ctx, TF_INVALID_ARGUMENT, "%s: dimension %lld of the shape is negative", op,
+           (long long)d);
+      goto out;
+    }
+    count *= dims[d];
+  }
+  const size_t bytes = (size_t)count * tnt_dtype_size(k->dtype);
+  out = TF_AllocateOutput(ctx, 0, TF_ExpectedOutputDataType(ctx, 0), dims, (int)ndims, bytes,
+                          status);
+  if (!ok(ctx, status)) goto out;
+  tnt_status_t st = tnt_recv(g, TF_TensorData(out), (size_t)count, k->dtype, (int)k->peer,
+                             (int)k->tag);
+  if (st < 0) {
+    char transfer[64], what[160];
+    describe_transfer(transfer, sizeof transfer, k->tag);
+    snprintf(what, sizeof what, "%s: waiting for %s from stage %lld", op, transfer,
+             (long long)k->peer);
+    fail_tnt(ctx, g, what, st);
+  }
+out:
+  delete_tensors(shape, out, NULL);
+  TF_DeleteStatus(status);
+}
+
+/* TntPipeFlush: -> token. Waits until every send of the group is done. */
+static void pipe_flush_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntPipeFlush";
+  const pipe_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *token = NULL;
+  char what[160];
+  tnt_group_t *g = find_group(ctx, op, k->group);
+  if (g == NULL) goto out;
+  token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
+  if (!ok(ctx, status)) goto out;
+  *(int64_t *)TF_TensorData(token) = 0;
+  tnt_status_t st = complete_sends(k->group, true, what, sizeof what);
+  if (st < 0) {
+    char full[200];
+    snprintf(full, sizeof full, "%s: %s", op, what);
+    fail_tnt(ctx, g, full, st);
+  }
+out:
+  delete_tensors(token, NULL, NULL);
+  TF_DeleteStatus(status);
+}
+
 /* ---------------------------------------------------------- registration */
 
 /*
@@ -485,6 +720,9 @@ __attribute__((constructor)) static void register_ops(void) {
       {"TntFusionFinish", fusion_create, fusion_finish_compute},
       {"TntAllreduce", allreduce_create, allreduce_compute},
       {"TntBroadcast", broadcast_create, broadcast_compute},
+      {"TntPipeSend", pipe_create, pipe_send_compute},
+      {"TntPipeRecv", pipe_create, pipe_recv_compute},
+      {"TntPipeFlush", pipe_flush_create, pipe_flush_compute},
   };
   TF_Status *status = TF_NewStatus();
   tnt_tf__register_op_defs(status);
