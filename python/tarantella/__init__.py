@@ -1,4 +1,4 @@
-"""Tarantella: data-parallel training of Keras models on many processes.
+"""Tarantella: data-parallel and pipelined training of Keras models on many processes.
 
     import tarantella as tnt
     tnt.init()
@@ -13,6 +13,7 @@ from tarantella.loops import allreduce
 from tarantella.loops import broadcast_variables
 from tarantella.model import Model
 from tarantella.optimizers import distribute as distribute_optimizer
+from tarantella.pipeline import ParallelStrategy
 from tarantella.runtime import TarantellaError
 from tarantella.runtime import get_local_rank
 from tarantella.runtime import get_local_size
@@ -24,6 +25,6 @@ from tarantella.runtime import is_master_rank
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "TarantellaError", "keras", "models", "data", "init", "get_rank", "get_size",
+__all__ = ["Model", "ParallelStrategy", "TarantellaError", "keras", "models", "data", "init", "get_rank", "get_size",
            "get_master_rank", "is_master_rank", "get_local_rank", "get_local_size",
            "DistributedGradientTape", "distribute_optimizer", "broadcast_variables", "allreduce"]

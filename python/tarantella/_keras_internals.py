@@ -30,6 +30,13 @@ _USED = (
     ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
     # Where fit starts when a backup is restored.
     ("Model._initial_epoch", "model", "_initial_epoch"),
+    # A pipelined step computes the loss and the metrics on the last stage,
+    # one micro-batch at a time, from outputs that the model's own call did
+    # not produce; Keras's train_step reaches them through these, and
+    # compute_loss would add every stage's regularization losses.
+    ("Trainer._compile_loss", "compiled", "_compile_loss"),
+    ("Trainer._compile_metrics", "compiled", "_compile_metrics"),
+    ("Trainer._loss_tracker", "compiled", "_loss_tracker"),
 )
 
 
@@ -45,6 +52,8 @@ def verify():
     bn.build((None, 2))
     instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
                  "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
+    instances["compiled"] = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    instances["compiled"].compile(optimizer="sgd", loss="mse", metrics=["mae"])
     for what, owner, attribute in _USED:
         target = instances[owner] if owner in instances else owner
         if not hasattr(target, attribute):
@@ -60,6 +69,42 @@ def _missing(what):
         f"Tarantella relies on the Keras internal {what}, which Keras {keras.__version__} does "
         "not have; use the Keras version Tarantella was tested with (3.15) or update "
         "tarantella/_keras_internals.py")
+
+
+def compiled_loss(model, y, y_pred, sample_weight):
+    """The loss that compile() set up, without the regularization losses."""
+    return model._compile_loss(y, y_pred, sample_weight) if model._compile_loss else None
+
+
+def compile_metrics(model):
+    """The metrics that compile() set up (a Keras metric container), or None."""
+    return model._compile_metrics
+
+
+def loss_tracker(model):
+    """The Mean metric behind the "loss" that fit and evaluate show."""
+    return model._loss_tracker
+
+
+def optimizer_slots(optimizer, variable_lists):
+    """For each list of model variables, the optimizer variables that belong
+    to them (momentums, velocities, ...). Keras names the optimizer variable
+    it makes for a model variable after the model variable's path
+    (Optimizer.add_variable_from_reference: "<path with _ for />_<name>"),
+    and has no public map between them."""
+    if optimizer is None:
+        return [[] for _ in variable_lists]
+    prefixes = []
+    for s, vs in enumerate(variable_lists):
+        prefixes += [(v.path.replace("/", "_") + "_", s) for v in vs]
+    prefixes.sort(key=lambda p: -len(p[0]))
+    out = [[] for _ in variable_lists]
+    for ov in optimizer.variables:
+        for prefix, s in prefixes:
+            if ov.name.startswith(prefix):
+                out[s].append(ov)
+                break
+    return out
 
 
 def flatten_layers(model):

@@ -82,14 +82,16 @@ def require_batched(info, what):
             "(dataset.batch(global_batch_size)) or pass tnt_micro_batch_size")
 
 
-def distribute(dataset, micro_batch_size=None, what="training"):
+def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     """The dataset of this rank's micro-batches.
 
     `dataset` is batched with the global batch size, or unbatched when
     `micro_batch_size` is given (then the global batch is micro_batch_size
-    times the number of ranks).
+    times the number of parts). `parts` = (this rank's part, the number of
+    parts) that every global batch is split into: by default one part per
+    rank; a pipeline's replicas share one part among their stages.
     """
-    size = runtime.get_size()
+    part, size = parts if parts is not None else (runtime.get_rank(), runtime.get_size())
     info = batch_info(dataset)
     if micro_batch_size is not None:
         if not runtime._is_whole_number(micro_batch_size) or micro_batch_size <= 0:
@@ -120,7 +122,7 @@ def distribute(dataset, micro_batch_size=None, what="training"):
     dataset = without_autotune_stalls(dataset)
     if size == 1:
         return dataset
-    return dataset.map(_slicer(runtime.get_rank(), size))
+    return dataset.map(_slicer(part, size))
 
 
 def without_autotune_stalls(dataset):

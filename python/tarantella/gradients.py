@@ -34,10 +34,13 @@ _DTYPES = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
 
 
 class GradientReducer:
-    """Fusion sets by gradient signature, created while tracing."""
+    """Fusion sets by gradient signature, created while tracing, over
+    `group` (a _core.create_group handle of `size` ranks; None: all ranks)."""
 
-    def __init__(self):
+    def __init__(self, group=None, size=None):
         self._sets = {}
+        self._group = group
+        self._size = size
 
     def _fusion(self, signature, count_id):
         fusion = self._sets.get(signature)
@@ -45,7 +48,7 @@ class GradientReducer:
             tensors = [(count_id, 1, "float32")]
             tensors += [(i, n, dt) for i, n, dt in signature]
             threshold = int(runtime.threshold_kb() * 1024)
-            fusion = _core.Fusion(tensors, threshold, "sum")
+            fusion = _core.Fusion(tensors, threshold, "sum", group=self._group)
             log.logger.debug("fusion set: %d tensors in %d buckets (threshold %d bytes)",
                              len(tensors), fusion.num_buckets, threshold)
             self._sets[signature] = fusion
@@ -56,7 +59,7 @@ class GradientReducer:
         `local_count` samples (a float32 scalar read from a variable). No
         gradient enters its bucket before the tensors `after` exist. Runs at
         trace time; returns new tensors."""
-        if runtime.get_size() == 1:
+        if (runtime.get_size() if self._size is None else self._size) == 1:
             return list(grads)
         dense = []
         for g in grads:

@@ -23,6 +23,13 @@ extension points:
   that plain Keras loads;
 * output (progress bars, ``summary``) comes from the master rank only,
   unless TNT_OUTPUT_ON_ALL_DEVICES is set.
+
+With ``parallel_strategy=ParallelStrategy.PIPELINING`` (or ``ALL``) the
+model is cut into stages at its SplitLayers and each rank trains one stage
+(pipeline/): ``train_step`` and ``test_step`` run the rank's stage on
+micro-batches, the datasets are split among the replicas of the pipeline
+instead of among all ranks, and the whole model is gathered on every rank
+before it is saved, its weights are read, or it predicts.
 """
 import contextlib
 import hashlib
@@ -44,6 +51,8 @@ from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
+from tarantella.pipeline import stage as pipeline_stage
+from tarantella.pipeline.layout import ParallelStrategy
 
 
 def _steps(dataset, steps=None):
@@ -65,11 +74,18 @@ class _State:
         self.broadcast_pending = True
         self.with_local = False
         self.saves_of_this_rank = False
+        self.pipeline = None  # a pipeline.stage.Pipeline when pipelined
 
 
 class Model(keras.Model):
-    """``tnt.Model(model)``: `model` (a keras.Model) made to train on all
-    ranks; returns `model` itself, now also an instance of tnt.Model."""
+    """``tnt.Model(model, parallel_strategy=ParallelStrategy.DATA,
+    num_micro_batches=None)``: `model` (a keras.Model) made to train on all
+    ranks; returns `model` itself, now also an instance of tnt.Model.
+
+    With PIPELINING or ALL, `model` (functional or Sequential) is cut at its
+    SplitLayers into K stages; PIPELINING needs K ranks, ALL a multiple of K
+    (replicas of the pipeline). `num_micro_batches` (default 2 K) splits
+    each replica's share of a global batch."""
 
     def __new__(cls, *args, **kwargs):
         if cls is not Model:
@@ -77,16 +93,41 @@ class Model(keras.Model):
             # from_config of the class): build the original, distribute it.
             return Model(cls._tnt_base(*args, **kwargs))
         model = args[0] if args else kwargs.pop("model", None)
+        strategy = kwargs.pop("parallel_strategy", ParallelStrategy.DATA)
+        num_micro_batches = kwargs.pop("num_micro_batches", None)
+        if kwargs or len(args) > 1:
+            raise TypeError(f"tnt.Model takes a model, parallel_strategy and num_micro_batches; "
+                            f"got also {sorted(kwargs) or args[1:]}")
         runtime.require_init()
         if not isinstance(model, keras.Model):
             raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
-        if not isinstance(model, Model):
-            subclass.add_mixin(model, Model)
-            model._tnt = _State()
+        if not isinstance(strategy, ParallelStrategy):
+            raise runtime.TarantellaError(
+                f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
+                "ParallelStrategy.DATA, PIPELINING or ALL")
+        pipelined = ParallelStrategy.PIPELINING in strategy
+        if num_micro_batches is not None and not pipelined:
+            raise runtime.TarantellaError(
+                "num_micro_batches applies to pipelined models only: pass "
+                "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
+        if isinstance(model, Model):
+            if pipelined and model._tnt.pipeline is None:
+                raise runtime.TarantellaError(
+                    f"model '{model.name}' is a data-parallel tnt.Model already; pipeline the "
+                    "original Keras model instead")
+            return model
+        pipeline = (pipeline_stage.Pipeline(model, strategy, num_micro_batches)
+                    if pipelined else None)
+        subclass.add_mixin(model, Model)
+        model._tnt = _State()
+        if pipeline is not None:
+            model._tnt.pipeline = pipeline
+            model._tnt.resources = pipeline.resources()
+        else:
             batch_norm.synchronize(model)
-            if model.compiled:
-                # A model loaded compiled: distribute it as compile would.
-                model._tnt_compiled()
+        if model.compiled:
+            # A model loaded compiled: distribute it as compile would.
+            model._tnt_compiled()
         return model
 
     def __init__(self, *args, **kwargs):
@@ -109,6 +150,9 @@ class Model(keras.Model):
     # ---------------------------------------------------------------- steps
 
     def train_step(self, data):
+        if self._tnt.pipeline is not None:
+            with step.model_step(self._tnt.resources, data):
+                return self._tnt.pipeline.train_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
             # Every optimizer the model holds averages its gradients, also
             # those a train_step of the model's own applies.
@@ -116,6 +160,9 @@ class Model(keras.Model):
             return metrics.global_logs(self, super().train_step(data), current)
 
     def test_step(self, data):
+        if self._tnt.pipeline is not None:
+            with step.model_step(self._tnt.resources, data):
+                return self._tnt.pipeline.test_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
             return metrics.global_logs(self, super().test_step(data), current)
 
@@ -158,6 +205,8 @@ class Model(keras.Model):
         self._tnt.broadcast_pending = False
         if runtime.get_size() == 1:
             return
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.gather(self)  # the master's copy of every stage is current
         weights = super().get_weights()
         signature = ";".join(f"{w.dtype}{w.shape}" for w in weights).encode()
         digest = int(np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64)[0])
@@ -180,7 +229,17 @@ class Model(keras.Model):
             self(x)
         if self._tnt.broadcast_pending:
             self._tnt_broadcast_weights()
-        batch_norm.average_moving_statistics(self)
+        if self._tnt.pipeline is None:
+            batch_norm.average_moving_statistics(self)
+        else:
+            self._tnt.pipeline.build_state(self, dataset)
+
+    def get_weights(self):
+        """The weights of the whole model (collective when pipelined: every
+        rank gathers the stages)."""
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.gather(self)
+        return super().get_weights()
 
     def set_weights(self, weights):
         """Sets the weights on every rank to the master's `weights`
@@ -235,7 +294,10 @@ class Model(keras.Model):
                                               "it or pass overwrite=True")
             saving.write_atomically(filepath, write)
             return
-        batch_norm.average_moving_statistics(self)
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.gather(self)
+        else:
+            batch_norm.average_moving_statistics(self)
         saving.write_on_master(filepath, overwrite, all_devices, write)
 
     @contextlib.contextmanager
@@ -279,7 +341,7 @@ class Model(keras.Model):
             return None
         elif data.is_array_like(x):
             if micro_batch_size is not None and batch_size is None:
-                batch_size = micro_batch_size * runtime.get_size()
+                batch_size = micro_batch_size * self._tnt_replicas()[1]
             ds = data.from_arrays(x, y, sample_weight, batch_size, shuffle)
         else:
             raise runtime.TarantellaError(
@@ -291,12 +353,22 @@ class Model(keras.Model):
             return ds
         if data.is_array_like(x):
             micro_batch_size = None  # already batched with the global batch
-        ds = data.distribute(ds, micro_batch_size, what)
+        ds = data.distribute(ds, micro_batch_size, what, self._tnt_replicas())
         info = data.batch_info(ds)
-        if info.size is not None and what == "training":
+        if info.size is not None and what == "training" and self._tnt.pipeline is None:
             batch_norm.warn_small_micro_batches(
                 self, min(data.micro_batch_sizes(info.size, runtime.get_size())), what)
+        if self._tnt.pipeline is not None and what == "training":
+            self._tnt.pipeline.describe(info.size)
         return ds
+
+    def _tnt_replicas(self):
+        """(this rank's part, the number of parts) a global batch is split
+        into: one per rank, or one per replica of the pipeline."""
+        if self._tnt.pipeline is not None:
+            layout = self._tnt.pipeline.layout
+            return layout.replica, layout.num_replicas
+        return runtime.get_rank(), runtime.get_size()
 
     # ---------------------------------------------------------------- Keras API
 
@@ -340,7 +412,10 @@ class Model(keras.Model):
         # Shuffling is the dataset's business (arrays were shuffled above).
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                               validation_data=val, shuffle=False, **kwargs)
-        batch_norm.average_moving_statistics(self)
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.gather(self)
+        else:
+            batch_norm.average_moving_statistics(self)
         history.history = {k: v for k, v in history.history.items()
                            if not k.startswith(tnt_callbacks.LOCAL_PREFIX)}
         return history
@@ -350,9 +425,13 @@ class Model(keras.Model):
         callback asks for this rank's own logs, the steps also return local
         metrics, and the progress bar is one that hides them."""
         cbs = tnt_callbacks.distribute(callbacks)
-        averaging = batch_norm.averaging_callback(self, list(callbacks or []))
-        if averaging is not None:
-            cbs.insert(0, averaging)
+        if self._tnt.pipeline is not None:
+            cbs.insert(0, pipeline_stage.GatherCallback(
+                self._tnt.pipeline, pipeline_stage.saves_within_epochs(list(callbacks or []))))
+        else:
+            averaging = batch_norm.averaging_callback(self, list(callbacks or []))
+            if averaging is not None:
+                cbs.insert(0, averaging)
         with_local = tnt_callbacks.wants_local_logs(cbs)
         if with_local != self._tnt.with_local:
             self._tnt.with_local = with_local
@@ -412,6 +491,8 @@ class Model(keras.Model):
             return super().predict(ds, verbose=verbose, **kwargs)
         dist = ds if micro_done else data.distribute(ds, None, "prediction")
         self._tnt_prepare(dist)
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.gather(self)  # every rank predicts with the whole model
         local = super().predict(dist, verbose=verbose, **kwargs)
         return data.gather_batches(local, info.size)
 

@@ -42,3 +42,18 @@ def allreduce(tensor, group, op="sum"):
 
 def broadcast(tensor, group, root=0):
     return library().tnt_broadcast(tensor, group=group, root=root)
+
+
+def pipe_send(tensor, group, peer, tag):
+    """Posts `tensor` to rank `peer` of `group`; returns a token at once."""
+    return library().tnt_pipe_send(tensor, group=group, peer=peer, tag=tag)
+
+
+def pipe_recv(shape, dtype, group, peer, tag):
+    """The tensor of `shape` (an int64 vector) that rank `peer` sends."""
+    return library().tnt_pipe_recv(shape, T=dtype, group=group, peer=peer, tag=tag)
+
+
+def pipe_flush(group):
+    """Waits until every send posted to `group` is done; returns a token."""
+    return library().tnt_pipe_flush(group=group)

@@ -94,10 +94,11 @@ def disagreements(values):
     return out
 
 
-def broadcast_arrays(arrays, root=MASTER_RANK):
+def broadcast_arrays(arrays, root=MASTER_RANK, group=None):
     """Copies of NumPy `arrays` holding rank `root`'s values, on every rank
-    (one broadcast of their bytes). Collective: every rank passes arrays of
-    the same dtypes and shapes."""
+    (one broadcast of their bytes); with `group` (a handle of
+    _core.create_group) among that group's ranks, `root` a rank of the group.
+    Collective: every rank passes arrays of the same dtypes and shapes."""
     import numpy as np
     arrays = [np.ascontiguousarray(a) for a in arrays]
     if not arrays or get_size() == 1:
@@ -105,7 +106,7 @@ def broadcast_arrays(arrays, root=MASTER_RANK):
     blob = np.concatenate([a.view(np.uint8).ravel() for a in arrays])
     padded = np.zeros((blob.size + 7) // 8 * 8, dtype=np.uint8)
     padded[:blob.size] = blob
-    _core.broadcast(padded.view(np.int64), root=root)
+    _core.broadcast(padded.view(np.int64), root=root, group=group)
     out, offset = [], 0
     for a in arrays:
         out.append(padded[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))

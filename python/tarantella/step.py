@@ -30,10 +30,12 @@ class Resources:
     """What the steps of one model (or of the custom loops) keep across
     traces: fusion sets by gradient signature, and the variable that
     carries the step's sample count (a variable, so that TensorFlow cannot
-    treat the count as a constant; see gradients.py)."""
+    treat the count as a constant; see gradients.py). Gradients are averaged
+    over `group` (a _core.create_group handle of `group_size` ranks; None:
+    all ranks)."""
 
-    def __init__(self):
-        self.reducer = gradients.GradientReducer()
+    def __init__(self, group=None, group_size=None):
+        self.reducer = gradients.GradientReducer(group, group_size)
         self.count_var = tf.Variable(0.0, trainable=False, dtype=tf.float32,
                                      name="tnt_local_samples")
 

@@ -1,4 +1,5 @@
-"""Keras-shaped helpers of Tarantella (``tnt.keras.callbacks``)."""
+"""Keras-shaped helpers of Tarantella (``tnt.keras.callbacks``, ``tnt.keras.layers``)."""
 from tarantella.keras import callbacks
+from tarantella.keras import layers
 
-__all__ = ["callbacks"]
+__all__ = ["callbacks", "layers"]

@@ -1,0 +1,15 @@
+"""Pipeline parallelism: a model cut into stages at its SplitLayers, one
+stage per rank, fed with micro-batches; with ParallelStrategy.ALL, several
+replicas of the pipeline train data-parallel.
+
+* layers.py     SplitLayer, the mark of a cut
+* partition.py  the stages of a model, as Keras models sharing its layers
+* layout.py     ParallelStrategy; which rank runs which stage; the groups
+* schedule.py   1F1B and GPipe
+* stage.py      the pipelined training and evaluation steps; gathering the
+                whole model for saving
+"""
+from tarantella.pipeline.layers import SplitLayer
+from tarantella.pipeline.layout import ParallelStrategy
+
+__all__ = ["SplitLayer", "ParallelStrategy"]

@@ -1,0 +1,175 @@
+"""Cutting a Keras model into pipeline stages at its SplitLayers.
+
+The model's graph is read from its configuration (``get_config()``, the
+public description Keras saves). A layer's stage is the number of
+SplitLayers on the deepest path from the inputs to it; every SplitLayer
+ends its stage, and its output is an input of the next. A stage is then
+built as a Keras model of its own, from the cut tensors to the next cut
+(``keras.Model(inputs, outputs)`` on tensors inside the model): it shares
+the original layers, hence their weights.
+
+The cut must be clean: a tensor may only cross a cut through a SplitLayer,
+and only into the very next stage; the model's outputs come from the last
+stage; every stage holds at least one layer; no layer is used by two
+stages. Anything else is an error that names the layer and what to change.
+"""
+import keras
+import numpy as np
+
+from tarantella import runtime
+from tarantella.pipeline.layers import SplitLayer
+
+
+def _history(obj, out):
+    """The producer layer names of every Keras tensor in a serialized
+    argument structure."""
+    if isinstance(obj, dict):
+        if obj.get("class_name") == "__keras_tensor__":
+            out.append(obj["config"]["keras_history"][0])
+            return
+        for v in obj.values():
+            _history(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _history(v, out)
+
+
+def _functional(model):
+    if isinstance(model, keras.Sequential):
+        if not model.built or not model.inputs:
+            raise runtime.TarantellaError(
+                "a pipelined Sequential model needs a known input shape: start it with "
+                "keras.Input(shape=...)")
+        return keras.Model(model.inputs, model.outputs, name=model.name)
+    if not hasattr(model, "inputs") or not model.inputs or "input_layers" not in model.get_config():
+        raise runtime.TarantellaError(
+            f"model '{model.name}' is not a functional or Sequential model; pipelining cuts a "
+            "model's graph, so build it with the functional API (keras.Model(inputs, outputs)) "
+            "or keras.Sequential")
+    return model
+
+
+class Partition:
+    """The stages of a model: ``stages[s]`` is the Keras model of stage s;
+    ``variables[s]`` its weights; ``description()`` a table for the log."""
+
+    def __init__(self, model):
+        fm = _functional(model)
+        config = fm.get_config()
+        producers, kinds, uses = {}, {}, {}
+        order = []
+        for layer_config in config["layers"]:
+            name = layer_config["name"]
+            order.append(name)
+            found = []
+            for node in layer_config.get("inbound_nodes", []):
+                _history(node, found)
+            producers[name] = found
+            kinds[name] = layer_config["class_name"]
+            uses[name] = len(layer_config.get("inbound_nodes", []))
+        layers = {name: fm.get_layer(name) for name in order}
+        is_split = {n: isinstance(layers[n], SplitLayer) for n in order}
+        for n in order:
+            if is_split[n]:
+                if len(producers[n]) != 1:
+                    raise runtime.TarantellaError(
+                        f"SplitLayer '{n}' has {len(producers[n])} inputs; a SplitLayer cuts "
+                        "one tensor: put one SplitLayer on each tensor that crosses the cut")
+                if uses[n] != 1:
+                    raise runtime.TarantellaError(
+                        f"SplitLayer '{n}' is used {uses[n]} times; use each SplitLayer once")
+
+        # The stage of each layer: SplitLayers on the deepest path to it.
+        stage = {}
+        for _ in range(len(order) + 1):
+            changed = False
+            for n in order:
+                s = max([stage.get(p, 0) + (1 if is_split[p] else 0) for p in producers[n]],
+                        default=0)
+                if stage.get(n) != s:
+                    stage[n], changed = s, True
+            if not changed:
+                break
+        for n in order:
+            for p in producers[n]:
+                want = stage[p] + (1 if is_split[p] else 0)
+                if stage[n] != want:
+                    via = (f"the output of SplitLayer '{p}' (the input of stage {want})"
+                           if is_split[p] else f"the output of layer '{p}' (stage {stage[p]})")
+                    raise runtime.TarantellaError(
+                        f"{via} is used by layer '{n}' in stage {stage[n]}: a tensor may only "
+                        "cross a cut through a SplitLayer, into the next stage; put a "
+                        "SplitLayer on it at every cut it crosses")
+        num_stages = 1 + max([stage[n] + (1 if is_split[n] else 0) for n in order], default=0)
+        self.num_stages = num_stages
+        outputs = config["output_layers"]
+        if outputs and isinstance(outputs[0], str):
+            outputs = [outputs]  # one output: [name, node, index]
+        output_names = [entry[0] for entry in outputs]
+        for n in output_names:
+            if is_split[n] or stage[n] != num_stages - 1:
+                raise runtime.TarantellaError(
+                    f"the model's output '{n}' is computed in stage {stage[n]}, but outputs "
+                    f"must come from the last stage ({num_stages - 1}): move the SplitLayers "
+                    "so that every output is after the last cut")
+        members = [[] for _ in range(num_stages)]
+        for n in order:
+            if kinds[n] != "InputLayer" and not is_split[n]:
+                members[stage[n]].append(n)
+        for s, names in enumerate(members):
+            if not names:
+                raise runtime.TarantellaError(
+                    f"pipeline stage {s} holds no layer (two cuts with nothing between them, "
+                    "or a cut right at the inputs): remove a SplitLayer")
+        self.layer_names = members
+        self.cut_names = [[n for n in order if is_split[n] and stage[n] == s]
+                          for s in range(num_stages - 1)]
+
+        self.stages = []
+        for s in range(num_stages):
+            inputs = fm.inputs if s == 0 else [layers[n].output for n in self.cut_names[s - 1]]
+            outputs = (fm.outputs if s == num_stages - 1
+                       else [layers[n].output for n in self.cut_names[s]])
+            self.stages.append(keras.Model(inputs, outputs, name=f"{fm.name}_stage_{s}"))
+        self.variables = [list(m.weights) for m in self.stages]
+        owner = {}
+        for s, vs in enumerate(self.variables):
+            for v in vs:
+                if owner.setdefault(id(v), s) != s:
+                    raise runtime.TarantellaError(
+                        f"the weight {v.path} is used by stages {owner[id(v)]} and {s}; a "
+                        "layer's weights belong to one stage: do not share a layer across a cut")
+        # What crosses each cut, per sample: (shape without the batch axis, dtype).
+        self.cut_specs = []
+        for s in range(num_stages - 1):
+            specs = []
+            for t, n in zip(self.stages[s + 1].inputs, self.cut_names[s]):
+                shape = tuple(t.shape[1:])
+                if any(d is None for d in shape):
+                    raise runtime.TarantellaError(
+                        f"the tensor cut by SplitLayer '{n}' has the shape {tuple(t.shape)}; "
+                        "every dimension but the batch must be known to send it between "
+                        "stages: give the layers before the cut static shapes")
+                specs.append((shape, t.dtype))
+            self.cut_specs.append(specs)
+
+    def description(self, micro_batch_size=None):
+        """Per stage: its layers, parameters and their bytes; per cut: the
+        bytes of one sample (and of a micro-batch of `micro_batch_size`)."""
+        lines = []
+        for s in range(self.num_stages):
+            params = sum(int(np.prod(v.shape)) for v in self.variables[s])
+            nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                         for v in self.variables[s])
+            names = self.layer_names[s]
+            shown = ", ".join(names[:6]) + (f", ... ({len(names)} layers)" if len(names) > 6
+                                            else "")
+            lines.append(f"stage {s}: {params} parameters ({nbytes / 2**20:.2f} MiB): {shown}")
+            if s < self.num_stages - 1:
+                per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+                                 for shape, dtype in self.cut_specs[s])
+                per_mb = (f", {per_sample * micro_batch_size} bytes per micro-batch of "
+                          f"{micro_batch_size}" if micro_batch_size else "")
+                lines.append(f"  cut {s} -> {s + 1} ({', '.join(self.cut_names[s])}): "
+                             f"{per_sample} bytes per sample{per_mb}")
+        return lines

@@ -1,0 +1,278 @@
+"""A pipelined tnt.Model's steps: this rank runs its stage of the model on
+the micro-batches of its replica's share of each global batch.
+
+A training step of stage s (inside Keras's traced train function):
+
+1. the replica's batch of n samples is split into M micro-batches of
+   n // M samples, one more for the first n % M (as data.py splits a global
+   batch among ranks);
+2. the schedule (schedule.py) runs: a forward receives the micro-batch's
+   activations from stage s - 1 (stage 0 reads the data), runs the stage
+   under a GradientTape and sends the outputs to stage s + 1; the last stage
+   computes the loss and updates the metrics. A backward receives the
+   gradients of the stage's outputs, differentiates, sends the gradients of
+   the stage's inputs back, and adds the weight gradients to the step's sum;
+3. micro-batch i's loss is weighted by n_i / n, so the sum is the gradient
+   of the replica's mean loss; the optimizer then averages it over the
+   replicas of the stage, weighted by each replica's n (gradients.py), which
+   gives the gradient of the global batch's mean loss: what serial Keras
+   computes for that batch.
+
+Metrics are the last stage's: every other stage leaves its metric state at
+zero, so the global results, computed from the sum of every rank's state
+(metrics.py), are those of the last stages of all replicas. The loss shown
+also holds the regularization losses of every stage.
+
+Every stage holds the whole Keras model, but trains only its stage's
+weights; gather() copies every stage's weights (and its optimizer's slots)
+from the rank that trains them to the other ranks of the pipeline, before
+the model is saved or its weights are read.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import _keras_internals as internals
+from tarantella import log
+from tarantella import ops
+from tarantella import runtime
+from tarantella import step
+from tarantella.pipeline import partition as partition_lib
+from tarantella.pipeline import schedule as schedule_lib
+from tarantella.pipeline.layout import Layout
+
+MAX_MICRO_BATCHES = 16383  # tags of libtnt's transfers: 2 per micro-batch, < 32768
+
+
+class Pipeline:
+    """The pipeline of one tnt.Model on this rank."""
+
+    def __init__(self, model, strategy, num_micro_batches):
+        if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
+              or num_micro_batches > MAX_MICRO_BATCHES):
+            raise runtime.TarantellaError(
+                f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
+                f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
+        self.partition = partition_lib.Partition(model)
+        k = self.partition.num_stages
+        if k < 2:
+            raise runtime.TarantellaError(
+                f"model '{model.name}' has no SplitLayer, so it cannot be pipelined: put "
+                "tnt.keras.layers.SplitLayer() on the tensors where the model is to be cut, "
+                "or use ParallelStrategy.DATA")
+        self.layout = Layout(strategy, k)
+        self.num_micro_batches = int(num_micro_batches or 2 * k)
+        self.schedule_name = schedule_lib.name_from_environment()
+        self.stage = self.layout.stage
+        self.model = self.partition.stages[self.stage]
+        self.trainable = list(self.model.trainable_variables)
+        self.described = False
+
+    # ------------------------------------------------------------- placement
+
+    @property
+    def num_replicas(self):
+        return self.layout.num_replicas
+
+    def resources(self):
+        """The step resources: gradients average over the stage's replicas."""
+        return step.Resources(self.layout.replica_group, self.layout.num_replicas)
+
+    def describe(self, global_batch=None):
+        """Logs the partition once, on the master."""
+        if self.described:
+            return
+        self.described = True
+        mbs = None
+        if global_batch:
+            mbs = max(1, global_batch // (self.num_replicas * self.num_micro_batches))
+        ops_ = schedule_lib.training(self.schedule_name, 0, self.partition.num_stages,
+                                     self.num_micro_batches)
+        log.logger.info(
+            "pipeline: %d stages x %d replicas, %d micro-batches per step, schedule %s "
+            "(stage 0 holds at most %d micro-batches' activations)", self.partition.num_stages,
+            self.num_replicas, self.num_micro_batches, self.schedule_name,
+            schedule_lib.in_flight(ops_))
+        for line in self.partition.description(mbs):
+            log.logger.info("pipeline: %s", line)
+
+    def build_state(self, model, dataset):
+        """Builds the optimizer, and the compiled metrics from a batch of
+        `dataset` (Keras builds them at their first update, which only the
+        last stage makes; every rank needs them built to add their state
+        up)."""
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            # For every weight, so that the slots are alike on every rank
+            # and gather() can copy each stage's from its rank.
+            optimizer.build(model.trainable_variables)
+        metrics = internals.compile_metrics(model)
+        if metrics is None or metrics.built or dataset is None:
+            return
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
+        metrics.build(y, model(x, training=False))
+
+    # ------------------------------------------------------------- the steps
+
+    def _split(self, structure, sizes):
+        m = self.num_micro_batches
+        if structure is None:
+            return [None] * m
+        flat = tf.nest.flatten(structure)
+        parts = [tf.split(t, sizes, num=m) if t is not None else [None] * m for t in flat]
+        return [tf.nest.pack_sequence_as(structure, [p[i] for p in parts]) for i in range(m)]
+
+    def _recv(self, spec, n, peer, tag, after):
+        shape, dtype = spec
+        dims = tf.concat([tf.reshape(tf.cast(n, tf.int64), [1]),
+                          tf.constant(shape, dtype=tf.int64, shape=[len(shape)])], axis=0)
+        with tf.control_dependencies(after):
+            t = ops.pipe_recv(dims, tf.as_dtype(dtype), self.layout.pipeline_group, peer, tag)
+        t.set_shape((None,) + tuple(shape))
+        return t
+
+    def _send(self, tensor, dtype, peer, tag):
+        return ops.pipe_send(tf.cast(tensor, dtype), self.layout.pipeline_group, peer, tag)
+
+    def _run(self, model, data, training):
+        """Runs this stage's schedule on `data`; returns the summed weight
+        gradients (training) or None."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        k, s, m = self.partition.num_stages, self.stage, self.num_micro_batches
+        last = s == k - 1
+        first_x = next(t for t in tf.nest.flatten(x) if t is not None)
+        n = tf.shape(first_x)[0]
+        sizes = tf.stack([n // m + tf.cast(i < n % m, tf.int32) for i in range(m)])
+        xs = self._split(x, sizes) if s == 0 else [None] * m
+        ys = self._split(y, sizes) if last else [None] * m
+        ws = self._split(sample_weight, sizes) if last else [None] * m
+        in_specs = self.partition.cut_specs[s - 1] if s > 0 else None
+        out_specs = self.partition.cut_specs[s] if not last else None
+        tracker = internals.loss_tracker(model)
+        compiled_metrics = internals.compile_metrics(model)
+        nf = tf.cast(n, tf.float32)
+        ops_ = (schedule_lib.training(self.schedule_name, s, k, m) if training
+                else schedule_lib.inference(m))
+        saved, grads, after = {}, None, []
+        for kind, i in ops_:
+            n_i = sizes[i]
+            scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), nf)
+            if kind == "F":
+                if s == 0:
+                    with tf.control_dependencies(after):
+                        inputs = tf.nest.map_structure(tf.identity, xs[i])
+                else:
+                    inputs = [self._recv(spec, n_i, s - 1, 2 * i, after) for spec in in_specs]
+                    after = []
+                    if len(inputs) == 1:
+                        inputs = inputs[0]
+                with tf.GradientTape() as tape:
+                    tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+                               if s > 0 else [])
+                    outputs = self.model(inputs, training=training)
+                    objective = tf.constant(0.0)
+                    reg = [tf.cast(l, tf.float32) for l in self.model.losses]
+                    reg = tf.add_n(reg) if reg else None
+                    if last:
+                        loss = internals.compiled_loss(model, ys[i], outputs, ws[i])
+                        loss = tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
+                        total = loss + reg if reg is not None else loss
+                        objective = total * scale
+                    elif reg is not None:
+                        objective = reg * scale
+                if last:
+                    tracker.update_state(total, sample_weight=n_i)
+                    if compiled_metrics is not None:
+                        compiled_metrics.update_state(ys[i], outputs, ws[i])
+                    after = [total]
+                else:
+                    if reg is not None:
+                        tracker.total.assign_add(tf.cast(reg * tf.cast(n_i, tf.float32),
+                                                         tracker.total.dtype))
+                    outs = tf.nest.flatten(outputs)
+                    after = [self._send(o, spec[1], s + 1, 2 * i)
+                             for o, spec in zip(outs, out_specs)]
+                if training:
+                    saved[i] = (tape, inputs, outputs, objective)
+                continue
+            tape, inputs, outputs, objective = saved.pop(i)
+            # The stage's outputs are differentiated with the received
+            # gradients (a vector-Jacobian product), its own loss with 1.
+            targets, seeds = [objective], [tf.ones_like(objective)]
+            if not last:
+                for o, spec in zip(tf.nest.flatten(outputs), out_specs):
+                    if tf.as_dtype(spec[1]).is_floating:
+                        targets.append(o)
+                        seeds.append(tf.cast(self._recv(spec, n_i, s + 1, 2 * i + 1, after),
+                                             o.dtype))
+                        after = []
+            # Gradients flow back through the floating inputs only.
+            float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
+                        if t.dtype.is_floating]
+            sources = list(self.trainable) + float_in
+            got = tape.gradient(targets, sources, output_gradients=seeds)
+            got = [tf.zeros(v.shape, dtype=v.dtype) if g is None else
+                   tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                   for g, v in zip(got, sources)]
+            w_grads = got[:len(self.trainable)]
+            grads = w_grads if grads is None else [a + b for a, b in zip(grads, w_grads)]
+            after = w_grads[:1]
+            back = [spec for spec in (in_specs or []) if tf.as_dtype(spec[1]).is_floating]
+            for g, spec in zip(got[len(self.trainable):], back):
+                after.append(self._send(g, spec[1], s - 1, 2 * i + 1))
+        flush = ops.pipe_flush(self.layout.pipeline_group)
+        if grads is None:
+            return None
+        with tf.control_dependencies([flush]):
+            return [tf.identity(g) for g in grads]
+
+    def train_step(self, model, data):
+        grads = self._run(model, data, training=True)
+        if self.trainable:
+            model.optimizer.apply(grads, self.trainable)
+        return model.get_metrics_result()
+
+    def test_step(self, model, data):
+        self._run(model, data, training=False)
+        return model.get_metrics_result()
+
+    # ------------------------------------------------------------- the whole model
+
+    def gather(self, model):
+        """Every rank of each pipeline gets every stage's weights and
+        optimizer slots from the rank that trains them. Collective."""
+        optimizer = getattr(model, "optimizer", None)
+        slots = internals.optimizer_slots(optimizer, self.partition.variables)
+        for s in range(self.partition.num_stages):
+            variables = list(self.partition.variables[s]) + slots[s]
+            if not variables:
+                continue
+            values = runtime.broadcast_arrays([np.asarray(v.numpy()) for v in variables], root=s,
+                                              group=self.layout.pipeline_group)
+            if s != self.stage:
+                for v, value in zip(variables, values):
+                    v.assign(value)
+
+
+class GatherCallback(keras.callbacks.Callback):
+    """Gathers the whole model on every rank at each epoch's end (and after
+    every batch when `every_batch`), before the callbacks that save it or
+    read its weights."""
+
+    def __init__(self, pipeline, every_batch):
+        super().__init__()
+        self.pipeline = pipeline
+        self.every_batch = every_batch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.pipeline.gather(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.every_batch:
+            self.pipeline.gather(self.model)
+
+
+def saves_within_epochs(callbacks):
+    """True when a callback saves the model every few batches."""
+    return any(isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore))
+               and isinstance(getattr(cb, "save_freq", "epoch"), int) for cb in callbacks)
