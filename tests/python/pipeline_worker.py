@@ -1,0 +1,117 @@
+"""Pipelined training, serially (plain Keras) or on the ranks of a Tarantella job.
+
+  pipeline_worker.py CASE --out DIR [--serial] [--stages K] [--replicas R]
+                     [--optimizer NAME] [--micro-batches M]
+
+Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
+evaluate's results, predictions, and the weights of the whole model):
+  mlp    dense layers with a SplitLayer after each of the first K - 1 (regression)
+  skip   two tensors cross each cut (a skip connection around the first
+         layers of each stage, through its own SplitLayer)
+  cls    a classifier (sparse categorical cross-entropy, accuracy), with L2
+         regularization on every stage's kernel
+150 samples in global batches of 20: the replicas and the micro-batches get
+unequal shares, and the last batch is partial. With --save PATH the model
+is saved after training (the master writes it).
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+import tarantella as tnt  # noqa: E402
+
+SAMPLES, BATCH, EPOCHS = 150, 20, 3
+Split = tnt.keras.layers.SplitLayer
+
+
+def data(case):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(SAMPLES, 6)).astype(np.float32)
+    if case == "cls":
+        y = np.argmax(x @ rng.normal(size=(6, 4)), axis=1).astype(np.int32)
+    else:
+        y = (np.tanh(x @ rng.normal(size=(6, 3)))).astype(np.float32)
+    return x, y
+
+
+def build(case, stages):
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((6,), name="x")
+    reg = keras.regularizers.L2(1e-3) if case == "cls" else None
+    h = keras.layers.Dense(12, activation="tanh", kernel_regularizer=reg, name="d0")(inputs)
+    skip = keras.layers.Dense(5, name="s0")(inputs) if case == "skip" else None
+    for k in range(1, stages):
+        h = Split(name=f"cut{k}")(h)
+        if skip is not None:
+            skip = Split(name=f"cut{k}_skip")(skip)
+            h = keras.layers.Concatenate(name=f"join{k}")([h, skip])
+            skip = keras.layers.Dense(5, name=f"s{k}")(h)
+        h = keras.layers.Dense(12, activation="tanh", kernel_regularizer=reg, name=f"d{k}")(h)
+    out = keras.layers.Dense(4 if case == "cls" else 3, name="out")(h)
+    return keras.Model(inputs, out, name=f"{case}{stages}")
+
+
+def optimizer(name):
+    return {"adam": lambda: keras.optimizers.Adam(0.01),
+            "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+            "rmsprop": lambda: keras.optimizers.RMSprop(0.005)}[name]()
+
+
+def compile_model(model, case, opt):
+    if case == "cls":
+        model.compile(optimizer=optimizer(opt), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    else:
+        model.compile(optimizer=optimizer(opt), loss="mse", metrics=["mae"])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("case", choices=["mlp", "skip", "cls"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--serial", action="store_true")
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--micro-batches", type=int, default=3)
+    p.add_argument("--save")
+    args = p.parse_args()
+    x, y = data(args.case)
+    model = build(args.case, args.stages)
+    rank = 0
+    if not args.serial:
+        tnt.init()
+        rank = tnt.get_rank()
+        strategy = (tnt.ParallelStrategy.ALL if args.replicas > 1
+                    else tnt.ParallelStrategy.PIPELINING)
+        model = tnt.Model(model, parallel_strategy=strategy,
+                          num_micro_batches=args.micro_batches)
+    compile_model(model, args.case, args.optimizer)
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                        validation_data=(x[:50], y[:50]))
+    metric = "accuracy" if args.case == "cls" else "mae"
+    results = {"loss": np.array(history.history["loss"]),
+               "metric": np.array(history.history[metric]),
+               "val_loss": np.array(history.history["val_loss"]),
+               "evaluate": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
+               "predict": model.predict(x, batch_size=BATCH, verbose=0)}
+    for i, w in enumerate(model.get_weights()):
+        results[f"w{i}"] = w
+    if args.save:
+        model.save(args.save)
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
