@@ -2,6 +2,8 @@
 #   make demo   install what is missing, build, install, train the quick start on 2 ranks
 #               (with the tarantella launcher)
 #   make test   install what is missing, build, install, run every test suite
+#   make test-long  install, then the long tests make test leaves out (the
+#               60 random kill trials of tests/python/test_faults.py)
 #   make bench  install, run the benchmark suite, write bench/results/summary.md
 #               (make bench QUICK=1: a short version)
 # All are safe to run again; they rebuild only what changed.
@@ -15,7 +17,7 @@ MPIFLAGS  ?= --oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--al
 
 export PYTHON
 
-.PHONY: all deps build install demo test bench clean
+.PHONY: all deps build install demo test test-long bench clean
 
 all: build
 
@@ -40,6 +42,9 @@ demo: install
 
 test: install
 	tests/run_all.sh $(BUILD)
+
+test-long: install
+	tests/run_all.sh --long $(BUILD)
 
 # Collectives against MPI, framework overhead, fusion threshold sweep,
 # training against other frameworks, simulated cluster: JSON, plots and

@@ -36,6 +36,11 @@ def run(cmd, timeout=600, env=None):
     return proc
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "long: left out of `make test` (run_all.sh), run by `make test-long`")
+
+
 @pytest.fixture
 def python():
     return sys.executable

@@ -48,31 +48,46 @@ def launch(nranks, args, env=None, timeout=240):
 
 # ------------------------------------------------------------- dead rank
 
+def kill_trial(nranks, victim, step, d, extra=()):
+    """Rank `victim` SIGKILLs itself at step `step` of fit. The job must end
+    within TNT_TIMEOUT_S of the kill, exit non-zero, name the dead rank, and
+    leave no process behind. Returns the seconds from the kill to the end.
+    `extra`: more arguments of the worker's kill mode."""
+    d.mkdir()
+    kill_file = str(d / "killed_at")
+    proc, _ = launch(nranks, ["kill", "--victim", str(victim), "--step", str(step),
+                              "--kill-file", kill_file, *extra])
+    ended = time.time()
+    what = f"{nranks} ranks: rank {victim} killed at step {step}"
+    assert os.path.exists(kill_file), f"{what}: the rank never died\n{proc.stderr[-3000:]}"
+    delay = ended - float(open(kill_file).read())
+    assert proc.returncode == 128 + signal.SIGKILL, f"{what}: exit {proc.returncode}"
+    assert (f"rank {victim} on host {socket.gethostname()} failed: it was killed by "
+            "signal 9" in proc.stderr), f"{what}:\n{proc.stderr[-3000:]}"
+    assert delay < TIMEOUT_S, f"{what}: the job ended {delay:.1f} s after the kill"
+    left = processes_with(kill_file)
+    assert not left, f"{what}: processes left behind: {left}"
+    return delay
+
+
+# One kill per rank count, the master and the last rank, in the first step
+# of fit and well into it; the random trials below (make test-long) add many
+# more ranks and steps.
+@pytest.mark.parametrize("nranks,victim,step", [(2, 0, 1), (3, 2, 25), (4, 0, 40), (4, 3, 7)])
+def test_rank_killed(nranks, victim, step, tmp_path):
+    kill_trial(nranks, victim, step, tmp_path / "trial")
+
+
+@pytest.mark.long
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_rank_killed_at_a_random_step(nranks, tmp_path):
     """20 times per rank count: a random rank SIGKILLs itself at a random
-    step of fit. The job must end within TNT_TIMEOUT_S of the kill, exit
-    non-zero, name the dead rank, and leave no process behind."""
+    step of fit (as test_rank_killed)."""
     rng = random.Random(f"dead rank at {nranks} ranks")
     delays = []
     for trial in range(20):
         victim, step = rng.randrange(nranks), rng.randint(1, 40)
-        d = tmp_path / f"trial{trial}"
-        d.mkdir()
-        kill_file = str(d / "killed_at")
-        proc, _ = launch(nranks, ["kill", "--victim", str(victim), "--step", str(step),
-                                  "--kill-file", kill_file])
-        ended = time.time()
-        what = f"trial {trial}: rank {victim} killed at step {step}"
-        assert os.path.exists(kill_file), f"{what}: the rank never died\n{proc.stderr[-3000:]}"
-        delay = ended - float(open(kill_file).read())
-        delays.append(delay)
-        assert proc.returncode == 128 + signal.SIGKILL, f"{what}: exit {proc.returncode}"
-        assert (f"rank {victim} on host {socket.gethostname()} failed: it was killed by "
-                "signal 9" in proc.stderr), f"{what}:\n{proc.stderr[-3000:]}"
-        assert delay < TIMEOUT_S, f"{what}: the job ended {delay:.1f} s after the kill"
-        left = processes_with(kill_file)
-        assert not left, f"{what}: processes left behind: {left}"
+        delays.append(kill_trial(nranks, victim, step, tmp_path / f"trial{trial}"))
     print(f"{nranks} ranks: the job ended {min(delays):.1f} to {max(delays):.1f} s "
           f"(mean {sum(delays) / len(delays):.1f} s) after the kill")
 
