@@ -16,10 +16,11 @@
 #   - ctest: a test ctest reports as "Skipped" (SKIP_RETURN_CODE) or
 #     "Not Run (Disabled)" is skipped, not passed; "Not Run" for a missing
 #     program or file is a failure (ctest counts it so).
-#   - pytest: "K skipped" of its own summary (a module that skips as a whole,
-#     e.g. test_tf_ops.py without the op library, counts once); xfailed and
-#     xpassed count as passed, errors as failed; a suite that ran no tests or
-#     printed no summary is a failure. Tests deselected with `-m "not long"`
+#   - pytest: "K skipped" of its own summary (a module skipped by
+#     pytest.importorskip or pytest.skip counts once, one skipped by a
+#     skipif mark, e.g. test_tf_ops.py without the op library, once per
+#     test); xfailed and xpassed count as passed, errors as failed; a suite
+#     that ran no tests or printed no summary is a failure. Tests deselected with `-m "not long"`
 #     are not counted; the python stage says how many there were.
 #   The reason of every skip is printed above the summary line.
 #
@@ -96,10 +97,13 @@ pytest_counts() {
   echo "$p $f $s $d"
 }
 
-# pytest_skips LOG: one line per skip reason from `pytest -rs`:
-# "COUNT<TAB>REASON (FILE:LINE)".
+# pytest_skips LOG: one line per skip reason and file from `pytest -rs`
+# (which has a line per test for a module skipped by a skipif mark):
+# "COUNT<TAB>REASON (FILE)", in the order of the log.
 pytest_skips() {
-  sed -nE 's/^SKIPPED \[([0-9]+)\] ([^ ]+:[0-9]+): (.*)$/\1\t\3 (\2)/p' "$1"
+  sed -nE 's/^SKIPPED \[([0-9]+)\] ([^ ]+):[0-9]+: (.*)$/\1\t\3 (\2)/p' "$1" |
+    awk -F'\t' '!($2 in n) { order[++k] = $2 } { n[$2] += $1 }
+                 END { for (i = 1; i <= k; i++) print n[order[i]] "\t" order[i] }'
 }
 
 # judge_skips KIND NAME: reads skip lines (from ctest_skips or pytest_skips)
@@ -237,17 +241,19 @@ EOF
 SKIPPED [1] test_mod.py:2: could not import 'no_such_module_xyz': No module named 'no_such_module_xyz'
 SKIPPED [1] tests/launcher/test_run.py:119: this kernel shows no NUMA nodes
 SKIPPED [3] test_fake.py:7: the op library is not built (x): install it
+SKIPPED [1] tests/python/test_tf_ops.py:171: the op library is not built (y)
+SKIPPED [1] tests/python/test_tf_ops.py:175: the op library is not built (y)
 FAILED tests/python/test_core.py::test_fusion - Failed: DID NOT RAISE TntError
-1 failed, 92 passed, 5 skipped, 3 deselected, 1 xfailed, 2 errors, 1 warning in 91.40s (0:01:31)
+1 failed, 92 passed, 7 skipped, 3 deselected, 1 xfailed, 2 errors, 1 warning in 91.40s (0:01:31)
 EOF
-  expect "pytest counts" "$(pytest_counts "$dir/pytest")" "93 3 5 3"
-  expect "pytest skips" "$(pytest_skips "$dir/pytest" | cut -f1 | tr '\n' ' ')" "1 1 3 "
+  expect "pytest counts" "$(pytest_counts "$dir/pytest")" "93 3 7 3"
+  expect "pytest skips" "$(pytest_skips "$dir/pytest" | cut -f1 | tr '\n' ' ')" "1 1 3 2 "
   got=$(CI=true judge_skips pytest python < <(pytest_skips "$dir/pytest")
         echo "$allowed_skips $refused_skips")
-  expect "skips in CI" "$got" "1 4"
+  expect "skips in CI" "$got" "1 6"
   got=$(CI=false judge_skips pytest python < <(pytest_skips "$dir/pytest")
         echo "$allowed_skips $refused_skips")
-  expect "skips outside CI" "$got" "5 0"
+  expect "skips outside CI" "$got" "7 0"
   got=$(CI=true judge_skips pytest launcher \
           <<<$'2\tthe simulated cluster needs root (network namespaces) (test_cluster.py:40)'
         echo "$allowed_skips $refused_skips")
