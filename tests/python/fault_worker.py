@@ -62,6 +62,15 @@ def compiled():
     return model
 
 
+def pipelined(stages):
+    """A classifier cut into `stages` stages, and its data."""
+    from pipeline_worker import build, data
+    model = tnt.Model(build("cls", stages), parallel_strategy=tnt.ParallelStrategy.PIPELINING)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, data("cls")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["kill", "checkpoint"])
@@ -74,12 +83,16 @@ def main():
     p.add_argument("--kill-at-rename", type=int, default=0)
     p.add_argument("--resume")
     p.add_argument("--initial-epoch", type=int, default=0)
+    p.add_argument("--pipeline", action="store_true",
+                   help="kill: train a model cut into one stage per rank")
     args = p.parse_args()
     tnt.init()
     x, y = make_data(96)
 
     if args.mode == "kill":
         model = compiled()
+        if args.pipeline:
+            model, (x, y) = pipelined(tnt.get_size())
         cbs = [KillAtStep(args.step, args.kill_file)] if tnt.get_rank() == args.victim else []
         model.fit(x, y, batch_size=12, epochs=10000, verbose=0, shuffle=False, callbacks=cbs)
         sys.exit("training ended without the kill")

@@ -5,7 +5,7 @@
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
-  mlp    dense layers with a SplitLayer after each of the first K - 1 (regression)
+  mlp    three dense layers, cut after the first K - 1 of them (regression)
   skip   two tensors cross each cut (a skip connection around the first
          layers of each stage, through its own SplitLayer)
   cls    a classifier (sparse categorical cross-entropy, accuracy), with L2
@@ -45,8 +45,17 @@ def data(case):
 
 
 def build(case, stages):
+    """The model of `case` cut into `stages` stages. The mlp's layers are
+    the same for every number of stages (up to 4): only its cuts move."""
     keras.utils.set_random_seed(11)
     inputs = keras.Input((6,), name="x")
+    if case == "mlp":
+        h = inputs
+        for k in range(3):
+            h = keras.layers.Dense(12, activation="tanh", name=f"d{k}")(h)
+            if k < stages - 1:
+                h = Split(name=f"cut{k + 1}")(h)
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h), name="mlp")
     reg = keras.regularizers.L2(1e-3) if case == "cls" else None
     h = keras.layers.Dense(12, activation="tanh", kernel_regularizer=reg, name="d0")(inputs)
     skip = keras.layers.Dense(5, name="s0")(inputs) if case == "skip" else None

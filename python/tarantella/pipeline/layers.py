@@ -11,11 +11,14 @@ class SplitLayer(keras.layers.Layer):
     data parallelism) it does nothing; models holding it save and load as
     usual (with Tarantella imported, which registers it)."""
 
-    def call(self, inputs):
+    def __call__(self, inputs, *args, **kwargs):
         if isinstance(inputs, (list, tuple, dict)):
             raise ValueError(
                 f"SplitLayer '{self.name}' was given {len(inputs)} tensors; a SplitLayer cuts "
                 "one tensor: put one SplitLayer on each tensor that crosses the cut")
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs):
         return inputs
 
     def compute_output_shape(self, input_shape):

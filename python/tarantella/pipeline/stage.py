@@ -53,6 +53,13 @@ class Pipeline:
             raise runtime.TarantellaError(
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
+        for step_name in ("train_step", "test_step"):
+            if getattr(type(model), step_name) is not getattr(keras.Model, step_name):
+                raise runtime.TarantellaError(
+                    f"model '{model.name}' has a {step_name} of its own, but a pipeline runs its "
+                    f"own train_step and test_step (the stages exchange micro-batches): train "
+                    "it with ParallelStrategy.DATA, or move the custom logic into layers and "
+                    "the loss")
         self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
         if k < 2:

@@ -1,0 +1,220 @@
+"""Pipeline and hybrid parallelism against serial Keras.
+
+2 stages on 2 ranks, 3 stages on 3 ranks, 2 stages x 2 replicas on 4 ranks:
+per-epoch loss, metrics, validation loss, evaluate and predict equal plain
+Keras training with the same global batch (1e-5 loss, 1e-4 weights), with
+several optimizers, skip connections across cuts, regularization, unequal
+micro-batches and a partial last batch; every rank ends with identical
+weights. GPipe and 1F1B give bitwise identical weights. A pipelined model
+saves a plain Keras file that loads on one rank and predicts the same. Bad
+models and settings fail with errors that say what to change, and a killed
+stage ends the job like a killed data-parallel rank."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+from test_training import assert_ranks_identical, load
+
+WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (case, stages, replicas, optimizer, schedule)
+CONFIGS = [
+    ("mlp", 2, 1, "adam", "1f1b"),
+    ("mlp", 2, 1, "sgd", "1f1b"),
+    ("mlp", 2, 1, "sgd", "gpipe"),
+    ("skip", 2, 1, "rmsprop", "1f1b"),
+    ("cls", 3, 1, "rmsprop", "1f1b"),
+    ("mlp", 2, 2, "adam", "1f1b"),
+    ("cls", 2, 2, "sgd", "gpipe"),
+]
+
+
+def serial_run(tmp_path_factory, case, stages, optimizer):
+    d = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}-{optimizer}"))
+    run([sys.executable, WORKER, case, "--serial", "--out", d, "--stages", str(stages),
+         "--optimizer", optimizer])
+    return load(d, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every configuration's results (pipelined, on every rank), computed
+    once for the tests below."""
+    out = {}
+    for case, stages, replicas, optimizer, schedule in CONFIGS:
+        d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}-{optimizer}-{schedule}"))
+        run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
+                           "--stages", str(stages), "--replicas", str(replicas),
+                           "--optimizer", optimizer),
+            timeout=600, env={"TNT_PIPELINE_SCHEDULE": schedule})
+        out[(case, stages, replicas, optimizer, schedule)] = load(d, stages * replicas)
+    return out
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["-".join(map(str, c)) for c in CONFIGS])
+def test_pipeline_equals_serial(config, runs, tmp_path_factory):
+    case, stages, _, optimizer, _ = config
+    want = serial_run(tmp_path_factory, case, stages, optimizer)
+    results = runs[config]
+    assert_ranks_identical(results)
+    got = results[0]
+    for key in ("loss", "val_loss", "evaluate"):
+        assert np.allclose(got[key], want[key], rtol=0, atol=1e-5), \
+            f"{config}: {key} {got[key]} differs from serial {want[key]}"
+    assert np.allclose(got["metric"], want["metric"], rtol=0, atol=1e-5), \
+        f"{config}: metric {got['metric']} differs from serial {want['metric']}"
+    assert got["predict"].shape == want["predict"].shape
+    assert np.abs(got["predict"] - want["predict"]).max() < 1e-4
+    weights = [k for k in want if k.startswith("w")]
+    assert weights and len(weights) == len([k for k in got if k.startswith("w")])
+    for key in weights:
+        diff = np.abs(got[key] - want[key]).max()
+        assert diff < 1e-4, f"{config}: weight {key} differs from serial by {diff}"
+
+
+def test_gpipe_and_1f1b_give_identical_weights(runs):
+    gpipe = runs[("mlp", 2, 1, "sgd", "gpipe")][0]
+    one_f_one_b = runs[("mlp", 2, 1, "sgd", "1f1b")][0]
+    for key in (k for k in gpipe if k.startswith("w") or k == "loss"):
+        assert np.array_equal(gpipe[key], one_f_one_b[key]), f"{key} differs"
+
+
+def test_saved_pipeline_loads_on_one_rank_and_in_other_pipelines(tmp_path, python):
+    """Saved from 2 stages: plain Keras loads it and predicts what the
+    pipeline predicted; its weights load into the same model cut into 3
+    stages (on 3 ranks) and into 2 replicas of the 2-stage pipeline."""
+    path = str(tmp_path / "pipelined.keras")
+    out = str(tmp_path / "trained")
+    run(mpirun_command(2, python, WORKER, "mlp", "--out", out, "--stages", "2", "--save", path),
+        timeout=600)
+    trained = load(out, 2)[0]
+    check = str(tmp_path / "check.py")
+    with open(check, "w") as f:
+        f.write(f"""
+import sys
+sys.path.insert(0, {HERE!r})
+import numpy as np, keras
+import tarantella  # registers SplitLayer
+from pipeline_worker import data
+model = keras.saving.load_model({path!r})
+x, _ = data("mlp")
+np.save({str(tmp_path / "loaded.npy")!r}, model.predict(x, batch_size=20, verbose=0))
+model.save_weights({str(tmp_path / "w.weights.h5")!r})
+""")
+    run([python, check])
+    loaded = np.load(str(tmp_path / "loaded.npy"))
+    assert np.abs(loaded - trained["predict"]).max() < 1e-5
+
+    reload = str(tmp_path / "reload.py")
+    with open(reload, "w") as f:
+        f.write(f"""
+import sys
+sys.path.insert(0, {HERE!r})
+import numpy as np, keras
+import tarantella as tnt
+from pipeline_worker import build, data
+tnt.init()
+stages = int(sys.argv[1]); replicas = tnt.get_size() // stages
+model = tnt.Model(build("mlp", stages), num_micro_batches=2,
+                  parallel_strategy=tnt.ParallelStrategy.ALL)
+model.load_weights({str(tmp_path / "w.weights.h5")!r})
+x, _ = data("mlp")
+p = model.predict(x, batch_size=20, verbose=0)
+np.save({str(tmp_path)!r} + f"/p{{stages}}x{{replicas}}.rank{{tnt.get_rank()}}.npy", p)
+""")
+    run(mpirun_command(3, python, reload, "3"), timeout=600)
+    run(mpirun_command(4, python, reload, "2"), timeout=600)
+    for name, n in (("p3x1", 3), ("p2x2", 4)):
+        for r in range(n):
+            p = np.load(str(tmp_path / f"{name}.rank{r}.npy"))
+            assert np.abs(p - trained["predict"]).max() < 1e-5, f"{name} rank {r}"
+
+
+ERRORS = {
+    "no_split": ("PIPELINING", "has no SplitLayer"),
+    "crossing": ("PIPELINING", "may only cross a cut through a SplitLayer"),
+    "two_inputs": ("PIPELINING", "a SplitLayer cuts one tensor"),
+    "empty_stage": ("PIPELINING", "holds no layer"),
+    "micro_batches": ("PIPELINING", "num_micro_batches=0 must be a whole number"),
+    "ranks": ("PIPELINING", "run exactly 2 ranks"),
+    "ranks_all": ("ALL", "do not divide the 3 ranks"),
+    "subclassed": ("PIPELINING", "is not a functional or Sequential model"),
+    "custom_step": ("PIPELINING", "a pipeline runs its own train_step"),
+    "data_with_micro_batches": ("DATA", "num_micro_batches applies to pipelined models only"),
+}
+
+ERROR_SCRIPT = r"""
+import sys
+import keras
+import tarantella as tnt
+tnt.init()
+S = tnt.keras.layers.SplitLayer
+case, strategy = sys.argv[1], getattr(tnt.ParallelStrategy, sys.argv[2])
+kwargs = {"num_micro_batches": 0} if case == "micro_batches" else (
+    {"num_micro_batches": 4} if case == "data_with_micro_batches" else {})
+
+
+class Sub(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.d = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.d(S()(x))
+
+
+class Custom(keras.Model):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def build():
+    i = keras.Input((4,))
+    a = keras.layers.Dense(3)(i)
+    if case == "no_split":
+        return keras.Model(i, keras.layers.Dense(2)(a))
+    if case == "crossing":
+        return keras.Model(i, keras.layers.Add()([a, keras.layers.Dense(3)(S()(a))]))
+    if case == "two_inputs":
+        return keras.Model(i, keras.layers.Dense(2)(S()([a, a])))
+    if case == "empty_stage":
+        return keras.Model(i, keras.layers.Dense(2)(S()(S()(a))))
+    if case == "subclassed":
+        m = Sub()
+        m(keras.ops.zeros((1, 4)))
+        return m
+    out = keras.layers.Dense(2)(S()(a))
+    return Custom(i, out) if case == "custom_step" else keras.Model(i, out)
+
+
+try:
+    tnt.Model(build(), parallel_strategy=strategy, **kwargs)
+except (tnt.TarantellaError, ValueError) as e:
+    print("ERROR:", e)
+    sys.exit(3)
+print("no error")
+"""
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_bad_pipelines_fail_clearly(case, tmp_path, python):
+    strategy, message = ERRORS[case]
+    script = tmp_path / "bad.py"
+    script.write_text(ERROR_SCRIPT)
+    nranks = {"ranks": 1, "ranks_all": 3}.get(case, 2)
+    cmd = mpirun_command(nranks, python, str(script), case, strategy)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode != 0, f"{case}: no error\n{proc.stdout[-2000:]}"
+    assert message in proc.stdout + proc.stderr, \
+        f"{case}: the error does not say {message!r}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_killed_stage_ends_the_job(tmp_path):
+    from test_faults import kill_trial
+    kill_trial(2, 1, 3, tmp_path / "trial", extra=("--pipeline",))
