@@ -79,13 +79,15 @@ class _State:
 
 class Model(keras.Model):
     """``tnt.Model(model, parallel_strategy=ParallelStrategy.DATA,
-    num_micro_batches=None)``: `model` (a keras.Model) made to train on all
-    ranks; returns `model` itself, now also an instance of tnt.Model.
+    num_micro_batches=None, num_stages=None)``: `model` (a keras.Model) made
+    to train on all ranks; returns `model` itself, now also an instance of
+    tnt.Model.
 
     With PIPELINING or ALL, `model` (functional or Sequential) is cut at its
-    SplitLayers into K stages; PIPELINING needs K ranks, ALL a multiple of K
-    (replicas of the pipeline). `num_micro_batches` (default 2 K) splits
-    each replica's share of a global batch."""
+    SplitLayers into K stages, or by Tarantella into `num_stages` balanced
+    stages; PIPELINING needs K ranks, ALL a multiple of K (replicas of the
+    pipeline). `num_micro_batches` (default 2 K) splits each replica's share
+    of a global batch."""
 
     def __new__(cls, *args, **kwargs):
         if cls is not Model:
@@ -95,9 +97,10 @@ class Model(keras.Model):
         model = args[0] if args else kwargs.pop("model", None)
         strategy = kwargs.pop("parallel_strategy", ParallelStrategy.DATA)
         num_micro_batches = kwargs.pop("num_micro_batches", None)
+        num_stages = kwargs.pop("num_stages", None)
         if kwargs or len(args) > 1:
-            raise TypeError(f"tnt.Model takes a model, parallel_strategy and num_micro_batches; "
-                            f"got also {sorted(kwargs) or args[1:]}")
+            raise TypeError(f"tnt.Model takes a model, parallel_strategy, num_micro_batches and "
+                            f"num_stages; got also {sorted(kwargs) or args[1:]}")
         runtime.require_init()
         if not isinstance(model, keras.Model):
             raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
@@ -106,17 +109,18 @@ class Model(keras.Model):
                 f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
                 "ParallelStrategy.DATA, PIPELINING or ALL")
         pipelined = ParallelStrategy.PIPELINING in strategy
-        if num_micro_batches is not None and not pipelined:
-            raise runtime.TarantellaError(
-                "num_micro_batches applies to pipelined models only: pass "
-                "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
+        for name, value in (("num_micro_batches", num_micro_batches), ("num_stages", num_stages)):
+            if value is not None and not pipelined:
+                raise runtime.TarantellaError(
+                    f"{name} applies to pipelined models only: pass "
+                    "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
         if isinstance(model, Model):
             if pipelined and model._tnt.pipeline is None:
                 raise runtime.TarantellaError(
                     f"model '{model.name}' is a data-parallel tnt.Model already; pipeline the "
                     "original Keras model instead")
             return model
-        pipeline = (pipeline_stage.Pipeline(model, strategy, num_micro_batches)
+        pipeline = (pipeline_stage.Pipeline(model, strategy, num_micro_batches, num_stages)
                     if pipelined else None)
         subclass.add_mixin(model, Model)
         model._tnt = _State()

@@ -53,7 +53,9 @@ class Partition:
     """The stages of a model: ``stages[s]`` is the Keras model of stage s;
     ``variables[s]`` its weights; ``description()`` a table for the log."""
 
-    def __init__(self, model):
+    def __init__(self, model, cut_after=()):
+        """`cut_after`: names of layers whose output is cut as if a
+        SplitLayer followed them (automatic cutting, autocut.py)."""
         fm = _functional(model)
         config = fm.get_config()
         producers, kinds, uses = {}, {}, {}
@@ -68,9 +70,12 @@ class Partition:
             kinds[name] = layer_config["class_name"]
             uses[name] = len(layer_config.get("inbound_nodes", []))
         layers = {name: fm.get_layer(name) for name in order}
-        is_split = {n: isinstance(layers[n], SplitLayer) for n in order}
+        is_split = {n: isinstance(layers[n], SplitLayer) or n in cut_after for n in order}
+        unknown = sorted(set(cut_after) - set(order))
+        if unknown:
+            raise runtime.TarantellaError(f"cannot cut after {unknown}: no such layers")
         for n in order:
-            if is_split[n]:
+            if isinstance(layers[n], SplitLayer):
                 if len(producers[n]) != 1:
                     raise runtime.TarantellaError(
                         f"SplitLayer '{n}' has {len(producers[n])} inputs; a SplitLayer cuts "
@@ -114,7 +119,7 @@ class Partition:
                     "so that every output is after the last cut")
         members = [[] for _ in range(num_stages)]
         for n in order:
-            if kinds[n] != "InputLayer" and not is_split[n]:
+            if kinds[n] != "InputLayer" and not isinstance(layers[n], SplitLayer):
                 members[stage[n]].append(n)
         for s, names in enumerate(members):
             if not names:

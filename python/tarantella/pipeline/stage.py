@@ -37,8 +37,10 @@ from tarantella import log
 from tarantella import ops
 from tarantella import runtime
 from tarantella import step
+from tarantella.pipeline import autocut
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
+from tarantella.pipeline.layers import SplitLayer
 from tarantella.pipeline.layout import Layout
 
 MAX_MICRO_BATCHES = 16383  # tags of libtnt's transfers: 2 per micro-batch, < 32768
@@ -47,7 +49,7 @@ MAX_MICRO_BATCHES = 16383  # tags of libtnt's transfers: 2 per micro-batch, < 32
 class Pipeline:
     """The pipeline of one tnt.Model on this rank."""
 
-    def __init__(self, model, strategy, num_micro_batches):
+    def __init__(self, model, strategy, num_micro_batches, num_stages=None):
         if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
               or num_micro_batches > MAX_MICRO_BATCHES):
             raise runtime.TarantellaError(
@@ -60,13 +62,26 @@ class Pipeline:
                     f"own train_step and test_step (the stages exchange micro-batches): train "
                     "it with ParallelStrategy.DATA, or move the custom logic into layers and "
                     "the loss")
-        self.partition = partition_lib.Partition(model)
+        if num_stages is not None:
+            if not runtime._is_whole_number(num_stages) or num_stages < 2:
+                raise runtime.TarantellaError(
+                    f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
+                    "stages to cut the model into)")
+            if any(isinstance(layer, SplitLayer) for layer in model.layers):
+                raise runtime.TarantellaError(
+                    f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
+                    "given: either place the cuts (SplitLayers) or let Tarantella choose them "
+                    "(num_stages), not both")
+            self.partition = partition_lib.Partition(
+                model, cut_after=autocut.choose_cuts(model, int(num_stages)))
+        else:
+            self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
         if k < 2:
             raise runtime.TarantellaError(
                 f"model '{model.name}' has no SplitLayer, so it cannot be pipelined: put "
                 "tnt.keras.layers.SplitLayer() on the tensors where the model is to be cut, "
-                "or use ParallelStrategy.DATA")
+                "pass num_stages=K to let Tarantella cut it, or use ParallelStrategy.DATA")
         self.layout = Layout(strategy, k)
         self.num_micro_batches = int(num_micro_batches or 2 * k)
         self.schedule_name = schedule_lib.name_from_environment()
