@@ -303,6 +303,13 @@ int tnt_timeline_enabled(void);
  * ("user"). TNT_ERR_INVALID_ARG for a NULL name or another phase. */
 tnt_status_t tnt_timeline_event(const char *name, const char *category, char phase);
 
+/* Adds a span of the calling thread that began at `begin` and ended at
+ * `end`, in seconds of CLOCK_MONOTONIC (as clock_gettime gives them), for
+ * spans whose two ends are seen by different threads. A no-op without a
+ * timeline; TNT_ERR_INVALID_ARG for a NULL name or end < begin. */
+tnt_status_t tnt_timeline_span(const char *name, const char *category, double begin,
+                               double end);
+
 /* -------------------------------------------------------------- algorithms */
 
 /* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",

@@ -57,3 +57,13 @@ def pipe_recv(shape, dtype, group, peer, tag):
 def pipe_flush(group):
     """Waits until every send posted to `group` is done; returns a token."""
     return library().tnt_pipe_flush(group=group)
+
+
+def stamp(tensor, name):
+    """(tensor, the time it was ready) for a timeline span (see span)."""
+    return library().tnt_stamp(tensor, label=name)
+
+
+def span(stamp_, tensor, name):
+    """`tensor`, once a timeline span `name` from `stamp_` to now is written."""
+    return library().tnt_span(stamp_, tensor, label=name)

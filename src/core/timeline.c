@@ -307,3 +307,13 @@ tnt_status_t tnt_timeline_event(const char *name, const char *category, char pha
   }
   return TNT_OK;
 }
+
+tnt_status_t tnt_timeline_span(const char *name, const char *category, double begin,
+                               double end) {
+  if (name == NULL || !(begin <= end)) {
+    TNT_LOG_ERROR("tnt_timeline_span: need a name and begin <= end");
+    return TNT_ERR_INVALID_ARG;
+  }
+  tnt__timeline_complete(category == NULL ? "user" : category, name, begin, end, NULL);
+  return TNT_OK;
+}

@@ -71,6 +71,20 @@ static void unknown_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);
 }
 
+/* TntStamp: (tensor, a scalar). */
+static void stamp_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  shape_of_input(ctx, 0, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
+  TF_ShapeInferenceContextSetOutput(ctx, 1, scalar, status);
+  TF_DeleteShapeHandle(scalar);
+}
+
+/* TntSpan: the tensor (input 1). */
+static void span_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  shape_of_input(ctx, 1, status);
+}
+
 /* TntPipeFlush: the token is a scalar, and the op has no input. */
 static void flush_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
@@ -133,4 +147,14 @@ void tnt_tf__register_op_defs(TF_Status *status) {
   define_op("TntPipeRecv", shape_in, tensor_out, pipe_attrs, unknown_shape, true, status);
   if (TF_GetCode(status) != TF_OK) return;
   define_op("TntPipeFlush", none, token_out, flush_attrs, flush_shape, true, status);
+  if (TF_GetCode(status) != TF_OK) return;
+
+  static const char *const any_in[] = {"tensor: U", NULL};
+  static const char *const stamp_out[] = {"output: U", "stamp: double", NULL};
+  static const char *const span_in[] = {"stamp: double", "tensor: U", NULL};
+  static const char *const any_out[] = {"output: U", NULL};
+  static const char *const span_attrs[] = {"U: type", "label: string", NULL};
+  define("TntStamp", any_in, stamp_out, span_attrs, stamp_shape, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  define("TntSpan", span_in, any_out, span_attrs, span_shape, status);
 }

@@ -51,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tnt/tnt.h"
 #include "tf_ops_internal.h"
@@ -531,6 +532,13 @@ static void *pipe_flush_create(TF_OpKernelConstruction *ctx) {
   return created(ctx, k, status);
 }
 
+/* Seconds of CLOCK_MONOTONIC, the clock of tnt_timeline_span. */
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* "the activations of micro-batch 3" or "the gradients of micro-batch 3". */
 static void describe_transfer(char *buf, size_t len, int64_t tag) {
   snprintf(buf, len, "the %s of micro-batch %lld", tag % 2 == 0 ? "activations" : "gradients",
@@ -609,6 +617,12 @@ static void pipe_send_compute(void *kernel, TF_OpKernelContext *ctx) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory", op);
     goto out;
   }
+  if (tnt_timeline_enabled()) {
+    char instant[96];
+    snprintf(instant, sizeof instant, "send %s %lld",
+             k->tag % 2 == 0 ? "activations" : "gradients", (long long)(k->tag / 2));
+    tnt_timeline_event(instant, "pipeline", 'i');
+  }
   st = tnt_isend(g, TF_TensorData(tensor), (size_t)TF_TensorElementCount(tensor), k->dtype,
                  (int)k->peer, (int)k->tag, &p->req);
   if (st < 0) {
@@ -663,8 +677,15 @@ static void pipe_recv_compute(void *kernel, TF_OpKernelContext *ctx) {
   out = TF_AllocateOutput(ctx, 0, TF_ExpectedOutputDataType(ctx, 0), dims, (int)ndims, bytes,
                           status);
   if (!ok(ctx, status)) goto out;
+  const double begin = now_s();
   tnt_status_t st = tnt_recv(g, TF_TensorData(out), (size_t)count, k->dtype, (int)k->peer,
                              (int)k->tag);
+  if (tnt_timeline_enabled()) {
+    char span[96];
+    snprintf(span, sizeof span, "recv %s %lld", k->tag % 2 == 0 ? "activations" : "gradients",
+             (long long)(k->tag / 2));
+    tnt_timeline_span(span, "pipeline", begin, now_s());
+  }
   if (st < 0) {
     char transfer[64], what[160];
     describe_transfer(transfer, sizeof transfer, k->tag);
@@ -700,6 +721,82 @@ out:
   TF_DeleteStatus(status);
 }
 
+/* ------------------------------------------------------- timeline spans */
+
+/*
+ * Spans of work that TensorFlow runs on several threads (a stage's forward
+ * of a micro-batch), for the timeline:
+ *   (tensor, stamp) = TntStamp(tensor)        stamp: when tensor was ready
+ *   tensor          = TntSpan(stamp, tensor)  a span from stamp to now
+ * Both pass their tensor through (the same buffer), so that the graph
+ * places them on the data path of the work they measure. The attribute
+ * `label` names the span, and keeps TensorFlow from merging two of them.
+ */
+
+typedef struct span_kernel {
+  char name[96];
+} span_kernel_t;
+
+static void *span_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  span_kernel_t *k = calloc(1, sizeof *k);
+  int32_t list_size = 0, total_size = 0;
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    TF_OpKernelConstruction_GetAttrSize(ctx, "label", &list_size, &total_size, status);
+    if (TF_GetCode(status) == TF_OK) {
+      if (total_size < 0 || (size_t)total_size >= sizeof k->name) {
+        TF_SetStatus(status, TF_INVALID_ARGUMENT, "label must be shorter than 96 bytes");
+      } else {
+        /* GetAttrString copies the bytes without a terminating NUL. */
+        TF_OpKernelConstruction_GetAttrString(ctx, "label", k->name, sizeof k->name - 1, status);
+      }
+    }
+  }
+  return created(ctx, k, status);
+}
+
+/* Output `output` is input `input`, the same buffer. */
+static void pass_through(TF_OpKernelContext *ctx, int input, int output) {
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *in = NULL;
+  TF_GetInput(ctx, input, &in, status);
+  if (ok(ctx, status)) {
+    TF_SetOutput(ctx, output, in, status);
+    ok(ctx, status);
+  }
+  if (in != NULL) TF_DeleteTensor(in);
+  TF_DeleteStatus(status);
+}
+
+static void stamp_compute(void *kernel, TF_OpKernelContext *ctx) {
+  (void)kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *stamp = TF_AllocateOutput(ctx, 1, TF_DOUBLE, NULL, 0, sizeof(double), status);
+  if (ok(ctx, status)) {
+    *(double *)TF_TensorData(stamp) = now_s();
+    pass_through(ctx, 0, 0);
+  }
+  if (stamp != NULL) TF_DeleteTensor(stamp);
+  TF_DeleteStatus(status);
+}
+
+static void span_compute(void *kernel, TF_OpKernelContext *ctx) {
+  const span_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *stamp = NULL;
+  TF_GetInput(ctx, 0, &stamp, status);
+  if (ok(ctx, status)) {
+    if (tnt_timeline_enabled()) {
+      tnt_timeline_span(k->name, "pipeline", *(const double *)TF_TensorData(stamp), now_s());
+    }
+    pass_through(ctx, 1, 0);
+  }
+  if (stamp != NULL) TF_DeleteTensor(stamp);
+  TF_DeleteStatus(status);
+}
+
 /* ---------------------------------------------------------- registration */
 
 /*
@@ -723,6 +820,8 @@ __attribute__((constructor)) static void register_ops(void) {
       {"TntPipeSend", pipe_create, pipe_send_compute},
       {"TntPipeRecv", pipe_create, pipe_recv_compute},
       {"TntPipeFlush", pipe_flush_create, pipe_flush_compute},
+      {"TntStamp", span_create, stamp_compute},
+      {"TntSpan", span_create, span_compute},
   };
   TF_Status *status = TF_NewStatus();
   tnt_tf__register_op_defs(status);

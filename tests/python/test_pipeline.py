@@ -218,3 +218,25 @@ def test_bad_pipelines_fail_clearly(case, tmp_path, python):
 def test_killed_stage_ends_the_job(tmp_path):
     from test_faults import kill_trial
     kill_trial(2, 1, 3, tmp_path / "trial", extra=("--pipeline",))
+
+
+def test_timeline_shows_the_schedule(tmp_path, python):
+    """With TNT_TIMELINE, each stage's trace holds a span for every forward
+    and backward of every micro-batch, in the schedule's order (1F1B), and
+    the transfers between them."""
+    import json
+    trace = str(tmp_path / "trace.json")
+    run(mpirun_command(2, python, WORKER, "mlp", "--out", str(tmp_path / "out"),
+                       "--stages", "2", "--micro-batches", "3"),
+        timeout=600, env={"TNT_TIMELINE": trace})
+    want = {0: ["forward 0", "forward 1", "backward 0", "forward 2", "backward 1", "backward 2"],
+            1: ["forward 0", "backward 0", "forward 1", "backward 1", "forward 2", "backward 2"]}
+    for rank in (0, 1):
+        with open(str(tmp_path / f"trace.rank{rank}.json")) as f:
+            events = [e for e in json.load(f) if e.get("cat") == "pipeline"]
+        spans = [e["name"] for e in sorted(events, key=lambda e: e["ts"])
+                 if e["ph"] == "X" and e["name"].split()[0] in ("forward", "backward")]
+        assert spans[:6] == want[rank], f"rank {rank}: {spans[:6]}"
+        names = {e["name"] for e in events}
+        peer = "activations" if rank == 1 else "gradients"
+        assert {f"recv {peer} {i}" for i in range(3)} <= names, sorted(names)

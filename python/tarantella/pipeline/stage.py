@@ -32,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import ops
@@ -176,6 +177,7 @@ class Pipeline:
         ops_ = (schedule_lib.training(self.schedule_name, s, k, m) if training
                 else schedule_lib.inference(m))
         saved, grads, after = {}, None, []
+        timeline = _core.timeline_enabled()  # TNT_TIMELINE: spans of every F and B
         for kind, i in ops_:
             n_i = sizes[i]
             scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), nf)
@@ -188,6 +190,10 @@ class Pipeline:
                     after = []
                     if len(inputs) == 1:
                         inputs = inputs[0]
+                if timeline:
+                    flat = tf.nest.flatten(inputs)
+                    flat[0], began = ops.stamp(flat[0], f"forward {i}")
+                    inputs = tf.nest.pack_sequence_as(inputs, flat)
                 with tf.GradientTape() as tape:
                     tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
                                if s > 0 else [])
@@ -203,6 +209,8 @@ class Pipeline:
                     elif reg is not None:
                         objective = reg * scale
                 if last:
+                    if timeline:
+                        total = ops.span(began, total, f"forward {i}")
                     tracker.update_state(total, sample_weight=n_i)
                     if compiled_metrics is not None:
                         compiled_metrics.update_state(ys[i], outputs, ws[i])
@@ -212,6 +220,8 @@ class Pipeline:
                         tracker.total.assign_add(tf.cast(reg * tf.cast(n_i, tf.float32),
                                                          tracker.total.dtype))
                     outs = tf.nest.flatten(outputs)
+                    if timeline:
+                        outs[0] = ops.span(began, outs[0], f"forward {i}")
                     after = [self._send(o, spec[1], s + 1, 2 * i)
                              for o, spec in zip(outs, out_specs)]
                 if training:
@@ -228,6 +238,11 @@ class Pipeline:
                         seeds.append(tf.cast(self._recv(spec, n_i, s + 1, 2 * i + 1, after),
                                              o.dtype))
                         after = []
+            if timeline:  # the backward begins with its first received gradient
+                k_ = 1 if len(seeds) > 1 else 0
+                with tf.control_dependencies(after):
+                    seeds[k_] = tf.identity(seeds[k_])
+                seeds[k_], began = ops.stamp(seeds[k_], f"backward {i}")
             # Gradients flow back through the floating inputs only.
             float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
                         if t.dtype.is_floating]
@@ -236,6 +251,8 @@ class Pipeline:
             got = [tf.zeros(v.shape, dtype=v.dtype) if g is None else
                    tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                    for g, v in zip(got, sources)]
+            if timeline and got:
+                got[0] = ops.span(began, got[0], f"backward {i}")
             w_grads = got[:len(self.trainable)]
             grads = w_grads if grads is None else [a + b for a, b in zip(grads, w_grads)]
             after = w_grads[:1]
