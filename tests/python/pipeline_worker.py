@@ -94,7 +94,10 @@ def main():
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--save")
+    p.add_argument("--mixed", action="store_true", help="mixed_float16 precision")
     args = p.parse_args()
+    if args.mixed:
+        keras.mixed_precision.set_global_policy("mixed_float16")
     x, y = data(args.case)
     model = build(args.case, args.stages)
     rank = 0

@@ -240,3 +240,24 @@ def test_timeline_shows_the_schedule(tmp_path, python):
         names = {e["name"] for e in events}
         peer = "activations" if rank == 1 else "gradients"
         assert {f"recv {peer} {i}" for i in range(3)} <= names, sorted(names)
+
+
+def test_mixed_precision_on_two_stages(tmp_path_factory, python):
+    """mixed_float16: float16 activations and gradients cross the cut, the
+    stages scale the loss alike and skip non-finite steps together. Float16
+    arithmetic on micro-batches rounds differently from whole batches, so
+    the bounds are those of float16 (outputs) and of its accumulation in
+    float32 (loss, weights)."""
+    d = str(tmp_path_factory.mktemp("mixed-serial"))
+    run([python, WORKER, "mlp", "--serial", "--out", d, "--stages", "2", "--mixed"])
+    want = load(d, 1)[0]
+    d = str(tmp_path_factory.mktemp("mixed"))
+    run(mpirun_command(2, python, WORKER, "mlp", "--out", d, "--stages", "2", "--mixed"),
+        timeout=600)
+    results = load(d, 2)
+    assert_ranks_identical(results)
+    got = results[0]
+    assert np.allclose(got["loss"], want["loss"], rtol=0, atol=1e-4), (got["loss"], want["loss"])
+    assert np.abs(got["predict"].astype(np.float32) - want["predict"]).max() < 1e-2
+    for key in (k for k in want if k.startswith("w")):
+        assert np.abs(got[key] - want[key]).max() < 2e-4, key

@@ -208,6 +208,9 @@ class Pipeline:
                         objective = total * scale
                     elif reg is not None:
                         objective = reg * scale
+                    if training and model.optimizer is not None:
+                        # Mixed precision: every stage scales alike (see train_step).
+                        objective = model.optimizer.scale_loss(objective)
                 if last:
                     if timeline:
                         total = ops.span(began, total, f"forward {i}")
@@ -267,9 +270,22 @@ class Pipeline:
 
     def train_step(self, model, data):
         grads = self._run(model, data, training=True)
+        if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+            grads = self._finite_everywhere(grads or [])
         if self.trainable:
             model.optimizer.apply(grads, self.trainable)
         return model.get_metrics_result()
+
+    def _finite_everywhere(self, grads):
+        """`grads`, or NaNs when any rank's gradients are not finite. A
+        LossScaleOptimizer skips the step and lowers its scale on non-finite
+        gradients; every stage must decide alike, or their scales (and the
+        loss that the last stage scales) would part."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]
+                               or [tf.constant(True)])
+        everywhere = step.current().allreduce(tf.reshape(tf.cast(finite, tf.float32), [1]),
+                                              "min")[0] > 0
+        return [tf.where(everywhere, g, tf.constant(float("nan"), g.dtype)) for g in grads]
 
     def test_step(self, model, data):
         self._run(model, data, training=False)
