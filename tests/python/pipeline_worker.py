@@ -95,6 +95,9 @@ def main():
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--save")
     p.add_argument("--mixed", action="store_true", help="mixed_float16 precision")
+    p.add_argument("--callbacks", metavar="DIR",
+                   help="train with ModelCheckpoint (DIR/ckpt-<epoch>.keras), "
+                        "ReduceLROnPlateau and EarlyStopping")
     args = p.parse_args()
     if args.mixed:
         keras.mixed_precision.set_global_policy("mixed_float16")
@@ -109,14 +112,22 @@ def main():
         model = tnt.Model(model, parallel_strategy=strategy,
                           num_micro_batches=args.micro_batches)
     compile_model(model, args.case, args.optimizer)
+    callbacks = []
+    if args.callbacks:
+        callbacks = [
+            keras.callbacks.ModelCheckpoint(os.path.join(args.callbacks, "ckpt-{epoch}.keras")),
+            # min_delta so large that the rate halves after every epoch.
+            keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=10.0),
+            keras.callbacks.EarlyStopping("val_loss", patience=5, restore_best_weights=True)]
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                        validation_data=(x[:50], y[:50]))
+                        validation_data=(x[:50], y[:50]), callbacks=callbacks)
     metric = "accuracy" if args.case == "cls" else "mae"
     results = {"loss": np.array(history.history["loss"]),
                "metric": np.array(history.history[metric]),
                "val_loss": np.array(history.history["val_loss"]),
                "evaluate": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
-               "predict": model.predict(x, batch_size=BATCH, verbose=0)}
+               "predict": model.predict(x, batch_size=BATCH, verbose=0),
+               "learning_rate": np.array(history.history.get("learning_rate", []))}
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = w
     if args.save:

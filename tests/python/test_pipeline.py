@@ -261,3 +261,36 @@ def test_mixed_precision_on_two_stages(tmp_path_factory, python):
     assert np.abs(got["predict"].astype(np.float32) - want["predict"]).max() < 1e-2
     for key in (k for k in want if k.startswith("w")):
         assert np.abs(got[key] - want[key]).max() < 2e-4, key
+
+
+def test_callbacks_on_a_pipeline(tmp_path_factory, python):
+    """ModelCheckpoint writes the whole model (every stage) each epoch;
+    ReduceLROnPlateau and EarlyStopping(restore_best_weights) decide on
+    every rank as serial Keras does."""
+    ds, dp = (str(tmp_path_factory.mktemp(n)) for n in ("cb-serial", "cb"))
+    cs, cp = (str(tmp_path_factory.mktemp(n)) for n in ("ckpt-serial", "ckpt"))
+    run([python, WORKER, "cls", "--serial", "--out", ds, "--stages", "3", "--callbacks", cs])
+    run(mpirun_command(3, python, WORKER, "cls", "--out", dp, "--stages", "3", "--callbacks",
+                       cp), timeout=600)
+    want, results = load(ds, 1)[0], load(dp, 3)
+    assert_ranks_identical(results)
+    got = results[0]
+    assert len(want["learning_rate"]) == 3 and want["learning_rate"][-1] < want["learning_rate"][0]
+    assert np.allclose(got["learning_rate"], want["learning_rate"], rtol=1e-6)
+    assert np.allclose(got["loss"], want["loss"], rtol=0, atol=1e-5)
+    for key in (k for k in want if k.startswith("w")):
+        assert np.abs(got[key] - want[key]).max() < 1e-4, key
+    check = str(tmp_path_factory.mktemp("check") / "check.py")
+    with open(check, "w") as f:
+        f.write(f"""
+import numpy as np, keras
+import tarantella  # registers SplitLayer
+for epoch in (1, 2, 3):
+    a = keras.saving.load_model({cs!r} + f"/ckpt-{{epoch}}.keras").get_weights()
+    b = keras.saving.load_model({cp!r} + f"/ckpt-{{epoch}}.keras").get_weights()
+    assert len(a) == len(b) > 0
+    worst = max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+    assert worst < 1e-4, (epoch, worst)
+print("checkpoints agree")
+""")
+    assert "checkpoints agree" in run([python, check]).stdout
