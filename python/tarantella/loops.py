@@ -22,6 +22,7 @@ import tensorflow as tf
 from tarantella import _core
 from tarantella import runtime
 from tarantella import step
+from tarantella.pipeline import stage as pipeline_stage
 
 
 class DistributedGradientTape:
@@ -54,6 +55,8 @@ class DistributedGradientTape:
     # converts what a tf.function calls, must leave it alone.
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None, **kwargs):
+        pipeline_stage.require_not_pipelined(tf.nest.flatten(sources),
+                                             "tnt.DistributedGradientTape.gradient")
         grads = self.tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         current = step.active()
         if self.num_samples is not None:

@@ -1,7 +1,7 @@
 """Pipelined training, serially (plain Keras) or on the ranks of a Tarantella job.
 
   pipeline_worker.py CASE --out DIR [--serial] [--stages K] [--replicas R]
-                     [--optimizer NAME] [--micro-batches M]
+                     [--optimizer NAME] [--micro-batches M] [--num-stages K]
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
@@ -94,23 +94,28 @@ def main():
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--save")
-    p.add_argument("--mixed", action="store_true", help="mixed_float16 precision")
+    p.add_argument("--num-stages", type=int,
+                   help="build the model without SplitLayers and let Tarantella cut it into "
+                        "this many stages (num_stages); the cuts go to the results as 'cuts'")
+    p.add_argument("--mixed", nargs="?", const="mixed_float16", metavar="POLICY",
+                   help="mixed precision (mixed_float16, or the policy named)")
     p.add_argument("--callbacks", metavar="DIR",
                    help="train with ModelCheckpoint (DIR/ckpt-<epoch>.keras), "
                         "ReduceLROnPlateau and EarlyStopping")
     args = p.parse_args()
     if args.mixed:
-        keras.mixed_precision.set_global_policy("mixed_float16")
+        keras.mixed_precision.set_global_policy(args.mixed)
     x, y = data(args.case)
-    model = build(args.case, args.stages)
+    model = build(args.case, 1 if args.num_stages else args.stages)
     rank = 0
     if not args.serial:
         tnt.init()
         rank = tnt.get_rank()
         strategy = (tnt.ParallelStrategy.ALL if args.replicas > 1
                     else tnt.ParallelStrategy.PIPELINING)
+        auto = {"num_stages": args.num_stages} if args.num_stages else {}
         model = tnt.Model(model, parallel_strategy=strategy,
-                          num_micro_batches=args.micro_batches)
+                          num_micro_batches=args.micro_batches, **auto)
     compile_model(model, args.case, args.optimizer)
     callbacks = []
     if args.callbacks:
@@ -126,8 +131,10 @@ def main():
                "metric": np.array(history.history[metric]),
                "val_loss": np.array(history.history["val_loss"]),
                "evaluate": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
-               "predict": model.predict(x, batch_size=BATCH, verbose=0),
+               "predict": np.asarray(model.predict(x, batch_size=BATCH, verbose=0), np.float32),
                "learning_rate": np.array(history.history.get("learning_rate", []))}
+    if args.num_stages and not args.serial:
+        results["cuts"] = np.array([",".join(c) for c in model._tnt.pipeline.partition.cut_names])
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = w
     if args.save:

@@ -28,6 +28,8 @@ weights; gather() copies every stage's weights (and its optimizer's slots)
 from the rank that trains them to the other ranks of the pipeline, before
 the model is saved or its weights are read.
 """
+import weakref
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -45,6 +47,19 @@ from tarantella.pipeline.layers import SplitLayer
 from tarantella.pipeline.layout import Layout
 
 MAX_MICRO_BATCHES = 16383  # tags of libtnt's transfers: 2 per micro-batch, < 32768
+
+_pipelined = weakref.WeakValueDictionary()  # id -> variable of a pipelined model
+
+
+def require_not_pipelined(variables, what):
+    """Raises when one of `variables` belongs to a pipelined model: only
+    the model's own steps can train it."""
+    for v in variables:
+        if _pipelined.get(id(v)) is v:
+            raise runtime.TarantellaError(
+                f"{what} was given the weight {v.path} of a pipelined tnt.Model; a pipeline "
+                "trains through the model's own fit (its stages exchange micro-batches): train "
+                "it with fit, or use ParallelStrategy.DATA for a custom loop")
 
 
 class Pipeline:
@@ -73,8 +88,9 @@ class Pipeline:
                     f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
                     "given: either place the cuts (SplitLayers) or let Tarantella choose them "
                     "(num_stages), not both")
-            self.partition = partition_lib.Partition(
-                model, cut_after=autocut.choose_cuts(model, int(num_stages)))
+            plan = autocut.plan(model, int(num_stages))
+            self.partition = partition_lib.Partition(model, cut_after=plan.cuts)
+            self.partition.costs = [plan.cost_text(s) for s in range(plan.num_stages)]
         else:
             self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
@@ -89,6 +105,8 @@ class Pipeline:
         self.stage = self.layout.stage
         self.model = self.partition.stages[self.stage]
         self.trainable = list(self.model.trainable_variables)
+        for v in model.weights:
+            _pipelined[id(v)] = v
         self.described = False
 
     # ------------------------------------------------------------- placement
