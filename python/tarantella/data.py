@@ -10,6 +10,7 @@ training with the global batch.
 import numpy as np
 import tensorflow as tf
 
+from tarantella import _core
 from tarantella import log
 from tarantella import runtime
 
@@ -177,7 +178,6 @@ def split_arrays(arrays, validation_split):
 
 def _gather_leaf(local, rows, global_batch, size):
     """The rows of every rank, put back in the order of the global batches."""
-    from tarantella import _core
     local = np.ascontiguousarray(local)
     row_bytes = local[:1].nbytes if len(local) else int(np.prod(local.shape[1:])) * local.itemsize
     raw = local.view(np.uint8).ravel()
@@ -213,7 +213,6 @@ def _gather_leaf(local, rows, global_batch, size):
 def gather_batches(local, global_batch):
     """Gathers per-rank predictions (arrays, or nested lists/dicts of arrays)
     computed on micro-batches, in the original sample order, on every rank."""
-    from tarantella import _core
     size = runtime.get_size()
     leaves = tf.nest.flatten(local)
     mine = np.array([len(leaves[0])], dtype=np.int64)

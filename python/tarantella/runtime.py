@@ -3,6 +3,7 @@ import os
 import random
 
 from tarantella import _core
+from tarantella import _keras_internals
 from tarantella import log
 
 MASTER_RANK = 0
@@ -54,7 +55,6 @@ def _require_tensorflow_backend():
             f"Keras runs on the {backend!r} backend (KERAS_BACKEND); Tarantella trains with "
             "TensorFlow: set KERAS_BACKEND=tensorflow (or remove the setting) before keras is "
             "imported")
-    from tarantella import _keras_internals
     _keras_internals.verify()
 
 
