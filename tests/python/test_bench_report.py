@@ -105,3 +105,36 @@ def test_report_without_any_results(tmp_path):
     summary = report(tmp_path)
     assert "NOT RUN" in summary and "PASS" not in summary
     assert "What would close the misses" not in summary
+
+
+def test_report_pipeline_section(tmp_path):
+    bubble = [{"stages": k, "micro_batches": m, "micro_batch": 64, "global_batch": 64 * m,
+               "oversubscribed": k == 3, "step_ms": 10.0 * q * (m + k - 1),
+               "t_stage_ms": 10.0, "ideal_ms": 10.0 * (m + k - 1), "ratio_to_ideal": q,
+               "fit_ratios": [q, q], "ratio_of_minima": q, "gpipe_bound": (k - 1) / (m + k - 1),
+               "measured_idle_share": 0.2, "steps": 20}
+              for k, q in ((2, 1.10), (3, 1.40)) for m in (1, 2, 4, 8)]
+    write(tmp_path / "pipeline_bubble.json", {"config": {"quick": True}, "results": bubble})
+    memory = [{"schedule": s, "micro_batches": m, "stage": st, "peak_rss_mib": 600.0 + grow,
+               "peak_above_base_mib": grow, "rss_before_fit_mib": 500.0}
+              for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8) for st in (0, 1)
+              for grow in [40.0 * (m if s == "gpipe" else min(m, 2 - st))]]
+    write(tmp_path / "pipeline_memory.json", {
+        "config": {"kept_activations_mib_per_micro_batch": 40.0}, "results": memory})
+    os.makedirs(tmp_path / "logs")
+    (tmp_path / "logs" / "stages.tsv").write_text(
+        "stage\tstatus\trc\tseconds\tlog\n"
+        "pipeline_sim_cluster\tnot run\t-\t0\tneeds root (network namespaces, tc)\n")
+
+    summary = report(tmp_path)
+
+    row = target_row(summary, "Pipeline step time / ideal (M+K-1) t_stage, 2 stages, M = 8")
+    assert "1.100x | PASS" in row
+    row = target_row(summary, "Pipeline step time / ideal (M+K-1) t_stage, 3 stages "
+                              "(oversubscribed)")
+    assert "1.400x | N/A" in row
+    row = target_row(summary, "Pipeline peak memory against M")
+    assert "1F1B +0.0, GPipe +6.0 micro-batches | PASS" in row
+    row = target_row(summary, "Pipelined / data-parallel throughput")
+    assert "NOT RUN" in row and "needs root" in row
+    assert "## 6. Pipeline parallelism" in summary

@@ -9,11 +9,12 @@ Reads (each optional; a missing file is reported as "not run"):
   overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
   training.json                                                   train_compare.py
   sim_cluster.json                                                sim_cluster_bench.py
+  pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
-training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png
-(a plot only when its data is there). File names never change from run to run.
+training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
+pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
 """
 import argparse
 import csv
@@ -40,6 +41,9 @@ OVERHEAD_MAX = 0.03
 MWMS_MIN = 1.3
 HOROVOD_MIN = 1.0
 SIM_BOUND_MAX = 1.15
+PIPELINE_BUBBLE_MAX = 1.15   # step time / (M + K - 1) t_stage at M = 8, 2 stages
+PIPELINE_BUBBLE_M = 8
+PIPELINE_SIM_MIN = 1.5       # pipelined / data-parallel throughput, 2 hosts at 1 Gbit/s
 # Not a target but the check behind the default fusion threshold: its step
 # time is within this much of the best threshold's.
 FUSION_DEFAULT_MAX = 1.03
@@ -65,7 +69,7 @@ def load_stages(results):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     # The order of the suite, whatever order a partial rerun appended them in.
-    order = ["collectives", "overhead", "fusion", "training", "sim_cluster"]
+    order = ["collectives", "overhead", "fusion", "training", "sim_cluster", "pipeline"]
     rank = lambda name: next((i for i, p in enumerate(order) if name.startswith(p)), len(order))  # noqa: E731
     return {row["stage"]: row for row in sorted(rows, key=lambda r: rank(r["stage"]))}
 
@@ -171,6 +175,11 @@ NEXT_STEPS = {
                 "every rank replans), an option to aggregate metrics per epoch only, and a "
                 "measurement on a quiet host (Tarantella's CPU time per step is the lowest of "
                 "the three frameworks).",
+    "pipeline": "the bubble table separates the schedule's idle share (the GPipe bound) from "
+                "what a step costs beyond it: per-step work outside the stages (the Keras step, "
+                "the optimizer, the global loss) and, with more stages than cores, ranks "
+                "waiting for a core. TNT_TIMELINE shows each stage's forwards, backwards and "
+                "transfers. Next: a timeline of the missed configuration on a quiet host.",
     "sim": "the breakdown puts the time in communication that is not hidden: the allreduce "
            "across hosts reaches only part of the link bandwidth, and overlap gains little "
            "because the bucket holding the largest kernel also waits for bias gradients that "
@@ -744,6 +753,238 @@ def sim_section(results, stages, plt, targets):
     return out
 
 
+def plot_pipeline_bubble(plt, results, res):
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for k in sorted({r["stages"] for r in res}):
+        mine = sorted((r for r in res if r["stages"] == k), key=lambda r: r["micro_batches"])
+        over = " (oversubscribed)" if any(r.get("oversubscribed") for r in mine) else ""
+        ms = [r["micro_batches"] for r in mine]
+        line, = ax.plot(ms, [r["step_ms"] / (r["micro_batches"] * r["t_stage_ms"]) for r in mine],
+                        "o-", label=f"K={k}{over}: step / (M t_stage)")
+        ax.plot(ms, [1 / (1 - r["gpipe_bound"]) for r in mine], ":", color=line.get_color(),
+                label=f"K={k}: ideal, (M+K-1) / M")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["micro_batches"] for r in res}))
+    ax.set_xticklabels([str(m) for m in sorted({r["micro_batches"] for r in res})])
+    ax.set_xlabel("micro-batches per step (M)")
+    ax.set_ylabel("step time / useful work of one stage")
+    ax.set_title("Pipeline bubble")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, results, "pipeline_bubble.png")
+
+
+def plot_pipeline_memory(plt, results, res):
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for schedule, style in (("gpipe", "s-"), ("1f1b", "o-")):
+        for stage in sorted({r["stage"] for r in res}):
+            mine = sorted((r for r in res if (r["schedule"], r["stage"]) == (schedule, stage)),
+                          key=lambda r: r["micro_batches"])
+            if mine:
+                ax.plot([r["micro_batches"] for r in mine],
+                        [r["peak_above_base_mib"] for r in mine], style,
+                        label=f"{schedule}, stage {stage}")
+    ms = sorted({r["micro_batches"] for r in res})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    ax.set_xlabel("micro-batches per step (M)")
+    ax.set_ylabel("peak RSS above the RSS before fit (MiB)")
+    ax.set_title("Pipeline memory per stage: GPipe vs 1F1B")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, results, "pipeline_memory.png")
+
+
+def pipeline_section(results, stages, plt, targets):
+    out = ["## 6. Pipeline parallelism", ""]
+    out += _pipeline_bubble(results, stages, plt, targets)
+    out += _pipeline_memory(results, stages, plt, targets)
+    out += _pipeline_sim(results, stages, targets)
+    return out
+
+
+def _pipeline_bubble(results, stages, plt, targets):
+    out = ["### Bubble", ""]
+    d, why = load_json(os.path.join(results, "pipeline_bubble.json"))
+    m = PIPELINE_BUBBLE_M
+    name = f"Pipeline step time / ideal (M+K-1) t_stage, 2 stages, M = {m}"
+    req = f"<= {PIPELINE_BUBBLE_MAX:.2f}x"
+    if d is None:
+        note = missing_note(stages, why, "pipeline_bubble", "pipeline")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    res, cfg = d.get("results", []), d.get("config", {})
+    for k in (2, 3):
+        hit = [r for r in res if r["stages"] == k and r["micro_batches"] == m]
+        over = any(r.get("oversubscribed") for r in res if r["stages"] == k)
+        label = name.replace("2 stages", f"{k} stages" + (" (oversubscribed)" if over else ""))
+        if not hit:
+            problem = (cfg.get("problems") or {}).get(f"{k} stages")
+            note = "no result" + (f": {problem.strip().splitlines()[-1]}" if problem else "")
+            if k == 2:
+                targets.append(Target(label, req, note=note))
+            continue
+        r = hit[0]
+        detail = (f"{r['step_ms']:.1f} vs {r['ideal_ms']:.1f} ms (t_stage "
+                  f"{r['t_stage_ms']:.2f} ms); GPipe bound {r['gpipe_bound']:.3f}, idle share "
+                  f"measured {r['measured_idle_share']:.3f}")
+        if k == 2 and not over:
+            t = Target(label, req, f"{r['ratio_to_ideal']:.3f}x",
+                       r["ratio_to_ideal"] <= PIPELINE_BUBBLE_MAX, family="pipeline")
+            t.note = (short_by(r["ratio_to_ideal"], PIPELINE_BUBBLE_MAX, False) + "; "
+                      if not t.ok else "") + detail
+        else:
+            # With more ranks than cores the stages share cores: shown, not judged.
+            t = Target(label, "(for information)", f"{r['ratio_to_ideal']:.3f}x",
+                       note=detail + ("; more stages than cores" if over else ""))
+        targets.append(t)
+    out += config_lines(cfg)
+    out.append(f"Stages of equal cost ({cfg.get('layers_per_stage', '?')} dense layers of "
+               f"{cfg.get('width', '?')} units each), micro-batches of "
+               f"{cfg.get('micro_batch', '?')} samples (the global batch grows with M), "
+               f"schedule {cfg.get('schedule', '?')}, one intra-op thread per rank. t_stage: "
+               "one stage's forward + backward on one micro-batch, timed alone in one process "
+               "just before and after each job. Ideal = (M+K-1) t_stage; the GPipe bound "
+               "(K-1)/(M+K-1) is the idle share of an ideal step; measured idle share = "
+               "1 - M t_stage / step.")
+    out.append("")
+    if plt is not None and res:
+        plot_pipeline_bubble(plt, results, res)
+        out += [image("pipeline_bubble.png", results), ""]
+    rows = [[f"{r['stages']}{' *' if r.get('oversubscribed') else ''}", r["micro_batches"],
+             f2(r["step_ms"]), f2(r["t_stage_ms"]), f2(r["ideal_ms"]),
+             f"{r['ratio_to_ideal']:.3f}",
+             " ".join(f"{q:.2f}" for q in r.get("fit_ratios", [])) or "-",
+             f2(r.get("ratio_of_minima"), 3), f"{r['gpipe_bound']:.3f}",
+             f"{r['measured_idle_share']:.3f}"] for r in res]
+    out.append(table(["stages K", "M", "step ms", "t_stage ms", "ideal ms", "step / ideal",
+                      "per fit", "fastest step / fastest", "GPipe bound",
+                      "idle share measured"], rows))
+    out += ["", "Per fit: each fit's median step against the t_stage timed just before it; a "
+            "wide spread means other work on the host. Fastest step / fastest: the fastest "
+            "step against (M+K-1) times the fastest t_stage, less sensitive to that work."]
+    if any(r.get("oversubscribed") for r in res):
+        out += ["", "\\* oversubscribed: more stages (one rank each) than cores."]
+    for key, problem in sorted((cfg.get("problems") or {}).items()):
+        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
+        out.append(f"\n- {key}: failed ({last})")
+    out.append("")
+    return out
+
+
+def _pipeline_memory(results, stages, plt, targets):
+    out = ["### Memory per stage: GPipe vs 1F1B", ""]
+    d, why = load_json(os.path.join(results, "pipeline_memory.json"))
+    name = "Pipeline peak memory against M, 2 stages: 1F1B flat, GPipe growing (stage 0)"
+    req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
+    if d is None:
+        note = missing_note(stages, why, "pipeline_memory", "pipeline")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    res, cfg = d.get("results", []), d.get("config", {})
+    per_mb = cfg.get("kept_activations_mib_per_micro_batch")
+
+    def peak(schedule, m, stage=0):
+        hit = [r for r in res if (r["schedule"], r["micro_batches"], r["stage"]) ==
+               (schedule, m, stage)]
+        return hit[0]["peak_above_base_mib"] if hit else None
+
+    grow = {s: (peak(s, 8), peak(s, 2)) for s in ("1f1b", "gpipe")}
+    if per_mb and all(a is not None and b is not None for a, b in grow.values()):
+        g1, gg = (grow["1f1b"][0] - grow["1f1b"][1]) / per_mb, \
+            (grow["gpipe"][0] - grow["gpipe"][1]) / per_mb
+        t = Target(name, req, f"1F1B {g1:+.1f}, GPipe {gg:+.1f} micro-batches",
+                   g1 < 1 and gg > 3, family="pipeline")
+        t.note = (f"stage 0 peak above base, M = 2 -> 8: 1F1B {grow['1f1b'][1]:.0f} -> "
+                  f"{grow['1f1b'][0]:.0f} MiB, GPipe {grow['gpipe'][1]:.0f} -> "
+                  f"{grow['gpipe'][0]:.0f} MiB; one micro-batch keeps about {per_mb:.0f} MiB")
+        targets.append(t)
+    else:
+        targets.append(Target(name, req, note="no results for M = 2 and 8 of both schedules"))
+    out += config_lines(cfg)
+    out.append("Two stages, one rank each; a model with large activations (a "
+               f"{' x '.join(str(v) for v in cfg.get('activation_shape_per_sample', []))} "
+               f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
+               f"weights; micro-batches of {cfg.get('micro_batch', '?')} samples (the global "
+               "batch grows with M). Peak RSS (VmHWM) of each rank during the training steps, "
+               "a fresh job per schedule and M; above base = peak - RSS before the first fit. "
+               f"A stage keeps about {per_mb} MiB of activations per micro-batch in flight: "
+               "GPipe holds all M, 1F1B at most K - s (2 on stage 0, 1 on stage 1).")
+    out.append("")
+    if plt is not None and res:
+        plot_pipeline_memory(plt, results, res)
+        out += [image("pipeline_memory.png", results), ""]
+    ms = sorted({r["micro_batches"] for r in res})
+    header = ["schedule", "stage"] + [f"M = {m}" for m in ms]
+    rows = []
+    for schedule in ("gpipe", "1f1b"):
+        for stage in sorted({r["stage"] for r in res}):
+            cells = []
+            for m in ms:
+                hit = [r for r in res if (r["schedule"], r["micro_batches"], r["stage"]) ==
+                       (schedule, m, stage)]
+                cells.append(f"{hit[0]['peak_rss_mib']:.0f} (+{hit[0]['peak_above_base_mib']:.0f})"
+                             if hit else "-")
+            rows.append([schedule, stage] + cells)
+    out.append("Peak RSS in MiB (above the RSS before fit):")
+    out.append("")
+    out.append(table(header, rows))
+    for key, problem in sorted((cfg.get("problems") or {}).items()):
+        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
+        out.append(f"\n- {key}: failed ({last})")
+    out.append("")
+    return out
+
+
+def _pipeline_sim(results, stages, targets):
+    out = ["### Where pipelining wins: 2 simulated hosts at 1 Gbit/s", ""]
+    d, why = load_json(os.path.join(results, "pipeline_sim_cluster.json"))
+    name = "Pipelined / data-parallel throughput, 2 simulated hosts at 1 Gbit/s"
+    req = f">= {PIPELINE_SIM_MIN:.1f}x"
+    if d is None:
+        note = missing_note(stages, why, "pipeline_sim_cluster", "pipeline")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    res, cfg = d.get("results", []), d.get("config", {})
+    by = {r["mode"]: r for r in res}
+    q = d.get("ratio_pipeline_to_data")
+    if q is None:
+        problem = (cfg.get("problems") or {}).get("run", "")
+        targets.append(Target(name, req, note="no ratio" + (
+            f": {problem.strip().splitlines()[-1]}" if problem.strip() else "")))
+    else:
+        t = Target(name, req, f"{q:.2f}x", q >= PIPELINE_SIM_MIN, family="pipeline")
+        t.note = (f"{by['pipeline']['samples_per_s']:.0f} vs {by['data']['samples_per_s']:.0f} "
+                  f"samples/s; {bytes_str(cfg.get('parameter_bytes', 0))} of weights")
+        if not t.ok:
+            t.note = short_by(q, PIPELINE_SIM_MIN) + "; " + t.note
+        targets.append(t)
+    out += config_lines(cfg)
+    out.append(f"Two simulated hosts (network namespaces, one rank each, links shaped to "
+               f"1 Gbit/s: `{cfg.get('link_shaping', '?')}`), a model with "
+               f"{bytes_str(cfg.get('parameter_bytes', 0))} of float32 weights and small "
+               f"activations, global batch {cfg.get('global_batch', '?')}: pipelined (2 stages, "
+               f"{cfg.get('micro_batches', '?')} micro-batches) and data-parallel (2 replicas) "
+               "trained in turns in the same job. Moving the weights' gradients once over the "
+               f"link takes {cfg.get('allreduce_transfer_ms', '?')} ms; the pipeline's "
+               f"activations and their gradients {cfg.get('pipeline_transfer_ms', '?')} ms.")
+    out.append("")
+    rows = [[r["mode"], f2(r["step_ms"]), f"{r['samples_per_s']:.1f}",
+             f"{r['step_spread_ms'][0]:.1f} .. {r['step_spread_ms'][1]:.1f}", r["steps"]]
+            for r in res]
+    out.append(table(["mode", "ms/step", "samples/s", "step range ms", "steps"], rows))
+    if q is not None:
+        out += ["", f"Pipelined / data-parallel throughput: **{q:.2f}x**."]
+    for key, problem in sorted((cfg.get("problems") or {}).items()):
+        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
+        out.append(f"\n- {key}: failed ({last})")
+    out.append("")
+    return out
+
+
 TIMELINE_COPY_MAX = 4 << 20
 
 
@@ -864,6 +1105,7 @@ def main():
     body += fusion_section(args.results, stages, plt, targets)
     body += training_section(args.results, stages, plt, targets)
     body += sim_section(args.results, stages, plt, targets)
+    body += pipeline_section(args.results, stages, plt, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

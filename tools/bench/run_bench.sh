@@ -13,6 +13,10 @@
 #                (train_compare.py, when present)
 #   sim_cluster  a simulated multi-host cluster (sim_cluster_bench.py, when present;
 #                as root)
+#   pipeline     pipeline parallelism (pipeline_bench.py): the bubble at 2 and 3
+#                stages, peak memory of GPipe and 1F1B against the number of
+#                micro-batches, and pipelined vs data-parallel throughput on the
+#                simulated 2-host cluster at 1 Gbit/s (as root)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -50,7 +54,7 @@ while (($#)); do
     --out=*) OUT=${1#--out=} ;;
     --only) ONLY=${2:?--only needs stage names}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -61,9 +65,9 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster)
+STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline)
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
-                        [training]=training [sim_cluster]=sim_cluster)
+                        [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_)
 for s in ${ONLY//,/ }; do
   [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
     "${STAGE_NAMES[*]})" >&2; exit 2; }
@@ -206,6 +210,25 @@ optional_stage() {
 }
 optional_stage training train_compare.py 3600 1200
 optional_stage sim_cluster sim_cluster_bench.py 2400 900
+
+# 6. Pipeline parallelism: three measurements, each a stage of its own.
+if wanted pipeline; then
+  if [[ ! -f $ROOT/tools/bench/pipeline_bench.py ]]; then
+    not_run pipeline "tools/bench/pipeline_bench.py is not there"
+  else
+    args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
+    [[ $QUICK == 1 ]] && args+=(--quick)
+    for part in bubble memory sim_cluster; do
+      if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
+        not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
+        continue
+      fi
+      json=$OUT/pipeline_$part.json
+      run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
+        "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
+    done
+  fi
+fi
 
 # The report: summary.md and the plots, from whatever the stages left.
 report_args=(--results "$OUT")

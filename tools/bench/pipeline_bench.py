@@ -1,0 +1,625 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
+
+  bubble       K = 2 and 3 stages of equal cost (K = 3 on a 2-core host is
+               oversubscribed), M = 1, 2, 4, 8 micro-batches of a fixed size:
+               the training step time against the ideal (M + K - 1) * t_stage,
+               where t_stage is one stage's forward + backward on one
+               micro-batch, timed on rank 0 alone right before each fit; and the GPipe
+               bound (K - 1) / (M + K - 1), the idle share of an ideal step.
+  memory       2 stages, a model with large activations and small weights:
+               each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
+               fresh job per (schedule, M), since a peak never goes down.
+  sim_cluster  a simulated 2-host cluster (tests/launcher/sim_cluster.sh, one
+               rank per host, links shaped to 1 Gbit/s with 0.1 ms of delay as
+               in sim_cluster_bench.py), a model with large weights and small
+               activations: pipelined (2 stages on 2 hosts) against
+               data-parallel (2 replicas on 2 hosts) throughput, same global
+               batch, both trained in turns in the same job. Needs root.
+
+    python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
+    python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
+    sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
+
+Every step time is the median of the per-step times between Keras's batch
+ends (the epoch's start and end, the gathering of the stages' weights at
+the end of an epoch, are left out), on rank 0. Ranks run with one intra-op
+thread, as the other benchmarks of this folder do.
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIB = 1 << 20
+MICRO_BATCHES = (1, 2, 4, 8)
+
+# Bubble: every stage is LAYERS dense layers of WIDTH units on micro-batches
+# of MICRO samples.
+BUBBLE_WIDTH, BUBBLE_LAYERS, BUBBLE_MICRO = 512, 4, 64
+
+# Memory: a (MEM_POSITIONS x MEM_CHANNELS) activation per sample, made from
+# a MEM_CHANNELS input by repetition; every stage holds a small dense layer
+# and MEM_TANH elementwise layers whose outputs the backward pass keeps.
+MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
+
+# Where pipelining wins: SIM_LAYERS dense layers of SIM_WIDTH units (about
+# 48 MiB of float32 weights), cut in the middle; global batch SIM_BATCH in
+# SIM_MICRO micro-batches.
+SIM_IN, SIM_WIDTH, SIM_OUT, SIM_BATCH, SIM_MICRO = 1024, 2048, 16, 64, 4
+SIM_LINK_BPS = 1e9
+
+
+# ------------------------------------------------------------------ helpers
+
+def proc_status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS (Linux >= 4.0); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def tf_setup():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return tf
+
+
+def step_timer(keras):
+    class StepTimer(keras.callbacks.Callback):
+        """Seconds between consecutive batch ends of each fit."""
+
+        def __init__(self):
+            super().__init__()
+            self.times, self.last = [], None
+
+        def on_train_begin(self, logs=None):
+            self.last = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            for v in (logs or {}).values():  # the step's results exist: it is over
+                keras.ops.convert_to_numpy(v)
+            now = time.perf_counter()
+            if self.last is not None:
+                self.times.append(now - self.last)
+            self.last = now
+
+        def take(self):
+            out, self.times = self.times, []
+            return out
+    return StepTimer()
+
+
+def dense_stack(keras, h, width, layers, prefix):
+    for j in range(layers):
+        h = keras.layers.Dense(width, activation="tanh", name=f"{prefix}_d{j}")(h)
+    return h
+
+
+def bubble_model(keras, tnt, stages):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((BUBBLE_WIDTH,), name="x")
+    h = inputs
+    for s in range(stages):
+        if s:
+            h = tnt.keras.layers.SplitLayer(name=f"cut{s}")(h)
+        h = dense_stack(keras, h, BUBBLE_WIDTH, BUBBLE_LAYERS, f"s{s}")
+    return keras.Model(inputs, h, name=f"bubble{stages}")
+
+
+def memory_model(keras, tnt):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((MEM_CHANNELS,), name="x")
+    h = keras.layers.RepeatVector(MEM_POSITIONS, name="expand")(inputs)
+    for s in range(2):
+        if s:
+            h = tnt.keras.layers.SplitLayer(name="cut1")(h)
+        h = keras.layers.Dense(MEM_CHANNELS, name=f"s{s}_dense")(h)
+        for j in range(MEM_TANH):
+            h = keras.layers.Activation("tanh", name=f"s{s}_tanh{j}")(h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    return keras.Model(inputs, keras.layers.Dense(8, name="out")(h), name="activations")
+
+
+def sim_model(keras, tnt):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((SIM_IN,), name="x")
+    h = keras.layers.Dense(SIM_WIDTH, activation="relu", name="d0")(inputs)
+    h = keras.layers.Dense(SIM_WIDTH, activation="relu", name="d1")(h)
+    h = tnt.keras.layers.SplitLayer(name="cut1")(h)
+    h = keras.layers.Dense(SIM_WIDTH, activation="relu", name="d2")(h)
+    h = keras.layers.Dense(SIM_IN, activation="relu", name="d3")(h)
+    return keras.Model(inputs, keras.layers.Dense(SIM_OUT, name="out")(h), name="wide")
+
+
+def mpirun_cmd(args, ranks, *worker_args, env=()):
+    cmd = [args.mpirun] + shlex.split(args.mpiflags) + ["-np", str(ranks)]
+    for name in env:
+        cmd += ["-x", name]
+    return cmd + [sys.executable, os.path.abspath(__file__)] + list(worker_args)
+
+
+def run_job(cmd, timeout, env=None):
+    """Runs an MPI job in its own session; returns (ok, tail of its output)."""
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
+    keep = [line for line in out.splitlines() if "INFO: pipeline" in line or "Error" in line
+            or "error" in line or line.startswith("worker:")]
+    sys.stdout.write("\n".join(keep[-40:]) + ("\n" if keep else ""))
+    sys.stdout.flush()
+    return proc.returncode == 0, out[-3000:]
+
+
+def load_rank_files(work, ranks):
+    docs = []
+    for r in range(ranks):
+        path = os.path.join(work, f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                docs.append(json.load(f))
+    return docs
+
+
+# ------------------------------------------------------------------ bubble
+
+def stage_timer(tf, keras):
+    """A function that times one stage's forward + backward (weights and
+    inputs, as a middle stage of the pipeline computes) on one micro-batch,
+    alone: the median of `reps` runs after a warm-up, in seconds."""
+    inputs = keras.Input((BUBBLE_WIDTH,))
+    stage = keras.Model(inputs, dense_stack(keras, inputs, BUBBLE_WIDTH, BUBBLE_LAYERS, "t"))
+    x = tf.random.normal((BUBBLE_MICRO, BUBBLE_WIDTH), seed=1)
+    seed = tf.random.normal((BUBBLE_MICRO, BUBBLE_WIDTH), seed=2)
+
+    @tf.function
+    def fwd_bwd(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = stage(x, training=True)
+        return tape.gradient(y, stage.trainable_variables + [x], output_gradients=seed)
+
+    def measure(reps):
+        for _ in range(3):
+            fwd_bwd(x)[0].numpy()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fwd_bwd(x)[0].numpy()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    return measure
+
+
+class Turn:
+    """Rank 0 works alone while the other ranks sleep (an MPI barrier would
+    keep them spinning on the cores): they poll for a file that rank 0
+    writes when it is done."""
+
+    def __init__(self, work, rank):
+        self.work, self.rank, self.n = work, rank, 0
+
+    def __enter__(self):
+        self.n += 1
+        self.path = os.path.join(self.work, f"turn{self.n}")
+        if self.rank != 0:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(self.path):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank 0 did not finish its turn {self.n}")
+                time.sleep(0.005)
+        return self
+
+    def __exit__(self, *exc):
+        if self.rank == 0:
+            open(self.path, "w").close()
+        return False
+
+
+def bubble_worker(args):
+    tf = tf_setup()
+    import numpy as np
+    import keras
+    import tarantella as tnt
+    tnt.init()
+    k, rank = tnt.get_size(), tnt.get_rank()
+    ms = [int(v) for v in args.micro_batches.split(",")]
+    rng = np.random.default_rng(0)
+    models, data = {}, {}
+    for m in ms:
+        batch = m * BUBBLE_MICRO
+        x = rng.normal(size=(batch * args.steps, BUBBLE_WIDTH)).astype(np.float32)
+        y = np.tanh(x[:, ::-1]).copy()
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+        model = tnt.Model(bubble_model(keras, tnt, k),
+                          parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                          num_micro_batches=m)
+        model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
+        model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
+        models[m], data[m] = model, ds.cache()
+    timer = step_timer(keras)
+    measure = stage_timer(tf, keras) if rank == 0 else None
+    turn = Turn(args.work, rank)
+    fits = {m: [] for m in ms}
+    for rep in range(args.reps):
+        order = ms if rep % 2 == 0 else list(reversed(ms))
+        for m in order:
+            # t_stage alone, right before the fit it is compared with.
+            with turn:
+                t_stage = measure(args.stage_reps) if rank == 0 else None
+            models[m].fit(data[m], epochs=1, verbose=0, callbacks=[timer])
+            fits[m].append({"t_stage_s": t_stage, "step_s": timer.take()})
+    write_json(os.path.join(args.work, f"rank{rank}.json"),
+               {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
+    if rank == 0:
+        print(f"worker: {k} stages, " + ", ".join(
+            f"M={m} {statistics.median(t for f in fs for t in f['step_s']) * 1e3:.1f} ms"
+            for m, fs in fits.items()), flush=True)
+
+
+def bubble(args):
+    steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
+    ncores = os.cpu_count()
+    ms = ",".join(str(m) for m in MICRO_BATCHES)
+    results, problems = [], {}
+    for k in (2, 3):
+        work = tempfile.mkdtemp(prefix=f"tnt-pipebench-bubble{k}-")
+        ok, tail = run_job(mpirun_cmd(args, k, "--worker", "bubble", "--work", work,
+                                      "--steps", str(steps), "--reps", str(reps),
+                                      "--stage-reps", str(stage_reps), "--micro-batches", ms,
+                                      env=("TF_CPP_MIN_LOG_LEVEL",)),
+                           timeout=args.job_timeout)
+        docs = load_rank_files(work, k)
+        shutil.rmtree(work, ignore_errors=True)
+        if not ok or not docs:
+            problems[f"{k} stages"] = tail[-1500:]
+            continue
+        fits = next(d for d in docs if d["rank"] == 0)["fits"]
+        for m in MICRO_BATCHES:
+            fs = [f for f in fits.get(str(m), []) if f["step_s"]]
+            if not fs:
+                continue
+            # Each fit against the t_stage timed just before it.
+            ratios = [statistics.median(f["step_s"]) / ((m + k - 1) * f["t_stage_s"])
+                      for f in fs]
+            step = statistics.median(t for f in fs for t in f["step_s"])
+            t_stage = statistics.median(f["t_stage_s"] for f in fs)
+            ratio = statistics.median(ratios)
+            results.append({
+                "stages": k, "micro_batches": m, "micro_batch": BUBBLE_MICRO,
+                "global_batch": m * BUBBLE_MICRO, "oversubscribed": k > ncores,
+                "step_ms": round(step * 1e3, 3), "t_stage_ms": round(t_stage * 1e3, 3),
+                "ideal_ms": round(step / ratio * 1e3, 3), "ratio_to_ideal": round(ratio, 3),
+                "fit_ratios": [round(q, 3) for q in ratios],
+                # Less sensitive to other work on the host: the fastest step
+                # against the fastest t_stage.
+                "ratio_of_minima": round(min(t for f in fs for t in f["step_s"]) / (
+                    (m + k - 1) * min(f["t_stage_s"] for f in fs)), 3),
+                "gpipe_bound": round((k - 1) / (m + k - 1), 4),
+                "measured_idle_share": round(1 - m / (m + k - 1) / ratio, 4),
+                "t_stage_fits_ms": [round(f["t_stage_s"] * 1e3, 3) for f in fs],
+                "steps": sum(len(f["step_s"]) for f in fs)})
+    doc = {"config": {
+        "benchmark": "pipeline_bubble", "width": BUBBLE_WIDTH, "layers_per_stage": BUBBLE_LAYERS,
+        "micro_batch": BUBBLE_MICRO, "micro_batches": list(MICRO_BATCHES),
+        "steps_per_fit": steps, "fits": reps, "cores": ncores, "quick": bool(args.quick),
+        "schedule": os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"),
+        "optimizer": "SGD", "loss": "mse",
+        "t_stage": f"median of {stage_reps} runs of a middle stage's forward + backward on one "
+                   "micro-batch, on rank 0 alone (the other ranks asleep), right before each fit",
+        "statistic": "ratio: median over fits of (rank 0's median step time in the fit) / "
+                     "((M+K-1) t_stage timed before the fit); step_ms, t_stage_ms: medians; "
+                     "ideal_ms = step_ms / ratio",
+        "load_average_at_start": round(os.getloadavg()[0], 2), "problems": problems},
+        "results": results}
+    doc["config"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    write_json(args.json, doc)
+    print(f"{'K':>2} {'M':>2} {'step ms':>9} {'t_stage':>8} {'ratio':>6} {'bound':>6} "
+          f"{'idle':>6}  per-fit ratios")
+    for r in results:
+        print(f"{r['stages']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
+              f"{r['t_stage_ms']:8.2f} {r['ratio_to_ideal']:6.3f} {r['gpipe_bound']:6.3f} "
+              f"{r['measured_idle_share']:6.3f}  {r['fit_ratios']} min/min {r['ratio_of_minima']}"
+              f"{'  oversubscribed' if r['oversubscribed'] else ''}")
+    for key, why in problems.items():
+        print(f"problem: {key}: {why}")
+    return 0 if results else 1
+
+
+# ------------------------------------------------------------------ memory
+
+def memory_worker(args):
+    tf = tf_setup()
+    import numpy as np
+    import keras
+    import tarantella as tnt
+    tnt.init()
+    rank, m = tnt.get_rank(), args.m
+    batch = m * MEM_MICRO
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * args.steps, MEM_CHANNELS)).astype(np.float32)
+    y = rng.normal(size=(batch * args.steps, 8)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache()
+    model = tnt.Model(memory_model(keras, tnt), parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                      num_micro_batches=m)
+    model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
+    base_kib = proc_status_kib("VmRSS")
+    model.fit(ds.take(1), epochs=1, verbose=0)  # trace and warm up
+    after_warmup_kib = proc_status_kib("VmRSS")
+    lifetime_hwm_warmup = proc_status_kib("VmHWM")
+    reset = reset_peak_rss()
+    timer = step_timer(keras)
+    model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
+    doc = {"rank": rank, "stage": rank, "micro_batches": m,
+           "schedule": os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"),
+           "rss_before_fit_kib": base_kib, "rss_after_warmup_kib": after_warmup_kib,
+           "peak_warmup_kib": lifetime_hwm_warmup,
+           "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,
+           "peak_lifetime_kib": max(proc_status_kib("VmHWM"), lifetime_hwm_warmup),
+           "peak_reset": reset, "step_s": timer.take()}
+    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+
+
+def activation_mib_per_micro_batch():
+    """What a stage keeps of one micro-batch for its backward (float32): its
+    input, the dense layer's output and every tanh output."""
+    per_sample = MEM_POSITIONS * MEM_CHANNELS * 4 * (2 + MEM_TANH)
+    return per_sample * MEM_MICRO / MIB
+
+
+def memory(args):
+    steps = 2 if args.quick else 4
+    ncores = os.cpu_count()
+    results, problems = [], {}
+    configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
+    for schedule, m in configs:
+        work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
+        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule)
+        ok, tail = run_job(mpirun_cmd(args, 2, "--worker", "memory", "--work", work,
+                                      "--steps", str(steps), "--m", str(m),
+                                      env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE")),
+                           timeout=args.job_timeout, env=env)
+        docs = load_rank_files(work, 2)
+        shutil.rmtree(work, ignore_errors=True)
+        if not ok or len(docs) < 2:
+            problems[f"{schedule} M={m}"] = tail[-1500:]
+            continue
+        for d in sorted(docs, key=lambda d: d["stage"]):
+            peak = d["peak_steps_kib"] or d["peak_lifetime_kib"]
+            results.append({
+                "schedule": schedule, "micro_batches": m, "stage": d["stage"],
+                "peak_rss_mib": round(peak / 1024, 1),
+                "peak_above_base_mib": round((peak - d["rss_before_fit_kib"]) / 1024, 1),
+                "rss_before_fit_mib": round(d["rss_before_fit_kib"] / 1024, 1),
+                "peak_lifetime_mib": round(d["peak_lifetime_kib"] / 1024, 1),
+                "peak_of": "training steps (VmHWM reset after the warm-up step)"
+                           if d["peak_reset"] else "the whole process (VmHWM)",
+                "step_ms": round(statistics.median(d["step_s"]) * 1e3, 2)
+                if d["step_s"] else None})
+        print(f"memory: {schedule} M={m}: " + ", ".join(
+            f"stage {r['stage']} {r['peak_rss_mib']:.0f} MiB (+{r['peak_above_base_mib']:.0f})"
+            for r in results[-2:]), flush=True)
+    doc = {"config": {
+        "benchmark": "pipeline_memory", "stages": 2, "micro_batch": MEM_MICRO,
+        "micro_batches": list(MICRO_BATCHES),
+        "activation_shape_per_sample": [MEM_POSITIONS, MEM_CHANNELS],
+        "kept_activations_mib_per_micro_batch": round(activation_mib_per_micro_batch(), 1),
+        "weights_bytes": 2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
+            MEM_CHANNELS * 8 + 8) * 4,
+        "steps": steps, "cores": ncores, "quick": bool(args.quick),
+        "statistic": "VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
+                     "peak above base = peak - VmRSS before the first fit",
+        "load_average_at_start": round(os.getloadavg()[0], 2), "problems": problems},
+        "results": results}
+    write_json(args.json, doc)
+    print(f"{'schedule':>8} {'M':>2} {'stage':>5} {'peak MiB':>9} {'above base':>10}")
+    for r in results:
+        print(f"{r['schedule']:>8} {r['micro_batches']:>2} {r['stage']:>5} "
+              f"{r['peak_rss_mib']:9.1f} {r['peak_above_base_mib']:10.1f}")
+    for key, why in problems.items():
+        print(f"problem: {key}: {why}")
+    return 0 if results else 1
+
+
+# ------------------------------------------------------------- sim cluster
+
+def sim_worker(args):
+    tf = tf_setup()
+    import numpy as np
+    import keras
+    import tarantella as tnt
+    from tarantella import _core
+    tnt.init()
+    rank = tnt.get_rank()
+    rng = np.random.default_rng(0)
+    n = SIM_BATCH * args.steps
+    x = rng.normal(size=(n, SIM_IN)).astype(np.float32)
+    y = rng.normal(size=(n, SIM_OUT)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(SIM_BATCH, drop_remainder=True).cache()
+    models = {}
+    for name in ("pipeline", "data"):
+        if name == "pipeline":
+            model = tnt.Model(sim_model(keras, tnt),
+                              parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                              num_micro_batches=SIM_MICRO)
+        else:
+            model = tnt.Model(sim_model(keras, tnt), parallel_strategy=tnt.ParallelStrategy.DATA)
+        model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
+        model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
+        models[name] = model
+    params = int(sum(np.prod(w.shape) for w in models["data"].trainable_weights))
+    timer = step_timer(keras)
+    times = {name: [] for name in models}
+    for rep in range(args.reps):
+        order = list(models) if rep % 2 == 0 else list(reversed(list(models)))
+        for name in order:
+            models[name].fit(ds, epochs=1, verbose=0, callbacks=[timer])
+            times[name] += timer.take()
+    write_json(os.path.join(args.work, f"rank{rank}.json"),
+               {"rank": rank, "hosts": _core.num_hosts(), "ranks": tnt.get_size(),
+                "parameters": params, "step_s": times})
+    if rank == 0:
+        print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, {params} "
+              "parameters; " + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms/step"
+                                         for k, v in times.items()), flush=True)
+
+
+def sim_cluster(args):
+    if os.geteuid() != 0:
+        sys.exit("pipeline_bench: sim_cluster needs root (network namespaces and tc)")
+    for tool in ("ip", "tc", "unshare", "tarantella"):
+        if shutil.which(tool) is None:
+            sys.exit(f"pipeline_bench: {tool} is not on PATH")
+    import sim_cluster_bench as scb
+    steps, reps = (4, 2) if args.quick else (8, 3)
+    start = time.monotonic()
+    work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
+    ncores = os.cpu_count()
+    cfg = {"benchmark": "pipeline_sim_cluster", "hosts": 2, "ranks_per_host": 1,
+           "link": "1gbit_0.1ms", "global_batch": SIM_BATCH, "micro_batches": SIM_MICRO,
+           "layers": [SIM_IN, SIM_WIDTH, SIM_WIDTH, "cut", SIM_WIDTH, SIM_IN, SIM_OUT],
+           "steps_per_fit": steps, "fits_per_mode": reps, "optimizer": "SGD", "cores": ncores,
+           "quick": bool(args.quick), "statistic": "median of rank 0's per-step times",
+           "load_average_at_start": round(os.getloadavg()[0], 2), "problems": {}}
+    results = []
+    cluster = scb.Cluster(2)
+    try:
+        cfg["link_shaping"] = cluster.shape(SIM_LINK_BPS)
+        if "netem" not in cfg["link_shaping"]:
+            cfg["added_delay"] = "none: this kernel has no netem qdisc (rate-limited with tbf only)"
+        hostfile = os.path.join(work, "hostfile")
+        with open(hostfile, "w") as f:
+            f.write("\n".join(cluster.hosts) + "\n")
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+               "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120",
+               "OMPI_MCA_plm_rsh_agent": f"{scb.SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+               "OMPI_MCA_oob_tcp_if_include": cluster.net,
+               "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp"}
+        for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT", "TNT_PIPELINE_SCHEDULE"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1",
+               "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
+               sys.executable, "--", os.path.abspath(__file__), "--worker", "sim_cluster",
+               "--work", work, "--steps", str(steps), "--reps", str(reps)]
+        ok, tail = run_job(cmd, timeout=args.job_timeout, env=env)
+        if not ok:
+            cluster.kill_processes()
+            cfg["problems"]["run"] = tail[-1500:]
+        docs = load_rank_files(work, 2)
+        if docs:
+            d0 = next(d for d in docs if d["rank"] == 0)
+            cfg["hosts_seen"] = d0["hosts"]
+            cfg["parameters"] = d0["parameters"]
+            cfg["parameter_bytes"] = d0["parameters"] * 4
+            for mode in ("pipeline", "data"):
+                ts = d0["step_s"].get(mode)
+                if not ts:
+                    continue
+                step = statistics.median(ts)
+                results.append({"mode": mode, "step_ms": round(step * 1e3, 2),
+                                "samples_per_s": round(SIM_BATCH / step, 2), "steps": len(ts),
+                                "step_spread_ms": [round(min(ts) * 1e3, 2),
+                                                   round(max(ts) * 1e3, 2)]})
+    finally:
+        cluster.down()
+        shutil.rmtree(work, ignore_errors=True)
+    by = {r["mode"]: r for r in results}
+    ratio = (by["pipeline"]["samples_per_s"] / by["data"]["samples_per_s"]
+             if len(by) == 2 else None)
+    # What the data-parallel step must move: a ring allreduce of the gradients.
+    if "parameter_bytes" in cfg:
+        cfg["allreduce_transfer_ms"] = round(cfg["parameter_bytes"] * 8 / SIM_LINK_BPS * 1e3, 1)
+        cut = SIM_BATCH // SIM_MICRO * SIM_WIDTH * 4 * 2 * SIM_MICRO
+        cfg["pipeline_transfer_ms"] = round(cut * 8 / SIM_LINK_BPS * 1e3, 1)
+    cfg["elapsed_s"] = round(time.monotonic() - start, 1)
+    cfg["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    write_json(args.json, {"config": cfg, "results": results, "ratio_pipeline_to_data": (
+        round(ratio, 3) if ratio else None)})
+    for r in results:
+        print(f"{r['mode']:>8}: {r['step_ms']:8.1f} ms/step, {r['samples_per_s']:8.1f} samples/s")
+    if ratio:
+        print(f"pipelined / data-parallel throughput: {ratio:.2f}x")
+    for key, why in cfg["problems"].items():
+        print(f"problem: {key}: {why}")
+    return 0 if ratio else 1
+
+
+# ------------------------------------------------------------------ main
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", nargs="?", choices=["bubble", "memory", "sim_cluster"])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--quick", action="store_true", help="fewer steps and fits")
+    p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
+    p.add_argument("--mpiflags", default=os.environ.get("MPIFLAGS", "--oversubscribe --bind-to none"
+                                                        + (" --allow-run-as-root"
+                                                           if os.geteuid() == 0 else "")))
+    p.add_argument("--job-timeout", type=int, default=400,
+                   help="most seconds one MPI job may take (default 400)")
+    p.add_argument("--worker", choices=["bubble", "memory", "sim_cluster"], help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=8, help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--m", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--stage-reps", type=int, default=30, help=argparse.SUPPRESS)
+    p.add_argument("--micro-batches", default="1,2,4,8", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        {"bubble": bubble_worker, "memory": memory_worker, "sim_cluster": sim_worker}[
+            args.worker](args)
+        return 0
+    if not args.mode or not args.json:
+        p.error("give a mode (bubble, memory, sim_cluster) and --json PATH")
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        return {"bubble": bubble, "memory": memory, "sim_cluster": sim_cluster}[args.mode](args)
+    finally:
+        if args.mode == "sim_cluster":
+            import sim_cluster_bench as scb
+            scb.Cluster.down_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
