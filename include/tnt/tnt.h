@@ -11,10 +11,18 @@
  *  - Every function returns a tnt_status_t: 0 is success, a positive value
  *    means "still in progress", a negative value is an error, so `st < 0`
  *    always means failure. tnt_status_string() names every code.
+ *  - Every call that returns a tnt_status_t clears the calling thread's
+ *    error message when it starts, and a call that fails leaves one:
+ *    tnt_last_error() says why this call failed (what is wrong, what to
+ *    change), and is "" after a call that succeeded. Queries that cannot
+ *    fail (names, sizes, group getters, tnt_context_error) leave it alone.
  *  - An error raised on the engine thread (a timeout, an MPI failure) is
  *    stored in the context; the failing request returns it, and every later
- *    call on the same context returns TNT_ERR_FAILED. tnt_context_error()
- *    gives the message that explains the first failure.
+ *    call on the same context returns TNT_ERR_FAILED (with the first
+ *    failure in its message). tnt_context_error() gives the message that
+ *    explains the first failure.
+ *  - Only the functions declared here (marked TNT_API) are exported from
+ *    libtnt.so; everything else is built with hidden visibility.
  *  - Collectives are matched by order: every member of a group must submit
  *    the same collectives on that group in the same order.
  *  - Buffers passed to a non-blocking call belong to libtnt until the
@@ -40,6 +48,13 @@ extern "C" {
 
 /* ---------------------------------------------------------------- status */
 
+/* Marks the exported functions: libtnt is built with -fvisibility=hidden. */
+#if defined(__GNUC__) || defined(__clang__)
+#define TNT_API __attribute__((visibility("default")))
+#else
+#define TNT_API
+#endif
+
 typedef enum tnt_status {
   TNT_OK = 0,
   TNT_IN_PROGRESS = 1,
@@ -56,7 +71,7 @@ typedef enum tnt_status {
 } tnt_status_t;
 
 /* A static, human-readable name for `status` ("TNT_ERR_TIMEOUT: ..."). */
-const char *tnt_status_string(tnt_status_t status);
+TNT_API const char *tnt_status_string(tnt_status_t status);
 
 /* ------------------------------------------------------- types and ops */
 
@@ -79,11 +94,11 @@ typedef enum tnt_op {
 } tnt_op_t;
 
 /* Size in bytes of one element of `dtype`, or 0 for an invalid dtype. */
-size_t tnt_dtype_size(tnt_dtype_t dtype);
+TNT_API size_t tnt_dtype_size(tnt_dtype_t dtype);
 /* Static lower-case name ("float32"), or "invalid". */
-const char *tnt_dtype_name(tnt_dtype_t dtype);
+TNT_API const char *tnt_dtype_name(tnt_dtype_t dtype);
 /* Static lower-case name ("sum"), or "invalid". */
-const char *tnt_op_name(tnt_op_t op);
+TNT_API const char *tnt_op_name(tnt_op_t op);
 
 /* --------------------------------------------------------------- context */
 
@@ -103,33 +118,34 @@ typedef struct tnt_config {
  * only what this call initialized. `config` may be NULL for defaults.
  * On success *out is owned by the caller; free it with tnt_context_destroy.
  */
-tnt_status_t tnt_context_create(const tnt_config_t *config, tnt_context_t **out);
+TNT_API tnt_status_t tnt_context_create(const tnt_config_t *config, tnt_context_t **out);
 
 /* Stops the engine, frees every group and the context, and finalizes MPI if
  * tnt_context_create initialized it and the context has not failed (MPI
  * cannot be finalized safely with operations still pending after a
  * failure; such a process should call tnt_context_abort). NULL is a no-op. */
-tnt_status_t tnt_context_destroy(tnt_context_t *ctx);
+TNT_API tnt_status_t tnt_context_destroy(tnt_context_t *ctx);
 
 /* Ends every process of the job (MPI_Abort) with `exit_code`. For callers
  * that cannot continue after a failure; libtnt never calls it by itself. */
-void tnt_context_abort(tnt_context_t *ctx, int exit_code);
+TNT_API void tnt_context_abort(tnt_context_t *ctx, int exit_code);
 
 /* The group of all processes; owned by the context, never freed by callers. */
-tnt_group_t *tnt_context_world(tnt_context_t *ctx);
+TNT_API tnt_group_t *tnt_context_world(tnt_context_t *ctx);
 
 /* The default timeout of `ctx`, in seconds. */
-double tnt_context_timeout(const tnt_context_t *ctx);
+TNT_API double tnt_context_timeout(const tnt_context_t *ctx);
 
 /* TNT_OK while the context is healthy, else the status of its first failure;
  * `message` (may be NULL) receives a static-lifetime-of-ctx explanation. */
-tnt_status_t tnt_context_error(const tnt_context_t *ctx, const char **message);
+TNT_API tnt_status_t tnt_context_error(const tnt_context_t *ctx, const char **message);
 
-/* The explanation of the last error that libtnt reported on the calling
- * thread (what is wrong and what to change), or "" when there was none.
- * Valid until the thread's next libtnt call. Errors raised on the engine
- * thread are explained by tnt_context_error instead. */
-const char *tnt_last_error(void);
+/* Why the calling thread's last call that returns a tnt_status_t failed
+ * (what is wrong and what to change), or "" when it succeeded. Valid until
+ * the thread's next such call. A failure of the context (raised on the
+ * engine thread) appears here for the call that reported it, and stays in
+ * tnt_context_error. */
+TNT_API const char *tnt_last_error(void);
 
 /* ----------------------------------------------------------------- groups */
 
@@ -139,24 +155,24 @@ const char *tnt_last_error(void);
  * every listed rank passes the same list. The group is owned by the context
  * and freed with it, or earlier by tnt_group_destroy.
  */
-tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out);
-tnt_status_t tnt_group_destroy(tnt_group_t *group);
+TNT_API tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out);
+TNT_API tnt_status_t tnt_group_destroy(tnt_group_t *group);
 
 /* Group queries; each returns -1 for a NULL group. */
-int tnt_group_rank(const tnt_group_t *group);        /* rank within the group */
-int tnt_group_size(const tnt_group_t *group);
-int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on this host */
-int tnt_group_local_size(const tnt_group_t *group);  /* members on this host */
-int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the group */
+TNT_API int tnt_group_rank(const tnt_group_t *group);        /* rank within the group */
+TNT_API int tnt_group_size(const tnt_group_t *group);
+TNT_API int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on this host */
+TNT_API int tnt_group_local_size(const tnt_group_t *group);  /* members on this host */
+TNT_API int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the group */
 
 /* A process-wide number for `group` (> 0), for code that can only carry
  * integers (graph attributes, Python); tnt_group_lookup turns it back into
  * the group, or NULL once the group (or its context) is destroyed. */
-int64_t tnt_group_handle(const tnt_group_t *group);
-tnt_group_t *tnt_group_lookup(int64_t handle);
+TNT_API int64_t tnt_group_handle(const tnt_group_t *group);
+TNT_API tnt_group_t *tnt_group_lookup(int64_t handle);
 
 /* The context that `group` belongs to (NULL for a NULL group). */
-tnt_context_t *tnt_group_context(const tnt_group_t *group);
+TNT_API tnt_context_t *tnt_group_context(const tnt_group_t *group);
 
 /* ----------------------------------------------------------- collectives */
 
@@ -167,55 +183,55 @@ tnt_context_t *tnt_group_context(const tnt_group_t *group);
  * MPI_Allreduce does not tell which).
  * `sendbuf == recvbuf` is allowed (in place) for allreduce.
  */
-tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+TNT_API tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
                            tnt_dtype_t dtype, tnt_op_t op);
-tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root);
+TNT_API tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root);
 /* recvbuf holds size * count elements, rank r's contribution at r * count. */
-tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+TNT_API tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
                            tnt_dtype_t dtype);
 /* Rank r contributes counts[r] elements, placed at recvbuf + displs[r]
  * elements. counts and displs have one entry per group rank. */
-tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+TNT_API tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
                             const size_t *counts, const size_t *displs, tnt_dtype_t dtype);
-tnt_status_t tnt_barrier(tnt_group_t *g);
+TNT_API tnt_status_t tnt_barrier(tnt_group_t *g);
 
 /* Non-blocking versions: *req is owned by the caller; free it with
  * tnt_request_free once it has completed (or at any time: an unfinished
  * request is released by the engine when it completes). */
-tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+TNT_API tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
                             tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req);
-tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root,
+TNT_API tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root,
                             tnt_request_t **req);
-tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+TNT_API tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
                             tnt_dtype_t dtype, tnt_request_t **req);
 /* counts and displs are copied; they need not outlive the call. */
-tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+TNT_API tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
                              const size_t *counts, const size_t *displs, tnt_dtype_t dtype,
                              tnt_request_t **req);
-tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
+TNT_API tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
 
 /*
  * Tagged point-to-point messages between group ranks, matched by
  * (source, tag) in order, independent of collectives. 0 <= tag < 32768.
  * The receiver's count must equal the sender's.
  */
-tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+TNT_API tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
                       int tag);
-tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag);
-tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+TNT_API tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag);
+TNT_API tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
                        int tag, tnt_request_t **req);
-tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag,
+TNT_API tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag,
                        tnt_request_t **req);
 
 /* ---------------------------------------------------------------- requests */
 
 /* TNT_OK when done, TNT_IN_PROGRESS while running, < 0 when it failed. */
-tnt_status_t tnt_request_test(tnt_request_t *req);
+TNT_API tnt_status_t tnt_request_test(tnt_request_t *req);
 /* Waits at most `timeout_s` seconds (< 0: the context default). Returns
  * TNT_ERR_TIMEOUT if the request is still running then; it stays valid. */
-tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s);
+TNT_API tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s);
 /* Releases the caller's reference. NULL is a no-op. */
-void tnt_request_free(tnt_request_t *req);
+TNT_API void tnt_request_free(tnt_request_t *req);
 
 /* ----------------------------------------------------------- tensor fusion */
 
@@ -234,49 +250,36 @@ typedef struct tnt_tensor_info {
  * bucket). Every member of `g` must pass the same list. The set is owned
  * by the caller; free it with tnt_fusion_destroy.
  */
-tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
+TNT_API tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
                                size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out);
-tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
+TNT_API tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
 
 /* Copies tensor `id` into its bucket. Once every member of a bucket has
  * started, the bucket's allreduce is submitted (buckets always in plan
  * order, so ranks may start tensors in any order). Returns at once;
  * TNT_ERR_STATE when the tensor was started already in this round (a
  * round ends when every member of the bucket has finished). */
-tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
+TNT_API tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
 /* Waits (at most `timeout_s`, < 0: context default) for the bucket of `id`
  * and copies the reduced tensor to `out`. After every member of a bucket
  * has finished, the bucket is ready for the next round of starts. */
-tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
-
-/* Called once when an asynchronous finish is over: `status` is TNT_OK when
- * the output holds the reduced tensor. Runs on a libtnt thread (or on the
- * caller's, when the result is already there); it must not block. */
-typedef void (*tnt_done_fn)(void *arg, tnt_status_t status);
-
-/*
- * tnt_fusion_finish without blocking: returns at once (TNT_OK), copies the
- * reduced tensor to `out` when its bucket is done, then calls done(arg, st).
- * If the bucket is not done within the context timeout, done receives
- * TNT_ERR_TIMEOUT and the log names the tensors this rank has not started.
- * `out` must stay valid until done is called. A negative return means done
- * will not be called.
- */
-tnt_status_t tnt_fusion_finish_async(tnt_fusion_t *f, uint64_t id, void *out, tnt_done_fn done,
-                                     void *arg);
+TNT_API tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
 
 /* A process-wide number for `f` (> 0), so that code which can only carry
  * integers (graph attributes) can name it; tnt_fusion_lookup turns it back
  * into the set, or NULL once the set is destroyed. */
-int64_t tnt_fusion_handle(const tnt_fusion_t *f);
-tnt_fusion_t *tnt_fusion_lookup(int64_t handle);
+TNT_API int64_t tnt_fusion_handle(const tnt_fusion_t *f);
+TNT_API tnt_fusion_t *tnt_fusion_lookup(int64_t handle);
 
 /* The group that `f` reduces over (NULL for a NULL set). */
-tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f);
+TNT_API tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f);
 
-size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
+TNT_API size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */
-long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
+TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
+/* 1 when tensor `id` is in the set, with its entry of the list copied to
+ * `info` (may be NULL); 0 when it is not (or f is NULL). */
+TNT_API int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info);
 
 /* ---------------------------------------------------------------- timeline */
 
@@ -295,27 +298,38 @@ long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
  */
 
 /* 1 while this process writes a timeline, else 0. */
-int tnt_timeline_enabled(void);
+TNT_API int tnt_timeline_enabled(void);
 
 /* Adds an event of the calling thread to the timeline (a no-op without
  * one): phase 'B' begins a span called `name`, 'E' ends the thread's
  * innermost span (same name), 'i' marks an instant. `category` may be NULL
  * ("user"). TNT_ERR_INVALID_ARG for a NULL name or another phase. */
-tnt_status_t tnt_timeline_event(const char *name, const char *category, char phase);
+TNT_API tnt_status_t tnt_timeline_event(const char *name, const char *category, char phase);
 
 /* Adds a span of the calling thread that began at `begin` and ended at
  * `end`, in seconds of CLOCK_MONOTONIC (as clock_gettime gives them), for
  * spans whose two ends are seen by different threads. A no-op without a
  * timeline; TNT_ERR_INVALID_ARG for a NULL name or end < begin. */
-tnt_status_t tnt_timeline_span(const char *name, const char *category, double begin,
-                               double end);
+TNT_API tnt_status_t tnt_timeline_span(const char *name, const char *category, double begin,
+                                       double end);
 
 /* -------------------------------------------------------------- algorithms */
 
 /* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",
- * "rd", "mpi"). TNT_ALLREDUCE_ALGORITHM in the environment overrides the
- * choice by size. */
-const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
+ * "rd", "mpi"). Each group chooses its algorithms once, when it is created
+ * (the world group: in tnt_context_create): by message size, or as
+ * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
+ * TNT_ALLGATHER_ALGORITHM in the environment at that moment say (a name,
+ * or "auto"). Changing them later does not change existing groups. */
+TNT_API const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
+
+/* The `index`-th (from 0) algorithm that libtnt has for `collective`
+ * ("allreduce", "broadcast" or "allgather"): static strings with its name
+ * (the value of the environment variable that forces it) and a one-line
+ * description. TNT_ERR_INVALID_ARG past the last one or for another
+ * collective. */
+TNT_API tnt_status_t tnt_algorithm_info(const char *collective, int index, const char **name,
+                                const char **description);
 
 #ifdef __cplusplus
 }

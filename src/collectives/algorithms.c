@@ -6,13 +6,19 @@
  * hierarchical shared-memory algorithm when hosts are alike and hold
  * several ranks each, otherwise recursive doubling up to TNT__RD_MAX_BYTES
  * and the ring above.
+ *
+ * A communicator resolves its choice once, when it is created
+ * (tnt__algo_resolve): the collectives themselves only look it up, and
+ * never read the environment.
  */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/log.h"
+#include "util/env.h"
+#include "util/log.h"
 
 #define TNT__RD_MAX_BYTES (64u * 1024u)
 
@@ -24,40 +30,53 @@ static const tnt__algo_t *const broadcast_algos[] = {&tnt__broadcast_shm, &tnt__
 static const tnt__algo_t *const allgatherv_algos[] = {&tnt__allgatherv_shm,
                                                       &tnt__allgatherv_ring, NULL};
 
-static const tnt__algo_t *const *const tables[TNT__COLL_KIND_COUNT] = {
+static const tnt__algo_t *const *const tables[TNT__ALGO_TABLE_COUNT] = {
     allreduce_algos, broadcast_algos, allgatherv_algos};
-static const char *const env_names[TNT__COLL_KIND_COUNT] = {
+static const char *const env_names[TNT__ALGO_TABLE_COUNT] = {
     "TNT_ALLREDUCE_ALGORITHM", "TNT_BROADCAST_ALGORITHM", "TNT_ALLGATHER_ALGORITHM"};
 
 const tnt__algo_t *tnt__algo_find(tnt__coll_kind_t kind, const char *name) {
-  if ((unsigned)kind >= TNT__COLL_KIND_COUNT || name == NULL) return NULL;
+  if ((unsigned)kind >= TNT__ALGO_TABLE_COUNT || name == NULL) return NULL;
   for (const tnt__algo_t *const *a = tables[kind]; *a != NULL; ++a) {
     if (strcmp((*a)->name, name) == 0) return *a;
   }
   return NULL;
 }
 
-static const tnt__algo_t *by_size(const tnt__comm_t *c, tnt__coll_kind_t kind, size_t bytes) {
-  const tnt__algo_t *const *t = tables[kind];
-  if (t[0]->usable(c)) return t[0]; /* the shared-memory algorithm */
-  if (kind == TNT__COLL_ALLREDUCE) {
-    return bytes <= TNT__RD_MAX_BYTES ? &tnt__allreduce_rd : &tnt__allreduce_ring;
+const tnt__algo_t *tnt__algo_at(tnt__coll_kind_t kind, int index) {
+  if ((unsigned)kind >= TNT__ALGO_TABLE_COUNT || index < 0) return NULL;
+  for (int i = 0; tables[kind][i] != NULL; ++i) {
+    if (i == index) return tables[kind][i];
   }
-  return t[1];
+  return NULL;
 }
 
-const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind, size_t bytes) {
-  const char *forced = getenv(env_names[kind]);
-  if (forced != NULL && *forced != '\0' && strcmp(forced, "auto") != 0) {
+/* The choice by message size. */
+static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
+  const tnt__algo_t *const *t = tables[kind];
+  if (t[0]->usable(c)) return (tnt__algo_choice_t){t[0], t[0], SIZE_MAX}; /* shared memory */
+  if (kind == TNT__COLL_ALLREDUCE) {
+    return (tnt__algo_choice_t){&tnt__allreduce_rd, &tnt__allreduce_ring, TNT__RD_MAX_BYTES};
+  }
+  return (tnt__algo_choice_t){t[1], t[1], SIZE_MAX};
+}
+
+void tnt__algo_resolve(tnt__comm_t *c) {
+  for (int k = 0; k < TNT__ALGO_TABLE_COUNT; ++k) {
+    const tnt__coll_kind_t kind = (tnt__coll_kind_t)k;
+    c->algos[k] = by_size(c, kind);
+    const char *forced = getenv(env_names[k]);
+    if (forced == NULL || *forced == '\0' || strcmp(forced, "auto") == 0) continue;
     const tnt__algo_t *a = tnt__algo_find(kind, forced);
-    if (a != NULL && a->usable(c)) return a;
-    /* Warn once per process and kind: the same mistake would otherwise
-     * print on every call. */
-    static _Atomic int warned[TNT__COLL_KIND_COUNT];
-    if (!atomic_exchange(&warned[kind], 1)) {
-      TNT_LOG_WARN("%s=%s %s; choosing by message size instead", env_names[kind], forced,
+    if (a != NULL && a->usable(c)) {
+      c->algos[k] = (tnt__algo_choice_t){a, a, SIZE_MAX};
+      continue;
+    }
+    /* Warn once per process and kind: every group would repeat it. */
+    static _Atomic int warned[TNT__ALGO_TABLE_COUNT];
+    if (!atomic_exchange(&warned[k], 1)) {
+      TNT_LOG_WARN("%s=%s %s; choosing by message size instead", env_names[k], forced,
                    a == NULL ? "names no such algorithm" : "cannot serve this group");
     }
   }
-  return by_size(c, kind, bytes);
 }

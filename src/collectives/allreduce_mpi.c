@@ -4,7 +4,7 @@
  * cannot wait forever either.
  */
 #include "collectives/collectives.h"
-#include "core/reduce.h"
+#include "util/reduce.h"
 
 static int mpi_usable(const tnt__comm_t *c) {
   return c->t->ops->native_allreduce != NULL;

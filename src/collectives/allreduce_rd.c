@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/reduce.h"
+#include "util/reduce.h"
 
 static int rd_usable(const tnt__comm_t *c) {
   (void)c;
@@ -24,7 +24,7 @@ static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recv
                                  const tnt__wait_ctx_t *w) {
   tnt__transport_t *t = c->t;
   const int n = t->size, r = t->rank;
-  const size_t bytes = count * tnt_dtype_size(dtype);
+  const size_t bytes = count * tnt__dtype_size(dtype);
   if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
   if (n == 1 || count == 0) {
     tnt__reduce_finish(recvbuf, count, dtype, op, n);

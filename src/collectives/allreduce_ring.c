@@ -10,12 +10,12 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/reduce.h"
+#include "util/reduce.h"
 
 tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, void *buf, size_t count, tnt_dtype_t dtype,
                                  tnt_op_t op, const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
-  const size_t esz = tnt_dtype_size(dtype);
+  const size_t esz = tnt__dtype_size(dtype);
   uint8_t *data = buf;
   if (n == 1 || count == 0) {
     tnt__reduce_finish(buf, count, dtype, op, n);
@@ -65,7 +65,7 @@ static int ring_usable(const tnt__comm_t *c) {
 static tnt_status_t ring_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                    const tnt__wait_ctx_t *w) {
-  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt_dtype_size(dtype));
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
   return tnt__ring_allreduce(c->t, recvbuf, count, dtype, op, w);
 }
 

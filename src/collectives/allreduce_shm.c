@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/reduce.h"
+#include "util/reduce.h"
 
 /* Up to this many bytes read per rank, small vectors skip the slicing. */
 #define TNT__SHM_WHOLE_MAX_BYTES (32u * 1024u)
@@ -37,7 +37,7 @@ static int shm_usable(const tnt__comm_t *c) {
 static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                   const tnt__wait_ctx_t *w) {
-  const size_t esz = tnt_dtype_size(dtype);
+  const size_t esz = tnt__dtype_size(dtype);
   const size_t per_slot = c->shm_slot_bytes / esz;
   const int nloc = c->local_size, me = c->local_rank;
   const int across = c->num_hosts > 1;

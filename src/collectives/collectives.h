@@ -1,10 +1,11 @@
 /*
  * Collective algorithms. Each algorithm lives in its own file and is listed
- * in a table (algorithms.c) with its name, a description, a predicate that
- * says whether it can serve a communicator, and its function. The table
- * picks one by message size; the environment variables
+ * in a table (algorithms.c) with its name, a description (tnt-bench --list
+ * prints it), a predicate that says whether it can serve a communicator,
+ * and its function. When a communicator is created, the table is resolved
+ * once into its choice by message size; the environment variables
  * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
- * TNT_ALLGATHER_ALGORITHM override the choice by name.
+ * TNT_ALLGATHER_ALGORITHM, read at that moment, override the choice by name.
  *
  * Algorithms run on the executor thread of their context, block until done
  * or until the wait context expires, and name the missing peer on expiry.
@@ -12,16 +13,38 @@
 #ifndef TNT_COLLECTIVES_COLLECTIVES_H
 #define TNT_COLLECTIVES_COLLECTIVES_H
 
-#include "core/common.h"
 #include "transport/transport.h"
+#include "util/common.h"
 
 /* Bytes of each rank's shared region before its data slots: one cache line
  * for each of the two progress counters; the first line also holds the
  * signatures of the collectives of the last two rounds. */
 #define TNT__SHM_CTRL_BYTES 128
 
+typedef struct tnt__algo tnt__algo_t;
+
+/* The collectives that have algorithm tables; the barrier has one way only. */
+typedef enum tnt__coll_kind {
+  TNT__COLL_ALLREDUCE = 0,
+  TNT__COLL_BROADCAST = 1,
+  TNT__COLL_ALLGATHERV = 2,
+  TNT__COLL_BARRIER = 3
+} tnt__coll_kind_t;
+
+/* The number of algorithm tables: one per kind before TNT__COLL_BARRIER. */
+#define TNT__ALGO_TABLE_COUNT 3
+
+/* A communicator's choice for one kind of collective: `small` up to
+ * `small_max_bytes`, `large` above. Resolved once, at creation. */
+typedef struct tnt__algo_choice {
+  const tnt__algo_t *small;
+  const tnt__algo_t *large;
+  size_t small_max_bytes;
+} tnt__algo_choice_t;
+
 /*
- * A communicator: one group's transports and shared memory.
+ * A communicator: one group's transports, shared memory and algorithm
+ * choices.
  *  t      all members
  *  node   members on this host (shares memory when shm != NULL)
  *  cross  one member per host, those with this rank's local rank; NULL
@@ -37,11 +60,13 @@ typedef struct tnt__comm {
   int rank, size;
   int local_rank, local_size;
   int num_hosts;
+  tnt__algo_choice_t algos[TNT__ALGO_TABLE_COUNT];
 } tnt__comm_t;
 
 /* Builds a communicator over `t` (collective over t's ranks; takes
  * ownership of t). Shared memory of TNT_SHM_SLOT_KB per rank and slot
- * (default 256) is set up when the transport supports it. */
+ * (default 256) is set up when the transport supports it, and the
+ * algorithms are chosen (tnt__algo_resolve). */
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out);
 void tnt__comm_destroy(tnt__comm_t *c);
 
@@ -57,7 +82,7 @@ typedef tnt_status_t (*tnt__allgatherv_fn)(tnt__comm_t *c, const void *sendbuf, 
                                            const size_t *counts, const size_t *displs,
                                            const tnt__wait_ctx_t *w);
 
-typedef struct tnt__algo {
+struct tnt__algo {
   const char *name;
   const char *description;
   int (*usable)(const tnt__comm_t *c);
@@ -66,7 +91,7 @@ typedef struct tnt__algo {
     tnt__broadcast_fn broadcast;
     tnt__allgatherv_fn allgatherv;
   } fn;
-} tnt__algo_t;
+};
 
 extern const tnt__algo_t tnt__allreduce_ring;  /* allreduce_ring.c */
 extern const tnt__algo_t tnt__allreduce_rd;    /* allreduce_rd.c */
@@ -76,14 +101,6 @@ extern const tnt__algo_t tnt__broadcast_tree;  /* broadcast_tree.c */
 extern const tnt__algo_t tnt__broadcast_shm;   /* broadcast_shm.c */
 extern const tnt__algo_t tnt__allgatherv_ring; /* allgatherv_ring.c */
 extern const tnt__algo_t tnt__allgatherv_shm;  /* allgatherv_shm.c */
-
-typedef enum tnt__coll_kind {
-  TNT__COLL_ALLREDUCE = 0,
-  TNT__COLL_BROADCAST = 1,
-  TNT__COLL_ALLGATHERV = 2,
-  TNT__COLL_KIND_COUNT = 3, /* the kinds above have algorithm tables */
-  TNT__COLL_BARRIER = 3
-} tnt__coll_kind_t;
 
 /*
  * What a collective call is, in the terms every member must agree on.
@@ -105,11 +122,24 @@ typedef struct tnt__coll_sig {
 /* "allreduce of 1024 float32 (sum)" and the like. */
 void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len);
 
-/* The algorithm for `kind` on `c` and a message of `bytes` (the full
- * vector for allreduce and broadcast, the gathered total for allgatherv). */
-const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind, size_t bytes);
+/* Fills c->algos: for each kind the algorithm forced by the environment,
+ * when it names one that can serve c, else the choice by message size.
+ * Reads the environment; called once per communicator. */
+void tnt__algo_resolve(tnt__comm_t *c);
+
+/* The algorithm for `kind` (< TNT__ALGO_TABLE_COUNT) on `c` and a message
+ * of `bytes` (the full vector for allreduce and broadcast, the gathered
+ * total for allgatherv): a lookup in c->algos. */
+static inline const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind,
+                                                  size_t bytes) {
+  const tnt__algo_choice_t *ch = &c->algos[kind];
+  return bytes <= ch->small_max_bytes ? ch->small : ch->large;
+}
+
 /* Looks an algorithm up by name; NULL when unknown. */
 const tnt__algo_t *tnt__algo_find(tnt__coll_kind_t kind, const char *name);
+/* The `index`-th algorithm of the table of `kind`, or NULL past its end. */
+const tnt__algo_t *tnt__algo_at(tnt__coll_kind_t kind, int index);
 
 /* Barrier over every member of c (shared-memory counters on one host,
  * dissemination over the transport otherwise). */

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/log.h"
+#include "util/env.h"
+#include "util/log.h"
+#include "util/types.h"
 
 /* Largest shared-memory slot: each rank maps two per communicator. */
 #define TNT__SHM_SLOT_MAX_KB (1024.0 * 1024.0)
@@ -79,6 +81,7 @@ tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
     }
     if (st < 0) goto fail;
   }
+  tnt__algo_resolve(c);
   free(list);
   free(count_on);
   *out = c;
@@ -123,12 +126,12 @@ void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len) {
   const unsigned long long n = (unsigned long long)s->count;
   switch (s->kind) {
     case TNT__COLL_ALLREDUCE:
-      snprintf(buf, len, "allreduce of %llu %s (%s)", n, tnt_dtype_name((tnt_dtype_t)s->dtype),
-               tnt_op_name((tnt_op_t)s->op));
+      snprintf(buf, len, "allreduce of %llu %s (%s)", n, tnt__dtype_name((tnt_dtype_t)s->dtype),
+               tnt__op_name((tnt_op_t)s->op));
       break;
     case TNT__COLL_BROADCAST:
       snprintf(buf, len, "broadcast of %llu %s from rank %d", n,
-               tnt_dtype_name((tnt_dtype_t)s->dtype), (int)s->root);
+               tnt__dtype_name((tnt_dtype_t)s->dtype), (int)s->root);
       break;
     case TNT__COLL_ALLGATHERV: snprintf(buf, len, "allgather of %llu bytes in all", n); break;
     case TNT__COLL_BARRIER: snprintf(buf, len, "barrier"); break;

@@ -19,9 +19,14 @@
  * hand-off to and from the engine thread would otherwise cost more than a
  * whole small allreduce on one host.
  *
- * Failures. An operation that fails (timeout, MPI error) marks the context
- * failed with the reason; queued operations then complete with
- * TNT_ERR_FAILED without running, and so does every later call.
+ * Failures. An operation that fails (timeout, MPI error) records the
+ * failure here, with the reason the failing thread gave; queued operations
+ * then complete with TNT_ERR_FAILED without running, and so does every
+ * later call of the context (the API asks tnt__engine_check).
+ *
+ * The engine does not know the context, groups or fusion sets above it:
+ * work items carry a function and its arguments, and the engine calls back
+ * into nothing but them.
  */
 #include "engine/engine.h"
 
@@ -30,16 +35,21 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "core/context.h"
-#include "core/log.h"
-#include "core/timeline.h"
+#include "util/log.h"
+#include "util/timeline.h"
 
 struct tnt__engine {
-  tnt_context_t *ctx;
+  int rank, size; /* world rank and size, for the log prefix of the thread */
+  double timeout;
+  /* The first failure: status and explanation, written once under err_mu
+   * (not mu: requests fail while the queue lock is held, see engine_main). */
+  pthread_mutex_t err_mu;
+  _Atomic int error;
+  char error_msg[640];
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* work queued, executor released, or stop */
-  tnt__op_t *head, *tail;
+  tnt__work_t *head, *tail;
   int busy; /* an executor (engine thread or inline caller) is running */
   int idle; /* the engine thread sleeps with nothing to do */
   int stop;
@@ -48,16 +58,46 @@ struct tnt__engine {
   size_t nactive, cap_active;
 };
 
-static tnt_request_t *req_of_op(tnt__op_t *op) {
-  return (tnt_request_t *)((char *)op - offsetof(tnt_request_t, op));
+static tnt_request_t *req_of_work(tnt__work_t *work) {
+  return (tnt_request_t *)((char *)work - offsetof(tnt_request_t, work));
+}
+
+/* ------------------------------------------------------------ failures */
+
+void tnt__engine_fail(tnt__engine_t *e, tnt_status_t st, const char *label) {
+  pthread_mutex_lock(&e->err_mu);
+  if (atomic_load(&e->error) == TNT_OK) {
+    const char *why = tnt__error_message();
+    snprintf(e->error_msg, sizeof e->error_msg, "%s failed (%s)%s%s", label,
+             tnt__status_string(st), *why ? ": " : "", why);
+    atomic_store(&e->error, st);
+  }
+  pthread_mutex_unlock(&e->err_mu);
+}
+
+tnt_status_t tnt__engine_check(const tnt__engine_t *e) {
+  return atomic_load(&e->error) == TNT_OK ? TNT_OK : TNT_ERR_FAILED;
+}
+
+tnt_status_t tnt__engine_error(const tnt__engine_t *e, const char **message) {
+  tnt_status_t st = atomic_load(&e->error);
+  if (message != NULL) *message = st == TNT_OK ? "" : e->error_msg;
+  return st;
+}
+
+double tnt__engine_timeout(const tnt__engine_t *e) {
+  return e->timeout;
 }
 
 /* ---------------------------------------------------------------- requests */
 
-tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
+tnt_status_t tnt__request_new(tnt__engine_t *e, tnt_request_t **out) {
   tnt_request_t *req = calloc(1, sizeof *req);
-  if (req == NULL) return TNT_ERR_NO_MEMORY;
-  req->ctx = ctx;
+  if (req == NULL) {
+    TNT_LOG_ERROR("out of memory for a request");
+    return TNT_ERR_NO_MEMORY;
+  }
+  req->engine = e;
   atomic_init(&req->status, TNT_IN_PROGRESS);
   atomic_init(&req->refs, 2);
   pthread_mutex_init(&req->mu, NULL);
@@ -71,50 +111,30 @@ tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out) {
   return TNT_OK;
 }
 
-void tnt__request_ref(tnt_request_t *req) {
-  atomic_fetch_add(&req->refs, 1);
-}
-
 void tnt__request_unref(tnt_request_t *req) {
   if (req == NULL || atomic_fetch_sub(&req->refs, 1) != 1) return;
   pthread_mutex_destroy(&req->mu);
   pthread_cond_destroy(&req->cv);
-  free(req->op.counts);
-  free(req->op.displs);
+  free(req->work.counts);
+  free(req->work.displs);
   free(req);
 }
 
 static void request_complete(tnt_request_t *req, tnt_status_t st) {
-  if (st < 0 && st != TNT_ERR_FAILED) tnt__context_fail(req->ctx, st, req->op.label);
+  if (st < 0 && st != TNT_ERR_FAILED) tnt__engine_fail(req->engine, st, req->work.label);
   pthread_mutex_lock(&req->mu);
   atomic_store_explicit(&req->status, st, memory_order_release);
   pthread_cond_broadcast(&req->cv);
-  tnt_done_fn done = req->done;
-  void *arg = req->done_arg;
   pthread_mutex_unlock(&req->mu);
-  if (done != NULL) done(arg, st);
   tnt__request_unref(req);
 }
 
-void tnt__request_on_complete(tnt_request_t *req, tnt_done_fn done, void *arg) {
-  pthread_mutex_lock(&req->mu);
-  int st = atomic_load(&req->status);
-  if (st == TNT_IN_PROGRESS) {
-    req->done = done;
-    req->done_arg = arg;
-  }
-  pthread_mutex_unlock(&req->mu);
-  if (st != TNT_IN_PROGRESS) done(arg, st);
-}
-
-tnt_status_t tnt_request_test(tnt_request_t *req) {
-  if (req == NULL) return TNT_ERR_INVALID_ARG;
+tnt_status_t tnt__request_test(const tnt_request_t *req) {
   return atomic_load_explicit(&req->status, memory_order_acquire);
 }
 
-tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
-  if (req == NULL) return TNT_ERR_INVALID_ARG;
-  if (timeout_s < 0) timeout_s = tnt_context_timeout(req->ctx);
+tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
+  if (timeout_s < 0) timeout_s = req->engine->timeout;
   /* Most operations finish within microseconds: spin briefly before
    * sleeping on the condition variable. */
   for (unsigned it = 0; it < 256; ++it) {
@@ -134,7 +154,10 @@ tnt_status_t tnt_request_wait(tnt_request_t *req, double timeout_s) {
   }
   pthread_mutex_unlock(&req->mu);
   if (st == TNT_IN_PROGRESS) {
-    TNT_LOG_WARN("%s: not finished after waiting %.1f s", req->op.label, timeout_s);
+    /* The request goes on and may still succeed: a warning in the log, and
+     * the reason of this call's status. */
+    TNT_LOG_WARN("%s: not finished after waiting %.1f s", req->work.label, timeout_s);
+    tnt__error_set("%s: not finished after waiting %.1f s", req->work.label, timeout_s);
     return TNT_ERR_TIMEOUT;
   }
   return st;
@@ -157,18 +180,11 @@ static tnt_status_t request_wait_done(tnt_request_t *req) {
   return st;
 }
 
-void tnt_request_free(tnt_request_t *req) {
-  tnt__request_unref(req);
-}
-
 /* ------------------------------------------------------------- execution */
 
 /* A collective's slice of the timeline, on the thread that ran it. */
-static void timeline_collective(const tnt__op_t *op, double begin, double end, tnt_status_t st) {
-  const char *algo = "";
-  if (op->sig.kind < TNT__COLL_KIND_COUNT) { /* the barrier has no table */
-    algo = tnt__algo_select(op->comm, (tnt__coll_kind_t)op->sig.kind, op->bytes)->name;
-  }
+static void timeline_collective(const tnt__work_t *op, double begin, double end, tnt_status_t st) {
+  const char *algo = op->algorithm != NULL ? op->algorithm : "";
   const double queued_ms = op->submitted > 0 ? (begin - op->submitted) * 1e3 : 0.0;
   if (op->bucket >= 0) {
     char name[48];
@@ -185,10 +201,10 @@ static void timeline_collective(const tnt__op_t *op, double begin, double end, t
   }
 }
 
-static tnt_status_t run_collective(tnt__engine_t *e, tnt__op_t *op) {
-  tnt_status_t st = tnt__context_check(e->ctx);
+static tnt_status_t run_collective(tnt__engine_t *e, tnt__work_t *op) {
+  tnt_status_t st = tnt__engine_check(e);
   if (st < 0) return st;
-  tnt__wait_ctx_t w = tnt__wait_ctx(tnt_context_timeout(e->ctx), op->label);
+  tnt__wait_ctx_t w = tnt__wait_ctx(e->timeout, op->label);
   w.sig = &op->sig;
   if (!TNT__TIMELINE_ON()) return op->run(op, &w);
   const double begin = tnt__now();
@@ -199,15 +215,15 @@ static tnt_status_t run_collective(tnt__engine_t *e, tnt__op_t *op) {
 
 static void fail_active(tnt__engine_t *e, size_t i, tnt_status_t st) {
   tnt_request_t *req = e->active[i];
-  tnt__transport_t *t = req->op.comm->t;
-  if (req->op.xreq.active) t->ops->cancel(t, &req->op.xreq);
+  tnt__transport_t *t = req->work.comm->t;
+  if (req->work.xreq.active) t->ops->cancel(t, &req->work.xreq);
   e->active[i] = e->active[--e->nactive];
   request_complete(req, st);
 }
 
 static void post_p2p(tnt__engine_t *e, tnt_request_t *req) {
-  tnt__op_t *op = &req->op;
-  tnt_status_t st = tnt__context_check(e->ctx);
+  tnt__work_t *op = &req->work;
+  tnt_status_t st = tnt__engine_check(e);
   if (st >= 0 && e->nactive == e->cap_active) {
     size_t cap = e->cap_active ? 2 * e->cap_active : 16;
     tnt_request_t **a = realloc(e->active, cap * sizeof *a);
@@ -220,12 +236,12 @@ static void post_p2p(tnt__engine_t *e, tnt_request_t *req) {
   }
   if (st >= 0) {
     tnt__transport_t *t = op->comm->t;
-    size_t bytes = op->count * tnt_dtype_size(op->dtype);
-    op->deadline = tnt__now() + tnt_context_timeout(e->ctx);
-    if (op->kind == TNT__OP_SEND) {
-      st = t->ops->isend(t, TNT__CH_P2P, op->sendbuf, bytes, op->root, op->tag, &op->xreq);
+    size_t bytes = op->count * tnt__dtype_size(op->dtype);
+    op->deadline = tnt__now() + e->timeout;
+    if (op->kind == TNT__WORK_SEND) {
+      st = t->ops->isend(t, TNT__CH_P2P, op->sendbuf, bytes, op->peer, op->tag, &op->xreq);
     } else {
-      st = t->ops->irecv(t, TNT__CH_P2P, op->recvbuf, bytes, op->root, op->tag, &op->xreq);
+      st = t->ops->irecv(t, TNT__CH_P2P, op->recvbuf, bytes, op->peer, op->tag, &op->xreq);
     }
   }
   if (st < 0) {
@@ -240,9 +256,9 @@ static size_t poll_p2p(tnt__engine_t *e) {
   double now = 0;
   for (size_t i = 0; i < e->nactive;) {
     tnt_request_t *req = e->active[i];
-    tnt__transport_t *t = req->op.comm->t;
+    tnt__transport_t *t = req->work.comm->t;
     int done = 0;
-    tnt_status_t st = t->ops->test(t, &req->op.xreq, &done);
+    tnt_status_t st = t->ops->test(t, &req->work.xreq, &done);
     if (st < 0) {
       fail_active(e, i, st);
     } else if (done) {
@@ -250,9 +266,9 @@ static size_t poll_p2p(tnt__engine_t *e) {
       request_complete(req, TNT_OK);
     } else {
       if (now == 0) now = tnt__now();
-      if (now > req->op.deadline) {
-        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d", req->op.label,
-                      tnt_context_timeout(e->ctx), t->world_ranks[req->op.root]);
+      if (now > req->work.deadline) {
+        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d", req->work.label,
+                      e->timeout, t->world_ranks[req->work.peer]);
         fail_active(e, i, TNT_ERR_TIMEOUT);
       } else {
         ++i;
@@ -262,9 +278,9 @@ static size_t poll_p2p(tnt__engine_t *e) {
   return e->nactive;
 }
 
-static void execute(tnt__engine_t *e, tnt__op_t *op) {
-  tnt_request_t *req = req_of_op(op);
-  if (op->kind == TNT__OP_RUN) {
+static void execute(tnt__engine_t *e, tnt__work_t *op) {
+  tnt_request_t *req = req_of_work(op);
+  if (op->kind == TNT__WORK_RUN) {
     request_complete(req, run_collective(e, op));
   } else {
     post_p2p(e, req);
@@ -273,7 +289,7 @@ static void execute(tnt__engine_t *e, tnt__op_t *op) {
 
 static void *engine_main(void *arg) {
   tnt__engine_t *e = arg;
-  tnt__log_set_rank(tnt__context_rank(e->ctx), tnt__context_size(e->ctx), 1);
+  tnt__log_set_rank(e->rank, e->size, 1);
   tnt__timeline_name_thread("progress");
   unsigned idle = 0;
   pthread_mutex_lock(&e->mu);
@@ -290,7 +306,7 @@ static void *engine_main(void *arg) {
       while (e->nactive > 0) fail_active(e, e->nactive - 1, TNT_ERR_STATE);
       break;
     }
-    tnt__op_t *op = e->head;
+    tnt__work_t *op = e->head;
     if (op != NULL) {
       e->head = op->next;
       if (e->head == NULL) e->tail = NULL;
@@ -324,7 +340,7 @@ static void *engine_main(void *arg) {
 }
 
 void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req) {
-  tnt__op_t *op = &req->op;
+  tnt__work_t *op = &req->work;
   op->next = NULL;
   if (TNT__TIMELINE_ON()) op->submitted = tnt__now();
   pthread_mutex_lock(&e->mu);
@@ -340,19 +356,19 @@ void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req) {
 
 tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req) {
   pthread_mutex_lock(&e->mu);
-  int inline_ok = req->op.kind == TNT__OP_RUN && !e->busy && e->head == NULL;
+  int inline_ok = req->work.kind == TNT__WORK_RUN && !e->busy && e->head == NULL;
   if (inline_ok) e->busy = 1;
   pthread_mutex_unlock(&e->mu);
   tnt_status_t st;
   if (inline_ok) {
-    st = run_collective(e, &req->op);
+    st = run_collective(e, &req->work);
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
     /* Waking an engine that has nothing to do would only steal a core from
      * the ranks. */
     if (!e->idle) pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (st < 0 && st != TNT_ERR_FAILED) tnt__context_fail(e->ctx, st, req->op.label);
+    if (st < 0 && st != TNT_ERR_FAILED) tnt__engine_fail(e, st, req->work.label);
     tnt__request_unref(req); /* the engine's reference, never handed over */
   } else {
     tnt__engine_submit(e, req);
@@ -369,23 +385,45 @@ tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req) {
   return st;
 }
 
+tnt_status_t tnt__engine_call(tnt__engine_t *e, tnt__comm_t *comm, const char *label,
+                              tnt__work_fn fn, void *arg) {
+  tnt_request_t *req = NULL;
+  TNT_CHECK(tnt__request_new(e, &req));
+  req->work.kind = TNT__WORK_RUN;
+  req->work.run = fn;
+  req->work.arg = arg;
+  req->work.comm = comm;
+  req->work.bucket = -1;
+  snprintf(req->work.label, sizeof req->work.label, "%s", label);
+  return tnt__engine_run(e, req);
+}
+
 /* ---------------------------------------------------------- life cycle */
 
-tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out) {
+tnt_status_t tnt__engine_create(int rank, int size, double timeout_s, tnt__engine_t **out) {
   tnt__engine_t *e = calloc(1, sizeof *e);
-  if (e == NULL) return TNT_ERR_NO_MEMORY;
-  e->ctx = ctx;
+  if (e == NULL) {
+    TNT_LOG_ERROR("out of memory for the engine");
+    return TNT_ERR_NO_MEMORY;
+  }
+  e->rank = rank;
+  e->size = size;
+  e->timeout = timeout_s;
+  atomic_init(&e->error, TNT_OK);
+  pthread_mutex_init(&e->err_mu, NULL);
   pthread_mutex_init(&e->mu, NULL);
   /* Monotonic: the nap between polls of pending transfers is a timed wait
    * on this variable (see engine_main). */
   tnt_status_t st = tnt__cond_init_monotonic(&e->cv);
   if (st < 0) {
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->err_mu);
     free(e);
     return st;
   }
   if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->err_mu);
     pthread_cond_destroy(&e->cv);
     free(e);
     TNT_LOG_ERROR("cannot start the progress thread");
@@ -395,15 +433,18 @@ tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out) {
   return TNT_OK;
 }
 
-void tnt__engine_destroy(tnt__engine_t *e) {
-  if (e == NULL) return;
+tnt_status_t tnt__engine_destroy(tnt__engine_t *e) {
+  if (e == NULL) return TNT_OK;
   pthread_mutex_lock(&e->mu);
   e->stop = 1;
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->thread, NULL);
+  const tnt_status_t failed = tnt__engine_check(e);
   pthread_mutex_destroy(&e->mu);
+  pthread_mutex_destroy(&e->err_mu);
   pthread_cond_destroy(&e->cv);
   free(e->active);
   free(e);
+  return failed;
 }

@@ -1,6 +1,11 @@
 /*
- * The engine: the executor of a context's communication. See engine.c for
- * the threading design.
+ * The engine: the executor of a context's communication, and the keeper of
+ * its failure record. See engine.c for the threading design.
+ *
+ * The engine knows nothing of contexts, groups or fusion sets: the API
+ * layer (src/api) describes each operation as a work item, a function and
+ * its arguments, and the engine runs it in submission order. Below the
+ * engine are the collectives (src/collectives) that work items call.
  */
 #ifndef TNT_ENGINE_ENGINE_H
 #define TNT_ENGINE_ENGINE_H
@@ -11,92 +16,108 @@
 #include "collectives/collectives.h"
 #include "tnt/tnt.h"
 
-typedef struct tnt__op tnt__op_t;
-typedef tnt_status_t (*tnt__op_run_fn)(tnt__op_t *op, const tnt__wait_ctx_t *w);
+typedef struct tnt__engine tnt__engine_t;
+typedef struct tnt__work tnt__work_t;
 
-typedef enum tnt__op_kind {
-  TNT__OP_RUN = 0,  /* runs to completion on the executor (collectives) */
-  TNT__OP_SEND = 1, /* posted, then polled (point-to-point) */
-  TNT__OP_RECV = 2
-} tnt__op_kind_t;
+/* Runs a work item on the executor; bounded by the wait context `w`. */
+typedef tnt_status_t (*tnt__work_fn)(tnt__work_t *work, const tnt__wait_ctx_t *w);
 
-/* One unit of work. Embedded in its request; arguments are owned by the
- * caller as the public API documents, except `counts`/`displs`, which the
- * request owns. */
-struct tnt__op {
-  tnt__op_kind_t kind;
-  tnt__op_run_fn run;
+typedef enum tnt__work_kind {
+  TNT__WORK_RUN = 0,  /* `run` runs to completion on the executor (collectives, set-up) */
+  TNT__WORK_SEND = 1, /* posted, then polled (point-to-point) */
+  TNT__WORK_RECV = 2
+} tnt__work_kind_t;
+
+/* One unit of work. Embedded in its request; buffers are owned by the
+ * caller as the public API documents, `counts`/`displs` by the request. */
+struct tnt__work {
+  tnt__work_kind_t kind;
+  tnt__work_fn run; /* TNT__WORK_RUN only */
+  void *arg;        /* what `run` needs beyond the fields below (set-up work) */
   tnt__comm_t *comm;
-  struct tnt_group *group;
   const void *sendbuf;
   void *recvbuf;
   size_t count;
   tnt_dtype_t dtype;
-  tnt_op_t op;
-  int root; /* broadcast root, or p2p peer */
-  int tag;
+  tnt_op_t op; /* the reduction of an allreduce */
+  int root;    /* the rank that a broadcast sends from */
+  int peer;    /* the other side of a point-to-point transfer */
+  int tag;     /* point-to-point only */
   size_t *counts, *displs; /* bytes, for allgatherv */
   tnt__coll_sig_t sig;     /* collectives: what every member must agree on */
-  tnt__xreq_t xreq;
-  double deadline;
+  tnt__xreq_t xreq;        /* point-to-point: the posted transfer */
+  double deadline;         /* point-to-point: when the posted transfer fails */
   char label[112];
-  tnt__op_t *next;
+  tnt__work_t *next; /* in the engine's queue */
   /* For the timeline: the public call ("allreduce", NULL for internal
-   * operations) and its bytes, the fusion bucket it reduces (-1: none)
-   * and when it was queued (0: run inline). */
+   * work) and its bytes, the algorithm that `run` chose, the fusion bucket
+   * it reduces (-1: none) and when it was queued (0: run inline). */
   const char *call;
+  const char *algorithm;
   size_t bytes;
   long bucket;
   double submitted;
 };
 
 struct tnt_request {
-  tnt_context_t *ctx;
-  _Atomic int status; /* TNT_IN_PROGRESS until the op completes */
+  tnt__engine_t *engine;
+  _Atomic int status; /* TNT_IN_PROGRESS until the work completes */
   _Atomic int refs;   /* the caller's and the engine's */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  tnt_done_fn done; /* completion callback, at most one */
-  void *done_arg;
-  tnt__op_t op;
+  tnt__work_t work;
 };
 
-/* Calls done(arg, status) once the request completes: right away on this
- * thread if it already has, else on the thread that completes it. */
-void tnt__request_on_complete(tnt_request_t *req, tnt_done_fn done, void *arg);
+/* ---------------------------------------------------------- life cycle */
 
-typedef struct tnt__engine tnt__engine_t;
+/* Starts the progress thread of a context of world rank `rank` of `size`
+ * whose waits last at most `timeout_s`. */
+tnt_status_t tnt__engine_create(int rank, int size, double timeout_s, tnt__engine_t **out);
+/* Stops the thread after the queued work has run, fails what is left of
+ * point-to-point transfers, and frees the engine. Returns TNT_OK, or
+ * TNT_ERR_FAILED when a failure had been recorded (by then). */
+tnt_status_t tnt__engine_destroy(tnt__engine_t *e);
 
-tnt_status_t tnt__engine_create(tnt_context_t *ctx, tnt__engine_t **out);
-/* Stops the thread after the queued work has run; fails what is left of
- * point-to-point transfers. */
-void tnt__engine_destroy(tnt__engine_t *e);
+double tnt__engine_timeout(const tnt__engine_t *e);
 
-/* A request with two references (caller and engine), status in progress. */
-tnt_status_t tnt__request_new(tnt_context_t *ctx, tnt_request_t **out);
+/* ------------------------------------------------------------ failures */
+
+/* Records the first failure: `st` and a message built from `label` and the
+ * reason the failing thread gave last (tnt__error_message). */
+void tnt__engine_fail(tnt__engine_t *e, tnt_status_t st, const char *label);
+/* TNT_OK, or TNT_ERR_FAILED once a failure was recorded. */
+tnt_status_t tnt__engine_check(const tnt__engine_t *e);
+/* TNT_OK or the status of the first failure; `message` (may be NULL)
+ * receives its explanation ("" while there is none), valid as long as e. */
+tnt_status_t tnt__engine_error(const tnt__engine_t *e, const char **message);
+
+/* ------------------------------------------------------------ requests */
+
+/* A request with two references (caller and engine), status in progress,
+ * its work zeroed. */
+tnt_status_t tnt__request_new(tnt__engine_t *e, tnt_request_t **out);
 void tnt__request_unref(tnt_request_t *req);
-/* Adds a reference (released with tnt__request_unref). */
-void tnt__request_ref(tnt_request_t *req);
+/* TNT_OK when done, TNT_IN_PROGRESS while running, < 0 when it failed. */
+tnt_status_t tnt__request_test(const tnt_request_t *req);
+/* Waits at most `timeout_s` (< 0: the engine's timeout); TNT_ERR_TIMEOUT
+ * (logged) when the request is still running then. */
+tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s);
 
-/* Queues the request's op; the engine takes over its reference. */
+/* ---------------------------------------------------------- submission */
+
+/* Queues the request's work; the engine takes over its reference. */
 void tnt__engine_submit(tnt__engine_t *e, tnt_request_t *req);
 /* Runs a request to completion and drops both references: on the calling
- * thread when the engine is idle, else through the queue. Returns the op's
- * status. Bounded by the timeouts of the operations queued before it. */
+ * thread when the engine is idle, else through the queue. Returns the
+ * work's status. Bounded by the timeouts of the work queued before it. */
 tnt_status_t tnt__engine_run(tnt__engine_t *e, tnt_request_t *req);
-/* Submits a request and waits for it like tnt__engine_run, for operations
- * that must go through the queue (point-to-point). Drops both references. */
+/* Submits a request and waits for it like tnt__engine_run, for work that
+ * must go through the queue (point-to-point). Drops both references. */
 tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req);
-
-/* tnt_iallreduce with the label that logs and errors use for it (NULL: the
- * default "allreduce of N bytes"); req == NULL runs it blocking. */
-tnt_status_t tnt__iallreduce_labeled(struct tnt_group *g, const void *sendbuf, void *recvbuf,
-                                     size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                     const char *label, tnt_request_t **req);
-/* tnt__iallreduce_labeled of fusion bucket `bucket`, which the timeline
- * names. */
-tnt_status_t tnt__iallreduce_bucket(struct tnt_group *g, const void *sendbuf, void *recvbuf,
-                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                    const char *label, long bucket, tnt_request_t **req);
+/* Runs `fn` with `arg` (work->arg) on the executor, in order with the
+ * collectives, and returns its status: for set-up work such as creating
+ * a group's communicator over `comm`. */
+tnt_status_t tnt__engine_call(tnt__engine_t *e, tnt__comm_t *comm, const char *label,
+                              tnt__work_fn fn, void *arg);
 
 #endif

@@ -13,52 +13,66 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/common.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "util/common.h"
+#include "util/log.h"
+#include "util/reduce.h"
 
-static int tnt__cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+static int cmp_id(const void *a, const void *b) {
+  uint64_t x = ((const tnt__plan_id_t *)a)->id, y = ((const tnt__plan_id_t *)b)->id;
   return (x > y) - (x < y);
 }
 
-/* TNT_ERR_INVALID_ARG (logged) for an invalid dtype, a tensor whose size
- * in bytes does not fit in size_t, or a repeated id. */
-static tnt_status_t tnt__check_tensors(const tnt_tensor_info_t *tensors, size_t n) {
-  tnt_status_t st = TNT_OK;
-  uint64_t *ids = NULL;
+/* TNT_ERR_INVALID_ARG (logged) for an invalid dtype or a tensor whose size
+ * in bytes does not fit in size_t. */
+static tnt_status_t check_tensors(const tnt_tensor_info_t *tensors, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (!tnt__dtype_valid(tensors[i].dtype)) {
       TNT_LOG_ERROR("fusion plan: tensor %zu (id %llu) has invalid dtype %d", i,
                     (unsigned long long)tensors[i].id, (int)tensors[i].dtype);
-      st = TNT_ERR_INVALID_ARG;
-      goto out;
+      return TNT_ERR_INVALID_ARG;
     }
-    if (tensors[i].count > SIZE_MAX / tnt_dtype_size(tensors[i].dtype)) {
+    if (tensors[i].count > SIZE_MAX / tnt__dtype_size(tensors[i].dtype)) {
       TNT_LOG_ERROR("fusion plan: tensor %zu (id %llu) is too large", i,
                     (unsigned long long)tensors[i].id);
-      st = TNT_ERR_INVALID_ARG;
-      goto out;
+      return TNT_ERR_INVALID_ARG;
     }
   }
-  ids = malloc(n * sizeof *ids);
-  if (ids == NULL) {
-    st = TNT_ERR_NO_MEMORY;
-    goto out;
+  return TNT_OK;
+}
+
+/* Fills plan->by_id (sorted by id); TNT_ERR_INVALID_ARG (logged) for a
+ * repeated id. */
+static tnt_status_t index_ids(const tnt_tensor_info_t *tensors, size_t n,
+                              tnt__fusion_plan_t *plan) {
+  plan->by_id = malloc(n * sizeof *plan->by_id);
+  if (plan->by_id == NULL) {
+    TNT_LOG_ERROR("fusion plan: out of memory for %zu tensors", n);
+    return TNT_ERR_NO_MEMORY;
   }
-  for (size_t i = 0; i < n; i++) ids[i] = tensors[i].id;
-  qsort(ids, n, sizeof *ids, tnt__cmp_u64);
+  for (size_t i = 0; i < n; i++) plan->by_id[i] = (tnt__plan_id_t){tensors[i].id, i};
+  qsort(plan->by_id, n, sizeof *plan->by_id, cmp_id);
   for (size_t i = 1; i < n; i++) {
-    if (ids[i] == ids[i - 1]) {
-      TNT_LOG_ERROR("fusion plan: tensor id %llu appears more than once",
-                    (unsigned long long)ids[i]);
-      st = TNT_ERR_INVALID_ARG;
-      goto out;
+    if (plan->by_id[i].id == plan->by_id[i - 1].id) {
+      TNT_LOG_ERROR("fusion plan: tensor id %llu appears more than once; ids must be unique",
+                    (unsigned long long)plan->by_id[i].id);
+      return TNT_ERR_INVALID_ARG;
     }
   }
-out:
-  free(ids);
-  return st;
+  return TNT_OK;
+}
+
+long tnt__fusion_plan_find(const tnt__fusion_plan_t *plan, uint64_t id) {
+  size_t lo = 0, hi = plan->ntensors;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (plan->by_id[mid].id == id) return (long)plan->by_id[mid].index;
+    if (plan->by_id[mid].id < id) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return -1;
 }
 
 tnt_status_t tnt__fusion_plan(const tnt_tensor_info_t *tensors, size_t n, size_t threshold_bytes,
@@ -72,16 +86,18 @@ tnt_status_t tnt__fusion_plan(const tnt_tensor_info_t *tensors, size_t n, size_t
     TNT_LOG_ERROR("fusion plan: NULL tensor list with %zu tensors", n);
     return TNT_ERR_INVALID_ARG;
   }
-  TNT_CHECK_GOTO(tnt__check_tensors(tensors, n), st, fail);
+  TNT_CHECK_GOTO(check_tensors(tensors, n), st, fail);
+  plan->ntensors = n;
+  TNT_CHECK_GOTO(index_ids(tensors, n, plan), st, fail);
 
   /* At most one bucket per tensor; the array is shrunk at the end. */
-  plan->ntensors = n;
   plan->buckets = calloc(n, sizeof *plan->buckets);
   plan->members = malloc(n * sizeof *plan->members);
   plan->bucket_of = malloc(n * sizeof *plan->bucket_of);
   plan->offset_of = malloc(n * sizeof *plan->offset_of);
   fill = calloc(n, sizeof *fill);
   if (!plan->buckets || !plan->members || !plan->bucket_of || !plan->offset_of || !fill) {
+    TNT_LOG_ERROR("fusion plan: out of memory for %zu tensors", n);
     st = TNT_ERR_NO_MEMORY;
     goto fail;
   }
@@ -102,13 +118,13 @@ tnt_status_t tnt__fusion_plan(const tnt_tensor_info_t *tensors, size_t n, size_t
     bp->nmembers++;
     /* A bucket's element count cannot overflow in bytes: it is at most the
      * total of the tensors, each of which fits, but their sum might not. */
-    if (tensors[i].count > SIZE_MAX / tnt_dtype_size(dt) - bp->count) {
+    if (tensors[i].count > SIZE_MAX / tnt__dtype_size(dt) - bp->count) {
       TNT_LOG_ERROR("fusion plan: bucket %zu grows beyond the address space", b);
       st = TNT_ERR_INVALID_ARG;
       goto fail;
     }
     bp->count += tensors[i].count;
-    if (bp->count * tnt_dtype_size(dt) >= threshold_bytes) open[dt] = 0;
+    if (bp->count * tnt__dtype_size(dt) >= threshold_bytes) open[dt] = 0;
   }
 
   /* Pass 2: members grouped by bucket, in list order inside each. */
@@ -139,5 +155,6 @@ void tnt__fusion_plan_free(tnt__fusion_plan_t *plan) {
   free(plan->members);
   free(plan->bucket_of);
   free(plan->offset_of);
+  free(plan->by_id);
   memset(plan, 0, sizeof *plan);
 }

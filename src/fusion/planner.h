@@ -14,6 +14,7 @@
 #define TNT_FUSION_PLANNER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tnt/tnt.h"
 
@@ -24,6 +25,12 @@ typedef struct tnt__bucket_plan {
   tnt_dtype_t dtype;
 } tnt__bucket_plan_t;
 
+/* A tensor's id and its index in the list. */
+typedef struct tnt__plan_id {
+  uint64_t id;
+  size_t index;
+} tnt__plan_id_t;
+
 typedef struct tnt__fusion_plan {
   size_t ntensors;
   size_t nbuckets;
@@ -31,6 +38,7 @@ typedef struct tnt__fusion_plan {
   size_t *members;   /* [ntensors] tensor indices, grouped by bucket, list order inside */
   size_t *bucket_of; /* [ntensors] bucket of tensor i */
   size_t *offset_of; /* [ntensors] element offset of tensor i in its bucket */
+  tnt__plan_id_t *by_id; /* [ntensors] sorted by id, for tnt__fusion_plan_find */
 } tnt__fusion_plan_t;
 
 /*
@@ -41,5 +49,8 @@ typedef struct tnt__fusion_plan {
 tnt_status_t tnt__fusion_plan(const tnt_tensor_info_t *tensors, size_t n, size_t threshold_bytes,
                               tnt__fusion_plan_t *plan);
 void tnt__fusion_plan_free(tnt__fusion_plan_t *plan);
+
+/* The index in the list of tensor `id`, or -1 when the plan has none. */
+long tnt__fusion_plan_find(const tnt__fusion_plan_t *plan, uint64_t id);
 
 #endif

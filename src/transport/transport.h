@@ -1,8 +1,9 @@
 /*
  * The transport: how bytes move between the ranks of one group. Collective
  * algorithms are written only against this interface, so the same code runs
- * over MPI (transport_mpi.c) and over ranks simulated as threads in one
- * process (transport_threads.c, for tests).
+ * over MPI (transport_mpi.c) and, in the tests, over ranks simulated as
+ * threads in one process (tests/fixtures/transport_threads.c, which is not
+ * part of the library).
  *
  * A transport is used by one thread at a time (the executor of the
  * context that owns it). Ranks are numbered 0..size-1 within the transport;
@@ -14,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/common.h"
+#include "util/common.h"
 
 /* Collective traffic and user point-to-point traffic never match each
  * other: they travel on separate channels. */
@@ -109,16 +110,5 @@ tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes
 
 /* The MPI transport over a duplicate of MPI_COMM_WORLD (MPI initialized). */
 tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out);
-
-/*
- * Ranks simulated as threads: tnt__threads_world_create makes a world of
- * `size` ranks where rank r lives on host hosts[r] (NULL: all on host 0);
- * each rank's thread then calls tnt__threads_transport_create with its rank.
- */
-typedef struct tnt__threads_world tnt__threads_world_t;
-tnt_status_t tnt__threads_world_create(int size, const int *hosts, tnt__threads_world_t **out);
-void tnt__threads_world_destroy(tnt__threads_world_t *world);
-tnt_status_t tnt__threads_transport_create(tnt__threads_world_t *world, int rank,
-                                           tnt__transport_t **out);
 
 #endif

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/log.h"
-#include "core/reduce.h"
+#include "util/log.h"
+#include "util/reduce.h"
 #include "transport/transport.h"
 
 typedef struct mpi_transport {
@@ -233,7 +233,7 @@ static tnt_status_t mpi_native_allreduce(tnt__transport_t *t, const void *sendbu
                                          size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                          const tnt__wait_ctx_t *w) {
   mpi_transport_t *m = (mpi_transport_t *)t;
-  if (count > (size_t)INT_MAX) return check_bytes(count * tnt_dtype_size(dtype));
+  if (count > (size_t)INT_MAX) return check_bytes(count * tnt__dtype_size(dtype));
   static MPI_User_function *const half_fns[2][3] = {{f16_sum, f16_min, f16_max},
                                                     {bf16_sum, bf16_min, bf16_max}};
   static const MPI_Op std_ops[3] = {MPI_SUM, MPI_MIN, MPI_MAX};

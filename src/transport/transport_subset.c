@@ -8,7 +8,7 @@
  */
 #include <stdlib.h>
 
-#include "core/log.h"
+#include "util/log.h"
 #include "transport/transport.h"
 
 tnt_status_t tnt__transport_init_subset(tnt__transport_t *child, const tnt__transport_t *parent,

@@ -5,7 +5,7 @@
  */
 #include <stdio.h>
 
-#include "core/log.h"
+#include "util/log.h"
 #include "transport/transport.h"
 
 /* Collective messages of one communicator are matched by order, so a single

@@ -37,7 +37,6 @@ typedef struct bufs {
 
 static int g_rank, g_size;
 static mt_hashlog_t g_log;
-static char *g_saved_algo;
 
 /* Completes a request according to `mode` (not MODE_BLOCKING). */
 static tnt_status_t finish_request(tnt_request_t *req, mode_t_ mode) {
@@ -46,13 +45,49 @@ static tnt_status_t finish_request(tnt_request_t *req, mode_t_ mode) {
   return st;
 }
 
-static void force_algorithm(const char *name) {
+/*
+ * A group of the world ranks `members` (of group g's context) whose
+ * algorithm for one kind of collective is forced: groups choose their
+ * algorithms when they are created, so `var` (TNT_ALLREDUCE_ALGORITHM, ...)
+ * is set to `name` (NULL: unset) around the creation, then restored.
+ * Collective over the members. forced_group: the same over every rank, in
+ * world order.
+ */
+static tnt_group_t *forced_subgroup(tnt_group_t *g, const int *members, int n, const char *var,
+                                    const char *name) {
+  const char *was = getenv(var);
+  char *saved = was != NULL ? strdup(was) : NULL;
   if (name != NULL) {
-    setenv("TNT_ALLREDUCE_ALGORITHM", name, 1);
-  } else if (g_saved_algo != NULL) {
-    setenv("TNT_ALLREDUCE_ALGORITHM", g_saved_algo, 1);
+    setenv(var, name, 1);
   } else {
-    unsetenv("TNT_ALLREDUCE_ALGORITHM");
+    unsetenv(var);
+  }
+  tnt_group_t *forced = NULL;
+  tnt_status_t st = tnt_group_create(tnt_group_context(g), members, n, &forced);
+  if (st != TNT_OK) mt_fatal("tnt_group_create with %s=%s: %s", var, name, mt_st(st));
+  if (saved != NULL) {
+    setenv(var, saved, 1);
+  } else {
+    unsetenv(var);
+  }
+  free(saved);
+  return forced;
+}
+
+static tnt_group_t *forced_group(tnt_group_t *world, const char *var, const char *name) {
+  int *ranks = mt_alloc((size_t)g_size * sizeof *ranks);
+  for (int r = 0; r < g_size; r++) ranks[r] = r;
+  tnt_group_t *g = forced_subgroup(world, ranks, g_size, var, name);
+  free(ranks);
+  return g;
+}
+
+/* The world with TNT_ALLREDUCE_ALGORITHM=kAlgos[a], for a < NALGOS. */
+static tnt_group_t *g_algo_world[NALGOS];
+
+static void make_algo_worlds(tnt_group_t *world) {
+  for (int a = 0; a < NALGOS; a++) {
+    g_algo_world[a] = forced_group(world, "TNT_ALLREDUCE_ALGORITHM", kAlgos[a]);
   }
 }
 
@@ -129,7 +164,7 @@ static void allreduce_once(tnt_group_t *g, bufs_t *b, size_t count, tnt_dtype_t 
   mt_hashlog_add(&g_log, dst, bytes);
 }
 
-static void test_allreduce_exact(tnt_group_t *world, bufs_t *b) {
+static void test_allreduce_exact(bufs_t *b) {
   for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
     tnt_dtype_t dt = (tnt_dtype_t)d;
     for (size_t ci = 0; ci <= NCOUNTS; ci++) {
@@ -141,8 +176,8 @@ static void test_allreduce_exact(tnt_group_t *world, bufs_t *b) {
         mt_fill(b->in, count, dt, seed, g_rank);
         mt_expected_reduce(b->want, count, dt, op, seed, NULL, g_size);
         for (int a = 0; a < NALGOS; a++) {
-          force_algorithm(kAlgos[a]);
-          const char *used = tnt_allreduce_algorithm(world, count * mt_dsize(dt));
+          tnt_group_t *g = g_algo_world[a];
+          const char *used = tnt_allreduce_algorithm(g, count * mt_dsize(dt));
           for (int m = 0; m < MODE_COUNT; m++) {
             for (int in_place = 0; in_place < 2; in_place++) {
               mt_set_case("allreduce %s %s %s count=%zu %s %s", kAlgos[a], mt_dname(dt),
@@ -153,14 +188,13 @@ static void test_allreduce_exact(tnt_group_t *world, bufs_t *b) {
                          "got %s",
                          kAlgos[a], kAlgos[a], used != NULL ? used : "NULL");
               }
-              allreduce_once(world, b, count, dt, op, (mode_t_)m, in_place);
+              allreduce_once(g, b, count, dt, op, (mode_t_)m, in_place);
             }
           }
         }
       }
     }
   }
-  force_algorithm(NULL);
   mt_hashlog_compare(&g_log, MPI_COMM_WORLD, "allreduce exact");
 }
 
@@ -181,13 +215,13 @@ static double unit_roundoff(tnt_dtype_t dt) {
 /* Random real data: results cannot be predicted bitwise, so they are checked
  * against a double-precision reference with a rounding bound, and the hash
  * log proves that every rank got the same bits. */
-static void test_allreduce_random(tnt_group_t *world, bufs_t *b) {
+static void test_allreduce_random(bufs_t *b) {
   static const tnt_dtype_t dts[] = {TNT_FLOAT32, TNT_FLOAT64, TNT_FLOAT16, TNT_BFLOAT16};
   static const size_t counts[] = {1, 1000, 65537};
   double *ref = mt_alloc(65537 * sizeof *ref);
   double *mag = mt_alloc(65537 * sizeof *mag);
   for (int a = 0; a < NALGOS; a++) {
-    force_algorithm(kAlgos[a]);
+    tnt_group_t *g = g_algo_world[a];
     for (size_t di = 0; di < 4; di++) {
       tnt_dtype_t dt = dts[di];
       for (size_t ci = 0; ci < 3; ci++) {
@@ -211,7 +245,7 @@ static void test_allreduce_random(tnt_group_t *world, bufs_t *b) {
             }
           }
           memcpy(b->send, b->in, count * mt_dsize(dt));
-          tnt_status_t st = tnt_allreduce(world, b->send, b->recv, count, dt, op);
+          tnt_status_t st = tnt_allreduce(g, b->send, b->recv, count, dt, op);
           if (st != TNT_OK) mt_fatal("allreduce returned %s", mt_st(st));
           double u = unit_roundoff(dt), div = op == TNT_AVERAGE ? g_size : 1;
           for (size_t i = 0; i < count; i++) {
@@ -228,7 +262,6 @@ static void test_allreduce_random(tnt_group_t *world, bufs_t *b) {
       }
     }
   }
-  force_algorithm(NULL);
   mt_hashlog_compare(&g_log, MPI_COMM_WORLD, "allreduce random");
   free(ref);
   free(mag);
@@ -239,18 +272,17 @@ static void test_allreduce_random(tnt_group_t *world, bufs_t *b) {
 static void test_algorithm_names(tnt_group_t *world) {
   static const size_t sizes[] = {0, 4, 4096, 262144, (size_t)1 << 26};
   for (int a = 0; a < NALGOS; a++) {
-    force_algorithm(kAlgos[a]);
     for (size_t s = 0; s < 5; s++) {
       mt_set_case("tnt_allreduce_algorithm forced=%s bytes=%zu", kAlgos[a], sizes[s]);
-      const char *got = tnt_allreduce_algorithm(world, sizes[s]);
+      const char *got = tnt_allreduce_algorithm(g_algo_world[a], sizes[s]);
       MT_CHECK(got != NULL && strcmp(got, kAlgos[a]) == 0, "expected %s, got %s", kAlgos[a],
                got != NULL ? got : "NULL");
     }
   }
-  unsetenv("TNT_ALLREDUCE_ALGORITHM");
+  tnt_group_t *by_size = forced_group(world, "TNT_ALLREDUCE_ALGORITHM", NULL);
   for (size_t s = 0; s < 5; s++) {
     mt_set_case("tnt_allreduce_algorithm default bytes=%zu", sizes[s]);
-    const char *got = tnt_allreduce_algorithm(world, sizes[s]);
+    const char *got = tnt_allreduce_algorithm(by_size, sizes[s]);
     int known = 0;
     for (int a = 0; a < NALGOS; a++) known |= got != NULL && strcmp(got, kAlgos[a]) == 0;
     MT_CHECK(known, "expected one of shm, ring, rd, mpi, got %s", got != NULL ? got : "NULL");
@@ -258,7 +290,15 @@ static void test_algorithm_names(tnt_group_t *world) {
     if (got != NULL) snprintf(name, sizeof name, "%s", got);
     mt_hashlog_add(&g_log, name, sizeof name);
   }
-  force_algorithm(NULL);
+  /* A group keeps its choice: changing the variable afterwards changes
+   * nothing. */
+  mt_set_case("tnt_allreduce_algorithm after TNT_ALLREDUCE_ALGORITHM changed");
+  const char *before = tnt_allreduce_algorithm(g_algo_world[0], 4);
+  setenv("TNT_ALLREDUCE_ALGORITHM", kAlgos[1], 1);
+  const char *after = tnt_allreduce_algorithm(g_algo_world[0], 4);
+  MT_CHECK(strcmp(before, after) == 0, "expected %s to stay, got %s", before, after);
+  unsetenv("TNT_ALLREDUCE_ALGORITHM");
+  MT_OK(tnt_group_destroy(by_size));
   mt_hashlog_compare(&g_log, MPI_COMM_WORLD, "default algorithm choice");
 }
 
@@ -289,8 +329,8 @@ static void broadcast_once(tnt_group_t *g, bufs_t *b, size_t count, tnt_dtype_t 
  * Broadcast and allgather(v) algorithms can be forced too, through
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM (documented with the
  * algorithm tables in src/collectives/collectives.h; "auto" chooses by
- * size). The public API cannot report the choice, so these only make sure
- * that every algorithm is exercised.
+ * size), read when a group is created. The public API cannot report the
+ * choice, so these only make sure that every algorithm is exercised.
  */
 static const char *const kBcastAlgos[] = {"auto", "tree", "shm"};
 static void test_broadcast_roots(tnt_group_t *world, bufs_t *b, const char *algo);
@@ -298,10 +338,10 @@ static const char *const kGatherAlgos[] = {"auto", "ring", "shm"};
 
 static void test_broadcast(tnt_group_t *world, bufs_t *b) {
   for (int a = 0; a < 3; a++) {
-    setenv("TNT_BROADCAST_ALGORITHM", kBcastAlgos[a], 1);
-    test_broadcast_roots(world, b, kBcastAlgos[a]);
+    tnt_group_t *g = forced_group(world, "TNT_BROADCAST_ALGORITHM", kBcastAlgos[a]);
+    test_broadcast_roots(g, b, kBcastAlgos[a]);
+    MT_OK(tnt_group_destroy(g));
   }
-  unsetenv("TNT_BROADCAST_ALGORITHM");
 }
 
 static void test_broadcast_roots(tnt_group_t *world, bufs_t *b, const char *algo) {
@@ -354,22 +394,22 @@ static void allgather_once(tnt_group_t *g, const int *members, bufs_t *b, size_t
 
 static void test_allgather(tnt_group_t *world, bufs_t *b) {
   for (int a = 0; a < 3; a++) {
-    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a], 1);
+    tnt_group_t *g = forced_group(world, "TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a]);
     for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
       tnt_dtype_t dt = (tnt_dtype_t)d;
       for (size_t ci = 0; ci < NCOUNTS; ci++) {
         for (int m = 0; m < MODE_COUNT; m++) {
           mt_set_case("allgather %s %s count=%zu %s", kGatherAlgos[a], mt_dname(dt), kCounts[ci],
                       kModes[m]);
-          allgather_once(world, NULL, b, kCounts[ci], dt, case_seed(4, d, m, kCounts[ci]),
+          allgather_once(g, NULL, b, kCounts[ci], dt, case_seed(4, d, m, kCounts[ci]),
                          (mode_t_)m);
         }
       }
     }
     mt_set_case("allgather %s float32 count=%zu blocking", kGatherAlgos[a], kBigCount / 4);
-    allgather_once(world, NULL, b, kBigCount / 4, TNT_FLOAT32, 99, MODE_BLOCKING);
+    allgather_once(g, NULL, b, kBigCount / 4, TNT_FLOAT32, 99, MODE_BLOCKING);
+    MT_OK(tnt_group_destroy(g));
   }
-  unsetenv("TNT_ALLGATHER_ALGORITHM");
 }
 
 /* Patterns of per-rank counts for allgatherv. */
@@ -431,21 +471,21 @@ static void allgatherv_once(tnt_group_t *g, const int *members, bufs_t *b, int p
 
 static void test_allgatherv(tnt_group_t *world, bufs_t *b) {
   for (int a = 0; a < 3; a++) {
-    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a], 1);
+    tnt_group_t *g = forced_group(world, "TNT_ALLGATHER_ALGORITHM", kGatherAlgos[a]);
     for (int p = 0; p < NPATTERNS; p++) {
       for (int reversed = 0; reversed < 2; reversed++) {
         for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
           for (int m = 0; m < MODE_COUNT; m++) {
             mt_set_case("allgatherv %s pattern=%d %s %s %s", kGatherAlgos[a], p,
                         reversed ? "reversed+gaps" : "packed", mt_dname((tnt_dtype_t)d), kModes[m]);
-            allgatherv_once(world, NULL, b, p, reversed, (tnt_dtype_t)d,
+            allgatherv_once(g, NULL, b, p, reversed, (tnt_dtype_t)d,
                             case_seed(5, p * 2 + reversed, d, (size_t)m), (mode_t_)m);
           }
         }
       }
     }
+    MT_OK(tnt_group_destroy(g));
   }
-  unsetenv("TNT_ALLGATHER_ALGORITHM");
 }
 
 /* --------------------------------------------------------------- barrier */
@@ -605,7 +645,7 @@ static void group_suite(tnt_group_t *g, const int *members, int n, MPI_Comm gcom
   static const tnt_dtype_t dts[] = {TNT_FLOAT32, TNT_INT32, TNT_FLOAT16, TNT_INT64};
   static const size_t counts[] = {7, 1000, 65537};
   for (int a = 0; a < NALGOS; a++) {
-    force_algorithm(kAlgos[a]);
+    tnt_group_t *ga = forced_subgroup(g, members, n, "TNT_ALLREDUCE_ALGORITHM", kAlgos[a]);
     for (int di = 0; di < 4; di++) {
       for (int ci = 0; ci < 3; ci++) {
         for (int o = 0; o < TNT_OP_COUNT; o++) {
@@ -615,40 +655,40 @@ static void group_suite(tnt_group_t *g, const int *members, int n, MPI_Comm gcom
           uint64_t seed = case_seed(6, di * 8 + o, a, count);
           mt_set_case("group %s: allreduce %s %s %s count=%zu", gname, kAlgos[a], mt_dname(dt),
                       mt_oname(op), count);
-          const char *used = tnt_allreduce_algorithm(g, count * mt_dsize(dt));
+          const char *used = tnt_allreduce_algorithm(ga, count * mt_dsize(dt));
           MT_CHECK(used != NULL && strcmp(used, kAlgos[a]) == 0,
                    "tnt_allreduce_algorithm: expected %s, got %s", kAlgos[a],
                    used != NULL ? used : "NULL");
           mt_fill(b->in, count, dt, seed, g_rank);
           mt_expected_reduce(b->want, count, dt, op, seed, members, n);
-          allreduce_once(g, b, count, dt, op, (mode_t_)((o + ci) % MODE_COUNT), (o + a) % 2);
+          allreduce_once(ga, b, count, dt, op, (mode_t_)((o + ci) % MODE_COUNT), (o + a) % 2);
         }
       }
     }
+    MT_OK(tnt_group_destroy(ga));
   }
-  force_algorithm(NULL);
-  for (int root = 0; root < n; root++) {
-    for (int m = 0; m < MODE_COUNT; m++) {
-      setenv("TNT_BROADCAST_ALGORITHM", kBcastAlgos[m], 1);
+  for (int m = 0; m < MODE_COUNT; m++) {
+    tnt_group_t *gb = forced_subgroup(g, members, n, "TNT_BROADCAST_ALGORITHM", kBcastAlgos[m]);
+    for (int root = 0; root < n; root++) {
       mt_set_case("group %s: broadcast %s root=%d (world %d) %s", gname, kBcastAlgos[m], root,
                   members[root], kModes[m]);
-      broadcast_once(g, b, 1000 + (size_t)root, TNT_FLOAT64, root, members[root],
+      broadcast_once(gb, b, 1000 + (size_t)root, TNT_FLOAT64, root, members[root],
                      case_seed(7, root, m, 0), (mode_t_)m);
     }
+    MT_OK(tnt_group_destroy(gb));
   }
-  unsetenv("TNT_BROADCAST_ALGORITHM");
   for (int m = 0; m < MODE_COUNT; m++) {
-    setenv("TNT_ALLGATHER_ALGORITHM", kGatherAlgos[m], 1);
+    tnt_group_t *gg = forced_subgroup(g, members, n, "TNT_ALLGATHER_ALGORITHM", kGatherAlgos[m]);
     mt_set_case("group %s: allgather %s %s", gname, kGatherAlgos[m], kModes[m]);
-    allgather_once(g, members, b, 777, TNT_INT32, case_seed(8, m, 0, 0), (mode_t_)m);
+    allgather_once(gg, members, b, 777, TNT_INT32, case_seed(8, m, 0, 0), (mode_t_)m);
     for (int p = 0; p < NPATTERNS; p++) {
       mt_set_case("group %s: allgatherv %s pattern=%d %s", gname, kGatherAlgos[m], p, kModes[m]);
-      allgatherv_once(g, members, b, p, m % 2, TNT_FLOAT16, case_seed(9, p, m, 0), (mode_t_)m);
+      allgatherv_once(gg, members, b, p, m % 2, TNT_FLOAT16, case_seed(9, p, m, 0), (mode_t_)m);
     }
+    MT_OK(tnt_group_destroy(gg));
     mt_set_case("group %s: barrier %s", gname, kModes[m]);
     barrier_once(g, gcomm, (mode_t_)m);
   }
-  unsetenv("TNT_ALLGATHER_ALGORITHM");
   mt_hashlog_compare(&g_log, gcomm, gname);
 }
 
@@ -851,8 +891,6 @@ static void test_second_context(tnt_group_t *world) {
 
 int main(int argc, char **argv) {
   mt_init("test_collectives_mpi", &argc, &argv, 1);
-  const char *saved = getenv("TNT_ALLREDUCE_ALGORITHM");
-  g_saved_algo = saved != NULL ? strdup(saved) : NULL;
   tnt_context_t *ctx = mt_context(NULL);
   tnt_group_t *world = tnt_context_world(ctx);
   g_rank = mt_state()->rank;
@@ -871,10 +909,11 @@ int main(int argc, char **argv) {
   if (world == NULL) mt_fatal("tnt_context_world returned NULL");
   test_basics(ctx, world);
   double t = mt_now();
-  test_allreduce_exact(world, &b);
+  make_algo_worlds(world);
+  test_allreduce_exact(&b);
   if (g_rank == 0) printf("allreduce exact: %.1f s\n", mt_now() - t);
   t = mt_now();
-  test_allreduce_random(world, &b);
+  test_allreduce_random(&b);
   test_algorithm_names(world);
   if (g_rank == 0) printf("allreduce random and names: %.1f s\n", mt_now() - t);
   t = mt_now();
@@ -905,7 +944,6 @@ int main(int argc, char **argv) {
   int rc = mt_verdict();
   mt_hashlog_free(&g_log);
   free(b.in), free(b.send), free(b.recv), free(b.want);
-  free(g_saved_algo);
   MPI_Finalize();
   return rc;
 }

@@ -9,9 +9,8 @@
  *   - a non-blocking receive (tnt_irecv + tnt_request_wait), the same;
  *   - a large non-blocking send (tnt_isend + tnt_request_wait) whose
  *     receiver comes 1.5 s late (a message this size cannot leave eagerly);
- *   - a fusion finish (blocking, on a second thread) and an asynchronous
- *     fusion finish (whose watchdog thread ticks meanwhile) that wait 1.5 s
- *     for the other tensor of their bucket to be started on this rank.
+ *   - a fusion finish (blocking, on a second thread) that waits 1.5 s for
+ *     the other tensor of its bucket to be started on this rank.
  *
  * Each of these waits is a pthread_cond_timedwait on a deadline from the
  * monotonic clock; a condition variable made on the default clock
@@ -25,7 +24,6 @@
  * next barrier as bystanders.
  */
 #include <pthread.h>
-#include <stdatomic.h>
 
 #include "mpi_test_util.h"
 
@@ -165,19 +163,12 @@ typedef struct finisher {
   tnt_fusion_t *f;
   float out[FUSION_COUNT];
   tnt_status_t st;
-  _Atomic int done;
 } finisher_t;
 
 static void *finish_first(void *arg) {
   finisher_t *fin = arg;
   fin->st = tnt_fusion_finish(fin->f, kFusionIds[0], fin->out, -1);
   return NULL;
-}
-
-static void finish_first_done(void *arg, tnt_status_t st) {
-  finisher_t *fin = arg;
-  fin->st = st;
-  atomic_store(&fin->done, 1);
 }
 
 /* Each rank contributes rank + i + 1 at index i (exact averages). */
@@ -193,10 +184,10 @@ static void fusion_check(const float *got, int which, const char *what) {
   mt_compare(TNT_FLOAT32, got, want, FUSION_COUNT, what);
 }
 
-/* The first tensor of the bucket is finished (blocking on a second thread,
- * or asynchronously) LATE_S before the second is started. */
-static void test_fusion_wait(tnt_group_t *w, int async) {
-  const char *what = async ? "asynchronous fusion finish" : "blocking fusion finish";
+/* The first tensor of the bucket is finished (blocking, on a second
+ * thread) LATE_S before the second is started. */
+static void test_fusion_wait(tnt_group_t *w) {
+  const char *what = "blocking fusion finish";
   mt_set_case("%s waiting %.1f s for its bucket", what, LATE_S);
   tnt_tensor_info_t info[2];
   for (int t = 0; t < 2; t++)
@@ -213,9 +204,7 @@ static void test_fusion_wait(tnt_group_t *w, int async) {
   MT_OK(tnt_fusion_start(fin.f, kFusionIds[0], in[0]));
   pthread_t thread;
   window_t win = window_start();
-  if (async) {
-    MT_OK(tnt_fusion_finish_async(fin.f, kFusionIds[0], fin.out, finish_first_done, &fin));
-  } else if (pthread_create(&thread, NULL, finish_first, &fin) != 0) {
+  if (pthread_create(&thread, NULL, finish_first, &fin) != 0) {
     mt_fatal("pthread_create failed");
   }
   mt_sleep(LATE_S);
@@ -223,15 +212,7 @@ static void test_fusion_wait(tnt_group_t *w, int async) {
   double wall = window_end(win, &cpu);
   MT_OK(tnt_fusion_start(fin.f, kFusionIds[1], in[1]));
   MT_OK(tnt_fusion_finish(fin.f, kFusionIds[1], out2, -1));
-  if (async) {
-    const double t0 = mt_now();
-    while (!atomic_load(&fin.done)) {
-      if (mt_now() - t0 > 30.0) mt_fatal("the asynchronous finish never called back");
-      mt_sleep(1e-3);
-    }
-  } else {
-    pthread_join(thread, NULL);
-  }
+  pthread_join(thread, NULL);
   MT_CHECK(fin.st == TNT_OK, "%s of the first tensor: expected TNT_OK, got %s", what,
            mt_st(fin.st));
   fusion_check(fin.out, 0, "first tensor of the bucket");
@@ -256,8 +237,7 @@ int main(int argc, char **argv) {
     test_late_sender(w, 0);
     test_late_receiver(w);
   }
-  test_fusion_wait(w, 0);
-  test_fusion_wait(w, 1);
+  test_fusion_wait(w);
   /* The engine is idle again once the transfers are over. */
   test_idle(w);
 

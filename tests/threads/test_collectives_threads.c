@@ -32,8 +32,9 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "transport_threads.h"
+#include "util/log.h"
+#include "util/reduce.h"
 #include "tnt_test_data.h"
 
 #define MAX_RANKS 8

@@ -26,9 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/context.h"
-#include "core/log.h"
-#include "core/reduce.h"
+#include "api/api.h"
+#include "transport_threads.h"
+#include "util/log.h"
+#include "util/reduce.h"
 #include "tnt/tnt.h"
 #include "tnt_test_data.h"
 

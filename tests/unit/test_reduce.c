@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/reduce.h"
+#include "util/reduce.h"
 #include "tnt_test_data.h"
 
 /* ------------------------------------------------------------- helpers */

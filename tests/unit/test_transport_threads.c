@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/transport.h"
+#include "transport_threads.h"
 
 /* ------------------------------------------------------------- helpers */
 

@@ -3,7 +3,7 @@
  * mutex: events are formatted outside the lock, so the lock only covers a
  * copy, and the file only sees large writes.
  */
-#include "core/timeline.h"
+#include "util/timeline.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/common.h"
-#include "core/log.h"
+#include "util/common.h"
+#include "util/log.h"
 
 enum {
   BUF_CAP = 1 << 20, /* bytes buffered before a write */
@@ -285,35 +285,4 @@ void tnt__timeline_close(void) {
   buf = NULL;
   len = 0;
   pthread_mutex_unlock(&mu);
-}
-
-/* ------------------------------------------------------------ public API */
-
-int tnt_timeline_enabled(void) {
-  return TNT__TIMELINE_ON() ? 1 : 0;
-}
-
-tnt_status_t tnt_timeline_event(const char *name, const char *category, char phase) {
-  if (name == NULL || (phase != 'B' && phase != 'E' && phase != 'i')) {
-    TNT_LOG_ERROR("tnt_timeline_event: need a name and phase 'B', 'E' or 'i'");
-    return TNT_ERR_INVALID_ARG;
-  }
-  if (!TNT__TIMELINE_ON()) return TNT_OK;
-  if (category == NULL) category = "user";
-  if (phase == 'i') {
-    tnt__timeline_instant(category, name, NULL);
-  } else {
-    tnt__timeline_mark(phase, category, name);
-  }
-  return TNT_OK;
-}
-
-tnt_status_t tnt_timeline_span(const char *name, const char *category, double begin,
-                               double end) {
-  if (name == NULL || !(begin <= end)) {
-    TNT_LOG_ERROR("tnt_timeline_span: need a name and begin <= end");
-    return TNT_ERR_INVALID_ARG;
-  }
-  tnt__timeline_complete(category == NULL ? "user" : category, name, begin, end, NULL);
-  return TNT_OK;
 }

@@ -1,6 +1,5 @@
-/* Clock, deadlines, monotonic condition variables, polite spinning and
- * environment parsing. */
-#include "core/common.h"
+/* Clock, deadlines, monotonic condition variables and polite spinning. */
+#include "util/common.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,7 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "core/log.h"
+#include "util/env.h"
+#include "util/log.h"
 
 double tnt__now(void) {
   struct timespec ts;
@@ -100,21 +100,4 @@ void tnt__spin_pause(unsigned iter) {
   } else {
     sched_yield();
   }
-}
-
-double tnt__env_double(const char *name, double fallback) {
-  const char *s = getenv(name);
-  if (s == NULL || *s == '\0') return fallback;
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v <= 0) {
-    if (fallback > 0) {
-      TNT_LOG_WARN("ignoring %s=%s: expected a positive number; using %g", name, s, fallback);
-    } else { /* a fallback <= 0 stands for a default computed elsewhere */
-      TNT_LOG_WARN("ignoring %s=%s: expected a positive number; using the default", name, s);
-    }
-    return fallback;
-  }
-  return v;
 }

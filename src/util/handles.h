@@ -4,8 +4,8 @@
  * from 1 and are never reused, so a stale handle finds NULL, never another
  * object.
  */
-#ifndef TNT_CORE_HANDLES_H
-#define TNT_CORE_HANDLES_H
+#ifndef TNT_UTIL_HANDLES_H
+#define TNT_UTIL_HANDLES_H
 
 #include <stdint.h>
 

@@ -6,8 +6,8 @@
  * TNT_LOG_ON_ALL_DEVICES is true; warnings and errors by every rank, since
  * they name the rank that has the problem.
  */
-#ifndef TNT_CORE_LOG_H
-#define TNT_CORE_LOG_H
+#ifndef TNT_UTIL_LOG_H
+#define TNT_UTIL_LOG_H
 
 typedef enum tnt__log_level {
   TNT__LOG_DEBUG = 0,
@@ -24,10 +24,22 @@ void tnt__log_set_rank(int rank, int size, int per_thread);
 int tnt__log_enabled(tnt__log_level_t level);
 void tnt__log(tnt__log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The last ERROR line logged by the calling thread (without prefix), or "".
- * Lets the engine turn the detailed reason of a failure into the
- * context's error message. */
-const char *tnt__log_last_error(void);
+/* A warning of the log itself, printed whatever the level ("[tnt] WARNING:
+ * ..."), for problems found while the level is being read. */
+void tnt__log_raw(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * The calling thread's error message: what tnt_last_error returns. Every
+ * ERROR line sets it (without the prefix), so the reason a failing call
+ * logs is also the reason it reports; tnt__error_set sets it without
+ * logging. The API clears it when a call starts (tnt__error_clear) and
+ * makes sure that a failing call leaves one (src/api/api.h). On the
+ * engine thread it carries the reason of a failure into the context's
+ * error message.
+ */
+void tnt__error_clear(void);
+void tnt__error_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *tnt__error_message(void);
 
 #define TNT_LOG_DEBUG(...) tnt__log(TNT__LOG_DEBUG, __VA_ARGS__)
 #define TNT_LOG_INFO(...) tnt__log(TNT__LOG_INFO, __VA_ARGS__)

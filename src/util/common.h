@@ -1,10 +1,10 @@
 /*
  * Internal helpers shared by every part of libtnt: error-checking macros,
- * the monotonic clock and deadlines. Internal non-static symbols are
- * prefixed tnt__.
+ * the monotonic clock, monotonic condition variables, deadlines and polite
+ * spinning. Internal non-static symbols are prefixed tnt__.
  */
-#ifndef TNT_CORE_COMMON_H
-#define TNT_CORE_COMMON_H
+#ifndef TNT_UTIL_COMMON_H
+#define TNT_UTIL_COMMON_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "tnt/tnt.h"
+#include "util/types.h"
 
 #define TNT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TNT__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -89,9 +90,5 @@ tnt_status_t tnt__wait_check(const tnt__wait_ctx_t *w, int *warned, const char *
 void tnt__spin_pause(unsigned iter);
 /* Tells the waits whether this host runs more ranks than it has cores. */
 void tnt__spin_set_oversubscribed(int oversubscribed);
-
-/* Reads a positive number from the environment variable `name`, or returns
- * `fallback` when it is unset or invalid (invalid values are logged). */
-double tnt__env_double(const char *name, double fallback);
 
 #endif

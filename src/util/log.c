@@ -3,8 +3,7 @@
  * environment. The rank prefix is process-wide, except for threads that set
  * their own (ranks simulated as threads in tests).
  */
-#include "core/log.h"
-#include "tnt/tnt.h"
+#include "util/log.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -12,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "util/env.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static tnt__log_level_t log_level = TNT__LOG_INFO;
@@ -32,14 +33,11 @@ static void log_init(void) {
       }
     }
     if (!found) {
-      fprintf(stderr,
-              "[tnt] WARNING: ignoring TNT_LOG_LEVEL=%s: expected DEBUG, INFO, WARNING or ERROR\n",
-              lvl);
+      tnt__log_raw("ignoring TNT_LOG_LEVEL=%s: expected DEBUG, INFO, WARNING or ERROR; using INFO",
+                   lvl);
     }
   }
-  const char *all = getenv("TNT_LOG_ON_ALL_DEVICES");
-  log_all_ranks = all != NULL && (strcasecmp(all, "1") == 0 || strcasecmp(all, "true") == 0 ||
-                                  strcasecmp(all, "yes") == 0);
+  log_all_ranks = tnt__env_bool("TNT_LOG_ON_ALL_DEVICES", 0);
 }
 
 void tnt__log_set_rank(int rank, int size, int per_thread) {
@@ -59,11 +57,27 @@ int tnt__log_enabled(tnt__log_level_t level) {
   return level >= TNT__LOG_WARNING || log_all_ranks || rank == 0;
 }
 
-const char *tnt__log_last_error(void) {
-  return last_error;
+void tnt__log_raw(const char *fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "[tnt] WARNING: %s\n", line);
 }
 
-const char *tnt_last_error(void) {
+void tnt__error_clear(void) {
+  last_error[0] = '\0';
+}
+
+void tnt__error_set(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+}
+
+const char *tnt__error_message(void) {
   return last_error;
 }
 

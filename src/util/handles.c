@@ -1,5 +1,5 @@
 /* The handle table: a growing array indexed by handle - 1, under a mutex. */
-#include "core/handles.h"
+#include "util/handles.h"
 
 #include <pthread.h>
 #include <stdlib.h>

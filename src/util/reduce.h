@@ -3,13 +3,14 @@
  * its inputs in a fixed order, so results are bitwise reproducible.
  * float16 and bfloat16 are computed in float and rounded to nearest even.
  */
-#ifndef TNT_CORE_REDUCE_H
-#define TNT_CORE_REDUCE_H
+#ifndef TNT_UTIL_REDUCE_H
+#define TNT_UTIL_REDUCE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "tnt/tnt.h"
+#include "util/types.h"
 
 float tnt__half_to_float(uint16_t h);
 uint16_t tnt__float_to_half(float f);
@@ -32,8 +33,5 @@ void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, t
 /* Finishes an AVERAGE computed with tnt__reduce: divides by `divisor`.
  * A no-op for the other operations. */
 void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op, int divisor);
-
-int tnt__dtype_valid(tnt_dtype_t dtype);
-int tnt__op_valid(tnt_op_t op);
 
 #endif

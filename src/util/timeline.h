@@ -14,8 +14,8 @@
  * pid is the rank; tid is a small number per thread, named in the trace
  * ("main", "progress", "caller 2", ...).
  */
-#ifndef TNT_CORE_TIMELINE_H
-#define TNT_CORE_TIMELINE_H
+#ifndef TNT_UTIL_TIMELINE_H
+#define TNT_UTIL_TIMELINE_H
 
 #include <stdatomic.h>
 

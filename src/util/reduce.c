@@ -25,11 +25,11 @@
  * MIN and MAX are commutative and associative bit for bit: a NaN operand
  * gives the canonical quiet NaN, and -0 counts as smaller than +0.
  */
-#include "core/reduce.h"
+#include "util/reduce.h"
 
 #include <string.h>
 
-#include "core/common.h"
+#include "util/common.h"
 
 /* Elements per block: small enough that a block of every stream stays in
  * the L1 cache, large enough that loop overhead does not matter. */
@@ -444,14 +444,6 @@ TNT__DEFINE_SUM_MANY(float, f32)
 TNT__DEFINE_SUM_MANY(double, f64)
 
 /* ------------------------------------------------------------ public API */
-
-int tnt__dtype_valid(tnt_dtype_t dtype) {
-  return (unsigned)dtype < (unsigned)TNT_DTYPE_COUNT;
-}
-
-int tnt__op_valid(tnt_op_t op) {
-  return (unsigned)op < (unsigned)TNT_OP_COUNT;
-}
 
 void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, tnt_dtype_t dtype,
                       tnt_op_t op, int divisor) {

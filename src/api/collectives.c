@@ -1,0 +1,345 @@
+/*
+ * The public collective and point-to-point calls: each validates its
+ * arguments (an invalid call does nothing and says why), describes the work
+ * (what to run, on which buffers, and the signature every member must
+ * agree on) and hands it to the engine. Blocking calls are the
+ * non-blocking ones followed by a wait.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "api/collectives.h"
+#include "util/reduce.h"
+
+/* ---------------------------------------------------- work functions */
+
+static tnt_status_t allreduce_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLREDUCE, work->bytes);
+  work->algorithm = a->name;
+  return a->fn.allreduce(work->comm, work->sendbuf, work->recvbuf, work->count, work->dtype,
+                         work->op, w);
+}
+
+static tnt_status_t broadcast_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_BROADCAST, work->bytes);
+  work->algorithm = a->name;
+  return a->fn.broadcast(work->comm, work->recvbuf, work->bytes, work->root, w);
+}
+
+static tnt_status_t allgatherv_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLGATHERV, work->bytes);
+  work->algorithm = a->name;
+  return a->fn.allgatherv(work->comm, work->sendbuf, work->recvbuf, work->counts, work->displs,
+                          w);
+}
+
+static tnt_status_t barrier_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  return tnt__barrier(work->comm, w);
+}
+
+/* ---------------------------------------------------------- validation */
+
+static tnt_status_t check_common(const char *call, const tnt_group_t *g, tnt_dtype_t dtype,
+                                 size_t count) {
+  if (g == NULL) return tnt__api_invalid(call, "group is NULL");
+  if (!tnt__dtype_valid(dtype)) return tnt__api_invalid(call, "invalid dtype %d", (int)dtype);
+  if (count > SIZE_MAX / 8) return tnt__api_invalid(call, "count %zu is too large", count);
+  return tnt__engine_check(tnt__context_engine(g->ctx));
+}
+
+static tnt_status_t check_buf(const char *call, const void *buf, size_t count, const char *name) {
+  if (buf == NULL && count > 0) {
+    return tnt__api_invalid(call, "%s is NULL with count %zu > 0", name, count);
+  }
+  return TNT_OK;
+}
+
+static tnt_status_t check_rank(const char *call, const tnt_group_t *g, int rank, const char *name) {
+  if (rank < 0 || rank >= g->comm->size) {
+    return tnt__api_invalid(call, "%s=%d is not a rank; pass a rank in 0..%d", name, rank,
+                            g->comm->size - 1);
+  }
+  return TNT_OK;
+}
+
+/* A request for work of `kind` on group g, labelled "<call> of <bytes>
+ * bytes"; `run` and `sig` for collectives. */
+static tnt_status_t new_work(tnt_group_t *g, const char *call, tnt__work_kind_t kind,
+                             tnt__work_fn run, size_t bytes, tnt__coll_sig_t sig,
+                             tnt_request_t **out) {
+  TNT_CHECK(tnt__request_new(tnt__context_engine(g->ctx), out));
+  tnt__work_t *work = &(*out)->work;
+  work->kind = kind;
+  work->run = run;
+  work->comm = g->comm;
+  work->sig = sig;
+  work->call = call;
+  work->bytes = bytes;
+  work->bucket = -1;
+  snprintf(work->label, sizeof work->label, "%s of %zu bytes", call, bytes);
+  return TNT_OK;
+}
+
+/* Submits a non-blocking request, or runs a blocking one. */
+static tnt_status_t submit(tnt_group_t *g, tnt_request_t *req, tnt_request_t **out) {
+  tnt__engine_t *e = tnt__context_engine(g->ctx);
+  if (out == NULL) {
+    return req->work.kind == TNT__WORK_RUN ? tnt__engine_run(e, req)
+                                           : tnt__engine_submit_wait(e, req);
+  }
+  tnt__engine_submit(e, req);
+  *out = req;
+  return TNT_OK;
+}
+
+/* The public end of call `call` on group g (which may be NULL). */
+static tnt_status_t end(const char *call, const tnt_group_t *g, tnt_status_t st) {
+  return tnt__api_end(call, g != NULL ? g->ctx : NULL, st);
+}
+
+/* ---------------------------------------------------------- allreduce */
+
+tnt_status_t tnt__allreduce_submit(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                   const char *label, long bucket, tnt_request_t **req) {
+  static const char call[] = "allreduce";
+  TNT_CHECK(check_common(call, g, dtype, count));
+  if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
+  TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
+  TNT_CHECK(check_buf(call, recvbuf, count, "recvbuf"));
+  tnt_request_t *r = NULL;
+  const tnt__coll_sig_t sig = {.count = count, .kind = TNT__COLL_ALLREDUCE,
+                               .dtype = (uint8_t)dtype, .op = (uint8_t)op, .set = 1};
+  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, allreduce_run, count * tnt__dtype_size(dtype), sig,
+                     &r));
+  r->work.bucket = bucket;
+  r->work.sendbuf = sendbuf;
+  r->work.recvbuf = recvbuf;
+  r->work.count = count;
+  r->work.dtype = dtype;
+  r->work.op = op;
+  if (label != NULL) snprintf(r->work.label, sizeof r->work.label, "%s", label);
+  return submit(g, r, req);
+}
+
+tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                           tnt_dtype_t dtype, tnt_op_t op) {
+  tnt__error_clear();
+  return end("tnt_allreduce", g,
+             tnt__allreduce_submit(g, sendbuf, recvbuf, count, dtype, op, NULL, -1, NULL));
+}
+
+tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                            tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req) {
+  static const char call[] = "tnt_iallreduce";
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid(call, "req is NULL");
+  return end(call, g, tnt__allreduce_submit(g, sendbuf, recvbuf, count, dtype, op, NULL, -1, req));
+}
+
+const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes) {
+  if (g == NULL) return "invalid";
+  return tnt__algo_select(g->comm, TNT__COLL_ALLREDUCE, bytes)->name;
+}
+
+tnt_status_t tnt_algorithm_info(const char *collective, int index, const char **name,
+                                const char **description) {
+  static const char call[] = "tnt_algorithm_info";
+  static const char *const kinds[TNT__ALGO_TABLE_COUNT] = {"allreduce", "broadcast",
+                                                           "allgather"};
+  tnt__error_clear();
+  for (int k = 0; collective != NULL && k < TNT__ALGO_TABLE_COUNT; ++k) {
+    if (strcmp(collective, kinds[k]) != 0) continue;
+    const tnt__algo_t *a = tnt__algo_at((tnt__coll_kind_t)k, index);
+    if (a == NULL) {
+      return tnt__api_invalid(call, "%s has no algorithm number %d", collective, index);
+    }
+    if (name != NULL) *name = a->name;
+    if (description != NULL) *description = a->description;
+    return TNT_OK;
+  }
+  return tnt__api_invalid(call, "collective %s%s%s: expected allreduce, broadcast or allgather",
+                          collective ? "'" : "", collective ? collective : "NULL",
+                          collective ? "'" : "");
+}
+
+/* ---------------------------------------------------------- broadcast */
+
+static tnt_status_t broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype,
+                              int root, tnt_request_t **req) {
+  static const char call[] = "broadcast";
+  TNT_CHECK(check_common(call, g, dtype, count));
+  TNT_CHECK(check_rank(call, g, root, "root"));
+  TNT_CHECK(check_buf(call, buf, count, "buf"));
+  tnt_request_t *r = NULL;
+  const tnt__coll_sig_t sig = {.count = count, .root = root, .kind = TNT__COLL_BROADCAST,
+                               .dtype = (uint8_t)dtype, .set = 1};
+  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, broadcast_run, count * tnt__dtype_size(dtype), sig,
+                     &r));
+  r->work.recvbuf = buf;
+  r->work.count = count;
+  r->work.dtype = dtype;
+  r->work.root = root;
+  return submit(g, r, req);
+}
+
+tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root) {
+  tnt__error_clear();
+  return end("tnt_broadcast", g, broadcast(g, buf, count, dtype, root, NULL));
+}
+
+tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root,
+                            tnt_request_t **req) {
+  static const char call[] = "tnt_ibroadcast";
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid(call, "req is NULL");
+  return end(call, g, broadcast(g, buf, count, dtype, root, req));
+}
+
+/* ---------------------------------------------------------- allgather(v) */
+
+/* Element counts and displacements (NULL: `count` each, back to back)
+ * become byte arrays owned by the request. */
+static tnt_status_t allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                               const size_t *counts, const size_t *displs, tnt_dtype_t dtype,
+                               tnt_request_t **req) {
+  static const char call[] = "allgather";
+  TNT_CHECK(check_common(call, g, dtype, count));
+  const int n = g->comm->size, me = g->comm->rank;
+  const size_t esz = tnt__dtype_size(dtype);
+  if (counts != NULL && (displs == NULL || counts[me] != count)) {
+    return tnt__api_invalid(call,
+                            "counts and displs are required, and counts[rank] must equal count");
+  }
+  size_t total = 0;
+  for (int r = 0; r < n; ++r) total += counts ? counts[r] : count;
+  TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
+  TNT_CHECK(check_buf(call, recvbuf, total, "recvbuf"));
+  tnt_request_t *rq = NULL;
+  const tnt__coll_sig_t sig = {.count = total * esz, .kind = TNT__COLL_ALLGATHERV, .set = 1};
+  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, allgatherv_run, total * esz, sig, &rq));
+  tnt__work_t *work = &rq->work;
+  work->counts = malloc((size_t)n * sizeof(size_t));
+  work->displs = malloc((size_t)n * sizeof(size_t));
+  if (work->counts == NULL || work->displs == NULL) {
+    tnt__request_unref(rq);
+    tnt__request_unref(rq);
+    TNT_LOG_ERROR("%s: out of memory for %d counts", call, n);
+    return TNT_ERR_NO_MEMORY;
+  }
+  for (int r = 0; r < n; ++r) {
+    work->counts[r] = (counts ? counts[r] : count) * esz;
+    work->displs[r] = (counts ? displs[r] : (size_t)r * count) * esz;
+  }
+  work->sendbuf = sendbuf;
+  work->recvbuf = recvbuf;
+  work->count = count;
+  work->dtype = dtype;
+  return submit(g, rq, req);
+}
+
+tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                           tnt_dtype_t dtype) {
+  tnt__error_clear();
+  return end("tnt_allgather", g, allgatherv(g, sendbuf, count, recvbuf, NULL, NULL, dtype, NULL));
+}
+
+tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                            tnt_dtype_t dtype, tnt_request_t **req) {
+  static const char call[] = "tnt_iallgather";
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid(call, "req is NULL");
+  return end(call, g, allgatherv(g, sendbuf, count, recvbuf, NULL, NULL, dtype, req));
+}
+
+tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                            const size_t *counts, const size_t *displs, tnt_dtype_t dtype) {
+  static const char call[] = "tnt_allgatherv";
+  tnt__error_clear();
+  if (counts == NULL) return tnt__api_invalid(call, "counts is NULL");
+  return end(call, g, allgatherv(g, sendbuf, count, recvbuf, counts, displs, dtype, NULL));
+}
+
+tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
+                             const size_t *counts, const size_t *displs, tnt_dtype_t dtype,
+                             tnt_request_t **req) {
+  static const char call[] = "tnt_iallgatherv";
+  tnt__error_clear();
+  if (counts == NULL || req == NULL) return tnt__api_invalid(call, "counts or req is NULL");
+  return end(call, g, allgatherv(g, sendbuf, count, recvbuf, counts, displs, dtype, req));
+}
+
+/* ---------------------------------------------------------- barrier */
+
+static tnt_status_t barrier(tnt_group_t *g, tnt_request_t **req) {
+  TNT_CHECK(check_common("barrier", g, TNT_FLOAT32, 0));
+  tnt_request_t *r = NULL;
+  const tnt__coll_sig_t sig = {.kind = TNT__COLL_BARRIER, .set = 1};
+  TNT_CHECK(new_work(g, "barrier", TNT__WORK_RUN, barrier_run, 0, sig, &r));
+  snprintf(r->work.label, sizeof r->work.label, "barrier");
+  return submit(g, r, req);
+}
+
+tnt_status_t tnt_barrier(tnt_group_t *g) {
+  tnt__error_clear();
+  return end("tnt_barrier", g, barrier(g, NULL));
+}
+
+tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req) {
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid("tnt_ibarrier", "req is NULL");
+  return end("tnt_ibarrier", g, barrier(g, req));
+}
+
+/* ---------------------------------------------------------- point to point */
+
+static tnt_status_t p2p(tnt_group_t *g, tnt__work_kind_t kind, const void *sbuf, void *rbuf,
+                        size_t count, tnt_dtype_t dtype, int peer, int tag, tnt_request_t **req) {
+  const int is_send = kind == TNT__WORK_SEND;
+  const char *call = is_send ? "send" : "recv";
+  TNT_CHECK(check_common(call, g, dtype, count));
+  TNT_CHECK(check_rank(call, g, peer, is_send ? "dst" : "src"));
+  if (tag < 0 || tag >= 32768) return tnt__api_invalid(call, "tag %d is not in 0..32767", tag);
+  TNT_CHECK(check_buf(call, is_send ? sbuf : rbuf, count, "buf"));
+  tnt_request_t *r = NULL;
+  const size_t bytes = count * tnt__dtype_size(dtype);
+  TNT_CHECK(new_work(g, call, kind, NULL, bytes, (tnt__coll_sig_t){0}, &r));
+  tnt__work_t *work = &r->work;
+  work->sendbuf = sbuf;
+  work->recvbuf = rbuf;
+  work->count = count;
+  work->dtype = dtype;
+  work->peer = peer;
+  work->tag = tag;
+  snprintf(work->label, sizeof work->label, "%s of %zu bytes %s rank %d (tag %d)", call, bytes,
+           is_send ? "to" : "from", g->comm->t->world_ranks[peer], tag);
+  return submit(g, r, req);
+}
+
+tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+                      int tag) {
+  tnt__error_clear();
+  return end("tnt_send", g, p2p(g, TNT__WORK_SEND, buf, NULL, count, dtype, dst, tag, NULL));
+}
+
+tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src,
+                      int tag) {
+  tnt__error_clear();
+  return end("tnt_recv", g, p2p(g, TNT__WORK_RECV, NULL, buf, count, dtype, src, tag, NULL));
+}
+
+tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
+                       int tag, tnt_request_t **req) {
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid("tnt_isend", "req is NULL");
+  return end("tnt_isend", g, p2p(g, TNT__WORK_SEND, buf, NULL, count, dtype, dst, tag, req));
+}
+
+tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src,
+                       int tag, tnt_request_t **req) {
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid("tnt_irecv", "req is NULL");
+  return end("tnt_irecv", g, p2p(g, TNT__WORK_RECV, NULL, buf, count, dtype, src, tag, req));
+}

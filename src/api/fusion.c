@@ -1,0 +1,387 @@
+/*
+ * Tensor fusion at run time. Tensors are copied into the bucket that the
+ * planner (src/fusion) assigned them; a bucket's allreduce is submitted
+ * once all of its members have started, and buckets are always submitted
+ * in plan order. Since every rank submits the same buckets in the same
+ * order, ranks may start their tensors in any order without deadlock, and
+ * since each bucket is reduced by the same algorithm in a fixed order, the
+ * results are bitwise identical on every rank and in every run.
+ *
+ * A bucket is one round at a time: after all its members have finished
+ * (copied their result out), it is reset for the next round of starts.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/api.h"
+#include "api/collectives.h"
+#include "fusion/planner.h"
+#include "util/handles.h"
+#include "util/timeline.h"
+
+enum { IDLE = 0, STARTED = 1, FINISHED = 2 };
+
+typedef struct bucket {
+  uint8_t *buf;
+  size_t started, finished;
+  tnt_request_t *req; /* the round's allreduce, once submitted */
+  char label[112];
+} bucket_t;
+
+struct tnt_fusion {
+  tnt_group_t *g;
+  tnt_op_t op;
+  tnt__fusion_plan_t plan;
+  tnt_tensor_info_t *tensors;
+  uint8_t *state; /* per tensor: IDLE, STARTED, FINISHED */
+  bucket_t *buckets;
+  size_t next_issue; /* the bucket whose allreduce goes next */
+  int64_t handle;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* a bucket was submitted or reset */
+};
+
+/* The context of `f`, for the end of its calls (NULL for a NULL set). */
+static const tnt_context_t *ctx_of(const tnt_fusion_t *f) {
+  return f == NULL ? NULL : f->g->ctx;
+}
+
+/* The index of tensor `id`, or -1 after logging that `call` got an id
+ * that is not in the set. */
+static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
+  const long i = tnt__fusion_plan_find(&f->plan, id);
+  if (i < 0) {
+    TNT_LOG_ERROR("%s: tensor id %llu is not in the fusion set", call, (unsigned long long)id);
+  }
+  return i;
+}
+
+/* Every rank must fuse the same list: compare a hash of it across ranks
+ * so that a mismatch is an error now rather than a hang later. */
+static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
+                                    size_t threshold) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v[4] = {t[i].id, t[i].count, (uint64_t)t[i].dtype, threshold};
+    for (int k = 0; k < 4; ++k) h = (h ^ v[k]) * 1099511628211ull;
+  }
+  int64_t mine[2] = {(int64_t)(h >> 1), ~(int64_t)(h >> 1)};
+  int64_t most[2];
+  TNT_CHECK(tnt__allreduce_submit(g, mine, most, 2, TNT_INT64, TNT_MAX, "fusion set agreement",
+                                  -1, NULL));
+  if (most[0] != mine[0] || most[1] != mine[1]) {
+    TNT_LOG_ERROR("tnt_fusion_create: the ranks disagree on the fused tensor list or "
+                  "threshold_bytes (%zu tensors here); every rank must create the fusion set "
+                  "with the same list, in the same order",
+                  n);
+    return TNT_ERR_MISMATCH;
+  }
+  return TNT_OK;
+}
+
+static tnt_status_t fusion_free(tnt_fusion_t *f);
+
+static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
+                                  size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out) {
+  static const char call[] = "tnt_fusion_create";
+  if (g == NULL || out == NULL || (tensors == NULL && n > 0)) {
+    return tnt__api_invalid(call, "need a group, a tensor list and an output");
+  }
+  if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
+  TNT_CHECK(tnt__engine_check(tnt__context_engine(g->ctx)));
+  tnt_fusion_t *f = calloc(1, sizeof *f);
+  if (f == NULL) {
+    TNT_LOG_ERROR("%s: out of memory", call);
+    return TNT_ERR_NO_MEMORY;
+  }
+  f->g = g;
+  f->op = op;
+  pthread_mutex_init(&f->mu, NULL);
+  /* Monotonic: the stall warning and the deadline of a finish are timed
+   * waits on this variable. */
+  tnt_status_t st = tnt__cond_init_monotonic(&f->cv);
+  if (st < 0) {
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    return st;
+  }
+  TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, threshold_bytes, &f->plan), st, fail);
+  TNT_CHECK_GOTO(check_same_list(g, tensors, n, threshold_bytes), st, fail);
+  f->tensors = malloc(n * sizeof *f->tensors + 1);
+  f->state = calloc(n + 1, 1);
+  f->buckets = calloc(f->plan.nbuckets + 1, sizeof *f->buckets);
+  if (f->tensors == NULL || f->state == NULL || f->buckets == NULL) goto no_memory;
+  if (n > 0) memcpy(f->tensors, tensors, n * sizeof *tensors);
+  for (size_t b = 0; b < f->plan.nbuckets; ++b) {
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+    f->buckets[b].buf = malloc(bp->count * tnt__dtype_size(bp->dtype) + 1);
+    if (f->buckets[b].buf == NULL) goto no_memory;
+    snprintf(f->buckets[b].label, sizeof f->buckets[b].label,
+             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes)", b, bp->nmembers,
+             bp->count * tnt__dtype_size(bp->dtype));
+  }
+  if (tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle) < 0) goto no_memory;
+  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes)", n, f->plan.nbuckets,
+                threshold_bytes);
+  *out = f;
+  return TNT_OK;
+no_memory:
+  TNT_LOG_ERROR("%s: out of memory for %zu tensors", call, n);
+  st = TNT_ERR_NO_MEMORY;
+fail:
+  fusion_free(f);
+  return st;
+}
+
+tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
+                               size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out) {
+  tnt__error_clear();
+  return tnt__api_end("tnt_fusion_create", g != NULL ? g->ctx : NULL,
+                      fusion_create(g, tensors, n, threshold_bytes, op, out));
+}
+
+static tnt_status_t fusion_free(tnt_fusion_t *f) {
+  tnt__handle_remove(f->handle);
+  tnt_status_t st = TNT_OK;
+  for (size_t b = 0; f->buckets != NULL && b < f->plan.nbuckets; ++b) {
+    if (f->buckets[b].req != NULL) {
+      /* The engine may still be writing into the bucket; its work is
+       * bounded by the engine's deadline. */
+      tnt_status_t w = tnt__request_wait(f->buckets[b].req, -1);
+      if (w < 0) st = w;
+      tnt__request_unref(f->buckets[b].req);
+    }
+    free(f->buckets[b].buf);
+  }
+  tnt__fusion_plan_free(&f->plan);
+  free(f->buckets);
+  free(f->tensors);
+  free(f->state);
+  pthread_mutex_destroy(&f->mu);
+  pthread_cond_destroy(&f->cv);
+  free(f);
+  return st;
+}
+
+tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f) {
+  tnt__error_clear();
+  if (f == NULL) return TNT_OK;
+  const tnt_context_t *ctx = ctx_of(f);
+  return tnt__api_end("tnt_fusion_destroy", ctx, fusion_free(f));
+}
+
+tnt_fusion_t *tnt_fusion_lookup(int64_t handle) {
+  return tnt__handle_get(TNT__HANDLE_FUSION, handle);
+}
+
+int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
+  return f == NULL ? 0 : f->handle;
+}
+
+/* Marks tensor i finished; the last member of a bucket resets it for the
+ * next round. Called with f->mu held; returns the request to release (after
+ * unlocking) when the round ended, else NULL. */
+static tnt_request_t *mark_finished(tnt_fusion_t *f, size_t i) {
+  const size_t b = f->plan.bucket_of[i];
+  bucket_t *bk = &f->buckets[b];
+  const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  f->state[i] = FINISHED;
+  if (++bk->finished < bp->nmembers) return NULL;
+  for (size_t k = 0; k < bp->nmembers; ++k) f->state[f->plan.members[bp->first + k]] = IDLE;
+  tnt_request_t *req = bk->req;
+  bk->started = bk->finished = 0;
+  bk->req = NULL;
+  pthread_cond_broadcast(&f->cv);
+  return req;
+}
+
+/* Submits, in plan order, every bucket whose members have all started;
+ * `*nissued` counts them. Called with f->mu held. */
+static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued) {
+  *first = f->next_issue;
+  for (;;) {
+    size_t b = f->next_issue;
+    bucket_t *bk = &f->buckets[b];
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+    if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
+    TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op,
+                                    bk->label, (long)b, &bk->req));
+    ++*nissued;
+    f->next_issue = (b + 1) % f->plan.nbuckets;
+    pthread_cond_broadcast(&f->cv);
+  }
+}
+
+static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
+  static const char call[] = "tnt_fusion_start";
+  if (f == NULL) return tnt__api_invalid(call, "the fusion set is NULL");
+  const long i = find_tensor(f, id, call);
+  if (i < 0) return TNT_ERR_INVALID_ARG;
+  const tnt_tensor_info_t *t = &f->tensors[i];
+  if (data == NULL && t->count > 0) {
+    return tnt__api_invalid(call, "tensor %llu: data is NULL with count %zu > 0",
+                            (unsigned long long)id, t->count);
+  }
+  TNT_CHECK(tnt__engine_check(tnt__context_engine(f->g->ctx)));
+  const size_t b = f->plan.bucket_of[i];
+  const size_t esz = tnt__dtype_size(t->dtype);
+  pthread_mutex_lock(&f->mu);
+  if (f->state[i] != IDLE) {
+    const int twice = f->state[i] == STARTED;
+    pthread_mutex_unlock(&f->mu);
+    if (twice) {
+      TNT_LOG_ERROR("%s: tensor %llu was started twice without tnt_fusion_finish", call,
+                    (unsigned long long)id);
+    } else {
+      TNT_LOG_ERROR("%s: tensor %llu was started again before every tensor of fusion bucket "
+                    "%zu finished the previous round",
+                    call, (unsigned long long)id, b);
+    }
+    return TNT_ERR_STATE;
+  }
+  f->state[i] = STARTED;
+  pthread_mutex_unlock(&f->mu);
+
+  /* Members occupy disjoint parts of the bucket, which no allreduce uses
+   * until every member has started: the copy needs no lock. */
+  memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
+  if (TNT__TIMELINE_ON()) {
+    tnt__timeline_instant("fusion", "fusion start",
+                          "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
+                          (unsigned long long)id, t->count * esz, b);
+  }
+
+  size_t first = 0, nissued = 0;
+  pthread_mutex_lock(&f->mu);
+  f->buckets[b].started++;
+  tnt_status_t st = issue_ready(f, &first, &nissued);
+  pthread_mutex_unlock(&f->mu);
+  for (size_t k = 0; k < nissued && TNT__TIMELINE_ON(); ++k) {
+    const size_t ib = (first + k) % f->plan.nbuckets;
+    const tnt__bucket_plan_t *bp = &f->plan.buckets[ib];
+    tnt__timeline_instant("fusion", "bucket submitted", "\"bucket\":%zu,\"bytes\":%zu", ib,
+                          bp->count * tnt__dtype_size(bp->dtype));
+  }
+  return st;
+}
+
+tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
+  tnt__error_clear();
+  return tnt__api_end("tnt_fusion_start", ctx_of(f), fusion_start(f, id, data));
+}
+
+/* Names what keeps bucket b from being submitted on this rank: its members
+ * not started here, or an earlier bucket. `what` says what happened ("timed
+ * out after 30.0 s"); stalls are warnings, timeouts errors. */
+static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
+                        const char *what) {
+  char ids[256];
+  size_t len = 0;
+  ids[0] = '\0';
+  const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  for (size_t k = 0; k < bp->nmembers && len < sizeof ids - 24; ++k) {
+    size_t i = f->plan.members[bp->first + k];
+    if (f->state[i] == IDLE) {
+      len += (size_t)snprintf(ids + len, sizeof ids - len, " %llu",
+                              (unsigned long long)f->tensors[i].id);
+    }
+  }
+  if (len > 0) {
+    tnt__log(level, "fusion bucket %zu: %s; tensors not started on this rank:%s", b, what, ids);
+  } else {
+    tnt__log(level, "fusion bucket %zu: %s waiting for an earlier bucket (%zu) to be started "
+             "on this rank", b, what, f->next_issue);
+  }
+}
+
+static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
+  static const char call[] = "tnt_fusion_finish";
+  if (f == NULL) return tnt__api_invalid(call, "the fusion set is NULL");
+  const long i = find_tensor(f, id, call);
+  if (i < 0) return TNT_ERR_INVALID_ARG;
+  const tnt_tensor_info_t *t = &f->tensors[i];
+  if (out == NULL && t->count > 0) {
+    return tnt__api_invalid(call, "tensor %llu: out is NULL with count %zu > 0",
+                            (unsigned long long)id, t->count);
+  }
+  if (timeout_s < 0) timeout_s = tnt_context_timeout(f->g->ctx);
+  const size_t b = f->plan.bucket_of[i];
+  bucket_t *bk = &f->buckets[b];
+  const double entered = tnt__now();
+  const double deadline = entered + timeout_s;
+  const struct timespec ts = tnt__abs_time(deadline);
+
+  pthread_mutex_lock(&f->mu);
+  if (f->state[i] != STARTED) {
+    pthread_mutex_unlock(&f->mu);
+    TNT_LOG_ERROR("%s: tensor %llu was not started", call, (unsigned long long)id);
+    return TNT_ERR_STATE;
+  }
+  /* A stall is reported once, a third of the way to the timeout. */
+  const tnt__wait_ctx_t w = tnt__wait_ctx(timeout_s, "");
+  const struct timespec warn_ts = tnt__abs_time(w.warn_at);
+  int warned = 0;
+  while (bk->req == NULL) {
+    if (!warned) {
+      if (pthread_cond_timedwait(&f->cv, &f->mu, &warn_ts) == ETIMEDOUT && bk->req == NULL) {
+        char what[64];
+        snprintf(what, sizeof what, "still waiting after %.1f s", w.warn_at - entered);
+        log_missing(f, b, TNT__LOG_WARNING, what);
+        warned = 1;
+      }
+    } else if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && bk->req == NULL) {
+      char what[64];
+      snprintf(what, sizeof what, "timed out after %.1f s", timeout_s);
+      log_missing(f, b, TNT__LOG_ERROR, what);
+      pthread_mutex_unlock(&f->mu);
+      return TNT_ERR_TIMEOUT;
+    }
+  }
+  tnt_request_t *req = bk->req;
+  pthread_mutex_unlock(&f->mu);
+
+  TNT_CHECK(tnt__request_wait(req, TNT__MAX(0.0, deadline - tnt__now())));
+  const size_t esz = tnt__dtype_size(t->dtype);
+  memcpy(out, bk->buf + f->plan.offset_of[i] * esz, t->count * esz);
+  if (TNT__TIMELINE_ON()) {
+    tnt__timeline_complete("wait", "fusion finish", entered, tnt__now(),
+                           "\"tensor\":%llu,\"bucket\":%zu", (unsigned long long)id, b);
+  }
+
+  pthread_mutex_lock(&f->mu);
+  tnt_request_t *release = mark_finished(f, (size_t)i);
+  pthread_mutex_unlock(&f->mu);
+  if (release != NULL) tnt__request_unref(release);
+  return TNT_OK;
+}
+
+tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
+  tnt__error_clear();
+  return tnt__api_end("tnt_fusion_finish", ctx_of(f), fusion_finish(f, id, out, timeout_s));
+}
+
+tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f) {
+  return f == NULL ? NULL : f->g;
+}
+
+size_t tnt_fusion_num_buckets(const tnt_fusion_t *f) {
+  return f == NULL ? 0 : f->plan.nbuckets;
+}
+
+long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id) {
+  if (f == NULL) return -1;
+  long i = tnt__fusion_plan_find(&f->plan, id);
+  return i < 0 ? -1 : (long)f->plan.bucket_of[i];
+}
+
+int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info) {
+  if (f == NULL) return 0;
+  long i = tnt__fusion_plan_find(&f->plan, id);
+  if (i < 0) return 0;
+  if (info != NULL) *info = f->tensors[i];
+  return 1;
+}
