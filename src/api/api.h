@@ -59,7 +59,8 @@ void tnt__group_free(tnt_group_t *g);
  * with status `st`: on success it clears the thread's message; on failure
  * it makes sure there is one, saying why. A failure that logged its reason
  * keeps it; otherwise the message is the context's first failure when the
- * context has failed, else the status name. Returns `st`.
+ * context has failed ("<call>: the communication context failed: <why>"),
+ * else the status name. Returns `st`.
  */
 tnt_status_t tnt__api_end(const char *call, const tnt_context_t *ctx, tnt_status_t st);
 

@@ -34,7 +34,7 @@ tnt_status_t tnt__api_end(const char *call, const tnt_context_t *ctx, tnt_status
   if (*tnt__error_message() != '\0') return st;
   const char *why = "";
   if (ctx != NULL && tnt__engine_error(ctx->engine, &why) != TNT_OK) {
-    tnt__error_set("%s: %s; the context failed earlier: %s", call, tnt__status_string(st), why);
+    tnt__error_set("%s: the communication context failed: %s", call, why);
   } else {
     tnt__error_set("%s: %s", call, tnt__status_string(st));
   }

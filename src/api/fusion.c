@@ -233,14 +233,10 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
   if (f->state[i] != IDLE) {
     const int twice = f->state[i] == STARTED;
     pthread_mutex_unlock(&f->mu);
-    if (twice) {
-      TNT_LOG_ERROR("%s: tensor %llu was started twice without tnt_fusion_finish", call,
-                    (unsigned long long)id);
-    } else {
-      TNT_LOG_ERROR("%s: tensor %llu was started again before every tensor of fusion bucket "
-                    "%zu finished the previous round",
-                    call, (unsigned long long)id, b);
-    }
+    TNT_LOG_ERROR("%s: tensor %llu was started already in this round (%s); a round of fusion "
+                  "bucket %zu ends once every tensor of the bucket has finished",
+                  call, (unsigned long long)id,
+                  twice ? "and not finished" : "finished, but not every tensor of its bucket", b);
     return TNT_ERR_STATE;
   }
   f->state[i] = STARTED;
@@ -334,8 +330,10 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
         warned = 1;
       }
     } else if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && bk->req == NULL) {
-      char what[64];
-      snprintf(what, sizeof what, "timed out after %.1f s", timeout_s);
+      char what[128];
+      snprintf(what, sizeof what,
+               "timed out after %.1f s (every rank must start every tensor of the bucket)",
+               timeout_s);
       log_missing(f, b, TNT__LOG_ERROR, what);
       pthread_mutex_unlock(&f->mu);
       return TNT_ERR_TIMEOUT;

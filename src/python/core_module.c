@@ -46,28 +46,57 @@ static long g_busy;
 static FusionObject *g_fusions;
 static int g_atexit_registered;
 
+/* TntError and its subclasses, one for each status that a caller may want
+ * to catch on its own (exception_for). */
 static PyObject *TntError;
 static PyObject *TntTimeoutError;
+static PyObject *TntInvalidArgumentError;
+static PyObject *TntMismatchError;
+static PyObject *TntNoMemoryError;
+static PyObject *TntUnsupportedError;
 
 /* ------------------------------------------------------------- exceptions */
 
-/* Raises TntError (or TntTimeoutError for a timeout) for status `st` of
- * `call`: the status name, `detail` when given, and the context's record
- * of its first failure, which names the peer that was missing. The
- * exception carries both as attributes `status` and `context_error`. */
+/* The exception class of a failed status: a TntError, which is also the
+ * fitting built-in exception where there is one. */
+static PyObject *exception_for(tnt_status_t st) {
+  switch (st) {
+    case TNT_ERR_TIMEOUT: return TntTimeoutError;         /* also TimeoutError */
+    case TNT_ERR_INVALID_ARG: return TntInvalidArgumentError; /* also ValueError */
+    case TNT_ERR_MISMATCH: return TntMismatchError;       /* the ranks' programs differ */
+    case TNT_ERR_NO_MEMORY: return TntNoMemoryError;      /* also MemoryError */
+    case TNT_ERR_UNSUPPORTED: return TntUnsupportedError; /* also NotImplementedError */
+    default: return TntError; /* MPI, FAILED, STATE, INTERNAL */
+  }
+}
+
+/* Raises exception_for(st) for status `st` of `call`: the status name,
+ * `detail` when given, libtnt's reason for this call's failure
+ * (tnt_last_error, read on the thread that made the call) and the
+ * context's record of its first failure, which names the peer that was
+ * missing. The exception carries the last two as attributes `status` and
+ * `context_error`. */
 static PyObject *raise_status(const char *call, tnt_status_t st, const char *detail) {
   const char *why = "";
   if (g_ctx != NULL) tnt_context_error(g_ctx, &why);
-  PyObject *cls = st == TNT_ERR_TIMEOUT ? TntTimeoutError : TntError;
+  /* After the context failed, libtnt's reason only restates the first
+   * failure, which follows anyway. */
+  const char *reason = *why && st == TNT_ERR_FAILED ? "" : tnt_last_error();
+  if (detail == NULL && *reason) {
+    detail = reason;
+    reason = "";
+  }
+  PyObject *cls = exception_for(st);
   const char *hint = "";
   if (st == TNT_ERR_FAILED) {
     hint =
         "; the communication context cannot be used after that failure: end the job "
         "(tarantella._core.abort) and start it again";
   }
-  PyObject *msg = PyUnicode_FromFormat("%s failed: %s%s%s%s%s%s", call, tnt_status_string(st),
-                                       detail != NULL ? "; " : "", detail != NULL ? detail : "",
-                                       *why ? "; first failure: " : "", why, hint);
+  PyObject *msg = PyUnicode_FromFormat(
+      "%s failed: %s%s%s%s%s%s%s%s", call, tnt_status_string(st), detail != NULL ? "; " : "",
+      detail != NULL ? detail : "", *reason ? "; " : "", reason, *why ? "; first failure: " : "",
+      why, hint);
   PyObject *exc = NULL;
   PyObject *status = NULL;
   PyObject *context_error = NULL;
@@ -739,14 +768,10 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
   if (parse_dtype(call, dtype_obj, &dtype) < 0) return NULL;
   tnt_group_t *g = group_arg(call, group_obj);
   if (g == NULL) return NULL;
-  const int size = tnt_group_size(g);
-  if (root < 0 || root >= size) {
-    PyErr_Format(PyExc_ValueError, "%s: root=%d is not a rank; pass a rank in 0..%d", call, root,
-                 size - 1);
-    return NULL;
-  }
-  /* Writable on the root too, so that every rank accepts or rejects the
-   * same arguments and none is left waiting for a rank that raised. */
+  /* libtnt checks the root (TntInvalidArgumentError, a ValueError). The
+   * buffer must be writable on the root too, so that every rank accepts or
+   * rejects the same arguments and none is left waiting for a rank that
+   * raised. */
   if (get_tensor(call, "buf", buf_obj, 1, dtype, &buf) < 0) goto done;
   tnt_status_t st;
   TNT_WITHOUT_GIL(st = tnt_broadcast(g, buf.view.buf, buf.count, buf.dtype, root));
@@ -976,23 +1001,12 @@ struct FusionObject {
   int64_t handle;
   Py_ssize_t num_buckets;
   Py_ssize_t ntensors;
-  tnt_tensor_info_t *by_id;  /* the tensors, sorted by id, to check buffers */
   long busy;                 /* calls on this set with the GIL released */
   FusionObject *prev, *next; /* in g_fusions while open */
   PyObject *weakreflist;
 };
 
 static PyTypeObject FusionType;
-
-static int cmp_tensor_id(const void *a, const void *b) {
-  uint64_t x = ((const tnt_tensor_info_t *)a)->id, y = ((const tnt_tensor_info_t *)b)->id;
-  return (x > y) - (x < y);
-}
-
-static const tnt_tensor_info_t *fusion_find(const FusionObject *self, uint64_t id) {
-  tnt_tensor_info_t key = {id, 0, TNT_FLOAT32};
-  return bsearch(&key, self->by_id, (size_t)self->ntensors, sizeof key, cmp_tensor_id);
-}
 
 /* Detaches the libtnt set from `self` and destroys it with the GIL
  * released; the object is closed before the GIL is let go, so no other
@@ -1088,37 +1102,19 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (!PyErr_Occurred()) PyErr_NoMemory();
     goto fail;
   }
-  self->by_id = PyMem_Malloc((size_t)n * sizeof *self->by_id + 1);
-  if (self->by_id == NULL) {
-    PyErr_NoMemory();
-    goto fail;
-  }
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (parse_tensor_entry(PySequence_Fast_GET_ITEM(seq, i), i, &list[i]) < 0) goto fail;
   }
-  memcpy(self->by_id, list, (size_t)n * sizeof *list);
-  qsort(self->by_id, (size_t)n, sizeof *list, cmp_tensor_id);
   self->ntensors = n;
-  for (Py_ssize_t i = 1; i < n; ++i) {
-    if (self->by_id[i].id == self->by_id[i - 1].id) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: tensor id %llu appears more than once; ids must be unique", call,
-                   (unsigned long long)self->by_id[i].id);
-      goto fail;
-    }
-  }
+  /* libtnt checks the list itself (unique ids: TntInvalidArgumentError,
+   * a ValueError) and keeps it; start() and finish() ask it for each
+   * tensor's entry (tnt_fusion_tensor). */
   /* Creation is collective: every rank compares the list with the others. */
   tnt_fusion_t *f = NULL;
   tnt_status_t st;
   TNT_WITHOUT_GIL(st = tnt_fusion_create(group, list, (size_t)n, threshold, op, &f));
   if (st < 0) {
-    /* The list is valid here, so an invalid argument means the ranks
-     * disagree about it. */
-    raise_status(call, st,
-                 st == TNT_ERR_INVALID_ARG
-                     ? "the ranks disagree on the tensor list or threshold_bytes; every rank "
-                       "must create the Fusion with the same list, in the same order"
-                     : NULL);
+    raise_status(call, st, NULL);
     goto fail;
   }
   self->fusion = f;
@@ -1140,7 +1136,6 @@ fail:
 static void fusion_dealloc(FusionObject *self) {
   if (self->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
   fusion_close_now(self);
-  PyMem_Free(self->by_id);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1154,22 +1149,20 @@ static tnt_fusion_t *fusion_get(FusionObject *self, const char *call) {
   return self->fusion;
 }
 
-/* Reads a tensor id and finds its entry; KeyError when it is not in the set. */
-static const tnt_tensor_info_t *fusion_tensor(FusionObject *self, const char *call,
-                                              PyObject *id_obj) {
+/* Reads a tensor id and asks the open set `f` for its entry (*t); 0, or
+ * -1 with KeyError raised when it is not in the set. */
+static int fusion_tensor(const tnt_fusion_t *f, const char *call, PyObject *id_obj,
+                         tnt_tensor_info_t *t) {
   PyObject *index = PyNumber_Index(id_obj);
-  if (index == NULL) return NULL;
+  if (index == NULL) return -1;
   unsigned long long id = PyLong_AsUnsignedLongLong(index);
   Py_DECREF(index);
-  const tnt_tensor_info_t *t = NULL;
-  if (!PyErr_Occurred()) t = fusion_find(self, id);
-  if (t == NULL) {
-    PyErr_Clear();
-    PyObject *msg = PyUnicode_FromFormat("%s: tensor id %R is not in this Fusion", call, id_obj);
-    if (msg != NULL) PyErr_SetObject(PyExc_KeyError, msg);
-    Py_XDECREF(msg);
-  }
-  return t;
+  if (!PyErr_Occurred() && tnt_fusion_tensor(f, id, t)) return 0;
+  PyErr_Clear();
+  PyObject *msg = PyUnicode_FromFormat("%s: tensor id %R is not in this Fusion", call, id_obj);
+  if (msg != NULL) PyErr_SetObject(PyExc_KeyError, msg);
+  Py_XDECREF(msg);
+  return -1;
 }
 
 /* Acquires the buffer of tensor `t` and checks it against the set's entry. */
@@ -1203,10 +1196,10 @@ static tnt_fusion_t *fusion_tensor_buffer(FusionObject *self, const char *call, 
                                           uint64_t *id, tensor_t *buf) {
   tnt_fusion_t *f = fusion_get(self, call);
   if (f == NULL) return NULL;
-  const tnt_tensor_info_t *t = fusion_tensor(self, call, id_obj);
-  if (t == NULL) return NULL;
-  if (fusion_buffer(call, name, obj, writable, t, buf) < 0) return NULL;
-  *id = t->id;
+  tnt_tensor_info_t t;
+  if (fusion_tensor(f, call, id_obj, &t) < 0) return NULL;
+  if (fusion_buffer(call, name, obj, writable, &t, buf) < 0) return NULL;
+  *id = t.id;
   return f;
 }
 
@@ -1218,9 +1211,9 @@ static PyObject *fusion_bucket_of(FusionObject *self, PyObject *id_obj) {
   static const char call[] = "Fusion.bucket_of";
   tnt_fusion_t *f = fusion_get(self, call);
   if (f == NULL) return NULL;
-  const tnt_tensor_info_t *t = fusion_tensor(self, call, id_obj);
-  if (t == NULL) return NULL;
-  return PyLong_FromLong(tnt_fusion_bucket_of(f, t->id));
+  tnt_tensor_info_t t;
+  if (fusion_tensor(f, call, id_obj, &t) < 0) return NULL;
+  return PyLong_FromLong(tnt_fusion_bucket_of(f, t.id));
 }
 
 PyDoc_STRVAR(fusion_start_doc,
@@ -1246,18 +1239,8 @@ static PyObject *fusion_start(FusionObject *self, PyObject *args, PyObject *kwar
   ++self->busy;
   TNT_WITHOUT_GIL(st = tnt_fusion_start(f, id, buf.view.buf));
   --self->busy;
-  char detail[224];
-  const char *d = NULL;
-  if (st == TNT_ERR_STATE) {
-    snprintf(detail, sizeof detail,
-             "tensor %llu was started already in this round; a round ends once every "
-             "tensor of the bucket has finished, so call finish() for them first",
-             (unsigned long long)id);
-    d = detail;
-  }
-  PyObject *result = result_of(call, st, d, Py_None);
   release_tensor(&buf);
-  return result;
+  return result_of(call, st, NULL, Py_None);
 }
 
 PyDoc_STRVAR(fusion_finish_doc,
@@ -1293,23 +1276,8 @@ static PyObject *fusion_finish(FusionObject *self, PyObject *args, PyObject *kwa
   ++self->busy;
   TNT_WITHOUT_GIL(st = tnt_fusion_finish(f, id, out.view.buf, timeout_s));
   --self->busy;
-  char detail[256];
-  const char *d = NULL;
-  if (st == TNT_ERR_STATE) {
-    snprintf(detail, sizeof detail, "tensor %llu was not started; call start() for it first",
-             (unsigned long long)id);
-    d = detail;
-  } else if (st == TNT_ERR_TIMEOUT) {
-    snprintf(detail, sizeof detail,
-             "bucket %ld of tensor %llu was not reduced in time; every rank must start "
-             "every tensor of the bucket (libtnt's log names the tensors this rank has not "
-             "started)",
-             tnt_fusion_bucket_of(f, id), (unsigned long long)id);
-    d = detail;
-  }
-  PyObject *result = result_of(call, st, d, out_obj);
   release_tensor(&out);
-  return result;
+  return result_of(call, st, NULL, out_obj);
 }
 
 PyDoc_STRVAR(fusion_close_doc,
@@ -1455,9 +1423,26 @@ static struct PyModuleDef core_module = {
 };
 // clang-format on
 
+/* A subclass of TntError (and of `also`, unless NULL) added to module m as
+ * `name`; NULL with an exception set on failure. The module holds the
+ * reference that the static pointer uses. */
+static PyObject *new_error(PyObject *m, const char *name, PyObject *also, const char *doc) {
+  char qualified[64];
+  snprintf(qualified, sizeof qualified, "tarantella._core.%s", name);
+  PyObject *bases = also != NULL ? PyTuple_Pack(2, TntError, also) : Py_NewRef(TntError);
+  if (bases == NULL) return NULL;
+  PyObject *cls = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);
+  Py_DECREF(bases);
+  if (cls == NULL) return NULL;
+  if (PyModule_AddObject(m, name, cls) < 0) {
+    Py_DECREF(cls);
+    return NULL;
+  }
+  return cls;
+}
+
 PyMODINIT_FUNC PyInit__core(void) {
   PyObject *m = NULL;
-  PyObject *bases = NULL;
   if (PyType_Ready(&FusionType) < 0) goto fail;
   m = PyModule_Create(&core_module);
   if (m == NULL) goto fail;
@@ -1468,21 +1453,30 @@ PyMODINIT_FUNC PyInit__core(void) {
       "context_error (the context's message, empty when the context is healthy).",
       PyExc_RuntimeError, NULL);
   if (TntError == NULL) goto fail;
-  bases = PyTuple_Pack(2, TntError, PyExc_TimeoutError);
-  if (bases == NULL) goto fail;
-  TntTimeoutError = PyErr_NewExceptionWithDoc(
-      "tarantella._core.TntTimeoutError",
-      "A peer did not answer within the timeout: a TntError that is also a TimeoutError.", bases,
-      NULL);
+  TntTimeoutError = new_error(m, "TntTimeoutError", PyExc_TimeoutError,
+                              "A peer did not answer within the timeout (TNT_ERR_TIMEOUT): a "
+                              "TntError that is also a TimeoutError.");
   if (TntTimeoutError == NULL) goto fail;
-  if (PyModule_AddObjectRef(m, "TntError", TntError) < 0) goto fail;
-  if (PyModule_AddObjectRef(m, "TntTimeoutError", TntTimeoutError) < 0) goto fail;
+  TntInvalidArgumentError = new_error(m, "TntInvalidArgumentError", PyExc_ValueError,
+                                      "libtnt refused an argument (TNT_ERR_INVALID_ARG): a "
+                                      "TntError that is also a ValueError.");
+  if (TntInvalidArgumentError == NULL) goto fail;
+  TntMismatchError = new_error(m, "TntMismatchError", NULL,
+                               "The ranks called different collectives, or the same with "
+                               "different arguments, at the same point (TNT_ERR_MISMATCH).");
+  if (TntMismatchError == NULL) goto fail;
+  TntNoMemoryError = new_error(m, "TntNoMemoryError", PyExc_MemoryError,
+                               "libtnt ran out of memory (TNT_ERR_NO_MEMORY): a TntError that "
+                               "is also a MemoryError.");
+  if (TntNoMemoryError == NULL) goto fail;
+  TntUnsupportedError = new_error(m, "TntUnsupportedError", PyExc_NotImplementedError,
+                                  "Not supported by this build or MPI (TNT_ERR_UNSUPPORTED): a "
+                                  "TntError that is also a NotImplementedError.");
+  if (TntUnsupportedError == NULL) goto fail;
   if (PyModule_AddObjectRef(m, "Fusion", (PyObject *)&FusionType) < 0) goto fail;
   if (PyModule_AddStringConstant(m, "__version__", TNT_VERSION_STRING) < 0) goto fail;
-  Py_DECREF(bases);
   return m;
 fail:
-  Py_XDECREF(bases);
   Py_XDECREF(m);
   return NULL;
 }

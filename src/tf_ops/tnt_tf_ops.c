@@ -96,30 +96,28 @@ static TF_Code tf_code_of(tnt_status_t st) {
       return TF_DEADLINE_EXCEEDED;
     case TNT_ERR_STATE:
       return TF_FAILED_PRECONDITION;
+    case TNT_ERR_MISMATCH: /* the ranks' programs disagree: fix the program, do not retry */
+      return TF_FAILED_PRECONDITION;
+    case TNT_ERR_MPI: /* the transport failed, as TensorFlow's collectives report lost peers */
+      return TF_UNAVAILABLE;
     case TNT_ERR_UNSUPPORTED:
       return TF_UNIMPLEMENTED;
     case TNT_ERR_FAILED:
       return TF_ABORTED;
-    default:
+    case TNT_ERR_INTERNAL: /* reserved for bugs in libtnt */
       return TF_INTERNAL;
+    default:
+      return TF_UNKNOWN;
   }
 }
 
-/* Fails the running op with libtnt's status `st` and its explanation: the
- * context's first failure when the context of `g` has failed, else what
- * libtnt reported on this thread. */
+/* Fails the running op with libtnt's status `st` and its explanation:
+ * libtnt's reason for this call's failure (tnt_last_error, which names the
+ * context's first failure when that is the cause). */
 static void fail_tnt(TF_OpKernelContext *ctx, const tnt_group_t *g, const char *what,
                      tnt_status_t st) {
-  const char *why = NULL;
-  if (tnt_context_error(tnt_group_context(g), &why) != TNT_OK) {
-    fail(ctx, tf_code_of(st), "%s: %s; the communication context failed: %s", what,
-         tnt_status_string(st), why);
-  } else if (*(why = tnt_last_error()) != '\0') {
-    fail(ctx, tf_code_of(st), "%s: %s: %s", what, tnt_status_string(st), why);
-  } else {
-    fail(ctx, tf_code_of(st), "%s: %s (the [tnt] lines of the log say why)", what,
-         tnt_status_string(st));
-  }
+  (void)g;
+  fail(ctx, tf_code_of(st), "%s: %s: %s", what, tnt_status_string(st), tnt_last_error());
 }
 
 /* ------------------------------------------------ kernel construction */

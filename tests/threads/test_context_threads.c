@@ -334,6 +334,73 @@ static int sub_group(rank_arg_t *a, tnt_context_t *ctx) {
   return 0;
 }
 
+/* ------------------------------------------------------ the error contract */
+
+/* tnt_last_error is "" after a success and names the failing call after a
+ * failure, never an earlier failure of another call. */
+#define EXPECT_ERROR(call, want_st, fragment)                                              \
+  do {                                                                                     \
+    tnt_status_t st_ = (call);                                                             \
+    const char *why_ = tnt_last_error();                                                   \
+    FAIL_IF(st_ != (want_st), "%s: expected %s, got %s", #call,                            \
+            tnt_status_string(want_st), tnt_status_string(st_));                           \
+    FAIL_IF(strstr(why_, (fragment)) == NULL, "%s: tnt_last_error() is \"%s\", not about %s", \
+            #call, why_, (fragment));                                                      \
+  } while (0)
+
+static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
+  const int n = a->size;
+  int32_t x = 1;
+  /* Each failure explains itself, also after an unrelated one. */
+  EXPECT_ERROR(tnt_group_create(ctx, NULL, 1, NULL), TNT_ERR_INVALID_ARG, "tnt_group_create");
+  EXPECT_ERROR(tnt_send(g, &x, 1, TNT_INT32, 0, 32768), TNT_ERR_INVALID_ARG, "tag 32768");
+  FAIL_IF(strstr(tnt_last_error(), "tnt_group_create") != NULL, "stale message: %s",
+          tnt_last_error());
+  EXPECT_ERROR(tnt_broadcast(g, &x, 1, TNT_INT32, n), TNT_ERR_INVALID_ARG, "root=");
+  EXPECT_ERROR(tnt_fusion_start(NULL, 1, &x), TNT_ERR_INVALID_ARG, "tnt_fusion_start");
+  EXPECT_ERROR(tnt_fusion_finish(NULL, 1, &x, -1), TNT_ERR_INVALID_ARG, "tnt_fusion_finish");
+  EXPECT_ERROR(tnt_request_wait(NULL, -1), TNT_ERR_INVALID_ARG, "tnt_request_wait");
+  EXPECT_ERROR(tnt_timeline_event(NULL, NULL, 'i'), TNT_ERR_INVALID_ARG, "tnt_timeline_event");
+  EXPECT_ERROR(tnt_algorithm_info("reduce", 0, NULL, NULL), TNT_ERR_INVALID_ARG, "reduce");
+  EXPECT_ERROR(tnt_iallreduce(g, &x, &x, 1, TNT_INT32, TNT_SUM, NULL), TNT_ERR_INVALID_ARG,
+               "req is NULL");
+  /* A success clears the message; queries leave it. */
+  TRY(tnt_barrier(g));
+  FAIL_IF(tnt_last_error()[0] != '\0', "after a success: \"%s\"", tnt_last_error());
+  EXPECT_ERROR(tnt_allreduce(g, &x, &x, 1, TNT_DTYPE_COUNT, TNT_SUM), TNT_ERR_INVALID_ARG,
+               "dtype");
+  (void)tnt_group_size(g);
+  (void)tnt_status_string(TNT_ERR_TIMEOUT);
+  FAIL_IF(strstr(tnt_last_error(), "dtype") == NULL, "a query changed the message: \"%s\"",
+          tnt_last_error());
+  /* Fusion errors that used to log nothing. */
+  tnt_tensor_info_t info = {7, 4, TNT_FLOAT32};
+  tnt_fusion_t *f = NULL;
+  TRY(tnt_fusion_create(g, &info, 1, 0, TNT_SUM, &f));
+  float buf[4] = {0};
+  EXPECT_ERROR(tnt_fusion_start(f, 7, NULL), TNT_ERR_INVALID_ARG, "data is NULL");
+  EXPECT_ERROR(tnt_fusion_start(f, 8, buf), TNT_ERR_INVALID_ARG, "tensor id 8");
+  EXPECT_ERROR(tnt_fusion_finish(f, 7, buf, -1), TNT_ERR_STATE, "was not started");
+  tnt_tensor_info_t got;
+  FAIL_IF(!tnt_fusion_tensor(f, 7, &got) || got.count != 4 || got.dtype != TNT_FLOAT32,
+          "tnt_fusion_tensor of tensor 7");
+  FAIL_IF(tnt_fusion_tensor(f, 8, NULL), "tnt_fusion_tensor of an unknown id");
+  TRY(tnt_fusion_destroy(f));
+  /* Ranks that disagree on a fusion set get TNT_ERR_MISMATCH, each. */
+  if (n > 1) {
+    info.count = 4 + (size_t)a->rank;
+    EXPECT_ERROR(tnt_fusion_create(g, &info, 1, 0, TNT_SUM, &f), TNT_ERR_MISMATCH, "disagree");
+  }
+  /* Every algorithm has a name and a description. */
+  const char *name = NULL, *description = NULL;
+  TRY(tnt_algorithm_info("allreduce", 0, &name, &description));
+  FAIL_IF(name == NULL || description == NULL || description[0] == '\0', "algorithm 0");
+  EXPECT_ERROR(tnt_algorithm_info("broadcast", 99, &name, NULL), TNT_ERR_INVALID_ARG, "99");
+  const char *msg = NULL;
+  FAIL_IF(tnt_context_error(ctx, &msg) != TNT_OK, "argument errors failed the context: %s", msg);
+  return 0;
+}
+
 /* ------------------------------------------------------------------ ranks */
 
 static int rank_body(rank_arg_t *a) {
@@ -351,6 +418,7 @@ static int rank_body(rank_arg_t *a) {
   if (rc == 0) rc = fusion(a, g);
   if (rc == 0) rc = point_to_point(a, g);
   if (rc == 0) rc = sub_group(a, ctx);
+  if (rc == 0) rc = error_contract(a, ctx, g);
   if (rc == 0) {
     FAIL_IF(tnt_context_error(ctx, &msg) != TNT_OK, "context failed: %s", msg);
     TRY(tnt_barrier(g));
