@@ -196,9 +196,8 @@ def overlap():
     its fusion bucket before every gradient of the step is computed, so
     communication does not overlap backprop. For measuring what overlap
     gains; on by default."""
-    raw = os.environ.get("TNT_OVERLAP", "").strip().lower()
-    return raw not in ("0", "false", "no", "off")
+    return log.env_flag("TNT_OVERLAP", True)
 
 
 def output_on_all_devices():
-    return log._truthy(os.environ.get("TNT_OUTPUT_ON_ALL_DEVICES", "false"))
+    return log.env_flag("TNT_OUTPUT_ON_ALL_DEVICES")

@@ -154,7 +154,9 @@ tnt_status_t tnt_algorithm_info(const char *collective, int index, const char **
     if (strcmp(collective, kinds[k]) != 0) continue;
     const tnt__algo_t *a = tnt__algo_at((tnt__coll_kind_t)k, index);
     if (a == NULL) {
-      return tnt__api_invalid(call, "%s has no algorithm number %d", collective, index);
+      /* The end of a listing, not worth a line in the log. */
+      tnt__error_set("%s: %s has no algorithm number %d", call, collective, index);
+      return TNT_ERR_INVALID_ARG;
     }
     if (name != NULL) *name = a->name;
     if (description != NULL) *description = a->description;

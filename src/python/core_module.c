@@ -1453,6 +1453,7 @@ PyMODINIT_FUNC PyInit__core(void) {
       "context_error (the context's message, empty when the context is healthy).",
       PyExc_RuntimeError, NULL);
   if (TntError == NULL) goto fail;
+  if (PyModule_AddObjectRef(m, "TntError", TntError) < 0) goto fail;
   TntTimeoutError = new_error(m, "TntTimeoutError", PyExc_TimeoutError,
                               "A peer did not answer within the timeout (TNT_ERR_TIMEOUT): a "
                               "TntError that is also a TimeoutError.");

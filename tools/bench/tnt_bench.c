@@ -165,6 +165,7 @@ static void print_usage(FILE *out) {
   fprintf(out,
           "Usage: tnt-bench {allreduce|broadcast|allgather} [--min BYTES] [--max BYTES]\n"
           "                 [--iters N] [--json FILE] [--dtype TYPE]\n"
+          "       tnt-bench --list\n"
           "\n"
           "Measures a libtnt collective (libtnt's own choice of algorithm) against the MPI\n"
           "collective it replaces, checks every result of both, and prints one line per size.\n"
@@ -181,6 +182,9 @@ static void print_usage(FILE *out) {
           "  --dtype TYPE  float32 (default), float64, float16, bfloat16, int32 or int64\n"
           "  --json FILE   also write the results to FILE as JSON (rank 0), with the hosts,\n"
           "                ranks per host and whether they were oversubscribed\n"
+          "  --list        list libtnt's algorithms of each collective, with what they do\n"
+          "                (the names that TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM\n"
+          "                and TNT_ALLGATHER_ALGORITHM accept); needs no mpirun\n"
           "  -h, --help    print this help\n"
           "\n"
           "Exit status: 0 all checks passed, 1 a result was wrong, 2 bad arguments,\n"
@@ -334,7 +338,21 @@ static int parse_option(int argc, char **argv, int *i, options_t *opt) {
       "unknown option '%s' (expected --min, --max, --iters, --json, --dtype or --help)", arg);
 }
 
-/* Returns -1 when the run should go on, else the exit code (0 for --help). */
+/* tnt-bench --list: every algorithm of libtnt's tables, by collective. */
+static int list_algorithms(void) {
+  for (int c = COLL_ALLREDUCE; c <= COLL_ALLGATHER; c++) {
+    printf("%s:\n", kCollectiveNames[c]);
+    const char *name, *description;
+    for (int i = 0; tnt_algorithm_info(kCollectiveNames[c], i, &name, &description) == TNT_OK;
+         i++) {
+      printf("  %-6s %s\n", name, description);
+    }
+  }
+  return 0;
+}
+
+/* Returns -1 when the run should go on, else the exit code (0 for --help
+ * and --list). */
 static int parse_options(int argc, char **argv, options_t *opt) {
   *opt = (options_t){.coll = COLL_ALLREDUCE,
                      .min_bytes = DEFAULT_MIN_BYTES,
@@ -347,6 +365,7 @@ static int parse_options(int argc, char **argv, options_t *opt) {
       if (launcher_rank() == 0) print_usage(stdout);
       return 0;
     }
+    if (strcmp(arg, "--list") == 0) return launcher_rank() == 0 ? list_algorithms() : 0;
     if (arg[0] == '-') {
       int rc = parse_option(argc, argv, &i, opt);
       if (rc >= 0) return rc;
