@@ -64,21 +64,16 @@ static tnt_status_t check_rank(const char *call, const tnt_group_t *g, int rank,
   return TNT_OK;
 }
 
-/* A request for work of `kind` on group g, labelled "<call> of <bytes>
- * bytes"; `run` and `sig` for collectives. */
-static tnt_status_t new_work(tnt_group_t *g, const char *call, tnt__work_kind_t kind,
-                             tnt__work_fn run, size_t bytes, tnt__coll_sig_t sig,
-                             tnt_request_t **out) {
+/* A request on group g for the work that `proto` describes, labelled
+ * "<call> of <bytes> bytes" unless proto has a label. */
+static tnt_status_t new_work(tnt_group_t *g, const tnt__work_t *proto, tnt_request_t **out) {
   TNT_CHECK(tnt__request_new(tnt__context_engine(g->ctx), out));
   tnt__work_t *work = &(*out)->work;
-  work->kind = kind;
-  work->run = run;
+  *work = *proto;
   work->comm = g->comm;
-  work->sig = sig;
-  work->call = call;
-  work->bytes = bytes;
-  work->bucket = -1;
-  snprintf(work->label, sizeof work->label, "%s of %zu bytes", call, bytes);
+  if (work->label[0] == '\0') {
+    snprintf(work->label, sizeof work->label, "%s of %zu bytes", work->call, work->bytes);
+  }
   return TNT_OK;
 }
 
@@ -109,18 +104,15 @@ tnt_status_t tnt__allreduce_submit(tnt_group_t *g, const void *sendbuf, void *re
   if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, count, "recvbuf"));
+  tnt__work_t work = {
+      .kind = TNT__WORK_RUN, .run = allreduce_run, .call = call, .bucket = bucket,
+      .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count, .dtype = dtype, .op = op,
+      .bytes = count * tnt__dtype_size(dtype),
+      .sig = {.count = count, .kind = TNT__COLL_ALLREDUCE, .dtype = (uint8_t)dtype,
+              .op = (uint8_t)op, .set = 1}};
+  if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
   tnt_request_t *r = NULL;
-  const tnt__coll_sig_t sig = {.count = count, .kind = TNT__COLL_ALLREDUCE,
-                               .dtype = (uint8_t)dtype, .op = (uint8_t)op, .set = 1};
-  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, allreduce_run, count * tnt__dtype_size(dtype), sig,
-                     &r));
-  r->work.bucket = bucket;
-  r->work.sendbuf = sendbuf;
-  r->work.recvbuf = recvbuf;
-  r->work.count = count;
-  r->work.dtype = dtype;
-  r->work.op = op;
-  if (label != NULL) snprintf(r->work.label, sizeof r->work.label, "%s", label);
+  TNT_CHECK(new_work(g, &work, &r));
   return submit(g, r, req);
 }
 
@@ -175,15 +167,14 @@ static tnt_status_t broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype
   TNT_CHECK(check_common(call, g, dtype, count));
   TNT_CHECK(check_rank(call, g, root, "root"));
   TNT_CHECK(check_buf(call, buf, count, "buf"));
+  const tnt__work_t work = {
+      .kind = TNT__WORK_RUN, .run = broadcast_run, .call = call, .bucket = -1,
+      .recvbuf = buf, .count = count, .dtype = dtype, .root = root,
+      .bytes = count * tnt__dtype_size(dtype),
+      .sig = {.count = count, .root = root, .kind = TNT__COLL_BROADCAST,
+              .dtype = (uint8_t)dtype, .set = 1}};
   tnt_request_t *r = NULL;
-  const tnt__coll_sig_t sig = {.count = count, .root = root, .kind = TNT__COLL_BROADCAST,
-                               .dtype = (uint8_t)dtype, .set = 1};
-  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, broadcast_run, count * tnt__dtype_size(dtype), sig,
-                     &r));
-  r->work.recvbuf = buf;
-  r->work.count = count;
-  r->work.dtype = dtype;
-  r->work.root = root;
+  TNT_CHECK(new_work(g, &work, &r));
   return submit(g, r, req);
 }
 
@@ -219,9 +210,13 @@ static tnt_status_t allgatherv(tnt_group_t *g, const void *sendbuf, size_t count
   for (int r = 0; r < n; ++r) total += counts ? counts[r] : count;
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, total, "recvbuf"));
+  const tnt__work_t proto = {
+      .kind = TNT__WORK_RUN, .run = allgatherv_run, .call = call, .bucket = -1,
+      .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count, .dtype = dtype,
+      .bytes = total * esz,
+      .sig = {.count = total * esz, .kind = TNT__COLL_ALLGATHERV, .set = 1}};
   tnt_request_t *rq = NULL;
-  const tnt__coll_sig_t sig = {.count = total * esz, .kind = TNT__COLL_ALLGATHERV, .set = 1};
-  TNT_CHECK(new_work(g, call, TNT__WORK_RUN, allgatherv_run, total * esz, sig, &rq));
+  TNT_CHECK(new_work(g, &proto, &rq));
   tnt__work_t *work = &rq->work;
   work->counts = malloc((size_t)n * sizeof(size_t));
   work->displs = malloc((size_t)n * sizeof(size_t));
@@ -235,10 +230,6 @@ static tnt_status_t allgatherv(tnt_group_t *g, const void *sendbuf, size_t count
     work->counts[r] = (counts ? counts[r] : count) * esz;
     work->displs[r] = (counts ? displs[r] : (size_t)r * count) * esz;
   }
-  work->sendbuf = sendbuf;
-  work->recvbuf = recvbuf;
-  work->count = count;
-  work->dtype = dtype;
   return submit(g, rq, req);
 }
 
@@ -277,10 +268,11 @@ tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, 
 
 static tnt_status_t barrier(tnt_group_t *g, tnt_request_t **req) {
   TNT_CHECK(check_common("barrier", g, TNT_FLOAT32, 0));
+  const tnt__work_t work = {.kind = TNT__WORK_RUN, .run = barrier_run, .call = "barrier",
+                            .bucket = -1, .label = "barrier",
+                            .sig = {.kind = TNT__COLL_BARRIER, .set = 1}};
   tnt_request_t *r = NULL;
-  const tnt__coll_sig_t sig = {.kind = TNT__COLL_BARRIER, .set = 1};
-  TNT_CHECK(new_work(g, "barrier", TNT__WORK_RUN, barrier_run, 0, sig, &r));
-  snprintf(r->work.label, sizeof r->work.label, "barrier");
+  TNT_CHECK(new_work(g, &work, &r));
   return submit(g, r, req);
 }
 
@@ -305,18 +297,13 @@ static tnt_status_t p2p(tnt_group_t *g, tnt__work_kind_t kind, const void *sbuf,
   TNT_CHECK(check_rank(call, g, peer, is_send ? "dst" : "src"));
   if (tag < 0 || tag >= 32768) return tnt__api_invalid(call, "tag %d is not in 0..32767", tag);
   TNT_CHECK(check_buf(call, is_send ? sbuf : rbuf, count, "buf"));
+  tnt__work_t work = {.kind = kind, .call = call, .bucket = -1,
+                      .sendbuf = sbuf, .recvbuf = rbuf, .count = count, .dtype = dtype,
+                      .peer = peer, .tag = tag, .bytes = count * tnt__dtype_size(dtype)};
+  snprintf(work.label, sizeof work.label, "%s of %zu bytes %s rank %d (tag %d)", call,
+           work.bytes, is_send ? "to" : "from", g->comm->t->world_ranks[peer], tag);
   tnt_request_t *r = NULL;
-  const size_t bytes = count * tnt__dtype_size(dtype);
-  TNT_CHECK(new_work(g, call, kind, NULL, bytes, (tnt__coll_sig_t){0}, &r));
-  tnt__work_t *work = &r->work;
-  work->sendbuf = sbuf;
-  work->recvbuf = rbuf;
-  work->count = count;
-  work->dtype = dtype;
-  work->peer = peer;
-  work->tag = tag;
-  snprintf(work->label, sizeof work->label, "%s of %zu bytes %s rank %d (tag %d)", call, bytes,
-           is_send ? "to" : "from", g->comm->t->world_ranks[peer], tag);
+  TNT_CHECK(new_work(g, &work, &r));
   return submit(g, r, req);
 }
 

@@ -180,51 +180,63 @@ static int host_is_little_endian(void) {
   return *(const uint8_t *)&one == 1;
 }
 
-/* Parses a dtype name ("float32", ...) or None (*out = -1). */
-static int parse_dtype(const char *call, PyObject *obj, int *out) {
-  *out = -1;
-  if (obj == NULL || obj == Py_None) return 0;
+/* The names of dtypes or ops, as libtnt gives them. */
+typedef struct name_table {
+  const char *what; /* the argument: "dtype", "op" */
+  const char *(*name_of)(int);
+  int count;
+  const char *choices;
+} name_table_t;
+
+static const char *dtype_name_at(int i) {
+  return tnt_dtype_name((tnt_dtype_t)i);
+}
+
+static const char *op_name_at(int i) {
+  return tnt_op_name((tnt_op_t)i);
+}
+
+static const name_table_t kDtypeNames = {
+    "dtype", dtype_name_at, TNT_DTYPE_COUNT,
+    "'float32', 'float64', 'float16', 'bfloat16', 'int32' or 'int64'"};
+static const name_table_t kOpNames = {"op", op_name_at, TNT_OP_COUNT,
+                                      "'sum', 'average', 'min' or 'max'"};
+
+/* Parses `obj`, a str that must be one of the names of `t`; *out is its
+ * index. */
+static int parse_name(const char *call, const name_table_t *t, PyObject *obj, int *out) {
   if (!PyUnicode_Check(obj)) {
-    PyErr_Format(PyExc_TypeError, "%s: dtype must be a string such as 'bfloat16' or None, not %s",
-                 call, Py_TYPE(obj)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s: %s must be a string (%s), not %s", call, t->what,
+                 t->choices, Py_TYPE(obj)->tp_name);
     return -1;
   }
   const char *name = PyUnicode_AsUTF8(obj);
   if (name == NULL) return -1;
-  for (int d = 0; d < TNT_DTYPE_COUNT; ++d) {
-    if (strcmp(name, tnt_dtype_name((tnt_dtype_t)d)) == 0) {
-      *out = d;
+  for (int i = 0; i < t->count; ++i) {
+    if (strcmp(name, t->name_of(i)) == 0) {
+      *out = i;
       return 0;
     }
   }
-  PyErr_Format(PyExc_ValueError,
-               "%s: unknown dtype '%s': use 'float32', 'float64', 'float16', 'bfloat16', "
-               "'int32' or 'int64'",
-               call, name);
+  PyErr_Format(PyExc_ValueError, "%s: unknown %s '%s': use %s", call, t->what, name, t->choices);
   return -1;
+}
+
+/* Parses a dtype name ("float32", ...) or None (*out = -1). */
+static int parse_dtype(const char *call, PyObject *obj, int *out) {
+  *out = -1;
+  if (obj == NULL || obj == Py_None) return 0;
+  return parse_name(call, &kDtypeNames, obj, out);
 }
 
 /* Parses "sum", "average", "min" or "max"; NULL gives `fallback`. */
 static int parse_op(const char *call, PyObject *obj, tnt_op_t fallback, tnt_op_t *out) {
   *out = fallback;
   if (obj == NULL) return 0;
-  if (!PyUnicode_Check(obj)) {
-    PyErr_Format(PyExc_TypeError,
-                 "%s: op must be a string ('sum', 'average', 'min' or 'max'), not %s", call,
-                 Py_TYPE(obj)->tp_name);
-    return -1;
-  }
-  const char *name = PyUnicode_AsUTF8(obj);
-  if (name == NULL) return -1;
-  for (int op = 0; op < TNT_OP_COUNT; ++op) {
-    if (strcmp(name, tnt_op_name((tnt_op_t)op)) == 0) {
-      *out = (tnt_op_t)op;
-      return 0;
-    }
-  }
-  PyErr_Format(PyExc_ValueError, "%s: unknown op '%s': use 'sum', 'average', 'min' or 'max'", call,
-               name);
-  return -1;
+  int op;
+  if (parse_name(call, &kOpNames, obj, &op) < 0) return -1;
+  *out = (tnt_op_t)op;
+  return 0;
 }
 
 /* ------------------------------------------------------------------ buffers */
@@ -1423,6 +1435,28 @@ static struct PyModuleDef core_module = {
 };
 // clang-format on
 
+/* The subclasses of TntError: each is also `also` (unless NULL). */
+static const struct {
+  PyObject **cls;
+  const char *name;
+  PyObject **also;
+  const char *doc;
+} kErrors[] = {
+    {&TntTimeoutError, "TntTimeoutError", &PyExc_TimeoutError,
+     "A peer did not answer within the timeout (TNT_ERR_TIMEOUT): a TntError that is also a "
+     "TimeoutError."},
+    {&TntInvalidArgumentError, "TntInvalidArgumentError", &PyExc_ValueError,
+     "libtnt refused an argument (TNT_ERR_INVALID_ARG): a TntError that is also a ValueError."},
+    {&TntMismatchError, "TntMismatchError", NULL,
+     "The ranks called different collectives, or the same with different arguments, at the "
+     "same point (TNT_ERR_MISMATCH)."},
+    {&TntNoMemoryError, "TntNoMemoryError", &PyExc_MemoryError,
+     "libtnt ran out of memory (TNT_ERR_NO_MEMORY): a TntError that is also a MemoryError."},
+    {&TntUnsupportedError, "TntUnsupportedError", &PyExc_NotImplementedError,
+     "Not supported by this build or MPI (TNT_ERR_UNSUPPORTED): a TntError that is also a "
+     "NotImplementedError."},
+};
+
 /* A subclass of TntError (and of `also`, unless NULL) added to module m as
  * `name`; NULL with an exception set on failure. The module holds the
  * reference that the static pointer uses. */
@@ -1454,26 +1488,11 @@ PyMODINIT_FUNC PyInit__core(void) {
       PyExc_RuntimeError, NULL);
   if (TntError == NULL) goto fail;
   if (PyModule_AddObjectRef(m, "TntError", TntError) < 0) goto fail;
-  TntTimeoutError = new_error(m, "TntTimeoutError", PyExc_TimeoutError,
-                              "A peer did not answer within the timeout (TNT_ERR_TIMEOUT): a "
-                              "TntError that is also a TimeoutError.");
-  if (TntTimeoutError == NULL) goto fail;
-  TntInvalidArgumentError = new_error(m, "TntInvalidArgumentError", PyExc_ValueError,
-                                      "libtnt refused an argument (TNT_ERR_INVALID_ARG): a "
-                                      "TntError that is also a ValueError.");
-  if (TntInvalidArgumentError == NULL) goto fail;
-  TntMismatchError = new_error(m, "TntMismatchError", NULL,
-                               "The ranks called different collectives, or the same with "
-                               "different arguments, at the same point (TNT_ERR_MISMATCH).");
-  if (TntMismatchError == NULL) goto fail;
-  TntNoMemoryError = new_error(m, "TntNoMemoryError", PyExc_MemoryError,
-                               "libtnt ran out of memory (TNT_ERR_NO_MEMORY): a TntError that "
-                               "is also a MemoryError.");
-  if (TntNoMemoryError == NULL) goto fail;
-  TntUnsupportedError = new_error(m, "TntUnsupportedError", PyExc_NotImplementedError,
-                                  "Not supported by this build or MPI (TNT_ERR_UNSUPPORTED): a "
-                                  "TntError that is also a NotImplementedError.");
-  if (TntUnsupportedError == NULL) goto fail;
+  for (size_t k = 0; k < sizeof kErrors / sizeof kErrors[0]; ++k) {
+    PyObject *also = kErrors[k].also != NULL ? *kErrors[k].also : NULL;
+    *kErrors[k].cls = new_error(m, kErrors[k].name, also, kErrors[k].doc);
+    if (*kErrors[k].cls == NULL) goto fail;
+  }
   if (PyModule_AddObjectRef(m, "Fusion", (PyObject *)&FusionType) < 0) goto fail;
   if (PyModule_AddStringConstant(m, "__version__", TNT_VERSION_STRING) < 0) goto fail;
   return m;
