@@ -58,16 +58,16 @@ extern "C" {
 typedef enum tnt_status {
   TNT_OK = 0,
   TNT_IN_PROGRESS = 1,
-  TNT_ERR_INVALID_ARG = -1,  /* a parameter is out of range; nothing was done */
-  TNT_ERR_NO_MEMORY = -2,    /* an allocation failed */
-  TNT_ERR_MPI = -3,          /* the MPI library reported an error */
-  TNT_ERR_TIMEOUT = -4,      /* a peer did not answer within the timeout */
-  TNT_ERR_FAILED = -5,       /* an earlier operation failed; the context is unusable */
-  TNT_ERR_UNSUPPORTED = -6,  /* valid request that this build or MPI cannot serve */
-  TNT_ERR_STATE = -7,        /* call out of order (e.g. finish before start) */
-  TNT_ERR_INTERNAL = -8,     /* a bug in libtnt: please report it */
-  TNT_ERR_MISMATCH = -9      /* ranks called different collectives, or the same with
-                                different arguments, at the same point */
+  TNT_ERR_INVALID_ARG = -1, /* a parameter is out of range; nothing was done */
+  TNT_ERR_NO_MEMORY = -2,   /* an allocation failed */
+  TNT_ERR_MPI = -3,         /* the MPI library reported an error */
+  TNT_ERR_TIMEOUT = -4,     /* a peer did not answer within the timeout */
+  TNT_ERR_FAILED = -5,      /* an earlier operation failed; the context is unusable */
+  TNT_ERR_UNSUPPORTED = -6, /* valid request that this build or MPI cannot serve */
+  TNT_ERR_STATE = -7,       /* call out of order (e.g. finish before start) */
+  TNT_ERR_INTERNAL = -8,    /* a bug in libtnt: please report it */
+  TNT_ERR_MISMATCH = -9     /* ranks called different collectives, or the same with
+                               different arguments, at the same point */
 } tnt_status_t;
 
 /* A static, human-readable name for `status` ("TNT_ERR_TIMEOUT: ..."). */
@@ -78,7 +78,7 @@ TNT_API const char *tnt_status_string(tnt_status_t status);
 typedef enum tnt_dtype {
   TNT_FLOAT32 = 0,
   TNT_FLOAT64 = 1,
-  TNT_FLOAT16 = 2, /* IEEE 754 binary16; reductions accumulate in float */
+  TNT_FLOAT16 = 2,  /* IEEE 754 binary16; reductions accumulate in float */
   TNT_BFLOAT16 = 3, /* bfloat16; reductions accumulate in float */
   TNT_INT32 = 4,
   TNT_INT64 = 5,
@@ -155,15 +155,16 @@ TNT_API const char *tnt_last_error(void);
  * every listed rank passes the same list. The group is owned by the context
  * and freed with it, or earlier by tnt_group_destroy.
  */
-TNT_API tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n, tnt_group_t **out);
+TNT_API tnt_status_t tnt_group_create(tnt_context_t *ctx, const int *ranks, int n,
+                                      tnt_group_t **out);
 TNT_API tnt_status_t tnt_group_destroy(tnt_group_t *group);
 
 /* Group queries; each returns -1 for a NULL group. */
-TNT_API int tnt_group_rank(const tnt_group_t *group);        /* rank within the group */
+TNT_API int tnt_group_rank(const tnt_group_t *group); /* rank within the group */
 TNT_API int tnt_group_size(const tnt_group_t *group);
-TNT_API int tnt_group_local_rank(const tnt_group_t *group);  /* rank among members on this host */
-TNT_API int tnt_group_local_size(const tnt_group_t *group);  /* members on this host */
-TNT_API int tnt_group_num_hosts(const tnt_group_t *group);   /* distinct hosts in the group */
+TNT_API int tnt_group_local_rank(const tnt_group_t *group); /* rank among members on this host */
+TNT_API int tnt_group_local_size(const tnt_group_t *group); /* members on this host */
+TNT_API int tnt_group_num_hosts(const tnt_group_t *group);  /* distinct hosts in the group */
 
 /* A process-wide number for `group` (> 0), for code that can only carry
  * integers (graph attributes, Python); tnt_group_lookup turns it back into
@@ -184,30 +185,33 @@ TNT_API tnt_context_t *tnt_group_context(const tnt_group_t *group);
  * `sendbuf == recvbuf` is allowed (in place) for allreduce.
  */
 TNT_API tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
-                           tnt_dtype_t dtype, tnt_op_t op);
-TNT_API tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root);
+                                   tnt_dtype_t dtype, tnt_op_t op);
+TNT_API tnt_status_t tnt_broadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype,
+                                   int root);
 /* recvbuf holds size * count elements, rank r's contribution at r * count. */
 TNT_API tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
-                           tnt_dtype_t dtype);
+                                   tnt_dtype_t dtype);
 /* Rank r contributes counts[r] elements, placed at recvbuf + displs[r]
  * elements. counts and displs have one entry per group rank. */
-TNT_API tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
-                            const size_t *counts, const size_t *displs, tnt_dtype_t dtype);
+TNT_API tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count,
+                                    void *recvbuf, const size_t *counts, const size_t *displs,
+                                    tnt_dtype_t dtype);
 TNT_API tnt_status_t tnt_barrier(tnt_group_t *g);
 
 /* Non-blocking versions: *req is owned by the caller; free it with
  * tnt_request_free once it has completed (or at any time: an unfinished
  * request is released by the engine when it completes). */
-TNT_API tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
-                            tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req);
-TNT_API tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int root,
-                            tnt_request_t **req);
-TNT_API tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
-                            tnt_dtype_t dtype, tnt_request_t **req);
+TNT_API tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                    tnt_request_t **req);
+TNT_API tnt_status_t tnt_ibroadcast(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype,
+                                    int root, tnt_request_t **req);
+TNT_API tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t count,
+                                    void *recvbuf, tnt_dtype_t dtype, tnt_request_t **req);
 /* counts and displs are copied; they need not outlive the call. */
-TNT_API tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,
-                             const size_t *counts, const size_t *displs, tnt_dtype_t dtype,
-                             tnt_request_t **req);
+TNT_API tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count,
+                                     void *recvbuf, const size_t *counts, const size_t *displs,
+                                     tnt_dtype_t dtype, tnt_request_t **req);
 TNT_API tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
 
 /*
@@ -215,13 +219,14 @@ TNT_API tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
  * (source, tag) in order, independent of collectives. 0 <= tag < 32768.
  * The receiver's count must equal the sender's.
  */
-TNT_API tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
-                      int tag);
-TNT_API tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag);
-TNT_API tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype, int dst,
-                       int tag, tnt_request_t **req);
-TNT_API tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src, int tag,
-                       tnt_request_t **req);
+TNT_API tnt_status_t tnt_send(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype,
+                              int dst, int tag);
+TNT_API tnt_status_t tnt_recv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src,
+                              int tag);
+TNT_API tnt_status_t tnt_isend(tnt_group_t *g, const void *buf, size_t count, tnt_dtype_t dtype,
+                               int dst, int tag, tnt_request_t **req);
+TNT_API tnt_status_t tnt_irecv(tnt_group_t *g, void *buf, size_t count, tnt_dtype_t dtype, int src,
+                               int tag, tnt_request_t **req);
 
 /* ---------------------------------------------------------------- requests */
 
@@ -238,8 +243,8 @@ TNT_API void tnt_request_free(tnt_request_t *req);
 typedef struct tnt_fusion tnt_fusion_t;
 
 typedef struct tnt_tensor_info {
-  uint64_t id;       /* caller's name for the tensor, unique in the set */
-  size_t count;      /* elements */
+  uint64_t id;  /* caller's name for the tensor, unique in the set */
+  size_t count; /* elements */
   tnt_dtype_t dtype;
 } tnt_tensor_info_t;
 
@@ -251,7 +256,7 @@ typedef struct tnt_tensor_info {
  * by the caller; free it with tnt_fusion_destroy.
  */
 TNT_API tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
-                               size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out);
+                                       size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out);
 TNT_API tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
 
 /* Copies tensor `id` into its bucket. Once every member of a bucket has
@@ -329,7 +334,7 @@ TNT_API const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
  * description. TNT_ERR_INVALID_ARG past the last one or for another
  * collective. */
 TNT_API tnt_status_t tnt_algorithm_info(const char *collective, int index, const char **name,
-                                const char **description);
+                                        const char **description);
 
 #ifdef __cplusplus
 }

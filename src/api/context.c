@@ -126,8 +126,8 @@ tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_c
   }
   ctx->world->is_world = 1;
   TNT_CHECK_GOTO(tnt__engine_create(ctx->rank, ctx->size, timeout, &ctx->engine), st, fail);
-  TNT_LOG_DEBUG("context ready: %d ranks on %d hosts, timeout %.1f s", ctx->size,
-                comm->num_hosts, timeout);
+  TNT_LOG_DEBUG("context ready: %d ranks on %d hosts, timeout %.1f s", ctx->size, comm->num_hosts,
+                timeout);
   *out = ctx;
   return TNT_OK;
 fail:
@@ -155,9 +155,10 @@ static tnt_status_t context_create(const tnt_config_t *config, tnt_context_t **o
   }
   if (provided < MPI_THREAD_SERIALIZED) {
     /* The engine enters MPI from its own thread, one thread at a time. */
-    TNT_LOG_ERROR("MPI was initialized with thread level %d; libtnt needs MPI_THREAD_SERIALIZED "
-                  "or MPI_THREAD_MULTIPLE (initialize MPI with MPI_Init_thread)",
-                  provided);
+    TNT_LOG_ERROR(
+        "MPI was initialized with thread level %d; libtnt needs MPI_THREAD_SERIALIZED "
+        "or MPI_THREAD_MULTIPLE (initialize MPI with MPI_Init_thread)",
+        provided);
     if (owns) MPI_Finalize();
     return TNT_ERR_UNSUPPORTED;
   }
@@ -210,8 +211,9 @@ tnt_status_t tnt_context_destroy(tnt_context_t *ctx) {
   free(ctx);
   if (finalize) MPI_Finalize();
   if (failed < 0) {
-    tnt__error_set("tnt_context_destroy: the context had failed, so MPI was not finalized "
-                   "(operations may still be pending); end the process");
+    tnt__error_set(
+        "tnt_context_destroy: the context had failed, so MPI was not finalized "
+        "(operations may still be pending); end the process");
   }
   return failed;
 }

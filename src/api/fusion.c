@@ -71,13 +71,14 @@ static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, 
   }
   int64_t mine[2] = {(int64_t)(h >> 1), ~(int64_t)(h >> 1)};
   int64_t most[2];
-  TNT_CHECK(tnt__allreduce_submit(g, mine, most, 2, TNT_INT64, TNT_MAX, "fusion set agreement",
-                                  -1, NULL));
+  TNT_CHECK(tnt__allreduce_submit(g, mine, most, 2, TNT_INT64, TNT_MAX, "fusion set agreement", -1,
+                                  NULL));
   if (most[0] != mine[0] || most[1] != mine[1]) {
-    TNT_LOG_ERROR("tnt_fusion_create: the ranks disagree on the fused tensor list or "
-                  "threshold_bytes (%zu tensors here); every rank must create the fusion set "
-                  "with the same list, in the same order",
-                  n);
+    TNT_LOG_ERROR(
+        "tnt_fusion_create: the ranks disagree on the fused tensor list or "
+        "threshold_bytes (%zu tensors here); every rank must create the fusion set "
+        "with the same list, in the same order",
+        n);
     return TNT_ERR_MISMATCH;
   }
   return TNT_OK;
@@ -208,8 +209,8 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
     bucket_t *bk = &f->buckets[b];
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
-    TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op,
-                                    bk->label, (long)b, &bk->req));
+    TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op, bk->label,
+                                    (long)b, &bk->req));
     ++*nissued;
     f->next_issue = (b + 1) % f->plan.nbuckets;
     pthread_cond_broadcast(&f->cv);
@@ -233,10 +234,11 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
   if (f->state[i] != IDLE) {
     const int twice = f->state[i] == STARTED;
     pthread_mutex_unlock(&f->mu);
-    TNT_LOG_ERROR("%s: tensor %llu was started already in this round (%s); a round of fusion "
-                  "bucket %zu ends once every tensor of the bucket has finished",
-                  call, (unsigned long long)id,
-                  twice ? "and not finished" : "finished, but not every tensor of its bucket", b);
+    TNT_LOG_ERROR(
+        "%s: tensor %llu was started already in this round (%s); a round of fusion "
+        "bucket %zu ends once every tensor of the bucket has finished",
+        call, (unsigned long long)id,
+        twice ? "and not finished" : "finished, but not every tensor of its bucket", b);
     return TNT_ERR_STATE;
   }
   f->state[i] = STARTED;
@@ -246,8 +248,7 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
    * until every member has started: the copy needs no lock. */
   memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
   if (TNT__TIMELINE_ON()) {
-    tnt__timeline_instant("fusion", "fusion start",
-                          "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
+    tnt__timeline_instant("fusion", "fusion start", "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
                           (unsigned long long)id, t->count * esz, b);
   }
 
@@ -273,8 +274,7 @@ tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
 /* Names what keeps bucket b from being submitted on this rank: its members
  * not started here, or an earlier bucket. `what` says what happened ("timed
  * out after 30.0 s"); stalls are warnings, timeouts errors. */
-static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
-                        const char *what) {
+static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level, const char *what) {
   char ids[256];
   size_t len = 0;
   ids[0] = '\0';
@@ -289,8 +289,10 @@ static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
   if (len > 0) {
     tnt__log(level, "fusion bucket %zu: %s; tensors not started on this rank:%s", b, what, ids);
   } else {
-    tnt__log(level, "fusion bucket %zu: %s waiting for an earlier bucket (%zu) to be started "
-             "on this rank", b, what, f->next_issue);
+    tnt__log(level,
+             "fusion bucket %zu: %s waiting for an earlier bucket (%zu) to be started "
+             "on this rank",
+             b, what, f->next_issue);
   }
 }
 

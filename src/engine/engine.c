@@ -68,8 +68,8 @@ void tnt__engine_fail(tnt__engine_t *e, tnt_status_t st, const char *label) {
   pthread_mutex_lock(&e->err_mu);
   if (atomic_load(&e->error) == TNT_OK) {
     const char *why = tnt__error_message();
-    snprintf(e->error_msg, sizeof e->error_msg, "%s failed (%s)%s%s", label,
-             tnt__status_string(st), *why ? ": " : "", why);
+    snprintf(e->error_msg, sizeof e->error_msg, "%s failed (%s)%s%s", label, tnt__status_string(st),
+             *why ? ": " : "", why);
     atomic_store(&e->error, st);
   }
   pthread_mutex_unlock(&e->err_mu);
@@ -267,8 +267,8 @@ static size_t poll_p2p(tnt__engine_t *e) {
     } else {
       if (now == 0) now = tnt__now();
       if (now > req->work.deadline) {
-        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d", req->work.label,
-                      e->timeout, t->world_ranks[req->work.peer]);
+        TNT_LOG_ERROR("%s: timed out after %.1f s waiting for rank %d", req->work.label, e->timeout,
+                      t->world_ranks[req->work.peer]);
         fail_active(e, i, TNT_ERR_TIMEOUT);
       } else {
         ++i;

@@ -39,10 +39,10 @@ struct tnt__work {
   void *recvbuf;
   size_t count;
   tnt_dtype_t dtype;
-  tnt_op_t op; /* the reduction of an allreduce */
-  int root;    /* the rank that a broadcast sends from */
-  int peer;    /* the other side of a point-to-point transfer */
-  int tag;     /* point-to-point only */
+  tnt_op_t op;             /* the reduction of an allreduce */
+  int root;                /* the rank that a broadcast sends from */
+  int peer;                /* the other side of a point-to-point transfer */
+  int tag;                 /* point-to-point only */
   size_t *counts, *displs; /* bytes, for allgatherv */
   tnt__coll_sig_t sig;     /* collectives: what every member must agree on */
   tnt__xreq_t xreq;        /* point-to-point: the posted transfer */

@@ -35,10 +35,10 @@ typedef struct tnt__fusion_plan {
   size_t ntensors;
   size_t nbuckets;
   tnt__bucket_plan_t *buckets; /* [nbuckets] */
-  size_t *members;   /* [ntensors] tensor indices, grouped by bucket, list order inside */
-  size_t *bucket_of; /* [ntensors] bucket of tensor i */
-  size_t *offset_of; /* [ntensors] element offset of tensor i in its bucket */
-  tnt__plan_id_t *by_id; /* [ntensors] sorted by id, for tnt__fusion_plan_find */
+  size_t *members;             /* [ntensors] tensor indices, grouped by bucket, list order inside */
+  size_t *bucket_of;           /* [ntensors] bucket of tensor i */
+  size_t *offset_of;           /* [ntensors] element offset of tensor i in its bucket */
+  tnt__plan_id_t *by_id;       /* [ntensors] sorted by id, for tnt__fusion_plan_find */
 } tnt__fusion_plan_t;
 
 /*
