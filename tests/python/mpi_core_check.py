@@ -120,7 +120,7 @@ def check_fusion(rank, size):
     # Every rank must detect a list that differs between ranks.
     try:
         core.Fusion([(1, 4 + rank, "float32")], 0)
-    except core.TntError as e:
+    except core.TntMismatchError as e:
         check("disagree" in str(e), f"mismatched Fusion message: {e}")
     else:
         check(size == 1, "a Fusion whose list differs between ranks was created")

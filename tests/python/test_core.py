@@ -162,6 +162,25 @@ def test_exception_classes():
     assert issubclass(core.TntError, RuntimeError)
     assert issubclass(core.TntTimeoutError, core.TntError)
     assert issubclass(core.TntTimeoutError, TimeoutError)
+    # One class per status a caller may want to catch, each also the fitting
+    # built-in exception.
+    for cls, also in [(core.TntInvalidArgumentError, ValueError),
+                      (core.TntNoMemoryError, MemoryError),
+                      (core.TntUnsupportedError, NotImplementedError),
+                      (core.TntMismatchError, core.TntError)]:
+        assert issubclass(cls, core.TntError) and issubclass(cls, also), cls
+
+
+def test_libtnt_refusals_raise_with_libtnt_reason():
+    # libtnt checks the root itself; its status and reason reach Python.
+    with pytest.raises(core.TntInvalidArgumentError) as info:
+        core.broadcast(np.zeros(3, np.float32), root=1)
+    assert info.value.status == -1
+    assert "TNT_ERR_INVALID_ARG" in str(info.value) and "root=1 is not a rank" in str(info.value)
+    # A later, unrelated failure carries its own reason, not the earlier one.
+    with pytest.raises(core.TntInvalidArgumentError, match="appears more than once") as info:
+        core.Fusion([(3, 2, "float32"), (3, 2, "float32")], 0)
+    assert "root=1" not in str(info.value)
 
 
 def test_every_function_has_a_docstring():
