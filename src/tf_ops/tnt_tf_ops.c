@@ -112,12 +112,23 @@ static TF_Code tf_code_of(tnt_status_t st) {
 }
 
 /* Fails the running op with libtnt's status `st` and its explanation:
- * libtnt's reason for this call's failure (tnt_last_error, which names the
- * context's first failure when that is the cause). */
+ * libtnt's reason for the failing call (tnt_last_error, which names the
+ * context's first failure when that is the cause). A caller that made
+ * other libtnt calls since the failing one (waiting for several sends)
+ * gets the context's first failure instead. */
 static void fail_tnt(TF_OpKernelContext *ctx, const tnt_group_t *g, const char *what,
                      tnt_status_t st) {
-  (void)g;
-  fail(ctx, tf_code_of(st), "%s: %s: %s", what, tnt_status_string(st), tnt_last_error());
+  const char *why = tnt_last_error();
+  const char *first = NULL;
+  if (*why != '\0') {
+    fail(ctx, tf_code_of(st), "%s: %s: %s", what, tnt_status_string(st), why);
+  } else if (tnt_context_error(tnt_group_context(g), &first) != TNT_OK) {
+    fail(ctx, tf_code_of(st), "%s: %s; the communication context failed: %s", what,
+         tnt_status_string(st), first);
+  } else {
+    fail(ctx, tf_code_of(st), "%s: %s (the [tnt] lines of the log say why)", what,
+         tnt_status_string(st));
+  }
 }
 
 /* ------------------------------------------------ kernel construction */
