@@ -57,6 +57,7 @@ class Partition:
         """`cut_after`: names of layers whose output is cut as if a
         SplitLayer followed them (automatic cutting, autocut.py)."""
         fm = _functional(model)
+        self.costs = None  # per stage, a text for the log (automatic cutting)
         config = fm.get_config()
         producers, kinds, uses = {}, {}, {}
         order = []
@@ -169,7 +170,9 @@ class Partition:
             names = self.layer_names[s]
             shown = ", ".join(names[:6]) + (f", ... ({len(names)} layers)" if len(names) > 6
                                             else "")
-            lines.append(f"stage {s}: {params} parameters ({nbytes / 2**20:.2f} MiB): {shown}")
+            cost = f", {self.costs[s]}" if self.costs else ""
+            lines.append(f"stage {s}: {params} parameters ({nbytes / 2**20:.2f} MiB{cost}): "
+                         f"{shown}")
             if s < self.num_stages - 1:
                 per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
                                  for shape, dtype in self.cut_specs[s])
