@@ -259,7 +259,12 @@ class Model(keras.Model):
             raise FileNotFoundError(f"{path}: no such file; give the path that save_weights() "
                                     "wrote")
         try:
-            result = super().load_weights(filepath, *args, **kwargs)
+            if self._tnt.pipeline is not None:
+                # The file holds the whole optimizer; the stage keeps its part.
+                with self._tnt.pipeline.whole_optimizer(self, fill=False):
+                    result = super().load_weights(filepath, *args, **kwargs)
+            else:
+                result = super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError) as e:
             raise runtime.TarantellaError(
                 f"{path}: cannot load weights from it ({e}); give a file that save_weights() "
@@ -298,11 +303,13 @@ class Model(keras.Model):
                                               "it or pass overwrite=True")
             saving.write_atomically(filepath, write)
             return
-        if self._tnt.pipeline is not None:
-            self._tnt.pipeline.gather(self)
-        else:
+        if self._tnt.pipeline is None:
             batch_norm.average_moving_statistics(self)
-        saving.write_on_master(filepath, overwrite, all_devices, write)
+            saving.write_on_master(filepath, overwrite, all_devices, write)
+            return
+        self._tnt.pipeline.gather(self)
+        with self._tnt.pipeline.whole_optimizer(self):
+            saving.write_on_master(filepath, overwrite, all_devices, write)
 
     @contextlib.contextmanager
     def _tnt_saves_of_this_rank(self):
@@ -430,8 +437,9 @@ class Model(keras.Model):
         metrics, and the progress bar is one that hides them."""
         cbs = tnt_callbacks.distribute(callbacks)
         if self._tnt.pipeline is not None:
-            cbs.insert(0, pipeline_stage.GatherCallback(
-                self._tnt.pipeline, pipeline_stage.saves_within_epochs(list(callbacks or []))))
+            first, last = pipeline_stage.around_savers(self._tnt.pipeline, list(callbacks or []))
+            if first is not None:
+                cbs = [first] + cbs + [last]
         else:
             averaging = batch_norm.averaging_callback(self, list(callbacks or []))
             if averaging is not None:

@@ -97,7 +97,9 @@ static void define_op(const char *name, const char *const *inputs, const char *c
                       const char *const *attrs, shape_fn_t shape_fn, bool stateful,
                       TF_Status *status) {
   TF_OpDefinitionBuilder *b = TF_NewOpDefinitionBuilder(name);
-  TF_OpDefinitionBuilderSetIsStateful(b, stateful);
+  /* Only for stateful ops: TensorFlow 2.21 marks an op stateful when this
+   * is called at all, whatever the flag says. */
+  if (stateful) TF_OpDefinitionBuilderSetIsStateful(b, true);
   for (const char *const *s = inputs; *s != NULL; ++s) TF_OpDefinitionBuilderAddInput(b, *s);
   for (const char *const *s = outputs; *s != NULL; ++s) TF_OpDefinitionBuilderAddOutput(b, *s);
   for (const char *const *s = attrs; *s != NULL; ++s) TF_OpDefinitionBuilderAddAttr(b, *s);

@@ -28,6 +28,7 @@ weights; gather() copies every stage's weights (and its optimizer's slots)
 from the rank that trains them to the other ranks of the pipeline, before
 the model is saved or its weights are read.
 """
+import contextlib
 import weakref
 
 import keras
@@ -40,6 +41,7 @@ from tarantella import log
 from tarantella import ops
 from tarantella import runtime
 from tarantella import step
+from tarantella import subclass
 from tarantella.pipeline import autocut
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
@@ -144,9 +146,9 @@ class Pipeline:
         up)."""
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built:
-            # For every weight, so that the slots are alike on every rank
-            # and gather() can copy each stage's from its rank.
-            optimizer.build(model.trainable_variables)
+            # For the stage's weights only: its slots (momentums, ...) are
+            # the stage's alone (whole_optimizer() assembles them for files).
+            optimizer.build(self.trainable)
         metrics = internals.compile_metrics(model)
         if metrics is None or metrics.built or dataset is None:
             return
@@ -281,6 +283,11 @@ class Pipeline:
             for g, spec in zip(got[len(self.trainable):], back):
                 after.append(self._send(g, spec[1], s - 1, 2 * i + 1))
         flush = ops.pipe_flush(self.layout.pipeline_group)
+        # The step's collectives (the replicas' gradient averages, the global
+        # metrics) block a TensorFlow thread while they wait: they start once
+        # this stage's part of the schedule is over, never while it needs
+        # the threads.
+        step.current().record(flush)
         if grads is None:
             return None
         with tf.control_dependencies([flush]):
@@ -312,40 +319,125 @@ class Pipeline:
     # ------------------------------------------------------------- the whole model
 
     def gather(self, model):
-        """Every rank of each pipeline gets every stage's weights and
-        optimizer slots from the rank that trains them. Collective."""
-        optimizer = getattr(model, "optimizer", None)
-        slots = internals.optimizer_slots(optimizer, self.partition.variables)
-        for s in range(self.partition.num_stages):
-            variables = list(self.partition.variables[s]) + slots[s]
+        """Every rank of each pipeline gets every stage's weights from the
+        rank that trains them. Collective."""
+        self._from_each_stage(self.partition.variables)
+
+    def _from_each_stage(self, per_stage, sources=None):
+        """Assigns to the variables `per_stage[s]` the values that the rank
+        of stage s holds in `sources[s]` (the same variables by default)."""
+        for s, variables in enumerate(per_stage):
             if not variables:
                 continue
-            values = runtime.broadcast_arrays([np.asarray(v.numpy()) for v in variables], root=s,
+            mine = (sources or per_stage)[s] if s == self.stage else variables
+            values = runtime.broadcast_arrays([np.asarray(v.numpy()) for v in mine], root=s,
                                               group=self.layout.pipeline_group)
-            if s != self.stage:
+            if sources is not None or s != self.stage:
                 for v, value in zip(variables, values):
                     v.assign(value)
 
+    @contextlib.contextmanager
+    def whole_optimizer(self, model, fill=True):
+        """Within it, model.optimizer is an optimizer of every weight of the
+        model, as files hold it: with `fill`, it holds each stage's state
+        (from the rank that trains the stage), for writing; else its state
+        comes from a file being read, and goes to the stage's optimizer at
+        the end. Each rank's own optimizer keeps the state of its stage
+        only; this one needs the memory of the whole state while it lasts.
+        Collective."""
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or not optimizer.built:
+            yield
+            return
+        with subclass.original_classes([optimizer]):
+            config = keras.optimizers.serialize(optimizer)
+        whole = keras.optimizers.deserialize(config)
+        whole.build(model.trainable_variables)
+        ours = _by_name(optimizer.variables)
+        slots = internals.optimizer_slots(whole, self.partition.variables)
+        in_slots = {id(v) for vs in slots for v in vs}
+        shared = [v for v in whole.variables if id(v) not in in_slots]  # iterations, ...
+        if fill:
+            for v in shared:
+                if v.name in ours:
+                    v.assign(ours[v.name])
+            self._from_each_stage(slots, [[ours[v.name] for v in vs] if i == self.stage else []
+                                          for i, vs in enumerate(slots)])
+        model.optimizer = whole
+        try:
+            yield
+        finally:
+            model.optimizer = optimizer
+        # What changed meanwhile (a callback's new learning rate, a file's
+        # state) goes to the stage's optimizer.
+        for v in shared + ([] if fill else slots[self.stage]):
+            if v.name in ours:
+                ours[v.name].assign(v)
 
-class GatherCallback(keras.callbacks.Callback):
-    """Gathers the whole model on every rank at each epoch's end (and after
-    every batch when `every_batch`), before the callbacks that save it or
-    read its weights."""
+
+def _by_name(variables):
+    return {v.name: v for v in variables}
+
+
+class _WholeModelForSavers:
+    """Shared by the two callbacks below: around the hooks in which the
+    callbacks that save run (each epoch's end, and every batch's end when
+    one saves every few batches), the first gathers the whole model on
+    every rank and gives it the whole optimizer; the last one, after those
+    callbacks, gives the stage's optimizer back."""
 
     def __init__(self, pipeline, every_batch):
-        super().__init__()
         self.pipeline = pipeline
         self.every_batch = every_batch
+        self.context = None
+
+    def enter(self, model):
+        self.pipeline.gather(model)
+        self.context = self.pipeline.whole_optimizer(model)
+        self.context.__enter__()
+
+    def exit(self):
+        if self.context is not None:
+            context, self.context = self.context, None
+            context.__exit__(None, None, None)
+
+
+class _Open(keras.callbacks.Callback):
+    def __init__(self, shared):
+        super().__init__()
+        self.shared = shared
 
     def on_epoch_end(self, epoch, logs=None):
-        self.pipeline.gather(self.model)
+        self.shared.enter(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.every_batch:
-            self.pipeline.gather(self.model)
+        if self.shared.every_batch:
+            self.shared.enter(self.model)
 
 
-def saves_within_epochs(callbacks):
-    """True when a callback saves the model every few batches."""
-    return any(isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore))
-               and isinstance(getattr(cb, "save_freq", "epoch"), int) for cb in callbacks)
+class _Close(keras.callbacks.Callback):
+    def __init__(self, shared):
+        super().__init__()
+        self.shared = shared
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.shared.exit()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.shared.exit()
+
+    def on_train_end(self, logs=None):
+        self.shared.exit()
+
+
+def around_savers(pipeline, callbacks):
+    """(first, last): callbacks to put before and after `callbacks` so that
+    those that save write the whole model; (None, None) when none saves."""
+    savers = [cb for cb in callbacks
+              if isinstance(cb, (keras.callbacks.ModelCheckpoint,
+                                 keras.callbacks.BackupAndRestore))]
+    if not savers:
+        return None, None
+    every_batch = any(isinstance(getattr(cb, "save_freq", "epoch"), int) for cb in savers)
+    shared = _WholeModelForSavers(pipeline, every_batch)
+    return _Open(shared), _Close(shared)
