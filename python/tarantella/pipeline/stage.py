@@ -262,10 +262,14 @@ class Pipeline:
                                              o.dtype))
                         after = []
             if timeline:  # the backward begins with its first received gradient
-                k_ = 1 if len(seeds) > 1 else 0
-                with tf.control_dependencies(after):
-                    seeds[k_] = tf.identity(seeds[k_])
-                seeds[k_], began = ops.stamp(seeds[k_], f"backward {i}")
+                if len(seeds) > 1:
+                    seeds[1], began = ops.stamp(seeds[1], f"backward {i}")
+                else:
+                    # A seed TensorFlow cannot fold into a constant (the
+                    # stamp would then run while the graph is optimized).
+                    with tf.control_dependencies(after):
+                        seeds[0] = seeds[0] + 0.0 * tf.stop_gradient(objective)
+                    seeds[0], began = ops.stamp(seeds[0], f"backward {i}")
             # Gradients flow back through the floating inputs only.
             float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
                         if t.dtype.is_floating]
