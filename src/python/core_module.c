@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -657,30 +658,13 @@ static PyObject *core_create_group(PyObject *module, PyObject *ranks_obj) {
     PyErr_NoMemory();
     goto done;
   }
-  const int me = tnt_group_rank(g_world), size = tnt_group_size(g_world);
-  int mine = 0;
+  /* libtnt checks the list (ranks that exist, each once, this one among
+   * them) and says what is wrong. */
   for (Py_ssize_t i = 0; i < n; ++i) {
-    long r = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    int overflow = 0;
+    long r = PyLong_AsLongAndOverflow(PySequence_Fast_GET_ITEM(seq, i), &overflow);
     if (r == -1 && PyErr_Occurred()) goto done;
-    if (r < 0 || r >= size) {
-      PyErr_Format(PyExc_ValueError, "%s: %ld is not a rank; pass ranks in 0..%d", call, r,
-                   size - 1);
-      goto done;
-    }
-    for (Py_ssize_t j = 0; j < i; ++j) {
-      if (ranks[j] == (int)r) {
-        PyErr_Format(PyExc_ValueError, "%s: rank %ld appears twice; list each rank once", call,
-                     r);
-        goto done;
-      }
-    }
-    ranks[i] = (int)r;
-    mine |= r == me;
-  }
-  if (!mine) {
-    PyErr_Format(PyExc_ValueError, "%s: this rank (%d) is not in the list; only members create "
-                 "a group", call, me);
-    goto done;
+    ranks[i] = overflow || r < INT_MIN || r > INT_MAX ? -1 : (int)r;
   }
   tnt_context_t *ctx = tnt_group_context(g_world);
   tnt_group_t *g = NULL;

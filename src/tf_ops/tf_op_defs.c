@@ -40,11 +40,16 @@ static void same_shape_as_tensor(TF_ShapeInferenceContext *ctx, TF_Status *statu
   shape_of_input(ctx, 0, status);
 }
 
-/* TntFusionStart: the token is a scalar. */
-static void token_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+/* Output `output` is a scalar. */
+static void scalar_output(TF_ShapeInferenceContext *ctx, int output, TF_Status *status) {
   TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
-  TF_ShapeInferenceContextSetOutput(ctx, 0, scalar, status);
+  TF_ShapeInferenceContextSetOutput(ctx, output, scalar, status);
   TF_DeleteShapeHandle(scalar);
+}
+
+/* TntFusionStart, TntPipeSend, TntPipeFlush: the token is a scalar. */
+static void token_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  scalar_output(ctx, 0, status);
 }
 
 /* TntFusionFinish: the token must be a scalar; the output is shaped like
@@ -74,22 +79,12 @@ static void unknown_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
 /* TntStamp: (tensor, a scalar). */
 static void stamp_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   shape_of_input(ctx, 0, status);
-  if (TF_GetCode(status) != TF_OK) return;
-  TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
-  TF_ShapeInferenceContextSetOutput(ctx, 1, scalar, status);
-  TF_DeleteShapeHandle(scalar);
+  if (TF_GetCode(status) == TF_OK) scalar_output(ctx, 1, status);
 }
 
 /* TntSpan: the tensor (input 1). */
 static void span_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   shape_of_input(ctx, 1, status);
-}
-
-/* TntPipeFlush: the token is a scalar, and the op has no input. */
-static void flush_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
-  TF_ShapeHandle *scalar = TF_ShapeInferenceContextScalar(ctx);
-  TF_ShapeInferenceContextSetOutput(ctx, 0, scalar, status);
-  TF_DeleteShapeHandle(scalar);
 }
 
 /* One op: NULL-terminated lists of input, output and attribute specs. */
@@ -148,7 +143,7 @@ void tnt_tf__register_op_defs(TF_Status *status) {
   if (TF_GetCode(status) != TF_OK) return;
   define_op("TntPipeRecv", shape_in, tensor_out, pipe_attrs, unknown_shape, true, status);
   if (TF_GetCode(status) != TF_OK) return;
-  define_op("TntPipeFlush", none, token_out, flush_attrs, flush_shape, true, status);
+  define_op("TntPipeFlush", none, token_out, flush_attrs, token_shape, true, status);
   if (TF_GetCode(status) != TF_OK) return;
 
   static const char *const any_in[] = {"tensor: U", NULL};

@@ -368,8 +368,8 @@ typedef tnt_status_t (*collective_fn)(const collective_kernel_t *k, tnt_group_t 
 /*
  * What TntAllreduce and TntBroadcast share: input 0, the kernel's group,
  * an output shaped like the input (the input itself when TensorFlow hands
- * it over), then `run`, whose failure fails the op. The root is checked
- * here too: TntAllreduce leaves it at 0, which every group has.
+ * it over), then `run`, whose failure fails the op (libtnt checks the
+ * root, and its message says what is wrong).
  */
 static void collective_compute(TF_OpKernelContext *ctx, const char *op,
                                const collective_kernel_t *k, collective_fn run) {
@@ -380,11 +380,6 @@ static void collective_compute(TF_OpKernelContext *ctx, const char *op,
   TF_GetInput(ctx, 0, &in, status);
   if (!ok(ctx, status)) goto out;
   if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
-  if (k->root >= tnt_group_size(g)) {
-    fail(ctx, TF_INVALID_ARGUMENT, "%s: root %lld is not a rank of group %lld (%d ranks)", op,
-         (long long)k->root, (long long)k->group, tnt_group_size(g));
-    goto out;
-  }
   if ((out = output_like(ctx, in, 0, &forwarded)) == NULL) goto out;
   tnt_status_t st = run(k, g, in, out, forwarded);
   if (st < 0) fail_tnt(ctx, g, op, st);

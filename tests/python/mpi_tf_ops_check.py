@@ -255,7 +255,7 @@ def check_errors(t):
     expect_error(tf.errors.InvalidArgumentError,
                  "tensor 1 has 4 elements, but its fusion set expects count=5",
                  lambda: wrong_count(a))
-    expect_error(tf.errors.InvalidArgumentError, f"root {t.size} is not a rank of group",
+    expect_error(tf.errors.InvalidArgumentError, f"root={t.size} is not a rank",
                  lambda: t.ops.tnt_broadcast(a, group=t.group, root=t.size))
 
 
