@@ -72,10 +72,7 @@ def broadcast_variables(variables, root=runtime.MASTER_RANK):
         raise runtime.TarantellaError(
             "tnt.broadcast_variables runs eagerly: call it before the training loop, outside "
             "tf.function")
-    variables = list(variables)
-    values = runtime.broadcast_arrays([np.asarray(v.numpy()) for v in variables], root)
-    for v, value in zip(variables, values):
-        v.assign(value)
+    runtime.broadcast_values(list(variables), root=root)
 
 
 _OPS = ("average", "sum", "min", "max")

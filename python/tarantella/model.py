@@ -211,8 +211,8 @@ class Model(keras.Model):
             return
         if self._tnt.pipeline is not None:
             self._tnt.pipeline.gather(self)  # the master's copy of every stage is current
-        weights = super().get_weights()
-        signature = ";".join(f"{w.dtype}{w.shape}" for w in weights).encode()
+        weights = self.weights
+        signature = ";".join(f"{w.dtype}{tuple(w.shape)}" for w in weights).encode()
         digest = int(np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64)[0])
         differ = runtime.disagreements({"weights": digest}).get("weights")
         if differ:
@@ -220,8 +220,7 @@ class Model(keras.Model):
             raise runtime.TarantellaError(
                 f"ranks {differ} have models whose weight shapes differ from the master rank's; "
                 "every rank must build the same model")
-        if weights:
-            super().set_weights(runtime.broadcast_arrays(weights))
+        runtime.broadcast_values(weights)
 
     def _tnt_prepare(self, dataset):
         """Builds the model if needed, broadcasts the weights once, and

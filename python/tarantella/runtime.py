@@ -2,6 +2,8 @@
 import os
 import random
 
+import tensorflow as tf
+
 from tarantella import _core
 from tarantella import _keras_internals
 from tarantella import log
@@ -94,11 +96,10 @@ def disagreements(values):
     return out
 
 
-def broadcast_arrays(arrays, root=MASTER_RANK, group=None):
+def broadcast_arrays(arrays, root=MASTER_RANK):
     """Copies of NumPy `arrays` holding rank `root`'s values, on every rank
-    (one broadcast of their bytes); with `group` (a handle of
-    _core.create_group) among that group's ranks, `root` a rank of the group.
-    Collective: every rank passes arrays of the same dtypes and shapes."""
+    (one broadcast of their bytes). Collective: every rank passes arrays of
+    the same dtypes and shapes."""
     import numpy as np
     arrays = [np.ascontiguousarray(a) for a in arrays]
     if not arrays or get_size() == 1:
@@ -106,12 +107,53 @@ def broadcast_arrays(arrays, root=MASTER_RANK, group=None):
     blob = np.concatenate([a.view(np.uint8).ravel() for a in arrays])
     padded = np.zeros((blob.size + 7) // 8 * 8, dtype=np.uint8)
     padded[:blob.size] = blob
-    _core.broadcast(padded.view(np.int64), root=root, group=group)
+    _core.broadcast(padded.view(np.int64), root=root)
     out, offset = [], 0
     for a in arrays:
         out.append(padded[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
         offset += a.nbytes
     return out
+
+
+_CHUNK_BYTES = 16 << 20
+
+
+def broadcast_values(targets, sources=None, root=MASTER_RANK, group=None):
+    """Assigns to every variable of `targets` the value that rank `root`
+    holds in the matching variable of `sources` (by default `targets`
+    themselves), with `group` (a _core.create_group handle) among its ranks.
+    Values travel about 16 MiB at a time, so that the memory this needs
+    beyond the variables is one such chunk, whatever the model's size.
+    Collective: every rank passes variables of the same shapes and dtypes."""
+    import numpy as np
+    targets = list(targets)
+    sources = targets if sources is None else list(sources)
+    if get_size() == 1 or not targets:
+        return
+    chunks, chunk, size = [], [], 0
+    for pair in zip(targets, sources):
+        nbytes = int(np.prod(pair[0].shape)) * tf.as_dtype(pair[0].dtype).size
+        if chunk and size + nbytes > _CHUNK_BYTES:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(pair)
+        size += nbytes
+    chunks.append(chunk)
+    for chunk in chunks:
+        arrays = [np.asarray(src.numpy()) for _, src in chunk]
+        total = sum(a.nbytes for a in arrays)
+        buf = np.zeros((total + 7) // 8, dtype=np.int64)
+        raw = buf.view(np.uint8)
+        offset = 0
+        for a in arrays:
+            raw[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+            offset += a.nbytes
+        _core.broadcast(buf, root=root, group=group)
+        offset = 0
+        for (target, _), a in zip(chunk, arrays):
+            target.assign(raw[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
+            offset += a.nbytes
+        del arrays, buf, raw
 
 
 _MESSAGE_BYTES = 1024

@@ -32,7 +32,6 @@ import contextlib
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
@@ -331,14 +330,8 @@ class Pipeline:
         """Assigns to the variables `per_stage[s]` the values that the rank
         of stage s holds in `sources[s]` (the same variables by default)."""
         for s, variables in enumerate(per_stage):
-            if not variables:
-                continue
             mine = (sources or per_stage)[s] if s == self.stage else variables
-            values = runtime.broadcast_arrays([np.asarray(v.numpy()) for v in mine], root=s,
-                                              group=self.layout.pipeline_group)
-            if sources is not None or s != self.stage:
-                for v, value in zip(variables, values):
-                    v.assign(value)
+            runtime.broadcast_values(variables, mine, root=s, group=self.layout.pipeline_group)
 
     @contextlib.contextmanager
     def whole_optimizer(self, model, fill=True):
