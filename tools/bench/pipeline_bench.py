@@ -10,6 +10,13 @@
   memory       2 stages, a model with large activations and small weights:
                each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
                fresh job per (schedule, M), since a peak never goes down.
+  capacity     a model whose optimizer state (Adam) and gradients exceed a
+               memory limit that the benchmark sets on each process
+               (RLIMIT_DATA: what the process holds once the model is built,
+               plus CAP_BUDGET_W times the weights' size): does serial Keras
+               fail and do 2 stages train (each holds the whole model's
+               weights, but only its stage's optimizer state and gradients)?
+               And, without the limit, what each needs beyond the model.
   sim_cluster  a simulated 2-host cluster (tests/launcher/sim_cluster.sh, one
                rank per host, links shaped to 1 Gbit/s with 0.1 ms of delay as
                in sim_cluster_bench.py), a model with large weights and small
@@ -19,6 +26,7 @@
 
     python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
+    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json
     sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
 
 Every step time is the median of the per-step times between Keras's batch
@@ -56,6 +64,12 @@ MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
 # SIM_MICRO micro-batches.
 SIM_IN, SIM_WIDTH, SIM_OUT, SIM_BATCH, SIM_MICRO = 1024, 2048, 16, 64, 4
 SIM_LINK_BPS = 1e9
+
+# Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (about 128 MiB of
+# float32 weights), cut in the middle; each process may hold CAP_BUDGET_W
+# times the weights' size beyond what it holds once the model is built.
+# Serial Adam needs about 3x (two slots and the gradients), 2 stages 1.5x.
+CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_BUDGET_W = 2048, 8, 32, 2.0
 
 
 # ------------------------------------------------------------------ helpers
@@ -456,6 +470,100 @@ def memory(args):
     return 0 if results else 1
 
 
+# ------------------------------------------------------------------ capacity
+
+def capacity_model(keras, tnt):
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((CAP_WIDTH,), name="x")
+    h = inputs
+    for k in range(CAP_LAYERS):
+        if k == CAP_LAYERS // 2:
+            h = tnt.keras.layers.SplitLayer(name="cut1")(h)
+        h = keras.layers.Dense(CAP_WIDTH, activation="tanh", name=f"d{k}")(h)
+    return keras.Model(inputs, h, name="large")
+
+
+def capacity_worker(args):
+    """Trains the large model serially (--m 0) or on 2 stages, under the
+    memory limit; writes whether it trained and its peak memory."""
+    import resource
+    tf = tf_setup()
+    import numpy as np
+    import keras
+    import tarantella as tnt
+    pipelined = args.m > 0
+    rank = 0
+    if pipelined:
+        tnt.init()
+        rank = tnt.get_rank()
+    model = capacity_model(keras, tnt)
+    weights_bytes = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    if pipelined:
+        model = tnt.Model(model, parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                          num_micro_batches=args.m)
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(CAP_BATCH * 2, CAP_WIDTH)).astype(np.float32)
+    data_kib = proc_status_kib("VmData")
+    if args.budget > 0:
+        limit = data_kib * 1024 + int(args.budget * weights_bytes)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.RLIM_INFINITY))
+    doc = {"rank": rank, "pipelined": pipelined, "weights_mib": round(weights_bytes / MIB, 1),
+           "limit_above_model_mib": round(args.budget * weights_bytes / MIB, 1)
+           if args.budget > 0 else None,
+           "vmdata_with_model_mib": round(data_kib / 1024, 1)}
+    try:
+        reset_peak_rss()
+        rss_kib = proc_status_kib("VmRSS")
+        model.fit(x, x, batch_size=CAP_BATCH, epochs=1, verbose=0, shuffle=False)
+        doc.update(trained=True,
+                   vmdata_after_fit_above_model_mib=round(
+                       (proc_status_kib("VmData") - data_kib) / 1024, 1),
+                   peak_rss_above_model_mib=round((proc_status_kib("VmHWM") - rss_kib) / 1024, 1))
+    except Exception as e:  # the limit shows as TensorFlow's ResourceExhausted or MemoryError
+        doc.update(trained=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+    if pipelined and not doc["trained"]:
+        os._exit(1)  # the other stage waits for this one: end the job
+
+
+def capacity(args):
+    results = {}
+    for limited in (True, False):
+        for name, m in (("serial", 0), ("2 stages", 4)):
+            work = tempfile.mkdtemp(prefix="tnt-pipebench-cap-")
+            worker = ["--worker", "capacity", "--work", work, "--m", str(m),
+                      "--budget", str(CAP_BUDGET_W if limited else 0)]
+            if m == 0:
+                cmd, ranks = [sys.executable, os.path.abspath(__file__)] + worker, 1
+            else:
+                cmd, ranks = mpirun_cmd(args, 2, *worker, env=("TF_CPP_MIN_LOG_LEVEL",)), 2
+            ok, tail = run_job(cmd, timeout=args.job_timeout)
+            docs = load_rank_files(work, ranks)
+            shutil.rmtree(work, ignore_errors=True)
+            key = f"{name}, {'limited' if limited else 'no limit'}"
+            results[key] = {"job_ok": ok, "ranks": docs,
+                            "trained": len(docs) == ranks and all(d["trained"] for d in docs),
+                            "tail": "" if ok else tail[-1500:]}
+            print(f"capacity: {key}: trained={results[key]['trained']}: " + "; ".join(
+                d.get("error", f"{d.get('peak_rss_above_model_mib')} MiB peak RSS above the "
+                               "model") for d in docs), flush=True)
+    doc = {"config": {
+        "benchmark": "pipeline_capacity", "layers": CAP_LAYERS, "width": CAP_WIDTH,
+        "batch": CAP_BATCH, "optimizer": "Adam", "budget_times_weights": CAP_BUDGET_W,
+        "limit": "RLIMIT_DATA = VmData once the model is built + budget x weights bytes, "
+                 "per process",
+        "load_average_at_start": round(os.getloadavg()[0], 2)},
+        "results": results,
+        "target_met": (not results["serial, limited"]["trained"])
+        and results["2 stages, limited"]["trained"]}
+    write_json(args.json, doc)
+    print(f"capacity: under the limit serial trains: {results['serial, limited']['trained']}, "
+          f"2 stages train: {results['2 stages, limited']['trained']}, "
+          f"target met: {doc['target_met']}")
+    return 0
+
+
 # ------------------------------------------------------------- sim cluster
 
 def sim_worker(args):
@@ -584,7 +692,7 @@ def sim_cluster(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", nargs="?", choices=["bubble", "memory", "sim_cluster"])
+    p.add_argument("mode", nargs="?", choices=["bubble", "memory", "capacity", "sim_cluster"])
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quick", action="store_true", help="fewer steps and fits")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
@@ -593,20 +701,22 @@ def main():
                                                            if os.geteuid() == 0 else "")))
     p.add_argument("--job-timeout", type=int, default=400,
                    help="most seconds one MPI job may take (default 400)")
-    p.add_argument("--worker", choices=["bubble", "memory", "sim_cluster"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["bubble", "memory", "capacity", "sim_cluster"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=8, help=argparse.SUPPRESS)
     p.add_argument("--reps", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--m", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--stage-reps", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--micro-batches", default="1,2,4,8", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        {"bubble": bubble_worker, "memory": memory_worker, "sim_cluster": sim_worker}[
-            args.worker](args)
+        {"bubble": bubble_worker, "memory": memory_worker, "capacity": capacity_worker,
+         "sim_cluster": sim_worker}[args.worker](args)
         return 0
     if not args.mode or not args.json:
-        p.error("give a mode (bubble, memory, sim_cluster) and --json PATH")
+        p.error("give a mode (bubble, memory, capacity, sim_cluster) and --json PATH")
 
     def stop(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -614,7 +724,8 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        return {"bubble": bubble, "memory": memory, "sim_cluster": sim_cluster}[args.mode](args)
+        return {"bubble": bubble, "memory": memory, "capacity": capacity,
+                "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
             import sim_cluster_bench as scb

@@ -802,6 +802,7 @@ def pipeline_section(results, stages, plt, targets):
     out = ["## 6. Pipeline parallelism", ""]
     out += _pipeline_bubble(results, stages, plt, targets)
     out += _pipeline_memory(results, stages, plt, targets)
+    out += _pipeline_capacity(results, stages, targets)
     out += _pipeline_sim(results, stages, targets)
     return out
 
@@ -935,6 +936,42 @@ def _pipeline_memory(results, stages, plt, targets):
     for key, problem in sorted((cfg.get("problems") or {}).items()):
         last = problem.strip().splitlines()[-1] if problem.strip() else "?"
         out.append(f"\n- {key}: failed ({last})")
+    out.append("")
+    return out
+
+
+def _pipeline_capacity(results, stages, targets):
+    out = ["### Capacity: a model whose optimizer state does not fit one process", ""]
+    d, why = load_json(os.path.join(results, "pipeline_capacity.json"))
+    name = "Under a memory limit, serial Keras fails and 2 stages train"
+    if d is None:
+        note = missing_note(stages, why, "pipeline_capacity", "pipeline")
+        targets.append(Target(name, "yes", note=note))
+        return out + [not_run_line([note]), ""]
+    cfg, res = d.get("config", {}), d.get("results", {})
+    limited = {k.split(",")[0]: v["trained"] for k, v in res.items() if k.endswith("limited")}
+    t = Target(name, "yes", "yes" if d.get("target_met") else "no", bool(d.get("target_met")),
+               family="pipeline")
+    t.note = (f"under the limit: serial {'trains' if limited.get('serial') else 'fails'}, "
+              f"2 stages {'train' if limited.get('2 stages') else 'fail'}")
+    targets.append(t)
+    out += config_lines(cfg)
+    out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units (Adam), "
+               "cut in the middle. The limit (RLIMIT_DATA) allows each process what it holds "
+               f"once the model is built plus {cfg.get('budget_times_weights', '?')}x the "
+               "weights' size: serial Adam needs about 3x (two slots and the gradients), a "
+               "stage 1.5x in principle (every rank holds the whole model's weights; its "
+               "optimizer state and gradients are its stage's).")
+    out.append("")
+    rows = []
+    for key, r in res.items():
+        for doc in r.get("ranks") or [{}]:
+            rows.append([key, doc.get("rank", "-"), "yes" if doc.get("trained") else "no",
+                         doc.get("peak_rss_above_model_mib", "-"),
+                         doc.get("vmdata_after_fit_above_model_mib", "-"),
+                         (doc.get("error") or ("" if r.get("job_ok") else "the job failed"))[:80]])
+    out.append(table(["run", "rank", "trained", "peak RSS above model (MiB)",
+                      "data above model after fit (MiB)", "error"], rows))
     out.append("")
     return out
 

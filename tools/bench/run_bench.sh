@@ -15,7 +15,8 @@
 #                as root)
 #   pipeline     pipeline parallelism (pipeline_bench.py): the bubble at 2 and 3
 #                stages, peak memory of GPipe and 1F1B against the number of
-#                micro-batches, and pipelined vs data-parallel throughput on the
+#                micro-batches, capacity under a memory limit, and pipelined
+#                vs data-parallel throughput on the
 #                simulated 2-host cluster at 1 Gbit/s (as root)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
@@ -218,7 +219,7 @@ if wanted pipeline; then
   else
     args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
     [[ $QUICK == 1 ]] && args+=(--quick)
-    for part in bubble memory sim_cluster; do
+    for part in bubble memory capacity sim_cluster; do
       if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
         not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
         continue
