@@ -118,7 +118,8 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
             f"the global batch size of the {what} dataset ({info.size}) is smaller than the "
             f"number of ranks ({size}); use a global batch of at least {size} samples")
     if info.size is not None:
-        log.logger.info("%s: global batch size %d, micro-batch sizes %s", what, info.size,
+        log.logger.info("%s: global batch size %d, %s %s", what, info.size,
+                        "micro-batch sizes" if parts is None else "shares of the replicas",
                         micro_batch_sizes(info.size, size))
     dataset = without_autotune_stalls(dataset)
     if size == 1:
