@@ -302,3 +302,22 @@ for epoch in (1, 2, 3):
 print("checkpoints agree")
 """)
     assert "checkpoints agree" in run([python, check]).stdout
+
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist is not installed")
+def test_pipelining_example_runs_quietly(tmp_path, python):
+    """examples/pipelining.py on 2 ranks: it trains, evaluates, saves a file
+    plain Keras loads, and prints no warning."""
+    path = str(tmp_path / "mlp.keras")
+    proc = run(mpirun_command(2, python, os.path.join(ROOT, "examples", "pipelining.py"),
+                              "--train_size", "4096", "--epochs", "1", "--save", path),
+               timeout=600, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = proc.stdout + proc.stderr
+    assert "test accuracy" in proc.stdout
+    noisy = [line for line in out.splitlines() if "WARNING" in line or "warn" in line.lower()]
+    assert not noisy, "\n".join(noisy)
+    check = f"import keras, tarantella; print(keras.saving.load_model({path!r}).count_params())"
+    assert int(run([python, "-c", check]).stdout.split()[-1]) > 2_000_000
