@@ -155,9 +155,6 @@ import keras
 import tarantella as tnt
 tnt.init()
 S = tnt.keras.layers.SplitLayer
-case, strategy = sys.argv[1], getattr(tnt.ParallelStrategy, sys.argv[2])
-kwargs = {"num_micro_batches": 0} if case == "micro_batches" else (
-    {"num_micro_batches": 4} if case == "data_with_micro_batches" else {})
 
 
 class Sub(keras.Model):
@@ -174,7 +171,7 @@ class Custom(keras.Model):
         return super().train_step(data)
 
 
-def build():
+def build(case):
     i = keras.Input((4,))
     a = keras.layers.Dense(3)(i)
     if case == "no_split":
@@ -193,32 +190,50 @@ def build():
     return Custom(i, out) if case == "custom_step" else keras.Model(i, out)
 
 
-try:
-    model = tnt.Model(build(), parallel_strategy=strategy, **kwargs)
+def attempt(case, strategy):
+    kwargs = {"num_micro_batches": 0} if case == "micro_batches" else (
+        {"num_micro_batches": 4} if case == "data_with_micro_batches" else {})
+    model = tnt.Model(build(case), parallel_strategy=strategy, **kwargs)
     if case == "custom_loop":
         import tensorflow as tf
         with tnt.DistributedGradientTape(tf.GradientTape()) as tape:
             loss = tf.reduce_sum(model(tf.zeros((2, 4))))
         tape.gradient(loss, model.trainable_variables)
-except (tnt.TarantellaError, ValueError) as e:
-    print("ERROR:", e)
-    sys.exit(3)
-print("no error")
+
+
+for arg in sys.argv[1:]:
+    case, strategy = arg.split(":")
+    try:
+        attempt(case, getattr(tnt.ParallelStrategy, strategy))
+        print(f"CASE {case}: no error")
+    except (tnt.TarantellaError, ValueError) as e:
+        print(f"CASE {case}: ERROR: " + str(e).replace("\n", " "))
 """
 
 
-@pytest.mark.parametrize("case", sorted(ERRORS))
-def test_bad_pipelines_fail_clearly(case, tmp_path, python):
-    strategy, message = ERRORS[case]
-    script = tmp_path / "bad.py"
+@pytest.fixture(scope="module")
+def error_outputs(tmp_path_factory):
+    """Every error case, run in one job per number of ranks it needs."""
+    script = tmp_path_factory.mktemp("bad") / "bad.py"
     script.write_text(ERROR_SCRIPT)
-    nranks = {"ranks": 1, "ranks_all": 3}.get(case, 2)
-    cmd = mpirun_command(nranks, python, str(script), case, strategy)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert proc.returncode != 0, f"{case}: no error\n{proc.stdout[-2000:]}"
-    assert message in proc.stdout + proc.stderr, \
-        f"{case}: the error does not say {message!r}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    ranks = {"ranks": 1, "ranks_all": 3}
+    out = {}
+    for nranks in sorted(set(ranks.values()) | {2}):
+        cases = [f"{c}:{ERRORS[c][0]}" for c in sorted(ERRORS) if ranks.get(c, 2) == nranks]
+        proc = run(mpirun_command(nranks, sys.executable, str(script), *cases), timeout=300,
+                   env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+        for line in proc.stdout.splitlines():
+            if line.startswith("CASE "):
+                case, _, said = line[5:].partition(": ")
+                out.setdefault(case, said)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_bad_pipelines_fail_clearly(case, error_outputs):
+    said = error_outputs.get(case)
+    assert said is not None and said.startswith("ERROR: "), f"{case}: {said}"
+    assert ERRORS[case][1] in said, f"{case}: the error does not say {ERRORS[case][1]!r}: {said}"
 
 
 def test_killed_stage_ends_the_job(tmp_path):
