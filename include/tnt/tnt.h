@@ -123,7 +123,9 @@ TNT_API tnt_status_t tnt_context_create(const tnt_config_t *config, tnt_context_
 /* Stops the engine, frees every group and the context, and finalizes MPI if
  * tnt_context_create initialized it and the context has not failed (MPI
  * cannot be finalized safely with operations still pending after a
- * failure; such a process should call tnt_context_abort). NULL is a no-op. */
+ * failure; such a process should call tnt_context_abort). After a failure
+ * it makes no MPI call that waits for the peers (they may be dead or
+ * stuck), so it returns at once. NULL is a no-op. */
 TNT_API tnt_status_t tnt_context_destroy(tnt_context_t *ctx);
 
 /* Ends every process of the job (MPI_Abort) with `exit_code`. For callers

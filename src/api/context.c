@@ -200,9 +200,11 @@ tnt_status_t tnt_context_destroy(tnt_context_t *ctx) {
   while (ctx->world->next != NULL) {
     tnt_group_t *g = ctx->world->next;
     ctx->world->next = g->next;
+    if (failed < 0) tnt__comm_abandon(g->comm);
     tnt__comm_destroy(g->comm);
     tnt__group_free(g);
   }
+  if (failed < 0) tnt__comm_abandon(ctx->world->comm);
   tnt__comm_destroy(ctx->world->comm);
   tnt__group_free(ctx->world);
   const int finalize = ctx->owns_mpi && failed == TNT_OK;

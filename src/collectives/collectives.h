@@ -69,6 +69,9 @@ typedef struct tnt__comm {
  * algorithms are chosen (tnt__algo_resolve). */
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out);
 void tnt__comm_destroy(tnt__comm_t *c);
+/* Makes a later tnt__comm_destroy free memory only, without the MPI calls
+ * that wait for every peer: for a context that has failed. */
+void tnt__comm_abandon(tnt__comm_t *c);
 
 /* ---- algorithm tables ---- */
 

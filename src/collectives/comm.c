@@ -93,6 +93,13 @@ fail:
   return st;
 }
 
+void tnt__comm_abandon(tnt__comm_t *c) {
+  if (c == NULL) return;
+  c->t->abandoned = 1;
+  if (c->node != NULL) c->node->abandoned = 1;
+  if (c->cross != NULL) c->cross->abandoned = 1;
+}
+
 void tnt__comm_destroy(tnt__comm_t *c) {
   if (c == NULL) return;
   if (c->shm != NULL) c->node->ops->shm_free(c->node, c->shm);

@@ -77,6 +77,10 @@ struct tnt__transport {
   int *world_ranks; /* [size]: world rank of each transport rank */
   int *host_of;     /* [size]: host index (0..num_hosts-1, by first rank) */
   int num_hosts;
+  /* Set once the context has failed: destroy and shm_free then free memory
+   * only, and skip the MPI calls that need every peer (MPI_Win_free
+   * synchronizes; a dead or stuck peer would keep the process forever). */
+  int abandoned;
 };
 
 /* Fills world_ranks/host_of of a freshly split transport from its parent.

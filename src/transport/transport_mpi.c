@@ -205,11 +205,12 @@ fail:
 }
 
 static void mpi_shm_free(tnt__transport_t *t, tnt__shm_t *shm) {
-  (void)t;
   if (shm == NULL) return;
   mpi_shm_t *ms = shm->impl;
-  MPI_Win_unlock_all(ms->win);
-  MPI_Win_free(&ms->win);
+  if (!t->abandoned) {
+    MPI_Win_unlock_all(ms->win);
+    MPI_Win_free(&ms->win);
+  }
   free(ms);
   free(shm->base);
   free(shm);
@@ -281,7 +282,7 @@ out:
 static void mpi_destroy(tnt__transport_t *t) {
   mpi_transport_t *m = (mpi_transport_t *)t;
   if (m == NULL) return;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2 && !t->abandoned; ++i) {
     if (m->comm[i] != MPI_COMM_NULL) MPI_Comm_free(&m->comm[i]);
   }
   tnt__transport_fini_subset(t);

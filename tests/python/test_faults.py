@@ -120,8 +120,13 @@ def test_stalled_rank_is_named_then_times_out(tmp_path, python):
     script.write_text(STALL.format(here=HERE))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TNT_TIMEOUT_S="6", TNT_STALL_WARNING_S="2")
     cmd = mpirun_command(2, python, str(script))
+    start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    took = time.monotonic() - start
     err = proc.stderr
+    # Rank 1 sleeps 60 s; rank 0 fails 6 s into the stall and its exit must
+    # not wait for rank 1 (freeing MPI's shared windows would).
+    assert took < 45, f"the job took {took:.0f} s: it waited for the stalled rank"
     assert proc.returncode != 0, err[-3000:]
     warn = err.find("still waiting for rank 1")
     fail = err.find("timed out after 6.0 s waiting for rank 1")
