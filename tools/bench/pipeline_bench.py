@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
 
-  bubble       K = 2 and 3 stages of equal cost (K = 3 on a 2-core host is
+  bubble       (and a timeline, pipeline_timeline.rank<R>.json beside the JSON,
+               of a few 2-stage 1F1B steps with 4 micro-batches)
+               K = 2 and 3 stages of equal cost (K = 3 on a 2-core host is
                oversubscribed), M = 1, 2, 4, 8 micro-batches of a fixed size:
                the training step time against the ideal (M + K - 1) * t_stage,
                where t_stage is one stage's forward + backward on one
@@ -306,6 +308,18 @@ def bubble_worker(args):
             for m, fs in fits.items()), flush=True)
 
 
+def timeline_job(args, path):
+    """A few 1F1B steps of 2 stages and 4 micro-batches with TNT_TIMELINE=path
+    (each rank writes path with .rank<R>), for report.py's picture."""
+    work = tempfile.mkdtemp(prefix="tnt-pipebench-timeline-")
+    env = dict(os.environ, TNT_TIMELINE=path, TNT_PIPELINE_SCHEDULE="1f1b")
+    run_job(mpirun_cmd(args, 2, "--worker", "bubble", "--work", work, "--steps", "3",
+                       "--reps", "1", "--stage-reps", "1", "--micro-batches", "4",
+                       env=("TF_CPP_MIN_LOG_LEVEL", "TNT_TIMELINE", "TNT_PIPELINE_SCHEDULE")),
+            timeout=args.job_timeout, env=env)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def bubble(args):
     steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
     ncores = os.cpu_count()
@@ -324,6 +338,9 @@ def bubble(args):
             problems[f"{k} stages"] = tail[-1500:]
             continue
         fits = next(d for d in docs if d["rank"] == 0)["fits"]
+        if k == 2:
+            timeline_job(args, os.path.join(os.path.dirname(os.path.abspath(args.json)),
+                                            "pipeline_timeline.json"))
         for m in MICRO_BATCHES:
             fs = [f for f in fits.get(str(m), []) if f["step_s"]]
             if not fs:

@@ -798,6 +798,49 @@ def plot_pipeline_memory(plt, results, res):
     save(fig, results, "pipeline_memory.png")
 
 
+def plot_pipeline_timeline(plt, results):
+    """pipeline_timeline.png: the last training step of the 2-stage 1F1B
+    timeline (pipeline_timeline.rank<R>.json), one row per stage. Returns
+    whether it drew one."""
+    spans = {}
+    for rank in (0, 1):
+        path = os.path.join(results, f"pipeline_timeline.rank{rank}.json")
+        d, _ = load_json(path)
+        if not d:
+            return False
+        spans[rank] = sorted((e for e in d if e.get("cat") == "pipeline" and e.get("ph") == "X"),
+                             key=lambda e: e["ts"])
+    starts = [e["ts"] for e in spans[0] if e["name"] == "forward 0"]
+    if not starts:
+        return False
+    begin = starts[-1]
+    ends = [e["ts"] + e["dur"] for r in spans for e in spans[r]
+            if e["ts"] >= begin and e["name"].startswith("backward")]
+    if not ends:
+        return False
+    end = max(ends)
+    colors = {"forward": "tab:blue", "backward": "tab:orange", "recv": "lightgray"}
+    fig, ax = plt.subplots(figsize=(9, 2.4))
+    for rank, events in spans.items():
+        for e in events:
+            if e["ts"] < begin - 1e3 or e["ts"] > end:
+                continue
+            kind = e["name"].split()[0]
+            x0 = (e["ts"] - begin) / 1e3
+            ax.broken_barh([(x0, max(e["dur"] / 1e3, 0.01))], (1 - rank - 0.4, 0.8),
+                           color=colors.get(kind, "gray"))
+            if kind in ("forward", "backward"):
+                ax.text(x0 + e["dur"] / 2e3, 1 - rank, ("F" if kind == "forward" else "B")
+                        + e["name"].split()[-1], ha="center", va="center", fontsize=7)
+    ax.set_yticks([1, 0], ["stage 0", "stage 1"])
+    ax.set_xlabel("ms since the step's first forward")
+    ax.set_title("One training step, 2 stages, 4 micro-batches, 1F1B "
+                 "(blue forward, orange backward, gray waiting to receive)", fontsize=9)
+    fig.tight_layout()
+    save(fig, results, "pipeline_timeline.png")
+    return True
+
+
 def pipeline_section(results, stages, plt, targets):
     out = ["## 6. Pipeline parallelism", ""]
     out += _pipeline_bubble(results, stages, plt, targets)
@@ -855,6 +898,10 @@ def _pipeline_bubble(results, stages, plt, targets):
     if plt is not None and res:
         plot_pipeline_bubble(plt, results, res)
         out += [image("pipeline_bubble.png", results), ""]
+    if plt is not None and plot_pipeline_timeline(plt, results):
+        out += ["The timeline of one step (2 stages, 4 micro-batches, 1F1B; from "
+                "`pipeline_timeline.rank<R>.json`, written with TNT_TIMELINE):", "",
+                image("pipeline_timeline.png", results), ""]
     rows = [[f"{r['stages']}{' *' if r.get('oversubscribed') else ''}", r["micro_batches"],
              f2(r["step_ms"]), f2(r["t_stage_ms"]), f2(r["ideal_ms"]),
              f"{r['ratio_to_ideal']:.3f}",
