@@ -152,7 +152,15 @@ class Pipeline:
         if metrics is None or metrics.built or dataset is None:
             return
         x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
-        metrics.build(y, model(x, training=False))
+        y = tf.nest.map_structure(lambda t: t[:1], y)
+        shapes = [tuple(t.shape[1:]) for t in model.outputs]
+        if all(d is not None for shape in shapes for d in shape):
+            # Metrics are built from shapes: zeros shaped like one sample's
+            # outputs, not a forward pass of the whole model on this stage.
+            outputs = [tf.zeros((1,) + shape, t.dtype) for shape, t in zip(shapes, model.outputs)]
+            metrics.build(y, outputs[0] if len(outputs) == 1 else outputs)
+        else:
+            metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x), training=False))
 
     # ------------------------------------------------------------- the steps
 
@@ -281,7 +289,9 @@ class Pipeline:
                 got[0] = ops.span(began, got[0], f"backward {i}")
             w_grads = got[:len(self.trainable)]
             grads = w_grads if grads is None else [a + b for a, b in zip(grads, w_grads)]
-            after = w_grads[:1]
+            # The next pass starts once these gradients are summed: a
+            # micro-batch's gradients are never kept beside the next one's.
+            after = list(grads)
             back = [spec for spec in (in_specs or []) if tf.as_dtype(spec[1]).is_floating]
             for g, spec in zip(got[len(self.trainable):], back):
                 after.append(self._send(g, spec[1], s - 1, 2 * i + 1))
