@@ -637,6 +637,14 @@ static tnt_group_t *group_arg(const char *call, PyObject *obj) {
   return g;
 }
 
+/* What every collective call checks first: a context, its dtype and group
+ * arguments. The group, or NULL with an exception set. */
+static tnt_group_t *collective_head(const char *call, PyObject *dtype_obj, PyObject *group_obj,
+                                    int *dtype) {
+  if (require_context(call) < 0 || parse_dtype(call, dtype_obj, dtype) < 0) return NULL;
+  return group_arg(call, group_obj);
+}
+
 PyDoc_STRVAR(create_group_doc,
              "create_group(ranks)\n--\n\n"
              "Creates the group of the world ranks `ranks` (distinct, in the order that\n"
@@ -705,12 +713,8 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
                                    &out_obj, &dtype_obj, &group_obj)) {
     return NULL;
   }
-  if (require_context(call) < 0) return NULL;
-  tnt_group_t *g = group_arg(call, group_obj);
-  if (g == NULL) return NULL;
-  if (parse_op(call, op_obj, TNT_SUM, &op) < 0 || parse_dtype(call, dtype_obj, &dtype) < 0) {
-    return NULL;
-  }
+  tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
+  if (g == NULL || parse_op(call, op_obj, TNT_SUM, &op) < 0) return NULL;
   const int in_place = out_obj == Py_None;
   if (in_place) {
     if (get_tensor(call, "buf", buf_obj, 1, dtype, &in) < 0) goto done;
@@ -760,9 +764,7 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
                                    &dtype_obj, &group_obj)) {
     return NULL;
   }
-  if (require_context(call) < 0) return NULL;
-  if (parse_dtype(call, dtype_obj, &dtype) < 0) return NULL;
-  tnt_group_t *g = group_arg(call, group_obj);
+  tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
   if (g == NULL) return NULL;
   /* libtnt checks the root (TntInvalidArgumentError, a ValueError). The
    * buffer must be writable on the root too, so that every rank accepts or
@@ -789,7 +791,7 @@ static int get_gather_pair(const char *call, PyObject *send_obj, PyObject *recv_
 }
 
 PyDoc_STRVAR(allgather_doc,
-             "allgather(send, recv, dtype=None)\n--\n\n"
+             "allgather(send, recv, dtype=None, group=None)\n--\n\n"
              "Gathers every rank's send (the same element count on every rank) into recv,\n"
              "rank r's elements at r * len(send). recv must be writable and hold exactly\n"
              "size() * len(send) elements of send's dtype. Returns recv.");
@@ -797,19 +799,19 @@ PyDoc_STRVAR(allgather_doc,
 static PyObject *core_allgather(PyObject *module, PyObject *args, PyObject *kwargs) {
   (void)module;
   static const char call[] = "allgather";
-  static char *kwlist[] = {"send", "recv", "dtype", NULL};
-  PyObject *send_obj, *recv_obj, *dtype_obj = Py_None;
+  static char *kwlist[] = {"send", "recv", "dtype", "group", NULL};
+  PyObject *send_obj, *recv_obj, *dtype_obj = Py_None, *group_obj = NULL;
   PyObject *result = NULL;
   tensor_t send = {0}, recv = {0};
   int dtype;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:allgather", kwlist, &send_obj, &recv_obj,
-                                   &dtype_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:allgather", kwlist, &send_obj, &recv_obj,
+                                   &dtype_obj, &group_obj)) {
     return NULL;
   }
-  if (require_context(call) < 0) return NULL;
-  if (parse_dtype(call, dtype_obj, &dtype) < 0) return NULL;
+  tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
+  if (g == NULL) return NULL;
   if (get_gather_pair(call, send_obj, recv_obj, dtype, &send, &recv) < 0) goto done;
-  const size_t size = (size_t)tnt_group_size(g_world);
+  const size_t size = (size_t)tnt_group_size(g);
   if (recv.count / size != send.count || recv.count % size != 0) {
     PyErr_Format(PyExc_ValueError,
                  "%s: recv has %zu elements but must have size() * len(send) = %zu * %zu = %zu; "
@@ -818,8 +820,7 @@ static PyObject *core_allgather(PyObject *module, PyObject *args, PyObject *kwar
     goto done;
   }
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st =
-                      tnt_allgather(g_world, send.view.buf, send.count, recv.view.buf, send.dtype));
+  TNT_WITHOUT_GIL(st = tnt_allgather(g, send.view.buf, send.count, recv.view.buf, send.dtype));
   result = result_of(call, st, NULL, recv_obj);
 done:
   release_tensor(&send);
@@ -849,7 +850,7 @@ static int as_count(const char *call, const char *what, PyObject *obj, size_t *o
 }
 
 PyDoc_STRVAR(allgatherv_doc,
-             "allgatherv(send, recv, counts, dtype=None)\n--\n\n"
+             "allgatherv(send, recv, counts, dtype=None, group=None)\n--\n\n"
              "Gathers send from every rank into recv, back to back: counts[r] is the\n"
              "number of elements rank r sends (counts[rank()] == len(send)), and rank r's\n"
              "elements start at sum(counts[:r]). Every rank passes the same counts, one\n"
@@ -858,19 +859,19 @@ PyDoc_STRVAR(allgatherv_doc,
 static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwargs) {
   (void)module;
   static const char call[] = "allgatherv";
-  static char *kwlist[] = {"send", "recv", "counts", "dtype", NULL};
-  PyObject *send_obj, *recv_obj, *counts_obj, *dtype_obj = Py_None;
+  static char *kwlist[] = {"send", "recv", "counts", "dtype", "group", NULL};
+  PyObject *send_obj, *recv_obj, *counts_obj, *dtype_obj = Py_None, *group_obj = NULL;
   PyObject *result = NULL, *seq = NULL;
   tensor_t send = {0}, recv = {0};
   size_t *counts = NULL, *displs = NULL;
   int dtype;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O:allgatherv", kwlist, &send_obj, &recv_obj,
-                                   &counts_obj, &dtype_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:allgatherv", kwlist, &send_obj,
+                                   &recv_obj, &counts_obj, &dtype_obj, &group_obj)) {
     return NULL;
   }
-  if (require_context(call) < 0) return NULL;
-  if (parse_dtype(call, dtype_obj, &dtype) < 0) return NULL;
-  const int size = tnt_group_size(g_world), me = tnt_group_rank(g_world);
+  tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
+  if (g == NULL) return NULL;
+  const int size = tnt_group_size(g), me = tnt_group_rank(g);
   seq = PySequence_Fast(counts_obj, "allgatherv: counts must be a sequence of integers");
   if (seq == NULL) goto done;
   if (PySequence_Fast_GET_SIZE(seq) != size) {
@@ -912,7 +913,7 @@ static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwa
     goto done;
   }
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st = tnt_allgatherv(g_world, send.view.buf, send.count, recv.view.buf, counts,
+  TNT_WITHOUT_GIL(st = tnt_allgatherv(g, send.view.buf, send.count, recv.view.buf, counts,
                                       displs, send.dtype));
   result = result_of(call, st, NULL, recv_obj);
 done:
