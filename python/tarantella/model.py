@@ -351,7 +351,8 @@ class Model(keras.Model):
             return None
         elif data.is_array_like(x):
             if micro_batch_size is not None and batch_size is None:
-                batch_size = micro_batch_size * self._tnt_replicas()[1]
+                parts = self._tnt_replicas()
+                batch_size = micro_batch_size * (parts[1] if parts else runtime.get_size())
             ds = data.from_arrays(x, y, sample_weight, batch_size, shuffle)
         else:
             raise runtime.TarantellaError(
@@ -373,12 +374,13 @@ class Model(keras.Model):
         return ds
 
     def _tnt_replicas(self):
-        """(this rank's part, the number of parts) a global batch is split
-        into: one per rank, or one per replica of the pipeline."""
-        if self._tnt.pipeline is not None:
-            layout = self._tnt.pipeline.layout
-            return layout.replica, layout.num_replicas
-        return runtime.get_rank(), runtime.get_size()
+        """For a pipelined model, (this rank's replica, the number of
+        replicas): a global batch is split among the replicas of the
+        pipeline; None when it is split among all ranks."""
+        if self._tnt.pipeline is None:
+            return None
+        layout = self._tnt.pipeline.layout
+        return layout.replica, layout.num_replicas
 
     # ---------------------------------------------------------------- Keras API
 
