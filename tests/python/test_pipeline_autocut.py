@@ -18,6 +18,7 @@ import keras  # noqa: E402
 
 from conftest import ROOT, mpirun_command, run  # noqa: E402
 from test_training import assert_ranks_identical, load  # noqa: E402
+from test_pipeline import assert_matches_serial  # noqa: E402
 from tarantella.pipeline import autocut  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
@@ -43,16 +44,7 @@ def auto_runs(tmp_path_factory):
 @pytest.mark.parametrize("k", [2, 3])
 def test_autocut_pipeline_equals_serial(k, auto_runs):
     results, want, _ = auto_runs[k]
-    got = results[0]
-    for key in ("loss", "val_loss", "evaluate"):
-        assert np.allclose(got[key], want[key], rtol=0, atol=1e-5), \
-            f"{k} stages: {key} {got[key]} differs from serial {want[key]}"
-    assert np.abs(got["predict"] - want["predict"]).max() < 1e-4
-    weights = [key for key in want if key.startswith("w")]
-    assert weights and len(weights) == len([key for key in got if key.startswith("w")])
-    for key in weights:
-        diff = np.abs(got[key] - want[key]).max()
-        assert diff < 1e-4, f"{k} stages: weight {key} differs from serial by {diff}"
+    assert_matches_serial(results[0], want, f"{k} stages")
 
 
 @pytest.mark.parametrize("k", [2, 3])
