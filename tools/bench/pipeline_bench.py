@@ -625,12 +625,8 @@ def sim_worker(args):
 
 
 def sim_cluster(args):
-    if os.geteuid() != 0:
-        sys.exit("pipeline_bench: sim_cluster needs root (network namespaces and tc)")
-    for tool in ("ip", "tc", "unshare", "tarantella"):
-        if shutil.which(tool) is None:
-            sys.exit(f"pipeline_bench: {tool} is not on PATH")
     import sim_cluster_bench as scb
+    scb.require_cluster_tools("pipeline_bench sim_cluster")
     steps, reps = (4, 2) if args.quick else (8, 3)
     start = time.monotonic()
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")

@@ -850,6 +850,16 @@ def pipeline_section(results, stages, plt, targets):
     return out
 
 
+def problem_lines(cfg):
+    """A line for each failed run a benchmark's config records, with the
+    last line of its output."""
+    out = []
+    for key, problem in sorted((cfg.get("problems") or {}).items()):
+        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
+        out.append(f"\n- {key}: failed ({last})")
+    return out
+
+
 def _pipeline_bubble(results, stages, plt, targets):
     out = ["### Bubble", ""]
     d, why = load_json(os.path.join(results, "pipeline_bubble.json"))
@@ -916,9 +926,7 @@ def _pipeline_bubble(results, stages, plt, targets):
             "step against (M+K-1) times the fastest t_stage, less sensitive to that work."]
     if any(r.get("oversubscribed") for r in res):
         out += ["", "\\* oversubscribed: more stages (one rank each) than cores."]
-    for key, problem in sorted((cfg.get("problems") or {}).items()):
-        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
-        out.append(f"\n- {key}: failed ({last})")
+    out += problem_lines(cfg)
     out.append("")
     return out
 
@@ -980,9 +988,7 @@ def _pipeline_memory(results, stages, plt, targets):
     out.append("Peak RSS in MiB (above the RSS before fit):")
     out.append("")
     out.append(table(header, rows))
-    for key, problem in sorted((cfg.get("problems") or {}).items()):
-        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
-        out.append(f"\n- {key}: failed ({last})")
+    out += problem_lines(cfg)
     out.append("")
     return out
 
@@ -1062,9 +1068,7 @@ def _pipeline_sim(results, stages, targets):
     out.append(table(["mode", "ms/step", "samples/s", "step range ms", "steps"], rows))
     if q is not None:
         out += ["", f"Pipelined / data-parallel throughput: **{q:.2f}x**."]
-    for key, problem in sorted((cfg.get("problems") or {}).items()):
-        last = problem.strip().splitlines()[-1] if problem.strip() else "?"
-        out.append(f"\n- {key}: failed ({last})")
+    out += problem_lines(cfg)
     out.append("")
     return out
 

@@ -339,12 +339,18 @@ def print_table(results):
           "bound = max(compute, xfer); busbw = achieved allreduce bus bandwidth, Gbit/s")
 
 
-def driver(args):
+def require_cluster_tools(program):
+    """Exits with the reason when the simulated cluster cannot be set up:
+    it needs root and ip, tc, unshare and the tarantella launcher."""
     if os.geteuid() != 0:
-        sys.exit("sim_cluster_bench: needs root (network namespaces and tc)")
+        sys.exit(f"{program}: needs root (network namespaces and tc)")
     for tool in ("ip", "tc", "unshare", "tarantella"):
         if shutil.which(tool) is None:
-            sys.exit(f"sim_cluster_bench: {tool} is not on PATH")
+            sys.exit(f"{program}: {tool} is not on PATH")
+
+
+def driver(args):
+    require_cluster_tools("sim_cluster_bench")
     hosts = [int(h) for h in args.hosts.split(",")]
     links = args.links.split(",")
     for link in links:
