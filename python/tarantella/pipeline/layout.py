@@ -47,7 +47,3 @@ class Layout:
         self.pipeline_group = _core.create_group(self.pipeline_ranks)
         self.replica_group = (_core.create_group(self.replica_ranks)
                               if self.num_replicas > 1 else None)
-
-    @property
-    def is_last(self):
-        return self.stage == self.num_stages - 1
