@@ -1,6 +1,7 @@
 """Automatic cutting (tnt.Model(model, num_stages=K) on a model without
-SplitLayers): the model cut by Tarantella on 2 and 3 ranks trains like
-serial Keras and every rank holds the same cuts; the cut points found in a
+SplitLayers): the model cut by Tarantella into 2 and 3 stages, and into 2
+stages of 2 replicas each (ParallelStrategy.ALL), trains like serial Keras
+and every rank holds the same cuts; the cut points found in a
 graph; the balancing of given costs; the measurement (a heavy layer gets a
 stage of its own, the model's state is left untouched); the errors for a
 model that cannot be cut into that many stages and for num_stages with
@@ -26,30 +27,37 @@ WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
 
 # ------------------------------------------------------------ whole runs
 
+# (stages, replicas): pipelines, and a hybrid of 2 replicas (ALL) on 4 ranks.
+SHAPES = [(2, 1), (3, 1), (2, 2)]
+
+
 @pytest.fixture(scope="module")
 def auto_runs(tmp_path_factory):
     """The mlp (three hidden layers, no SplitLayer) cut automatically into
-    2 and 3 stages on as many ranks, and trained serially."""
+    K stages on K ranks (and on 2K ranks, 2 replicas), and trained
+    serially."""
     out = {}
-    for k in (2, 3):
-        d = str(tmp_path_factory.mktemp(f"auto{k}"))
-        proc = run(mpirun_command(k, sys.executable, WORKER, "mlp", "--out", d,
-                                  "--num-stages", str(k)), timeout=600)
-        s = str(tmp_path_factory.mktemp(f"auto{k}-serial"))
+    for k, replicas in SHAPES:
+        d = str(tmp_path_factory.mktemp(f"auto{k}x{replicas}"))
+        proc = run(mpirun_command(k * replicas, sys.executable, WORKER, "mlp", "--out", d,
+                                  "--num-stages", str(k), "--replicas", str(replicas)),
+                   timeout=600)
+        s = str(tmp_path_factory.mktemp(f"auto{k}x{replicas}-serial"))
         run([sys.executable, WORKER, "mlp", "--serial", "--out", s, "--num-stages", str(k)])
-        out[k] = (load(d, k), load(s, 1)[0], proc.stdout + proc.stderr)
+        out[k, replicas] = (load(d, k * replicas), load(s, 1)[0], proc.stdout + proc.stderr)
     return out
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_autocut_pipeline_equals_serial(k, auto_runs):
-    results, want, _ = auto_runs[k]
-    assert_matches_serial(results[0], want, f"{k} stages")
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{k}x{r}" for k, r in SHAPES])
+def test_autocut_pipeline_equals_serial(shape, auto_runs):
+    results, want, _ = auto_runs[shape]
+    assert_matches_serial(results[0], want, "%d stages x %d replicas" % shape)
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_every_rank_gets_the_same_cuts(k, auto_runs):
-    results, _, log = auto_runs[k]
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{k}x{r}" for k, r in SHAPES])
+def test_every_rank_gets_the_same_cuts(shape, auto_runs):
+    k = shape[0]
+    results, _, log = auto_runs[shape]
     cuts = [str(c) for c in results[0]["cuts"]]
     assert len(cuts) == k - 1 and all(c in ("d0", "d1", "d2") for c in cuts), cuts
     assert len(set(cuts)) == k - 1
