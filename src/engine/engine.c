@@ -52,6 +52,10 @@ struct tnt__engine {
   tnt__work_t *head, *tail;
   int busy; /* an executor (engine thread or inline caller) is running */
   int idle; /* the engine thread sleeps with nothing to do */
+  /* Threads asleep on a request of this engine: their cores are free, so
+   * the engine thread polls pending transfers without napping (a receive
+   * that a caller waits for completes as soon as its data arrives). */
+  _Atomic int sleepers;
   int stop;
   /* Engine thread only: posted point-to-point requests. */
   tnt_request_t **active;
@@ -145,6 +149,7 @@ tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
   const double deadline = tnt__now() + timeout_s;
   const struct timespec ts = tnt__abs_time(deadline);
   int st;
+  atomic_fetch_add(&req->engine->sleepers, 1);
   pthread_mutex_lock(&req->mu);
   while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) {
     if (pthread_cond_timedwait(&req->cv, &req->mu, &ts) == ETIMEDOUT) {
@@ -153,6 +158,7 @@ tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
     }
   }
   pthread_mutex_unlock(&req->mu);
+  atomic_fetch_sub(&req->engine->sleepers, 1);
   if (st == TNT_IN_PROGRESS) {
     /* The request goes on and may still succeed: a warning in the log, and
      * the reason of this call's status. */
@@ -174,9 +180,11 @@ static tnt_status_t request_wait_done(tnt_request_t *req) {
     tnt__spin_pause(it);
   }
   int st;
+  atomic_fetch_add(&req->engine->sleepers, 1);
   pthread_mutex_lock(&req->mu);
   while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) pthread_cond_wait(&req->cv, &req->mu);
   pthread_mutex_unlock(&req->mu);
+  atomic_fetch_sub(&req->engine->sleepers, 1);
   return st;
 }
 
@@ -287,11 +295,16 @@ static void execute(tnt__engine_t *e, tnt__work_t *op) {
   }
 }
 
+/* How long the engine thread spins on pending transfers while a caller
+ * sleeps on a request, before it naps again. */
+#define SLEEPER_SPIN_S 2e-3
+
 static void *engine_main(void *arg) {
   tnt__engine_t *e = arg;
   tnt__log_set_rank(e->rank, e->size, 1);
   tnt__timeline_name_thread("progress");
   unsigned idle = 0;
+  double spin_until = 0; /* see SLEEPER_SPIN_S */
   pthread_mutex_lock(&e->mu);
   for (;;) {
     while (e->busy || (e->head == NULL && e->nactive == 0 && !e->stop)) {
@@ -322,10 +335,18 @@ static void *engine_main(void *arg) {
     pthread_cond_broadcast(&e->cv);
     if (op == NULL && pending > 0 && e->head == NULL) {
       /* Only transfers in flight: poll, spinning at first and then sleeping
-       * in short naps so that a long-pending receive costs little CPU. */
-      if (idle < 1024) {
+       * in short naps so that a long-pending receive costs little CPU. While
+       * a caller sleeps on a request (its core is free) the spinning lasts
+       * up to SLEEPER_SPIN_S: a transfer that completes within it (a
+       * pipeline stage's next activations) is seen at once, not after a
+       * nap and a wake-up. */
+      if (idle >= 1024 && spin_until == 0 &&
+          atomic_load_explicit(&e->sleepers, memory_order_relaxed) > 0) {
+        spin_until = tnt__now() + SLEEPER_SPIN_S;
+      }
+      if (idle < 1024 || (spin_until > 0 && tnt__now() < spin_until)) {
         pthread_mutex_unlock(&e->mu);
-        tnt__spin_pause(idle++);
+        tnt__spin_pause(idle < 1024 ? idle++ : idle);
         pthread_mutex_lock(&e->mu);
       } else {
         struct timespec ts = tnt__abs_time(tnt__now() + 100e-6);
@@ -333,6 +354,7 @@ static void *engine_main(void *arg) {
       }
     } else {
       idle = 0;
+      spin_until = 0;
     }
   }
   pthread_mutex_unlock(&e->mu);
@@ -410,6 +432,7 @@ tnt_status_t tnt__engine_create(int rank, int size, double timeout_s, tnt__engin
   e->size = size;
   e->timeout = timeout_s;
   atomic_init(&e->error, TNT_OK);
+  atomic_init(&e->sleepers, 0);
   pthread_mutex_init(&e->err_mu, NULL);
   pthread_mutex_init(&e->mu, NULL);
   /* Monotonic: the nap between polls of pending transfers is a timed wait
