@@ -143,8 +143,12 @@ static int push_open_mpi(const tnt__launch_plan_t *plan, const tnt__strvec_t *en
     rc |= tnt__strvec_push(a, "--host");
     rc |= tnt__strvec_push(a, hosts);
   }
-  /* Without this, Open MPI refuses more ranks than a host has cores. */
-  if (plan->per_host > plan->cores) rc |= tnt__strvec_push(a, "--oversubscribe");
+  /* Without this, Open MPI refuses more ranks than a host has cores, and
+   * inside a Slurm allocation more than the allocation's tasks on a node. */
+  if (plan->per_host > plan->cores ||
+      (plan->slurm_slots > 0 && plan->per_host > plan->slurm_slots)) {
+    rc |= tnt__strvec_push(a, "--oversubscribe");
+  }
   /* Open MPI's default binding would pin two ranks to one core when they
    * outnumber the cores; the rank wrapper does the pinning that
    * --pin-to-socket asks for. */

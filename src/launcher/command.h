@@ -28,6 +28,8 @@ typedef struct {
   const char *workdir;          /* absolute working directory of every rank */
   int is_root;                  /* the launcher runs as root */
   long cores;                   /* processors of this host */
+  int slurm_slots;              /* inside a Slurm allocation, the fewest tasks it gives a node
+                                   (Open MPI's slots there); 0 outside one */
   const tnt__hostlist_t *hosts; /* NULL for a run on this host only */
   int per_host;                 /* ranks on each host */
   int total;                    /* ranks in all */

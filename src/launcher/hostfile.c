@@ -8,7 +8,6 @@
 #include <string.h>
 #include <strings.h>
 
-
 /* Letters, digits, '-', '.' and '_': what host names and IPv4 addresses
  * are made of. Anything else (quotes, ':' or '=' in particular) would be
  * misread by mpirun's host syntax or by a shell. */
@@ -16,18 +15,18 @@ static int host_char(char c) {
   return isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_';
 }
 
-/* Appends one name; the arrays grow by doubling. */
-static int hostlist_add(tnt__hostlist_t *list, int *capacity, const char *name, size_t len,
-                        int line) {
-  if (list->count == *capacity) {
-    int cap = *capacity ? *capacity * 2 : 8;
+/* The arrays hold 8 names, then grow by doubling whenever they are full:
+ * at 8, 16, 32, ... names. */
+int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line) {
+  const int n = list->count;
+  if (n == 0 || (n >= 8 && (n & (n - 1)) == 0)) {
+    int cap = n == 0 ? 8 : n * 2;
     char **names = realloc(list->names, (size_t)cap * sizeof *names);
     if (names == NULL) return -1;
     list->names = names;
     int *lines = realloc(list->lines, (size_t)cap * sizeof *lines);
     if (lines == NULL) return -1;
     list->lines = lines;
-    *capacity = cap;
   }
   char *copy = strndup(name, len);
   if (copy == NULL) return -1;
@@ -37,21 +36,9 @@ static int hostlist_add(tnt__hostlist_t *list, int *capacity, const char *name, 
   return 0;
 }
 
-/* Validates one trimmed, non-empty line. Returns 0, or -1 with err set. */
-static int check_name(const char *name, size_t len, int line, char *err, size_t err_len) {
-  for (size_t i = 0; i < len; ++i) {
-    if (isspace((unsigned char)name[i])) {
-      size_t shown = len < 60 ? len : 60;
-      tnt__set_error(err, err_len,
-                "line %d: expected one host name, found '%.*s' (give the number of ranks "
-                "per host with --n-per-node, not in the hostfile)",
-                line, (int)shown, name);
-      return -1;
-    }
-  }
+int tnt__host_name_check(const char *name, size_t len, char *err, size_t err_len) {
   if (len > TNT__HOST_NAME_MAX) {
-    tnt__set_error(err, err_len, "line %d: host name longer than %d characters", line,
-              TNT__HOST_NAME_MAX);
+    tnt__set_error(err, err_len, "host name longer than %d characters", TNT__HOST_NAME_MAX);
     return -1;
   }
   for (size_t i = 0; i < len; ++i) {
@@ -59,20 +46,39 @@ static int check_name(const char *name, size_t len, int line, char *err, size_t 
       unsigned char c = (unsigned char)name[i];
       if (isprint(c)) {
         tnt__set_error(err, err_len,
-                  "line %d: '%.*s' is not a host name: '%c' is not allowed (letters, digits, "
-                  "'-', '.' and '_' are)",
-                  line, (int)len, name, c);
+                       "'%.*s' is not a host name: '%c' is not allowed (letters, digits, '-', '.' "
+                       "and '_' are)",
+                       (int)len, name, c);
       } else {
         tnt__set_error(err, err_len,
-                  "line %d: not a host name: byte 0x%02x is not allowed (is this a text file?)",
-                  line, c);
+                       "not a host name: byte 0x%02x is not allowed (is this a text file?)", c);
       }
       return -1;
     }
   }
   if (name[0] == '-' || name[0] == '.') {
-    tnt__set_error(err, err_len, "line %d: '%.*s' is not a host name: it starts with '%c'", line,
-              (int)len, name, name[0]);
+    tnt__set_error(err, err_len, "'%.*s' is not a host name: it starts with '%c'", (int)len, name,
+                   name[0]);
+    return -1;
+  }
+  return 0;
+}
+
+/* Validates one trimmed, non-empty line. Returns 0, or -1 with err set. */
+static int check_name(const char *name, size_t len, int line, char *err, size_t err_len) {
+  for (size_t i = 0; i < len; ++i) {
+    if (isspace((unsigned char)name[i])) {
+      size_t shown = len < 60 ? len : 60;
+      tnt__set_error(err, err_len,
+                     "line %d: expected one host name, found '%.*s' (give the number of ranks "
+                     "per host with --n-per-node, not in the hostfile)",
+                     line, (int)shown, name);
+      return -1;
+    }
+  }
+  char msg[512];
+  if (tnt__host_name_check(name, len, msg, sizeof msg) != 0) {
+    tnt__set_error(err, err_len, "line %d: %s", line, msg);
     return -1;
   }
   return 0;
@@ -93,10 +99,9 @@ static int compare_entries(const void *a, const void *b) {
   return (ea->index > eb->index) - (ea->index < eb->index);
 }
 
-/* Finds the duplicate whose second mention comes first in the file, so the
- * message points at the earliest line to fix. Returns 1 and sets the two
- * positions when there is one, 0 when there is none, -1 without memory. */
-static int find_duplicate(const tnt__hostlist_t *list, int *first, int *second) {
+/* The duplicate whose second mention comes first, so that a message points
+ * at the earliest line to fix. */
+int tnt__hostlist_find_duplicate(const tnt__hostlist_t *list, int *first, int *second) {
   int found = 0;
   sort_entry_t *order = malloc((size_t)list->count * sizeof *order);
   if (order == NULL) return -1;
@@ -122,7 +127,6 @@ static int find_duplicate(const tnt__hostlist_t *list, int *first, int *second) 
 int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char *err,
                         size_t err_len) {
   int rc = -1;
-  int capacity = 0;
   memset(out, 0, sizeof *out);
   if (err != NULL && err_len > 0) err[0] = '\0';
   int line = 0;
@@ -144,7 +148,7 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
         goto out;
       }
       if (check_name(buf + a, b - a, line, err, err_len) != 0) goto out;
-      if (hostlist_add(out, &capacity, buf + a, b - a, line) != 0) {
+      if (tnt__hostlist_add(out, buf + a, b - a, line) != 0) {
         tnt__set_error(err, err_len, "out of memory");
         goto out;
       }
@@ -156,16 +160,16 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
     goto out;
   }
   int first = 0, second = 0;
-  int dup = find_duplicate(out, &first, &second);
+  int dup = tnt__hostlist_find_duplicate(out, &first, &second);
   if (dup < 0) {
     tnt__set_error(err, err_len, "out of memory");
     goto out;
   }
   if (dup > 0) {
     tnt__set_error(err, err_len,
-              "line %d: host '%s' is already listed on line %d; every host must appear once "
-              "(use --n-per-node for several ranks per host)",
-              out->lines[second], out->names[second], out->lines[first]);
+                   "line %d: host '%s' is already listed on line %d; every host must appear once "
+                   "(use --n-per-node for several ranks per host)",
+                   out->lines[second], out->names[second], out->lines[first]);
     goto out;
   }
   rc = 0;
@@ -199,10 +203,11 @@ int tnt__hostlist_check_local(const tnt__hostlist_t *list, const char *local_nam
   for (int i = 0; i < list->count; ++i) {
     if (!tnt__host_is_local(list->names[i], local_name)) continue;
     if (first >= 0) {
-      tnt__set_error(err, err_len,
-                "line %d: '%s' and '%s' on line %d both name this host; every host must appear "
-                "once (use --n-per-node for several ranks per host)",
-                list->lines[i], list->names[i], list->names[first], list->lines[first]);
+      tnt__set_error(
+          err, err_len,
+          "line %d: '%s' and '%s' on line %d both name this host; every host must appear "
+          "once (use --n-per-node for several ranks per host)",
+          list->lines[i], list->names[i], list->names[first], list->lines[first]);
       return -1;
     }
     first = i;

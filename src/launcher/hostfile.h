@@ -37,6 +37,22 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
 int tnt__hostlist_check_local(const tnt__hostlist_t *list, const char *local_name, char *err,
                               size_t err_len);
 
+/*
+ * Checks one host name of len bytes: letters, digits, '-', '.' and '_',
+ * not starting with '-' or '.', at most TNT__HOST_NAME_MAX long. Returns 0,
+ * or -1 with a message in err ("'a:b' is not a host name: ...").
+ */
+int tnt__host_name_check(const char *name, size_t len, char *err, size_t err_len);
+
+/* Appends a copy of name[0..len) from the given line. Returns 0, or -1
+ * without memory. */
+int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line);
+
+/* Finds the repeated name whose second mention comes first (names compare
+ * without regard to case, as DNS does). Returns 1 with the two indexes,
+ * 0 when every name is unique, -1 without memory. */
+int tnt__hostlist_find_duplicate(const tnt__hostlist_t *list, int *first, int *second);
+
 /* Whether name refers to the host the launcher runs on (see above). */
 int tnt__host_is_local(const char *name, const char *local_name);
 

@@ -28,6 +28,7 @@ extern char **environ;
 static void print_dry_run(const tnt__plan_storage_t *ps, const tnt__command_t *cmd) {
   printf("# tarantella --dry-run: what would run (nothing was started)\n");
   printf("# %s\n", ps->summary);
+  if (ps->hosts_from[0] != '\0') printf("# hosts from %s\n", ps->hosts_from);
   printf("# logs: %s/rank<R>.log\n", ps->run_dir);
   if (tnt__command_print(cmd, stdout) != 0) perror("tarantella: writing the dry run");
 }
@@ -69,6 +70,7 @@ int main(int argc, char *argv[]) {
     status = 0;
     goto out;
   }
+  if (ps.hosts_from[0] != '\0') fprintf(stderr, "tarantella: hosts from %s\n", ps.hosts_from);
   fprintf(stderr, "tarantella: %s; logs in %s\n", ps.summary, ps.run_dir);
   status = tnt__run(&ps.plan, &cmd);
 out:

@@ -11,6 +11,7 @@
 
 #include "gpus.h"
 #include "proc.h"
+#include "slurm.h"
 
 /* The largest hostfile read; a cluster's list is a few hundred KB at most. */
 #define TNT__HOSTFILE_MAX ((size_t)16 << 20)
@@ -193,7 +194,7 @@ static int resolve_mpi(char *const *envp, tnt__plan_storage_t *ps, char *err, si
   return -1;
 }
 
-static int load_hosts(const tnt__options_t *opts, tnt__plan_storage_t *ps, char *err,
+static int load_hosts(const tnt__options_t *opts, int in_slurm, tnt__plan_storage_t *ps, char *err,
                       size_t err_len) {
   size_t len = 0;
   char *text = tnt__read_file(opts->hostfile, TNT__HOSTFILE_MAX, &len);
@@ -208,7 +209,89 @@ static int load_hosts(const tnt__options_t *opts, tnt__plan_storage_t *ps, char 
   gethostname(local, sizeof local - 1);
   if (rc == 0) rc = tnt__hostlist_check_local(&ps->hosts, local, msg, sizeof msg);
   if (rc != 0) tnt__errorf(err, err_len, "hostfile '%s': %s", opts->hostfile, msg);
+  ps->hosts_kind = "the hostfile";
+  snprintf(ps->hosts_from, sizeof ps->hosts_from, "the hostfile %s%s", opts->hostfile,
+           in_slurm ? " (not the nodes of the Slurm allocation: --hostfile wins)" : "");
   return rc;
+}
+
+/* The variable that lists the nodes of the Slurm allocation the launcher
+ * runs in (SLURM_NODELIST is the older name), or NULL outside one. */
+static const char *slurm_nodes_var(char *const *envp) {
+  static const char *const names[] = {"SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    const char *value = env_get(envp, names[i]);
+    if (value != NULL && *value != '\0') return names[i];
+  }
+  return NULL;
+}
+
+/* The nodes of the Slurm allocation the launcher runs in (nodes_var names
+ * the variable that lists them), and the tasks per node that decide the
+ * ranks per host when the options do not. */
+static int load_slurm(const tnt__options_t *opts, char *const *envp, const char *nodes_var,
+                      tnt__plan_storage_t *ps, char *err, size_t err_len) {
+  const char *nodes = env_get(envp, nodes_var);
+  char msg[768] = "";
+  if (tnt__slurm_hostlist_parse(nodes, &ps->hosts, msg, sizeof msg) != 0) {
+    tnt__errorf(err, err_len,
+                "%s=%s: %s (inside a Slurm allocation tarantella runs on its nodes; give "
+                "--hostfile to choose the hosts yourself)",
+                nodes_var, nodes, msg);
+    return -1;
+  }
+  ps->hosts_kind = "the Slurm allocation";
+  const char *job = env_get(envp, "SLURM_JOB_ID");
+  int used = snprintf(ps->hosts_from, sizeof ps->hosts_from, "the Slurm allocation%s%s: %s=%s",
+                      job != NULL ? ", job " : "", job != NULL ? job : "", nodes_var, nodes);
+  /* The allocation's tasks on each node: Open MPI's slots there. */
+  const char *tasks = env_get(envp, "SLURM_TASKS_PER_NODE");
+  int count = 0, fewest = 0, most = 0;
+  if (tasks != NULL) {
+    if (tnt__slurm_tasks_parse(tasks, &count, &fewest, &most, msg, sizeof msg) != 0) {
+      tnt__errorf(err, err_len, "SLURM_TASKS_PER_NODE=%s: %s", tasks, msg);
+      return -1;
+    }
+    if (count != ps->hosts.count) {
+      tnt__errorf(err, err_len,
+                  "SLURM_TASKS_PER_NODE=%s gives the tasks of %d node(s), but %s=%s names %d",
+                  tasks, count, nodes_var, nodes, ps->hosts.count);
+      return -1;
+    }
+    ps->plan.slurm_slots = fewest;
+  }
+  if (opts->n_per_node > 0 || opts->nranks > 0) return 0;
+  const char *source = "SLURM_NTASKS_PER_NODE";
+  const char *asked = env_get(envp, source);
+  if (asked != NULL && *asked != '\0') {
+    int n = 0, lo = 0, hi = 0;
+    if (tnt__slurm_tasks_parse(asked, &n, &lo, &hi, msg, sizeof msg) != 0 || n != 1) {
+      tnt__errorf(err, err_len, "SLURM_NTASKS_PER_NODE=%s: %s", asked,
+                  n > 1 ? "expected one number" : msg);
+      return -1;
+    }
+    ps->slurm_per_node = lo;
+  } else if (tasks == NULL) {
+    tnt__errorf(err, err_len,
+                "%s is set but neither SLURM_TASKS_PER_NODE nor SLURM_NTASKS_PER_NODE is: give "
+                "the ranks per node with --n-per-node",
+                nodes_var);
+    return -1;
+  } else if (fewest != most) {
+    tnt__errorf(err, err_len,
+                "the nodes of the Slurm allocation hold different numbers of tasks "
+                "(SLURM_TASKS_PER_NODE=%s), but tarantella places the same number of ranks on "
+                "every node: give it with --n-per-node, or allocate with --ntasks-per-node",
+                tasks);
+    return -1;
+  } else {
+    source = "SLURM_TASKS_PER_NODE";
+    asked = tasks;
+    ps->slurm_per_node = fewest;
+  }
+  snprintf(ps->hosts_from + used, sizeof ps->hosts_from - (size_t)used,
+           "; %d rank(s) per node from %s=%s", ps->slurm_per_node, source, asked);
+  return 0;
 }
 
 /* Decides the number of ranks and whether they use GPUs. */
@@ -222,7 +305,7 @@ static int decide_ranks(const tnt__options_t *opts, char *const *envp, tnt__plan
     gpus = tnt__gpus_detect(root, env_get(envp, "CUDA_VISIBLE_DEVICES"), ps->gpus, sizeof ps->gpus);
     if (gpus < 0) gpus = 0;
   }
-  int hosts = opts->hostfile != NULL ? ps->hosts.count : 1;
+  int hosts = ps->hosts.count > 0 ? ps->hosts.count : 1;
   int explicit_count = 1;
   if (opts->n_per_node > 0) {
     p->per_host = opts->n_per_node;
@@ -231,12 +314,14 @@ static int decide_ranks(const tnt__options_t *opts, char *const *envp, tnt__plan
   } else if (opts->nranks > 0) {
     if (opts->nranks % hosts != 0) {
       tnt__errorf(err, err_len,
-                  "-n %d does not split evenly over the %d hosts of the hostfile; give a multiple "
-                  "of %d, or --n-per-node",
-                  opts->nranks, hosts, hosts);
+                  "-n %d does not split evenly over the %d hosts of %s; give a multiple of %d, or "
+                  "--n-per-node",
+                  opts->nranks, hosts, ps->hosts_kind, hosts);
       return -1;
     }
     p->per_host = opts->nranks / hosts;
+  } else if (ps->slurm_per_node > 0) {
+    p->per_host = ps->slurm_per_node;
   } else {
     explicit_count = 0;
     p->per_host = gpus > 0 ? gpus : 1;
@@ -305,7 +390,12 @@ int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_stor
     goto out;
   }
   if (is_python && resolve_interpreter(opts, envp, ps, err, err_len) != 0) goto out;
-  if (opts->hostfile != NULL && load_hosts(opts, ps, err, err_len) != 0) goto out;
+  const char *slurm_nodes = slurm_nodes_var(envp);
+  if (opts->hostfile != NULL) {
+    if (load_hosts(opts, slurm_nodes != NULL, ps, err, err_len) != 0) goto out;
+  } else if (slurm_nodes != NULL) {
+    if (load_slurm(opts, envp, slurm_nodes, ps, err, err_len) != 0) goto out;
+  }
   if (decide_ranks(opts, envp, ps, err, err_len) != 0) goto out;
   if (decide_dirs(opts, envp, ps, err, err_len) != 0) goto out;
   if (resolve_mpi(envp, ps, err, err_len) != 0) goto out;
@@ -322,7 +412,7 @@ int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_stor
   p->is_root = geteuid() == 0;
   p->cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (p->cores < 1) p->cores = 1;
-  p->hosts = opts->hostfile != NULL ? &ps->hosts : NULL;
+  p->hosts = ps->hosts.count > 0 ? &ps->hosts : NULL;
   p->interpreter = is_python ? ps->interpreter : NULL;
   p->program = ps->program;
   int hosts = p->hosts != NULL ? p->hosts->count : 1;

@@ -21,13 +21,18 @@ typedef struct {
   char self[PATH_MAX];
   char run_dir[PATH_MAX];
   char workdir[PATH_MAX];
-  char summary[512]; /* one line: ranks, hosts, devices */
+  char summary[512];      /* one line: ranks, hosts, devices */
+  char hosts_from[1024];  /* where the hosts came from; empty for this host only */
+  const char *hosts_kind; /* "the hostfile" or "the Slurm allocation", for messages */
+  int slurm_per_node;     /* the allocation's tasks per node, when they decide the ranks */
 } tnt__plan_storage_t;
 
 /*
- * Fills ps from the options and the environment. Prints warnings (no GPU
- * where one was expected, Tarantella missing from the interpreter) on
- * stderr. Returns 0, or -1 with a message in err. Release ps with
+ * Fills ps from the options and the environment. The hosts are those of
+ * the hostfile; else, inside a Slurm allocation (SLURM_JOB_NODELIST or
+ * SLURM_NODELIST set), the allocation's nodes; else this host. Prints
+ * warnings (no GPU where one was expected, Tarantella missing from the
+ * interpreter) on stderr. Returns 0, or -1 with a message in err. Release ps with
  * tnt__plan_free either way.
  */
 int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
