@@ -171,6 +171,96 @@ def test_local_host_works_as_a_name(launcher, prog, tmp_path):
     assert words[words.index("--host") + 1] == "localhost:1"
 
 
+# ------------------------------------------------------ Slurm allocations
+# The variables as Slurm sets them in an `salloc` shell or an `sbatch`
+# script; test_slurm.py runs the launcher inside a real allocation.
+
+def slurm_env(**extra):
+    env = base_env(SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node[01-02],gpu5",
+                   SLURM_NODELIST="node[01-02],gpu5", SLURM_TASKS_PER_NODE="2(x3)")
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def test_slurm_allocation_gives_hosts_and_ranks_per_node(launcher, prog):
+    words, _, out, err = dry(["--", prog], env=slurm_env())
+    assert words[words.index("--host") + 1] == "node01:2,node02:2,gpu5:2"
+    assert words[words.index("-np") + 1] == "6"
+    assert ("--oversubscribe" in words) == (os.cpu_count() < 2)
+    assert "# 6 ranks on 3 hosts (2 per host), on the CPU" in out
+    assert ("# hosts from the Slurm allocation, job 42: SLURM_JOB_NODELIST=node[01-02],gpu5; "
+            "2 rank(s) per node from SLURM_TASKS_PER_NODE=2(x3)\n") in out
+    assert "warning" not in err
+    # What --ntasks-per-node asked for decides when Slurm tells it.
+    words, _, out, _ = dry(["--", prog], env=slurm_env(SLURM_NTASKS_PER_NODE="1"))
+    assert words[words.index("--host") + 1] == "node01:1,node02:1,gpu5:1"
+    assert "1 rank(s) per node from SLURM_NTASKS_PER_NODE=1" in out
+    # The options win over the allocation's tasks; more ranks on a node than
+    # the allocation gives it need --oversubscribe, as Open MPI counts slots
+    # from the allocation.
+    words, _, out, _ = dry(["--n-per-node", "3", "--", prog], env=slurm_env())
+    assert words[words.index("--host") + 1] == "node01:3,node02:3,gpu5:3"
+    assert "--oversubscribe" in words
+    assert "# hosts from the Slurm allocation, job 42: SLURM_JOB_NODELIST=node[01-02],gpu5\n" in out
+    words, *_ = dry(["-n", "3", "--", prog], env=slurm_env())
+    assert words[words.index("--host") + 1] == "node01:1,node02:1,gpu5:1"
+    proc = run_launcher(["--dry-run", "-n", "4", "--", prog], env=slurm_env())
+    assert proc.returncode == 2
+    assert ("-n 4 does not split evenly over the 3 hosts of the Slurm allocation; give a "
+            "multiple of 3, or --n-per-node") in proc.stderr
+    # Uneven tasks are fine when the options give the ranks per node.
+    words, *_ = dry(["--n-per-node", "1", "--", prog], env=slurm_env(SLURM_TASKS_PER_NODE="2,1,2"))
+    assert words[words.index("--host") + 1] == "node01:1,node02:1,gpu5:1"
+    assert "--oversubscribe" not in words
+    # The older name of the node list; a single node is still the
+    # allocation's (the launcher may run on a login node outside it).
+    words, _, out, _ = dry(["--", prog], env=slurm_env(SLURM_JOB_NODELIST=None,
+                                                       SLURM_NODELIST="cn7",
+                                                       SLURM_TASKS_PER_NODE="4"))
+    assert words[words.index("--host") + 1] == "cn7:4"
+    assert "# 4 ranks on cn7, on the CPU" in out
+    assert "SLURM_NODELIST=cn7; 4 rank(s) per node from SLURM_TASKS_PER_NODE=4" in out
+
+
+def test_hostfile_wins_over_slurm(launcher, prog, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\n")
+    # Not even read: a broken allocation does not matter.
+    env = slurm_env(SLURM_JOB_NODELIST="node[1-", SLURM_TASKS_PER_NODE="x")
+    words, _, out, _ = dry(["--hostfile", str(hosts), "--", prog], env=env)
+    assert words[words.index("--host") + 1] == "a:1,b:1"
+    assert (f"# hosts from the hostfile {hosts} (not the nodes of the Slurm allocation: "
+            "--hostfile wins)") in out
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SLURM_JOB_NODELIST": "node[1-3"},
+     "SLURM_JOB_NODELIST=node[1-3: 'node[1-3': '[' without its ']' (inside a Slurm allocation "
+     "tarantella runs on its nodes; give --hostfile to choose the hosts yourself)"),
+    ({"SLURM_JOB_NODELIST": "n[3-1]"}, "'n[3-1]': the range 3-1 runs backwards"),
+    ({"SLURM_JOB_NODELIST": "n[1-2],n2"}, "host 'n2' is listed twice"),
+    ({"SLURM_TASKS_PER_NODE": "2(x"}, "SLURM_TASKS_PER_NODE=2(x: '2(x' is not a task count"),
+    ({"SLURM_TASKS_PER_NODE": "2(x2)"},
+     "SLURM_TASKS_PER_NODE=2(x2) gives the tasks of 2 node(s), but "
+     "SLURM_JOB_NODELIST=node[01-02],gpu5 names 3"),
+    ({"SLURM_TASKS_PER_NODE": "2(x2),1"},
+     "the nodes of the Slurm allocation hold different numbers of tasks "
+     "(SLURM_TASKS_PER_NODE=2(x2),1), but tarantella places the same number of ranks on every "
+     "node: give it with --n-per-node, or allocate with --ntasks-per-node"),
+    ({"SLURM_TASKS_PER_NODE": None},
+     "SLURM_JOB_NODELIST is set but neither SLURM_TASKS_PER_NODE nor SLURM_NTASKS_PER_NODE is: "
+     "give the ranks per node with --n-per-node"),
+    ({"SLURM_NTASKS_PER_NODE": "2,2"}, "SLURM_NTASKS_PER_NODE=2,2: expected one number"),
+    ({"SLURM_NTASKS_PER_NODE": "0"}, "SLURM_NTASKS_PER_NODE=0: '0' is not a task count"),
+], ids=["unclosed", "backwards", "twice", "tasks", "tasks-count", "uneven", "no-tasks",
+        "ntasks-list", "ntasks-zero"])
+def test_slurm_variables_that_cannot_work(launcher, prog, env, message):
+    proc = run_launcher(["--", prog], env=slurm_env(**env))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("tarantella: error: ") and message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
 def test_logging_output_and_fusion_options(launcher, prog):
     words, exports, _, _ = dry(["--log-level", "debug", "--log-on-all-devices",
                                 "--output-on-all-devices", "--fusion-threshold", "64",
