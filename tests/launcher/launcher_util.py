@@ -1,13 +1,21 @@
 """Helpers of the launcher tests: finding the launcher, running it with a
-deadline, and looking for processes left behind."""
+deadline, looking for processes left behind, and the simulated cluster
+(tests/launcher/sim_cluster.sh)."""
+import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
 import time
+import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 QUICK_START = os.path.join(ROOT, "examples", "quick_start.py")
+SIM = os.path.join(HERE, "sim_cluster.sh")
 
 
 def launcher_path():
@@ -94,3 +102,52 @@ def kill_leftovers(marker):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def cluster_skip_reason():
+    """Why the simulated cluster cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "the simulated cluster needs root (network namespaces)"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"the simulated cluster needs {tool}"
+    probe = f"tnt-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create network namespaces here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def free_octet():
+    """A 169.254.X.0/24 network that no interface of this machine uses."""
+    used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+    for _ in range(100):
+        octet = random.randint(16, 250)
+        if f"169.254.{octet}." not in used:
+            return octet
+    pytest.skip("no free link-local network for the simulated cluster")
+
+
+@contextlib.contextmanager
+def sim_cluster(prefix, names):
+    """Simulated hosts named PREFIX-ID-NAME, for NAME in names; yields (hosts,
+    network, the address of this machine on it). Every process left in a
+    host is killed and the hosts are removed at the end, whatever happens."""
+    sim_id = uuid.uuid4().hex[:6]
+    hosts = [f"{prefix}-{sim_id}-{name}" for name in names]
+    octet = free_octet()
+    up = subprocess.run([SIM, "up", sim_id, str(octet)] + hosts, capture_output=True, text=True)
+    try:
+        assert up.returncode == 0, f"cannot create the simulated cluster:\n{up.stderr}"
+        yield hosts, f"169.254.{octet}.0/24", f"169.254.{octet}.1"
+    finally:
+        for host in hosts:
+            pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        subprocess.run([SIM, "down", sim_id] + hosts, capture_output=True)

@@ -1,10 +1,11 @@
 """A small rank program for the launcher tests (no TensorFlow, so it starts
 at once): reports what the launcher gave it, then fails or waits on demand.
 
-    rank_program.py [--fail-rank R] [--code C] [--raise-rank R] [--sleep S] [--pin]
+    rank_program.py [--fail-rank R] [--code C] [--raise-rank R] [--sleep S] [--pin] [--where]
 """
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -14,7 +15,23 @@ parser.add_argument("--raise-rank", type=int, default=-1)
 parser.add_argument("--code", type=int, default=3)
 parser.add_argument("--sleep", type=float, default=0)
 parser.add_argument("--pin", action="store_true")
+parser.add_argument("--where", action="store_true",
+                    help="print the host and the names of the processes this one runs under")
 args = parser.parse_args()
+
+
+def ancestors():
+    """The command names of the parent, its parent, ... up to the first process."""
+    names = []
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        names.append(stat[stat.index("(") + 1:stat.rindex(")")])
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return names
+
 
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
 size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
@@ -22,6 +39,8 @@ print(f"rank {rank} of {size}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBL
       f" FOO={os.environ.get('FOO')!r} TNT_LOG_LEVEL={os.environ.get('TNT_LOG_LEVEL')!r}")
 print(f"[tnt {rank}/{size}] WARNING: library message from rank {rank}", file=sys.stderr)
 print(f"plain stderr from rank {rank}", file=sys.stderr)
+if args.where:
+    print(f"rank {rank} of {size} on {socket.gethostname()} under {','.join(ancestors())}")
 if args.pin:
     with open("/proc/self/numa_maps") as f:
         policies = {line.split()[1] for line in f if len(line.split()) > 1}

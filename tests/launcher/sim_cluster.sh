@@ -8,6 +8,7 @@
 #   sim_cluster.sh up ID OCTET HOST...   create the hosts; 169.254.OCTET.0/24 is their network
 #   sim_cluster.sh down ID HOST...       remove them again
 #   sim_cluster.sh agent HOST CMD...     run CMD on HOST (Open MPI's plm_rsh_agent)
+#   sim_cluster.sh daemon HOST PROG ARG... run a daemon of HOST (a Slurm slurmd)
 #
 # ID is a short unique word (up to 6 characters) that names this run's
 # links, so that runs never touch each other's.
@@ -49,6 +50,15 @@ case $cmd in
     shift
     exec ip netns exec "$host" unshare --uts --mount sh -c \
       'hostname "$1" && mount -t tmpfs tmpfs /dev/shm && exec sh -c "$2"' agent "$host" "$*"
+    ;;
+  daemon)
+    # Like agent, but the program and its arguments are given as words, and
+    # it enters only the host's network: `ip netns exec` would mount a /sys
+    # of its own, hiding the cgroup file systems that slurmd looks for.
+    host=$1
+    shift
+    exec nsenter --net="/var/run/netns/$host" unshare --uts --mount sh -c \
+      'hostname "$1" && mount -t tmpfs tmpfs /dev/shm && shift && exec "$@"' daemon "$host" "$@"
     ;;
   *)
     echo "sim_cluster.sh: unknown command $cmd" >&2

@@ -3,66 +3,46 @@ namespace with its own host name and /dev/shm, joined to this machine by a
 bridge with link-local addresses on links the test creates; Open MPI
 reaches the hosts through sim_cluster.sh as its remote-launch agent.
 The quick start trained on 4 ranks across the two hosts must give the same
-weights as on 4 ranks of one host. Needs root; skipped otherwise."""
+weights as on 4 ranks of one host, and libtnt's allreduce on 2 hosts x 2
+ranks must work in shared memory within each host and over the network
+across them. Needs root; skipped otherwise."""
+import json
 import os
-import random
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 
 import numpy as np
 import pytest
 
-from launcher_util import (QUICK_START, base_env, kill_leftovers, processes_with, read_status,
-                           run_launcher, start_launcher, wait_for)
+from launcher_util import (HERE, QUICK_START, SIM, base_env, cluster_skip_reason,
+                           kill_leftovers, processes_with, read_status, run_launcher,
+                           sim_cluster, start_launcher, wait_for)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SIM = os.path.join(HERE, "sim_cluster.sh")
 PROGRAM = os.path.join(HERE, "rank_program.py")
 
 
-def skip_reason():
-    if os.geteuid() != 0:
-        return "the simulated cluster needs root (network namespaces)"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"the simulated cluster needs {tool}"
-    probe = f"tnt-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create network namespaces here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+def bench_path(launcher):
+    """tnt-bench of the launcher's build tree, or else the one on PATH."""
+    build = os.path.dirname(os.path.dirname(os.path.dirname(launcher)))
+    built = os.path.join(build, "tools", "tnt-bench")
+    found = built if os.path.exists(built) else shutil.which("tnt-bench")
+    if found is None:
+        pytest.fail(f"no tnt-bench: build it (make build) beside {launcher}, or install it")
+    return found
 
-
-pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
-
-
-def free_octet():
-    """A 169.254.X.0/24 network that no interface of this machine uses."""
-    used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
-    for _ in range(100):
-        octet = random.randint(16, 250)
-        if f"169.254.{octet}." not in used:
-            return octet
-    pytest.skip("no free link-local network for the simulated cluster")
+pytestmark = pytest.mark.skipif(cluster_skip_reason() is not None,
+                                reason=str(cluster_skip_reason()))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Two simulated hosts; yields (hostfile, environment for the launcher, hosts)."""
-    sim_id = uuid.uuid4().hex[:6]
-    hosts = [f"tnt-sim-{sim_id}-a", f"tnt-sim-{sim_id}-b"]
-    octet = free_octet()
-    up = subprocess.run([SIM, "up", sim_id, str(octet)] + hosts, capture_output=True, text=True)
-    try:
-        assert up.returncode == 0, f"cannot create the simulated cluster:\n{up.stderr}"
+    with sim_cluster("tnt-sim", ["a", "b"]) as (hosts, net, _):
         d = tmp_path_factory.mktemp("cluster")
         hostfile = d / "hostfile"
         hostfile.write_text(f"# the simulated cluster\n{hosts[0]}\n\n{hosts[1]}  # second host\n")
-        net = f"169.254.{octet}.0/24"
         env = base_env(
             # Open MPI starts its daemon on each host through the agent, as it
             # would through ssh, and talks to the hosts over their network only.
@@ -73,16 +53,6 @@ def cluster(tmp_path_factory):
             OMPI_MCA_btl="self,vader,tcp",
             TF_CPP_MIN_LOG_LEVEL="3")
         yield str(hostfile), env, hosts
-    finally:
-        for host in hosts:
-            pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
-                                  text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-        subprocess.run([SIM, "down", sim_id] + hosts, capture_output=True)
 
 
 @pytest.fixture
@@ -168,3 +138,40 @@ def test_rank_killed_on_a_remote_host(launcher, cluster, marked):
     assert elapsed < 30, f"the launcher took {elapsed:.0f} s"
     assert f"rank 3 on host {hosts[1]} failed: it was killed by signal 9" in err, err
     assert wait_for(lambda: not processes_with(marker), 10), processes_with(marker)
+
+
+def test_two_ranks_per_host_share_memory_within_and_use_the_network_across(launcher, cluster,
+                                                                           marked):
+    """libtnt groups the ranks by host (MPI's shared-memory split, which
+    the namespaces keep apart) and chooses its hierarchical allreduce: a
+    shared-memory reduction within each host and a ring across the hosts.
+    tnt-bench checks every result exactly; small slots make the vector take
+    three segments, the last a partial one."""
+    hostfile, env, hosts = cluster
+    marker, d = marked
+    run_dir = os.path.join(d, "run")
+    results = os.path.join(d, "bench.json")
+    start = time.monotonic()
+    proc = run_launcher(["--hostfile", hostfile, "--n-per-node", "2", "--log-level", "DEBUG",
+                         "--log-on-all-devices", "-x", "TNT_SHM_SLOT_KB=16", "--run-dir", run_dir,
+                         "--", bench_path(launcher), "allreduce", "--min", "40K", "--max", "40K",
+                         "--iters", "1", "--json", results], env=env, timeout=180)
+    print(f"tnt-bench on 2 hosts x 2 ranks: {time.monotonic() - start:.1f} s")
+    # tnt-bench exits 1 when a result was wrong, 3 when libtnt failed.
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(results) as f:
+        bench = json.load(f)
+    assert (bench["ranks"], bench["hosts"], bench["max_ranks_per_host"]) == (4, 2, 2), bench
+    rows = bench["rows"]
+    assert [row["bytes"] for row in rows] == [40960], rows
+    assert all(row["ok"] for row in rows), rows
+    # "shm" is usable across hosts only when every host holds several ranks
+    # that share memory, and the ranks of each host are on the same ring
+    # across the hosts (libtnt's algorithm table, --list).
+    assert {row["algorithm"] for row in rows} == {"shm"}, rows
+    for r in range(4):
+        with open(os.path.join(run_dir, f"rank{r}.log")) as f:
+            log = f.read()
+        assert f"[tnt {r}/4] DEBUG: context ready: 4 ranks on 2 hosts" in log, log
+        assert "shared memory is not available" not in log, log
+        assert read_status(run_dir, r)["host"] == hosts[r // 2]

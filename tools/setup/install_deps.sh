@@ -10,9 +10,14 @@ set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
 
-# graphviz and pydot: keras.utils.plot_model in the tests
+# graphviz and pydot: keras.utils.plot_model in the tests; slurmctld, slurmd
+# and slurm-client: the launcher's test in a real Slurm allocation
+# (tests/launcher/test_slurm.py starts its own daemons with a configuration
+# of its own; the packages' services need /etc/slurm/slurm.conf, which this
+# script does not write, so they stay off)
 DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev
-              clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist graphviz)
+              clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist graphviz
+              slurmctld slurmd slurm-client)
 # name as pip knows it, and the module that shows it is importable. TensorFlow
 # is installed only where none imports: tensorflow-cpu, as the CI machines
 # have no GPU; a machine with `tensorflow` (the GPU-capable package) keeps it,
