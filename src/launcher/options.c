@@ -28,8 +28,11 @@ const char tnt__usage_text[] =
     "Where and how many:\n"
     "  -n, -np N                 N ranks in all (default: one per GPU, or one on the CPU)\n"
     "  --hostfile FILE           run on the hosts listed in FILE, one name per line\n"
+    "                            (default: inside a Slurm allocation its nodes,\n"
+    "                            else this host)\n"
     "  --n-per-node N            N ranks on every host (aliases --npernode,\n"
-    "                            --devices-per-node)\n"
+    "                            --devices-per-node; default in a Slurm allocation:\n"
+    "                            its tasks per node)\n"
     "  --no-gpu                  run on CPUs, even where there are GPUs\n"
     "\n"
     "Logging and output:\n"
@@ -55,7 +58,8 @@ const char tnt__usage_text[] =
     "Examples:\n"
     "  tarantella -- model.py --batch_size=64\n"
     "  tarantella -n 4 --no-gpu -- model.py\n"
-    "  tarantella --hostfile hosts --n-per-node 2 --pin-to-socket -- model.py\n";
+    "  tarantella --hostfile hosts --n-per-node 2 --pin-to-socket -- model.py\n"
+    "  salloc -N 2 --ntasks-per-node 4 tarantella -- model.py\n";
 
 typedef enum {
   OPT_NRANKS,
