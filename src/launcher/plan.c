@@ -232,6 +232,17 @@ static const char *slurm_nodes_var(char *const *envp) {
 static int load_slurm(const tnt__options_t *opts, char *const *envp, const char *nodes_var,
                       tnt__plan_storage_t *ps, char *err, size_t err_len) {
   const char *nodes = env_get(envp, nodes_var);
+  /* In a job step, srun has set the task variables to the step's. */
+  const char *step = env_get(envp, "SLURM_STEP_ID");
+  if (step != NULL && *step != '\0') {
+    tnt__errorf(err, err_len,
+                "tarantella runs in a Slurm job step (SLURM_STEP_ID=%s: under srun), whose "
+                "variables describe the step, not the allocation; start it once in the allocation "
+                "itself (in the sbatch script or the salloc shell), not under srun: it starts the "
+                "ranks on every node",
+                step);
+    return -1;
+  }
   char msg[768] = "";
   if (tnt__slurm_hostlist_parse(nodes, &ps->hosts, msg, sizeof msg) != 0) {
     tnt__errorf(err, err_len,

@@ -252,8 +252,9 @@ def test_hostfile_wins_over_slurm(launcher, prog, tmp_path):
      "give the ranks per node with --n-per-node"),
     ({"SLURM_NTASKS_PER_NODE": "2,2"}, "SLURM_NTASKS_PER_NODE=2,2: expected one number"),
     ({"SLURM_NTASKS_PER_NODE": "0"}, "SLURM_NTASKS_PER_NODE=0: '0' is not a task count"),
+    ({"SLURM_STEP_ID": "0"}, "tarantella runs in a Slurm job step (SLURM_STEP_ID=0: under srun)"),
 ], ids=["unclosed", "backwards", "twice", "tasks", "tasks-count", "uneven", "no-tasks",
-        "ntasks-list", "ntasks-zero"])
+        "ntasks-list", "ntasks-zero", "step"])
 def test_slurm_variables_that_cannot_work(launcher, prog, env, message):
     proc = run_launcher(["--", prog], env=slurm_env(**env))
     assert proc.returncode == 2, proc.stderr

@@ -230,3 +230,18 @@ def test_salloc_with_more_ranks_per_node_than_tasks(launcher, slurm, marked):
     check_placement(where(proc.stdout), hosts, None)
     assert "tarantella: 4 ranks on 2 hosts (2 per host), on the CPU" in proc.stderr
     assert f"SLURM_JOB_NODELIST={hosts[0][:-1]}[1-2]\n" in proc.stderr, proc.stderr
+
+
+def test_under_srun_is_refused(launcher, slurm, marked):
+    """Under srun every task would start a whole run, and the task variables
+    describe the step: a clear message instead."""
+    env, hosts, d = slurm
+    proc = subprocess.run(["salloc", "-N", "2", "-n", "2", "--time", "2", "srun", "-N", "1", "-n",
+                           "1", launcher_path(), "--run-dir", str(marked / "run"), "--",
+                           str(marked / "rank_program.py")],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=marked,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
+    assert ("tarantella: error: tarantella runs in a Slurm job step (SLURM_STEP_ID=0: under "
+            "srun)") in proc.stderr, proc.stderr
+    assert not os.path.exists(marked / "run")
