@@ -253,8 +253,11 @@ static int load_slurm(const tnt__options_t *opts, char *const *envp, const char 
   }
   ps->hosts_kind = "the Slurm allocation";
   const char *job = env_get(envp, "SLURM_JOB_ID");
-  int used = snprintf(ps->hosts_from, sizeof ps->hosts_from, "the Slurm allocation%s%s: %s=%s",
-                      job != NULL ? ", job " : "", job != NULL ? job : "", nodes_var, nodes);
+  size_t used =
+      (size_t)snprintf(ps->hosts_from, sizeof ps->hosts_from, "the Slurm allocation%s%s: %s=%s",
+                       job != NULL ? ", job " : "", job != NULL ? job : "", nodes_var, nodes);
+  /* A long node list is cut; what follows it is then left out. */
+  if (used >= sizeof ps->hosts_from) used = sizeof ps->hosts_from - 1;
   /* The allocation's tasks on each node: Open MPI's slots there. */
   const char *tasks = env_get(envp, "SLURM_TASKS_PER_NODE");
   int count = 0, fewest = 0, most = 0;
@@ -300,8 +303,8 @@ static int load_slurm(const tnt__options_t *opts, char *const *envp, const char 
     asked = tasks;
     ps->slurm_per_node = fewest;
   }
-  snprintf(ps->hosts_from + used, sizeof ps->hosts_from - (size_t)used,
-           "; %d rank(s) per node from %s=%s", ps->slurm_per_node, source, asked);
+  snprintf(ps->hosts_from + used, sizeof ps->hosts_from - used, "; %d rank(s) per node from %s=%s",
+           ps->slurm_per_node, source, asked);
   return 0;
 }
 

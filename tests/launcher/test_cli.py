@@ -222,6 +222,18 @@ def test_slurm_allocation_gives_hosts_and_ranks_per_node(launcher, prog):
     assert "SLURM_NODELIST=cn7; 4 rank(s) per node from SLURM_TASKS_PER_NODE=4" in out
 
 
+def test_slurm_allocation_of_many_nodes(launcher, prog):
+    """A node list longer than the log line holds (1023 characters): the line is cut."""
+    nodes = ",".join(f"node{i}" for i in range(400))
+    words, _, out, _ = dry(["--", prog], env=slurm_env(SLURM_JOB_NODELIST=nodes,
+                                                       SLURM_TASKS_PER_NODE="1(x400)"))
+    assert words[words.index("-np") + 1] == "400"
+    assert words[words.index("--host") + 1] == ",".join(f"node{i}:1" for i in range(400))
+    assert "# 400 ranks on 400 hosts (1 per host), on the CPU" in out
+    line = next(l for l in out.splitlines() if l.startswith("# hosts from the Slurm allocation"))
+    assert len(line) == len("# hosts from ") + 1023 and nodes.startswith(line.split("SLURM_JOB_NODELIST=")[1])
+
+
 def test_hostfile_wins_over_slurm(launcher, prog, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("a\nb\n")

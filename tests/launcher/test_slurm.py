@@ -29,8 +29,8 @@ def skip_reason():
         return reason
     missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
     if missing:
-        return (f"Slurm is not installed ({', '.join(missing)} missing): "
-                "tools/setup/install_deps.sh installs it")
+        return (f"{', '.join(missing)} not found (tools/setup/install_deps.sh installs Slurm; "
+                "nsenter comes with util-linux)")
     return None
 
 
@@ -127,7 +127,7 @@ def slurm(tmp_path_factory):
                                         capture_output=True, text=True, timeout=10).stdout
                 return states.split() == ["idle", "idle"]
 
-            assert wait_for(idle, 30), f"the Slurm nodes did not come up:\n{logs(d)}"
+            assert wait_for(idle, 60), f"the Slurm nodes did not come up:\n{logs(d)}"
             yield env, hosts, d
         finally:
             # SIGTERM lets slurmctld end its helper (slurmscriptd) too.
