@@ -914,12 +914,13 @@ def _pipeline_bubble(results, stages, plt, targets):
                 image("pipeline_timeline.png", results), ""]
     rows = [[f"{r['stages']}{' *' if r.get('oversubscribed') else ''}", r["micro_batches"],
              f2(r["step_ms"]), f2(r["t_stage_ms"]), f2(r["ideal_ms"]),
-             f"{r['ratio_to_ideal']:.3f}",
+             f"{r['ratio_to_ideal']:.3f}", f2(r.get("t_stage_busy_ms")),
+             f2(r.get("ratio_to_busy_ideal"), 3),
              " ".join(f"{q:.2f}" for q in r.get("fit_ratios", [])) or "-",
              f2(r.get("ratio_of_minima"), 3), f"{r['gpipe_bound']:.3f}",
              f"{r['measured_idle_share']:.3f}"] for r in res]
     out.append(table(["stages K", "M", "step ms", "t_stage ms", "ideal ms", "step / ideal",
-                      "per fit", "fastest step / fastest", "GPipe bound",
+                      "t_stage busy ms", "step / busy ideal", "per fit", "fastest step / fastest", "GPipe bound",
                       "idle share measured"], rows))
     out += ["", "Per fit: each fit's median step against the t_stage timed just before it; a "
             "wide spread means other work on the host. Fastest step / fastest: the fastest "
