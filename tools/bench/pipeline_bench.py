@@ -289,7 +289,7 @@ def bubble_worker(args):
         model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
         models[m], data[m] = model, ds.cache()
     timer = step_timer(keras)
-    measure = stage_timer(tf, keras) if rank == 0 else None
+    measure = stage_timer(tf, keras)
     turn = Turn(args.work, rank)
     fits = {m: [] for m in ms}
     for rep in range(args.reps):
