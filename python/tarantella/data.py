@@ -6,23 +6,23 @@ when ``r < b % P``. Every rank therefore runs the same number of steps, even
 when b is not a multiple of P and for a partial last batch; the gradient
 reduction weights each rank by its sample count, so training equals serial
 training with the global batch.
+
+Each rank prepares only its share: where the maps between the dataset's
+source and its batch are element-wise and deterministic (or the user marked
+the place with ``shard_here()``), a rank selects its rows of every global
+batch before those maps and batches them alone, so it maps about 1/P of the
+samples. ``TNT_DATA_SHARE=0`` turns this off; where it is not safe, every
+rank runs the whole pipeline and keeps its slice, and the log says why.
 """
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _tf_data_internals as tfdi
 from tarantella import log
 from tarantella import runtime
-
-# Dataset classes that batch, and those that undo batching. tf.data keeps
-# them private, so they are recognised by name.
-_BATCH = {"BatchDataset", "_BatchDataset", "ParallelBatchDataset", "_ParallelBatchDataset",
-          "PaddedBatchDataset", "_PaddedBatchDataset", "DenseToRaggedBatchDataset",
-          "_DenseToRaggedDataset"}
-_UNBATCH = {"UnbatchDataset", "_UnbatchDataset", "RebatchDataset", "_RebatchDataset"}
-_SOURCES = {"TensorSliceDataset", "_TensorSliceDataset", "RangeDataset", "_RangeDataset",
-            "TensorDataset", "_TensorDataset", "TFRecordDatasetV2", "TextLineDatasetV2",
-            "FixedLengthRecordDatasetV2", "_GeneratorDataset"}
 
 
 class BatchInfo:
@@ -39,17 +39,15 @@ def batch_info(dataset):
     """Walks the dataset's transformations back to its source."""
     ds = dataset
     for _ in range(1000):
-        name = type(ds).__name__
-        if name in _BATCH:
-            size = tf.get_static_value(getattr(ds, "_batch_size", None))
-            drop = tf.get_static_value(getattr(ds, "_drop_remainder", None))
-            return BatchInfo(True, None if size is None else int(size),
-                             None if drop is None else bool(drop))
-        if name in _UNBATCH:
+        if isinstance(ds, tfdi.SharedBatches):
+            return BatchInfo(True, ds.global_batch, ds.drop_remainder)
+        name = tfdi.kind(ds)
+        if name in tfdi.BATCH:
+            size, drop = tfdi.batch_params(ds)
+            return BatchInfo(True, size, drop)
+        if name in tfdi.UNBATCH or name in tfdi.SOURCES:
             return BatchInfo(False)
-        if name in _SOURCES:
-            return BatchInfo(False)
-        nxt = getattr(ds, "_input_dataset", None)
+        nxt = tfdi.input_of(ds)
         if nxt is None:
             return BatchInfo(None)
         ds = nxt
@@ -93,6 +91,7 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     rank; a pipeline's replicas share one part among their stages.
     """
     part, size = parts if parts is not None else (runtime.get_rank(), runtime.get_size())
+    given = dataset
     info = batch_info(dataset)
     if micro_batch_size is not None:
         if not runtime._is_whole_number(micro_batch_size) or micro_batch_size <= 0:
@@ -124,7 +123,168 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     dataset = without_autotune_stalls(dataset)
     if size == 1:
         return dataset
+    shared = share(dataset, part, size, what, given)
+    if shared is not None:
+        return shared
     return dataset.map(_slicer(part, size))
+
+
+def shard_here():
+    """Marks where each rank may select its share of the samples, for
+    ``dataset.apply``: ``ds.apply(tnt.data.shard_here()).map(decode).batch(64)``.
+
+    Every transformation between the mark and the batch must be a ``map``
+    (or ``prefetch``) that turns one sample into one sample, whatever the
+    other samples: Tarantella then maps only this rank's rows of every global
+    batch, even where it cannot prove the maps deterministic by itself (a
+    ``tf.py_function``, say). Without distribution the mark changes nothing."""
+    return tfdi.ShardHere
+
+
+# Datasets whose sharing was already logged, so that each is logged once.
+_reported = weakref.WeakSet()
+
+
+def _report(dataset, what, message, *args):
+    try:
+        if dataset in _reported:
+            return
+        _reported.add(dataset)
+    except TypeError:
+        pass
+    log.logger.info("%s dataset: " + message, what, *args)
+
+
+class _Plan:
+    """How a rank's share is built: `base` (the chain up to the selection,
+    run as it is), `moved` (the maps and prefetches that follow the
+    selection, in order), the batch's size and drop_remainder, and `after`
+    (the prefetches after the batch, in order)."""
+
+    def __init__(self, base, moved, batch_size, drop, after):
+        self.base, self.moved, self.after = base, moved, after
+        self.batch_size, self.drop = batch_size, drop
+
+
+def _find_mark(dataset):
+    ds = dataset
+    while ds is not None and tfdi.kind(ds) not in tfdi.BATCH | tfdi.UNBATCH:
+        if isinstance(ds, tfdi.ShardHere):
+            return ds
+        ds = tfdi.input_of(ds)
+    return None
+
+
+def _plan(dataset):
+    """(a _Plan, None) where sharing is safe, else (None, the reason)."""
+    after, ds = [], dataset
+    while tfdi.kind(ds) in tfdi.PREFETCH | tfdi.OPTIONS:
+        after.append(ds)
+        ds = tfdi.input_of(ds)
+    name = tfdi.kind(ds)
+    if name not in tfdi.BATCH:
+        return None, f"a transformation ({name}) follows the batch"
+    if name not in tfdi.PLAIN_BATCH:
+        return None, f"its batching ({name}) depends on every row of the global batch"
+    batch_size, drop = tfdi.batch_params(ds)
+    if batch_size is None or drop is None:
+        return None, "its batch size or drop_remainder is not a constant"
+    mark = _find_mark(tfdi.input_of(ds))
+    moved, ds = [], tfdi.input_of(ds)
+    reason = None
+    while ds is not mark:
+        name = tfdi.kind(ds)
+        if name in tfdi.MAP and mark is None and tfdi.stateful_ops(ds):
+            reason = (f"a map holds stateful ops ({', '.join(tfdi.stateful_ops(ds))}) whose "
+                      "results depend on the samples mapped before; tnt.data.shard_here() "
+                      "marks where sharing may start")
+        elif name not in tfdi.MAP | tfdi.PREFETCH | tfdi.OPTIONS:
+            reason = f"no map comes between {name} and the batch"
+        if reason is not None:
+            if mark is not None:
+                raise runtime.TarantellaError(
+                    f"tnt.data.shard_here() is followed by {name} before the batch; only "
+                    "map and prefetch may come between the mark and the batch: move the mark "
+                    f"after the {name}")
+            break
+        moved.append(ds)
+        ds = tfdi.input_of(ds)
+    if mark is not None:
+        ds = tfdi.input_of(mark)
+    if not any(tfdi.kind(m) in tfdi.MAP for m in moved):
+        return None, reason or "no map comes between tnt.data.shard_here() and the batch"
+    moved.reverse()
+    after.reverse()
+    return _Plan(ds, moved, batch_size, drop, after), None
+
+
+def _selector(part, size, batch_size, drop, count):
+    """The predicate on (index, sample) that keeps this rank's rows of each
+    global batch, for `count` samples (-1: endless). None where a rank would
+    get no row of the last batch."""
+    full = micro_batch_sizes(batch_size, size)
+    begin, end = sum(full[:part]), sum(full[:part + 1])
+    last = count % batch_size if count >= 0 else 0
+    last_start = count - last
+    if last and not drop and min(micro_batch_sizes(last, size)) == 0:
+        return None
+    if last and not drop:
+        tail = micro_batch_sizes(last, size)
+        tail_begin, tail_end = sum(tail[:part]), sum(tail[:part + 1])
+
+    def keep(index, _):
+        pos = index % batch_size
+        mine = (pos >= begin) & (pos < end)
+        if not last:
+            return mine
+        in_last = index >= last_start
+        if drop:
+            return mine & tf.logical_not(in_last)
+        return tf.where(in_last, (pos >= tail_begin) & (pos < tail_end), mine)
+    return keep
+
+
+def share(dataset, part, size, what="training", given=None):
+    """This rank's micro-batches of the batched `dataset`, built so that the
+    maps before the batch see only this rank's rows; None where that is off
+    or not safe (then the log says why, once per dataset `given` by the
+    user, `dataset` by default)."""
+    given = dataset if given is None else given
+    if not log.env_flag("TNT_DATA_SHARE", True):
+        return None
+    plan, reason = _plan(dataset)
+    count = None
+    if plan is not None:
+        count = tf.get_static_value(plan.base.cardinality())
+        if count is None or count == tf.data.UNKNOWN_CARDINALITY:
+            plan, reason = None, "the number of samples before the maps is unknown"
+    keep = None
+    if plan is not None:
+        keep = _selector(part, size, plan.batch_size, plan.drop, int(count))
+        if keep is None:
+            plan, reason = None, (f"its last global batch holds {count % plan.batch_size} "
+                                  f"samples, fewer than the {size} ranks")
+    if plan is None:
+        _report(given, what, "every rank runs the whole input pipeline: %s", reason)
+        return None
+    mine = plan.base.enumerate().filter(keep).map(lambda _, sample: sample)
+    for step in plan.moved:
+        if tfdi.kind(step) in tfdi.MAP:
+            mine = tfdi.remap(step, mine)
+        elif tfdi.kind(step) in tfdi.PREFETCH:
+            mine = tfdi.reprefetch(step, mine)
+    mine = mine.batch(micro_batch_sizes(plan.batch_size, size)[part])
+    if count >= 0:
+        batches = count // plan.batch_size if plan.drop else -(-count // plan.batch_size)
+        mine = mine.apply(tf.data.experimental.assert_cardinality(batches))
+    for step in plan.after:
+        if tfdi.kind(step) in tfdi.PREFETCH:
+            mine = tfdi.reprefetch(step, mine)
+    maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
+    _report(given, what, "each rank maps only its share of the samples: its rows of every "
+            "global batch are selected before %d map(s)", maps)
+    mine = tfdi.SharedBatches(mine, plan.batch_size, plan.drop)
+    return mine.with_options(dataset.options())
 
 
 def without_autotune_stalls(dataset):

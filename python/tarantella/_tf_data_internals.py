@@ -1,0 +1,108 @@
+"""The one module that reads tf.data's private structure (TensorFlow 2.21).
+
+A tf.data.Dataset keeps its transformations as a chain of private classes,
+each holding its input in `_input_dataset`. Tarantella walks that chain to
+find a dataset's batching (data.batch_info) and to select each rank's
+samples before the expensive maps (data.distribute). Everything it reads is
+named here; tests/python/test_data_share.py checks that these names still
+exist in the installed TensorFlow.
+"""
+import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.util import structure
+
+# Dataset classes by what they do; tf.data keeps them private, so they are
+# recognised by name.
+BATCH = {"BatchDataset", "_BatchDataset", "ParallelBatchDataset", "_ParallelBatchDataset",
+         "PaddedBatchDataset", "_PaddedBatchDataset", "DenseToRaggedBatchDataset",
+         "_DenseToRaggedDataset"}
+# Batching whose rows are plain rows of the input: a rank's rows batched on
+# their own equal the rank's slice of the global batch (padding and ragged
+# batching depend on the other rows of the batch).
+PLAIN_BATCH = {"_BatchDataset", "_ParallelBatchDataset"}
+UNBATCH = {"UnbatchDataset", "_UnbatchDataset", "RebatchDataset", "_RebatchDataset"}
+SOURCES = {"TensorSliceDataset", "_TensorSliceDataset", "RangeDataset", "_RangeDataset",
+           "TensorDataset", "_TensorDataset", "TFRecordDatasetV2", "TextLineDatasetV2",
+           "FixedLengthRecordDatasetV2", "_GeneratorDataset"}
+MAP = {"_MapDataset", "_ParallelMapDataset"}
+PREFETCH = {"_PrefetchDataset"}
+OPTIONS = {"_OptionsDataset"}
+# Stateful ops that give the same result whichever elements a rank maps.
+HARMLESS_STATEFUL = {"Assert"}
+
+
+def kind(dataset):
+    """The class name of the dataset's last transformation."""
+    return type(dataset).__name__
+
+
+def input_of(dataset):
+    """The dataset that `dataset`'s last transformation reads, or None."""
+    return getattr(dataset, "_input_dataset", None)
+
+
+def batch_params(dataset):
+    """(batch size, drop_remainder) of a batching dataset; None where not static."""
+    size = tf.get_static_value(getattr(dataset, "_batch_size", None))
+    drop = tf.get_static_value(getattr(dataset, "_drop_remainder", None))
+    return (None if size is None else int(size)), (None if drop is None else bool(drop))
+
+
+def stateful_ops(map_dataset):
+    """Types of the stateful ops in a map's function (random numbers,
+    Python functions, variables updates): their results depend on how many
+    elements a process mapped before."""
+    graph = map_dataset._map_func.function.graph
+    return sorted({op.type for op in graph.get_operations()
+                   if op.op_def.is_stateful and op.type not in HARMLESS_STATEFUL})
+
+
+def remap(map_dataset, dataset):
+    """`dataset` mapped with the function of `map_dataset`, with its
+    parallelism, always in order (deterministic)."""
+    wrapper = map_dataset._map_func
+
+    def call(*args):
+        element = args[0] if len(args) == 1 else args
+        flat = structure.to_tensor_list(wrapper._input_structure, element)
+        return structure.from_compatible_tensor_list(wrapper.output_structure,
+                                                     wrapper.function(*flat))
+
+    parallel = getattr(map_dataset, "_num_parallel_calls", None)
+    if parallel is None:
+        return dataset.map(call)
+    return dataset.map(call, num_parallel_calls=int(tf.get_static_value(parallel)),
+                       deterministic=True)
+
+
+def is_deterministic(map_dataset):
+    """False for a parallel map built with deterministic=False."""
+    return getattr(map_dataset, "_deterministic", "default") != "false"
+
+
+def reprefetch(prefetch_dataset, dataset):
+    """`dataset` prefetched as `prefetch_dataset` is."""
+    return dataset.prefetch(int(tf.get_static_value(prefetch_dataset._buffer_size)))
+
+
+class _PassThrough(dataset_ops.UnaryUnchangedStructureDataset):
+    """The elements of its input unchanged: a mark in the dataset's chain."""
+
+    def __init__(self, input_dataset):
+        self._input_dataset = input_dataset
+        super().__init__(input_dataset, input_dataset._variant_tensor)
+
+
+class ShardHere(_PassThrough):
+    """Where each rank may select its share of the samples (data.shard_here)."""
+
+
+class SharedBatches(_PassThrough):
+    """A rank's micro-batches, built by selecting its rows before the maps:
+    records the global batch they are part of, which its chain no longer
+    holds."""
+
+    def __init__(self, input_dataset, global_batch, drop_remainder):
+        self.global_batch = global_batch
+        self.drop_remainder = drop_remainder
+        super().__init__(input_dataset)
