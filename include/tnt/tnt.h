@@ -251,14 +251,33 @@ typedef struct tnt_tensor_info {
 } tnt_tensor_info_t;
 
 /*
+ * How a fusion set is planned and reduced. Zero-initialized options (or a
+ * NULL pointer) mean: one tensor per bucket, TNT_SUM, no compression.
+ */
+typedef struct tnt_fusion_options {
+  /* A bucket closes once it holds this many bytes of its tensors (counted
+   * in their own dtype); 0: one tensor per bucket. */
+  size_t threshold_bytes;
+  tnt_op_t op;
+  /* The dtype that float32 tensors travel in: TNT_FLOAT32 (the default)
+   * sends them as they are; TNT_FLOAT16 or TNT_BFLOAT16 sends them in 16
+   * bits (rounded to nearest even), and every step of the reduction adds
+   * in float32 and rounds its result to the wire dtype. Other dtypes always
+   * travel as they are. float16 holds magnitudes up to 65504 (larger sums
+   * become infinities) with 11 significant bits; bfloat16 has float32's
+   * range with 8. The result is bitwise identical on every rank. */
+  tnt_dtype_t wire_dtype;
+} tnt_fusion_options_t;
+
+/*
  * Plans fusion buckets for `tensors[0..n-1]`, given in the order in which
- * they are expected to become ready (backprop order). Buckets hold one dtype
- * each and close once they reach `threshold_bytes` (0: one tensor per
- * bucket). Every member of `g` must pass the same list. The set is owned
- * by the caller; free it with tnt_fusion_destroy.
+ * they are expected to become ready (backprop order), as `options` say
+ * (NULL: the defaults). Buckets hold one dtype each. Every member of `g`
+ * must pass the same list and options (TNT_ERR_MISMATCH otherwise). The
+ * set is owned by the caller; free it with tnt_fusion_destroy.
  */
 TNT_API tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
-                                       size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out);
+                                       const tnt_fusion_options_t *options, tnt_fusion_t **out);
 TNT_API tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
 
 /* Copies tensor `id` into its bucket. Once every member of a bucket has

@@ -48,9 +48,11 @@ class GradientReducer:
             tensors = [(count_id, 1, "float32")]
             tensors += [(i, n, dt) for i, n, dt in signature]
             threshold = int(runtime.threshold_kb() * 1024)
-            fusion = _core.Fusion(tensors, threshold, "sum", group=self._group)
-            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %d bytes)",
-                             len(tensors), fusion.num_buckets, threshold)
+            wire = runtime.compression()
+            fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire)
+            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %d bytes, "
+                             "float32 travels as %s)", len(tensors), fusion.num_buckets,
+                             threshold, wire or "float32")
             self._sets[signature] = fusion
         return fusion
 

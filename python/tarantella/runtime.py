@@ -45,6 +45,7 @@ def init(seed=None):
     random.seed(s)
     np.random.seed(s)
     threshold_kb()  # validate the environment early
+    compression()
     log.logger.debug("initialized: rank %d of %d, local rank %d of %d",
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
 
@@ -231,6 +232,23 @@ def threshold_kb():
             f"TNT_FUSION_THRESHOLD_KB={raw!r} is not a non-negative number of KiB "
             f"(e.g. {DEFAULT_FUSION_THRESHOLD_KB}); fix or unset it")
     return value
+
+
+# TNT_COMPRESSION values: the dtype gradients travel in (None: float32).
+_COMPRESSIONS = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
+
+
+def compression():
+    """The dtype that float32 gradients travel in, from TNT_COMPRESSION:
+    'float16' for fp16, 'bfloat16' for bf16, None (uncompressed) for none or
+    when unset. Each step of the reduction adds in float32."""
+    raw = os.environ.get("TNT_COMPRESSION")
+    key = "none" if raw is None or raw.strip() == "" else raw.strip().lower()
+    if key not in _COMPRESSIONS:
+        raise TarantellaError(
+            f"TNT_COMPRESSION={raw!r} is not a gradient compression Tarantella knows: use "
+            "fp16 or bf16 (gradients travel in 16 bits), or none (the default); fix or unset it")
+    return _COMPRESSIONS[key]
 
 
 def overlap():

@@ -9,6 +9,11 @@
  *
  * A bucket is one round at a time: after all its members have finished
  * (copied their result out), it is reset for the next round of starts.
+ *
+ * With a 16-bit wire dtype, a float32 bucket holds its tensors in that
+ * dtype: each start narrows its tensor into the bucket and each finish
+ * widens its part of the result, so the allreduce moves half the bytes and
+ * no tensor is converted twice.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,6 +26,7 @@
 #include "api/collectives.h"
 #include "fusion/planner.h"
 #include "util/handles.h"
+#include "util/reduce.h"
 #include "util/timeline.h"
 
 enum { IDLE = 0, STARTED = 1, FINISHED = 2 };
@@ -29,12 +35,13 @@ typedef struct bucket {
   uint8_t *buf;
   size_t started, finished;
   tnt_request_t *req; /* the round's allreduce, once submitted */
+  tnt_dtype_t wire;   /* the dtype of buf and of the allreduce */
   char label[112];
 } bucket_t;
 
 struct tnt_fusion {
   tnt_group_t *g;
-  tnt_op_t op;
+  tnt_fusion_options_t opt;
   tnt__fusion_plan_t plan;
   tnt_tensor_info_t *tensors;
   uint8_t *state; /* per tensor: IDLE, STARTED, FINISHED */
@@ -60,14 +67,17 @@ static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
   return i;
 }
 
-/* Every rank must fuse the same list: compare a hash of it across ranks
- * so that a mismatch is an error now rather than a hang later. */
+/* Every rank must fuse the same list with the same options: compare a
+ * hash of them across ranks so that a mismatch is an error now rather than
+ * a hang later. */
 static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
-                                    size_t threshold) {
+                                    const tnt_fusion_options_t *opt) {
   uint64_t h = 1469598103934665603ull;
+  const uint64_t o[3] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype};
+  for (int k = 0; k < 3; ++k) h = (h ^ o[k]) * 1099511628211ull;
   for (size_t i = 0; i < n; ++i) {
-    uint64_t v[4] = {t[i].id, t[i].count, (uint64_t)t[i].dtype, threshold};
-    for (int k = 0; k < 4; ++k) h = (h ^ v[k]) * 1099511628211ull;
+    uint64_t v[3] = {t[i].id, t[i].count, (uint64_t)t[i].dtype};
+    for (int k = 0; k < 3; ++k) h = (h ^ v[k]) * 1099511628211ull;
   }
   int64_t mine[2] = {(int64_t)(h >> 1), ~(int64_t)(h >> 1)};
   int64_t most[2];
@@ -75,9 +85,9 @@ static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, 
                                   NULL));
   if (most[0] != mine[0] || most[1] != mine[1]) {
     TNT_LOG_ERROR(
-        "tnt_fusion_create: the ranks disagree on the fused tensor list or "
-        "threshold_bytes (%zu tensors here); every rank must create the fusion set "
-        "with the same list, in the same order",
+        "tnt_fusion_create: the ranks disagree on the fused tensor list or the "
+        "options (%zu tensors here); every rank must create the fusion set with the "
+        "same list, in the same order, and the same options",
         n);
     return TNT_ERR_MISMATCH;
   }
@@ -87,12 +97,20 @@ static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, 
 static tnt_status_t fusion_free(tnt_fusion_t *f);
 
 static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
-                                  size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out) {
+                                  const tnt_fusion_options_t *options, tnt_fusion_t **out) {
   static const char call[] = "tnt_fusion_create";
+  const tnt_fusion_options_t opt = options != NULL ? *options : (tnt_fusion_options_t){0};
   if (g == NULL || out == NULL || (tensors == NULL && n > 0)) {
     return tnt__api_invalid(call, "need a group, a tensor list and an output");
   }
-  if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
+  if (!tnt__op_valid(opt.op)) return tnt__api_invalid(call, "invalid op %d", (int)opt.op);
+  if (opt.wire_dtype != TNT_FLOAT32 && opt.wire_dtype != TNT_FLOAT16 &&
+      opt.wire_dtype != TNT_BFLOAT16) {
+    return tnt__api_invalid(call,
+                            "wire_dtype %d (%s): float32 tensors travel as float32 (no "
+                            "compression), float16 or bfloat16",
+                            (int)opt.wire_dtype, tnt_dtype_name(opt.wire_dtype));
+  }
   TNT_CHECK(tnt__engine_check(tnt__context_engine(g->ctx)));
   tnt_fusion_t *f = calloc(1, sizeof *f);
   if (f == NULL) {
@@ -100,7 +118,7 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
     return TNT_ERR_NO_MEMORY;
   }
   f->g = g;
-  f->op = op;
+  f->opt = opt;
   pthread_mutex_init(&f->mu, NULL);
   /* Monotonic: the stall warning and the deadline of a finish are timed
    * waits on this variable. */
@@ -110,8 +128,8 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
     free(f);
     return st;
   }
-  TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, threshold_bytes, &f->plan), st, fail);
-  TNT_CHECK_GOTO(check_same_list(g, tensors, n, threshold_bytes), st, fail);
+  TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, opt.threshold_bytes, &f->plan), st, fail);
+  TNT_CHECK_GOTO(check_same_list(g, tensors, n, &opt), st, fail);
   f->tensors = malloc(n * sizeof *f->tensors + 1);
   f->state = calloc(n + 1, 1);
   f->buckets = calloc(f->plan.nbuckets + 1, sizeof *f->buckets);
@@ -119,15 +137,18 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   if (n > 0) memcpy(f->tensors, tensors, n * sizeof *tensors);
   for (size_t b = 0; b < f->plan.nbuckets; ++b) {
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
-    f->buckets[b].buf = malloc(bp->count * tnt__dtype_size(bp->dtype) + 1);
-    if (f->buckets[b].buf == NULL) goto no_memory;
-    snprintf(f->buckets[b].label, sizeof f->buckets[b].label,
-             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes)", b, bp->nmembers,
-             bp->count * tnt__dtype_size(bp->dtype));
+    bucket_t *bk = &f->buckets[b];
+    bk->wire = bp->dtype == TNT_FLOAT32 ? opt.wire_dtype : bp->dtype;
+    bk->buf = malloc(bp->count * tnt__dtype_size(bk->wire) + 1);
+    if (bk->buf == NULL) goto no_memory;
+    snprintf(bk->label, sizeof bk->label,
+             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes%s%s)", b, bp->nmembers,
+             bp->count * tnt__dtype_size(bk->wire), bk->wire != bp->dtype ? " of " : "",
+             bk->wire != bp->dtype ? tnt_dtype_name(bk->wire) : "");
   }
   if (tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle) < 0) goto no_memory;
-  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes)", n, f->plan.nbuckets,
-                threshold_bytes);
+  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes, float32 travels as %s)",
+                n, f->plan.nbuckets, opt.threshold_bytes, tnt_dtype_name(opt.wire_dtype));
   *out = f;
   return TNT_OK;
 no_memory:
@@ -139,10 +160,10 @@ fail:
 }
 
 tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
-                               size_t threshold_bytes, tnt_op_t op, tnt_fusion_t **out) {
+                               const tnt_fusion_options_t *options, tnt_fusion_t **out) {
   tnt__error_clear();
   return tnt__api_end("tnt_fusion_create", g != NULL ? g->ctx : NULL,
-                      fusion_create(g, tensors, n, threshold_bytes, op, out));
+                      fusion_create(g, tensors, n, options, out));
 }
 
 static tnt_status_t fusion_free(tnt_fusion_t *f) {
@@ -209,8 +230,8 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
     bucket_t *bk = &f->buckets[b];
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
-    TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bp->dtype, f->op, bk->label,
-                                    (long)b, &bk->req));
+    TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op,
+                                    bk->label, (long)b, &bk->req));
     ++*nissued;
     f->next_issue = (b + 1) % f->plan.nbuckets;
     pthread_cond_broadcast(&f->cv);
@@ -229,7 +250,8 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
   }
   TNT_CHECK(tnt__engine_check(tnt__context_engine(f->g->ctx)));
   const size_t b = f->plan.bucket_of[i];
-  const size_t esz = tnt__dtype_size(t->dtype);
+  bucket_t *bk = &f->buckets[b];
+  const size_t esz = tnt__dtype_size(bk->wire);
   pthread_mutex_lock(&f->mu);
   if (f->state[i] != IDLE) {
     const int twice = f->state[i] == STARTED;
@@ -246,7 +268,12 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
 
   /* Members occupy disjoint parts of the bucket, which no allreduce uses
    * until every member has started: the copy needs no lock. */
-  memcpy(f->buckets[b].buf + f->plan.offset_of[i] * esz, data, t->count * esz);
+  uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
+  if (bk->wire != t->dtype) {
+    tnt__narrow((uint16_t *)(void *)part, data, t->count, bk->wire);
+  } else {
+    memcpy(part, data, t->count * esz);
+  }
   if (TNT__TIMELINE_ON()) {
     tnt__timeline_instant("fusion", "fusion start", "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
                           (unsigned long long)id, t->count * esz, b);
@@ -254,14 +281,14 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
 
   size_t first = 0, nissued = 0;
   pthread_mutex_lock(&f->mu);
-  f->buckets[b].started++;
+  bk->started++;
   tnt_status_t st = issue_ready(f, &first, &nissued);
   pthread_mutex_unlock(&f->mu);
   for (size_t k = 0; k < nissued && TNT__TIMELINE_ON(); ++k) {
     const size_t ib = (first + k) % f->plan.nbuckets;
     const tnt__bucket_plan_t *bp = &f->plan.buckets[ib];
     tnt__timeline_instant("fusion", "bucket submitted", "\"bucket\":%zu,\"bytes\":%zu", ib,
-                          bp->count * tnt__dtype_size(bp->dtype));
+                          bp->count * tnt__dtype_size(f->buckets[ib].wire));
   }
   return st;
 }
@@ -345,8 +372,13 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
   pthread_mutex_unlock(&f->mu);
 
   TNT_CHECK(tnt__request_wait(req, TNT__MAX(0.0, deadline - tnt__now())));
-  const size_t esz = tnt__dtype_size(t->dtype);
-  memcpy(out, bk->buf + f->plan.offset_of[i] * esz, t->count * esz);
+  const size_t esz = tnt__dtype_size(bk->wire);
+  const uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
+  if (bk->wire != t->dtype) {
+    tnt__widen(out, (const uint16_t *)(const void *)part, t->count, bk->wire);
+  } else {
+    memcpy(out, part, t->count * esz);
+  }
   if (TNT__TIMELINE_ON()) {
     tnt__timeline_complete("wait", "fusion finish", entered, tnt__now(),
                            "\"tensor\":%llu,\"bucket\":%zu", (unsigned long long)id, b);

@@ -1074,22 +1074,25 @@ done:
 
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
-  static char *kwlist[] = {"tensors", "threshold_bytes", "op", "group", NULL};
-  PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL;
+  static char *kwlist[] = {"tensors", "threshold_bytes", "op", "group", "wire_dtype", NULL};
+  PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL, *wire_obj = NULL;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
-  size_t threshold;
-  tnt_op_t op;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:Fusion", kwlist, &tensors_obj,
-                                   &threshold_obj, &op_obj, &group_obj)) {
+  tnt_fusion_options_t opt = {0};
+  int wire;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$O:Fusion", kwlist, &tensors_obj,
+                                   &threshold_obj, &op_obj, &group_obj, &wire_obj)) {
     return NULL;
   }
   if (require_context(call) < 0) return NULL;
   tnt_group_t *group = group_arg(call, group_obj);
   if (group == NULL) return NULL;
-  if (as_count(call, "threshold_bytes", threshold_obj, &threshold) < 0) return NULL;
-  if (parse_op(call, op_obj, TNT_AVERAGE, &op) < 0) return NULL;
+  if (as_count(call, "threshold_bytes", threshold_obj, &opt.threshold_bytes) < 0) return NULL;
+  if (parse_op(call, op_obj, TNT_AVERAGE, &opt.op) < 0) return NULL;
+  /* libtnt names the wire dtypes it accepts. */
+  if (parse_dtype(call, wire_obj, &wire) < 0) return NULL;
+  opt.wire_dtype = wire < 0 ? TNT_FLOAT32 : (tnt_dtype_t)wire;
   seq = PySequence_Fast(tensors_obj, "Fusion: tensors must be a list of (id, count, dtype)");
   if (seq == NULL) goto fail;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -1109,7 +1112,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   /* Creation is collective: every rank compares the list with the others. */
   tnt_fusion_t *f = NULL;
   tnt_status_t st;
-  TNT_WITHOUT_GIL(st = tnt_fusion_create(group, list, (size_t)n, threshold, op, &f));
+  TNT_WITHOUT_GIL(st = tnt_fusion_create(group, list, (size_t)n, &opt, &f));
   if (st < 0) {
     raise_status(call, st, NULL);
     goto fail;
@@ -1343,7 +1346,7 @@ static PyGetSetDef fusion_getset[] = {
 };
 
 PyDoc_STRVAR(fusion_doc,
-             "Fusion(tensors, threshold_bytes, op='average', group=None)\n--\n\n"
+             "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None)\n--\n\n"
              "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
@@ -1352,7 +1355,9 @@ PyDoc_STRVAR(fusion_doc,
              "each that close at threshold_bytes (0: one tensor per bucket); each bucket is\n"
              "reduced with op as soon as all its tensors have started. Creation is\n"
              "collective: every rank passes the same list. Each round, every tensor is\n"
-             "started once (start) and finished once (finish).");
+             "started once (start) and finished once (finish). wire_dtype 'float16' or\n"
+             "'bfloat16' sends float32 tensors in 16 bits (each reduction step adds in\n"
+             "float32); None or 'float32' sends them as they are.");
 
 /* clang-format cannot lay out the head macros of these two initializers. */
 // clang-format off

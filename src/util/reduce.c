@@ -29,6 +29,10 @@
 
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "util/common.h"
 
 /* Elements per block: small enough that a block of every stream stays in
@@ -151,6 +155,92 @@ float tnt__bfloat16_to_float(uint16_t b) {
 
 uint16_t tnt__float_to_bfloat16(float f) {
   return float_to_bfloat16(f);
+}
+
+/* ---------------------------------------------------- array conversions */
+
+/* Portable loops; the compiler vectorizes the bfloat16 ones. */
+static void narrow_f16(uint16_t *restrict d, const float *restrict s, size_t n) {
+  for (size_t i = 0; i < n; i++) d[i] = float_to_half(s[i]);
+}
+
+static void widen_f16(float *restrict d, const uint16_t *restrict s, size_t n) {
+  for (size_t i = 0; i < n; i++) d[i] = half_to_float(s[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TNT__HAVE_F16C 1
+/* F16C converts 8 values per instruction, rounding to nearest even whatever
+ * the MXCSR says; NaNs keep the top of their payload and come out quiet,
+ * as in float_to_half. Widening is exact, but the instruction quiets a
+ * signalling NaN, which half_to_float keeps as it is: a block holding one
+ * is converted by the portable loop. */
+__attribute__((target("avx,f16c"))) static void narrow_f16_f16c(uint16_t *restrict d,
+                                                                const float *restrict s, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128((__m128i *)(void *)(d + i), h);
+  }
+  narrow_f16(d + i, s + i, n - i);
+}
+
+__attribute__((target("avx,f16c"))) static void widen_f16_f16c(float *restrict d,
+                                                               const uint16_t *restrict s,
+                                                               size_t n) {
+  size_t i = 0;
+  const __m128i exp_mask = _mm_set1_epi16(0x7c00), quiet = _mm_set1_epi16(0x0200);
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+    /* A signalling NaN: all exponent bits, quiet bit clear, mantissa != 0. */
+    __m128i all_exp = _mm_cmpeq_epi16(_mm_and_si128(h, exp_mask), exp_mask);
+    __m128i not_quiet = _mm_cmpeq_epi16(_mm_and_si128(h, quiet), _mm_setzero_si128());
+    __m128i mant = _mm_and_si128(h, _mm_set1_epi16(0x01ff));
+    __m128i some = _mm_xor_si128(_mm_cmpeq_epi16(mant, _mm_setzero_si128()), _mm_set1_epi16(-1));
+    if (_mm_movemask_epi8(_mm_and_si128(_mm_and_si128(all_exp, not_quiet), some)) != 0) {
+      widen_f16(d + i, s + i, 8);
+      continue;
+    }
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+  }
+  widen_f16(d + i, s + i, n - i);
+}
+#endif
+
+static void narrow_bf16(uint16_t *restrict d, const float *restrict s, size_t n) {
+  for (size_t i = 0; i < n; i++) d[i] = float_to_bfloat16(s[i]);
+}
+
+static void widen_bf16(float *restrict d, const uint16_t *restrict s, size_t n) {
+  for (size_t i = 0; i < n; i++) d[i] = bfloat16_to_float(s[i]);
+}
+
+void tnt__narrow(uint16_t *dst, const float *src, size_t count, tnt_dtype_t wire) {
+  if (wire == TNT_BFLOAT16) {
+    narrow_bf16(dst, src, count);
+    return;
+  }
+#ifdef TNT__HAVE_F16C
+  if (__builtin_cpu_supports("f16c")) {
+    narrow_f16_f16c(dst, src, count);
+    return;
+  }
+#endif
+  narrow_f16(dst, src, count);
+}
+
+void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire) {
+  if (wire == TNT_BFLOAT16) {
+    widen_bf16(dst, src, count);
+    return;
+  }
+#ifdef TNT__HAVE_F16C
+  if (__builtin_cpu_supports("f16c")) {
+    widen_f16_f16c(dst, src, count);
+    return;
+  }
+#endif
+  widen_f16(dst, src, count);
 }
 
 /* ------------------------------------------------------ scalar operators */

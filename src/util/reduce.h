@@ -17,6 +17,15 @@ uint16_t tnt__float_to_half(float f);
 float tnt__bfloat16_to_float(uint16_t b);
 uint16_t tnt__float_to_bfloat16(float f);
 
+/*
+ * Array conversions for compressed transfers: float32 to `wire` (TNT_FLOAT16
+ * or TNT_BFLOAT16, rounded to nearest even) and back (exact). They give the
+ * same bits as the scalar conversions above for every input, NaNs included;
+ * float16 uses the F16C instructions where the CPU has them.
+ */
+void tnt__narrow(uint16_t *dst, const float *src, size_t count, tnt_dtype_t wire);
+void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire);
+
 /* dst[i] = dst[i] (op) src[i] for i < count. AVERAGE adds (like SUM); the
  * division happens once, in tnt__reduce_finish. */
 void tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype, tnt_op_t op);

@@ -151,7 +151,8 @@ static tnt_fusion_t *make_set(tnt_group_t *g, size_t threshold, tnt_op_t op) {
   tensor_list(info);
   mt_set_case("tnt_fusion_create threshold=%zu op=%s", threshold, mt_oname(op));
   tnt_fusion_t *f = NULL;
-  MT_OK(tnt_fusion_create(g, info, NT, threshold, op, &f));
+  MT_OK(tnt_fusion_create(g, info, NT,
+                          &(tnt_fusion_options_t){.threshold_bytes = threshold, .op = op}, &f));
   if (f == NULL) mt_fatal("tnt_fusion_create succeeded but gave NULL");
   check_plan(f, threshold);
   return f;
@@ -338,7 +339,8 @@ static void test_bucket_rounds(void) {
   MT_OK(tnt_context_create(&config, &ctx));
   tnt_group_t *world = tnt_context_world(ctx);
   mt_set_case("fusion rounds: tnt_fusion_create, one bucket of two tensors");
-  MT_OK(tnt_fusion_create(world, info, 2, 1 << 20, TNT_AVERAGE, &f));
+  MT_OK(tnt_fusion_create(
+      world, info, 2, &(tnt_fusion_options_t){.threshold_bytes = 1 << 20, .op = TNT_AVERAGE}, &f));
   MT_CHECK(tnt_fusion_num_buckets(f) == 1, "expected 1 bucket, got %zu", tnt_fusion_num_buckets(f));
   float a[10], b[20], a_out[10], b_out[20];
   for (int i = 0; i < 10; i++) a[i] = (float)(3 * i);
@@ -379,24 +381,118 @@ static void test_bucket_rounds(void) {
   MT_OK(tnt_context_destroy(ctx));
 }
 
+/*
+ * Compressed transfers: float32 tensors reduced over a 16-bit wire agree
+ * with the exact average within the wire type's rounding (one rounding of
+ * each input and of each partial result), differ from it somewhere (so the
+ * compression happened), and are bitwise identical on every rank; a
+ * float64 tensor in the same set travels exactly.
+ */
+static void test_compressed(tnt_group_t *world) {
+  static const size_t counts[4] = {1000, 1, 70001, 33};
+  static const tnt_dtype_t wires[2] = {TNT_FLOAT16, TNT_BFLOAT16};
+  tnt_tensor_info_t info[4];
+  for (int t = 0; t < 4; t++)
+    info[t] = (tnt_tensor_info_t){500 + (uint64_t)t, counts[t], TNT_FLOAT32};
+  info[3].dtype = TNT_FLOAT64;
+  for (int w = 0; w < 2; w++) {
+    mt_set_case("compressed fusion, %s wire", mt_dname(wires[w]));
+    tnt_fusion_t *f = NULL;
+    tnt_fusion_options_t opt = {.threshold_bytes = 4096, .op = TNT_AVERAGE, .wire_dtype = wires[w]};
+    MT_OK(tnt_fusion_create(world, info, 4, &opt, &f));
+    if (f == NULL) mt_fatal("tnt_fusion_create failed");
+    void *in[4], *out[4];
+    for (int t = 0; t < 4; t++) {
+      const size_t esz = mt_dsize(info[t].dtype);
+      in[t] = mt_alloc(counts[t] * esz);
+      out[t] = mt_alloc(counts[t] * esz);
+      mt_rng_t g = mt_rng(77, (uint64_t)g_rank, (uint64_t)t);
+      for (size_t i = 0; i < counts[t]; i++) mt_store(info[t].dtype, in[t], i, mt_uniform(&g));
+    }
+    for (int t = 3; t >= 0; t--) MT_OK(tnt_fusion_start(f, info[t].id, in[t]));
+    for (int t = 0; t < 4; t++) MT_OK(tnt_fusion_finish(f, info[t].id, out[t], -1));
+    /* Inputs in [-1, 1): partial sums stay below the group size. */
+    const double unit = wires[w] == TNT_FLOAT16 ? 1.0 / 2048 : 1.0 / 256;
+    const double tol = 2.0 * g_size * unit;
+    double worst = 0.0, diff = 0.0;
+    uint64_t h = 0;
+    for (int t = 0; t < 4; t++) {
+      const double tt = info[t].dtype == TNT_FLOAT64 ? 1e-12 : tol;
+      mt_rng_t gs[64];
+      for (int r = 0; r < g_size && r < 64; r++) gs[r] = mt_rng(77, (uint64_t)r, (uint64_t)t);
+      for (size_t i = 0; i < counts[t]; i++) {
+        double want = 0.0;
+        for (int r = 0; r < g_size && r < 64; r++) want += mt_uniform(&gs[r]);
+        want /= g_size;
+        const double got = mt_load(info[t].dtype, out[t], i), e = fabs(got - want);
+        if (!(e <= tt)) {
+          mt_fail((long)i, "tensor %d: %.9g, the exact average is %.9g (tolerance %.3g)", t, got,
+                  want, tt);
+          break;
+        }
+        if (info[t].dtype == TNT_FLOAT32 && e > diff) diff = e;
+        if (e > worst) worst = e;
+      }
+      h = mt_hash(out[t], counts[t] * mt_dsize(info[t].dtype), h);
+    }
+    if (diff == 0.0) mt_fail(-1, "every float32 result is exact: the wire did not compress");
+    uint64_t lo = h, hi = h;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    if (lo != hi) mt_fail(-1, "the ranks got different bits");
+    if (g_rank == 0) printf("compressed %s: largest error %.3g\n", mt_dname(wires[w]), worst);
+    for (int t = 0; t < 4; t++) {
+      free(in[t]);
+      free(out[t]);
+    }
+    MT_OK(tnt_fusion_destroy(f));
+  }
+}
+
 static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   const tnt_status_t E = TNT_ERR_INVALID_ARG;
   tnt_tensor_info_t info[3] = {{11, 10, TNT_FLOAT32}, {12, 20, TNT_FLOAT32}, {13, 5, TNT_FLOAT64}};
   tnt_fusion_t *f = NULL;
 
   mt_set_case("fusion errors: tnt_fusion_create");
-  MT_EXPECT_ST(tnt_fusion_create(NULL, info, 3, 0, TNT_AVERAGE, &f), E);
-  MT_EXPECT_ST(tnt_fusion_create(world, NULL, 3, 0, TNT_AVERAGE, &f), E);
-  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_OP_COUNT, &f), E);
-  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, NULL), E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(NULL, info, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+      E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, NULL, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+      E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_OP_COUNT}, &f),
+      E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, NULL),
+      E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.op = TNT_AVERAGE, .wire_dtype = TNT_INT32}, &f),
+      E);
+  if (strstr(tnt_last_error(), "float16 or bfloat16") == NULL) {
+    mt_fail(-1, "a bad wire_dtype should name the accepted ones, got: %s", tnt_last_error());
+  }
   info[1].id = 11; /* duplicate id */
-  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f), E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+      E);
   info[1].id = 12;
   info[2].dtype = TNT_DTYPE_COUNT;
-  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f), E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+      E);
   info[2].dtype = TNT_FLOAT64;
 
-  MT_OK(tnt_fusion_create(world, info, 3, 0, TNT_AVERAGE, &f));
+  MT_OK(tnt_fusion_create(world, info, 3,
+                          &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f));
   float a[10], a_out[10], b[20], b_out[20];
   double c[5], c_out[5];
   for (int i = 0; i < 10; i++) a[i] = (float)(i + g_rank);
@@ -490,6 +586,7 @@ int main(int argc, char **argv) {
   double t = mt_now();
   test_determinism(world);
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
+  test_compressed(world);
   test_errors(ctx, world);
 
   mt_set_case("teardown");

@@ -62,6 +62,11 @@ class TensorInfo(ctypes.Structure):
     _fields_ = [("id", ctypes.c_uint64), ("count", ctypes.c_size_t), ("dtype", ctypes.c_int)]
 
 
+class FusionOptions(ctypes.Structure):
+    _fields_ = [("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
+                ("wire_dtype", ctypes.c_int)]
+
+
 class Tnt:
     """The op library, and a libtnt context over every rank of the job."""
 
@@ -79,7 +84,7 @@ class Tnt:
         lib.tnt_group_handle.argtypes = [vp]
         lib.tnt_group_handle.restype = i64
         lib.tnt_fusion_create.argtypes = [vp, ctypes.POINTER(TensorInfo), ctypes.c_size_t,
-                                          ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(vp)]
+                                          ctypes.POINTER(FusionOptions), ctypes.POINTER(vp)]
         lib.tnt_fusion_destroy.argtypes = [vp]
         lib.tnt_fusion_handle.argtypes = [vp]
         lib.tnt_fusion_handle.restype = i64
@@ -102,8 +107,9 @@ class Tnt:
         infos = (TensorInfo * len(tensors))(
             *[TensorInfo(i, count_of(n), TNT_DTYPES[dt]) for i, n, dt in tensors])
         f = ctypes.c_void_p()
-        self._check(self.lib.tnt_fusion_create(self.world, infos, len(tensors), threshold_bytes,
-                                               TNT_OPS[op], ctypes.byref(f)),
+        options = FusionOptions(threshold_bytes, TNT_OPS[op], TNT_DTYPES["float32"])
+        self._check(self.lib.tnt_fusion_create(self.world, infos, len(tensors),
+                                               ctypes.byref(options), ctypes.byref(f)),
                     "tnt_fusion_create")
         self._sets.append(f)
         return self.lib.tnt_fusion_handle(f)

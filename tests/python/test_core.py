@@ -408,6 +408,37 @@ def test_fusion_handles_are_distinct_and_default_op_works():
     del b  # deallocation closes it
 
 
+@pytest.mark.parametrize("wire,rounded", [("float16", np.float16),
+                                         ("bfloat16", ml_dtypes.bfloat16)])
+def test_fusion_wire_dtype(wire, rounded):
+    # float32 tensors travel in the wire dtype (rounded to nearest even);
+    # a float64 tensor of the same set travels exactly.
+    x = np.array([1.0, -2.5, 1 / 3, 1e-3, 3e4, 0.0], np.float32)
+    y = np.array([1 / 3, 1e300], np.float64)
+    with core.Fusion([(0, 6, "float32"), (1, 2, "float64")], 1 << 20, "sum",
+                     wire_dtype=wire) as fusion:
+        for _ in range(2):
+            fusion.start(1, y)
+            fusion.start(0, x)
+            out = fusion.finish(0, np.zeros(6, np.float32))
+            np.testing.assert_array_equal(out, x.astype(rounded).astype(np.float32))
+            assert out[2] != x[2]
+            np.testing.assert_array_equal(fusion.finish(1, np.zeros(2, np.float64)), y)
+
+
+def test_fusion_bad_wire_dtype():
+    raises(ValueError, "float16 or bfloat16",
+           lambda: core.Fusion([(0, 2, "float32")], 0, wire_dtype="int32"))
+    raises(ValueError, "unknown dtype 'fp8'",
+           lambda: core.Fusion([(0, 2, "float32")], 0, wire_dtype="fp8"))
+    raises(TypeError, "at most 4 positional",
+           lambda: core.Fusion([(0, 2, "float32")], 0, "sum", None, "float16"))
+    with core.Fusion([(0, 2, "float32")], 0, wire_dtype="float32") as fusion:
+        x = np.array([1 / 3, 2.0], np.float32)
+        fusion.start(0, x)
+        np.testing.assert_array_equal(fusion.finish(0, np.zeros(2, np.float32)), x)
+
+
 def test_fusion_of_no_tensors():
     fusion = core.Fusion([], 1024)
     assert fusion.num_buckets == 0

@@ -211,7 +211,9 @@ static int fusion(rank_arg_t *a, tnt_group_t *g) {
   for (size_t th = 0; th < sizeof kThresholds / sizeof kThresholds[0]; th++) {
     for (int op = TNT_SUM; op <= TNT_MAX; op += 1) {
       tnt_fusion_t *f = NULL;
-      TRY(tnt_fusion_create(g, info, NT, kThresholds[th], (tnt_op_t)op, &f));
+      TRY(tnt_fusion_create(
+          g, info, NT,
+          &(tnt_fusion_options_t){.threshold_bytes = kThresholds[th], .op = (tnt_op_t)op}, &f));
       size_t nb = tnt_fusion_num_buckets(f);
       if (kThresholds[th] == 0) FAIL_IF(nb != NT, "threshold 0 gives %zu buckets", nb);
       if (kThresholds[th] == (1 << 20)) FAIL_IF(nb != 3, "1 MiB threshold: %zu buckets", nb);
@@ -338,14 +340,14 @@ static int sub_group(rank_arg_t *a, tnt_context_t *ctx) {
 
 /* tnt_last_error is "" after a success and names the failing call after a
  * failure, never an earlier failure of another call. */
-#define EXPECT_ERROR(call, want_st, fragment)                                              \
-  do {                                                                                     \
-    tnt_status_t st_ = (call);                                                             \
-    const char *why_ = tnt_last_error();                                                   \
-    FAIL_IF(st_ != (want_st), "%s: expected %s, got %s", #call,                            \
-            tnt_status_string(want_st), tnt_status_string(st_));                           \
+#define EXPECT_ERROR(call, want_st, fragment)                                                 \
+  do {                                                                                        \
+    tnt_status_t st_ = (call);                                                                \
+    const char *why_ = tnt_last_error();                                                      \
+    FAIL_IF(st_ != (want_st), "%s: expected %s, got %s", #call, tnt_status_string(want_st),   \
+            tnt_status_string(st_));                                                          \
     FAIL_IF(strstr(why_, (fragment)) == NULL, "%s: tnt_last_error() is \"%s\", not about %s", \
-            #call, why_, (fragment));                                                      \
+            #call, why_, (fragment));                                                         \
   } while (0)
 
 static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
@@ -367,8 +369,7 @@ static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
   /* A success clears the message; queries leave it. */
   TRY(tnt_barrier(g));
   FAIL_IF(tnt_last_error()[0] != '\0', "after a success: \"%s\"", tnt_last_error());
-  EXPECT_ERROR(tnt_allreduce(g, &x, &x, 1, TNT_DTYPE_COUNT, TNT_SUM), TNT_ERR_INVALID_ARG,
-               "dtype");
+  EXPECT_ERROR(tnt_allreduce(g, &x, &x, 1, TNT_DTYPE_COUNT, TNT_SUM), TNT_ERR_INVALID_ARG, "dtype");
   (void)tnt_group_size(g);
   (void)tnt_status_string(TNT_ERR_TIMEOUT);
   FAIL_IF(strstr(tnt_last_error(), "dtype") == NULL, "a query changed the message: \"%s\"",
@@ -376,7 +377,8 @@ static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
   /* Fusion errors that used to log nothing. */
   tnt_tensor_info_t info = {7, 4, TNT_FLOAT32};
   tnt_fusion_t *f = NULL;
-  TRY(tnt_fusion_create(g, &info, 1, 0, TNT_SUM, &f));
+  TRY(tnt_fusion_create(g, &info, 1, &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_SUM},
+                        &f));
   float buf[4] = {0};
   EXPECT_ERROR(tnt_fusion_start(f, 7, NULL), TNT_ERR_INVALID_ARG, "data is NULL");
   EXPECT_ERROR(tnt_fusion_start(f, 8, buf), TNT_ERR_INVALID_ARG, "tensor id 8");
@@ -389,7 +391,9 @@ static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
   /* Ranks that disagree on a fusion set get TNT_ERR_MISMATCH, each. */
   if (n > 1) {
     info.count = 4 + (size_t)a->rank;
-    EXPECT_ERROR(tnt_fusion_create(g, &info, 1, 0, TNT_SUM, &f), TNT_ERR_MISMATCH, "disagree");
+    EXPECT_ERROR(tnt_fusion_create(
+                     g, &info, 1, &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_SUM}, &f),
+                 TNT_ERR_MISMATCH, "disagree");
   }
   /* Every algorithm has a name and a description. */
   const char *name = NULL, *description = NULL;

@@ -624,6 +624,109 @@ static void test_invalid_arguments_are_noops(void **state) {
   assert_false(tnt__op_valid(TNT_OP_COUNT) || tnt__op_valid((tnt_op_t)-1));
 }
 
+/* ------------------------------------------- array conversions (wire) */
+
+static uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static float u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Widening every 16-bit pattern (one array, so the vector path sees every
+ * one, signalling NaNs included) gives the scalar conversion's bits. */
+static void test_widen_every_value(void **state) {
+  (void)state;
+  const tnt_dtype_t wires[2] = {TNT_FLOAT16, TNT_BFLOAT16};
+  uint16_t *h = malloc(65536 * sizeof *h);
+  float *f = malloc(65536 * sizeof *f);
+  assert_non_null(h);
+  assert_non_null(f);
+  for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+  for (int w = 0; w < 2; w++) {
+    tnt__widen(f, h, 65536, wires[w]);
+    for (uint32_t i = 0; i < 65536; i++) {
+      float want = wires[w] == TNT_FLOAT16 ? tnt__half_to_float((uint16_t)i)
+                                           : tnt__bfloat16_to_float((uint16_t)i);
+      if (f2u(f[i]) != f2u(want)) fail_msg("%s widen of 0x%04x", tnt_dtype_name(wires[w]), i);
+    }
+  }
+  free(h);
+  free(f);
+}
+
+/* Narrowing gives the scalar conversion's bits: special values, every
+ * rounding boundary region and random patterns, at lengths that leave a
+ * tail for the portable loop. */
+static void test_narrow_matches_scalar(void **state) {
+  (void)state;
+  enum { N = 1 << 18 };
+  const tnt_dtype_t wires[2] = {TNT_FLOAT16, TNT_BFLOAT16};
+  float *f = malloc(N * sizeof *f);
+  uint16_t *h = malloc(N * sizeof *h);
+  assert_non_null(f);
+  assert_non_null(h);
+  const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                              0xffc00001u, 0x7f800001u, 0x7fbfffffu, 0x00000001u, 0x477fe000u,
+                              0x477ff000u, 0x477fefffu, 0x47800000u, 0x38800000u, 0x387fffffu,
+                              0x33000000u, 0x33000001u, 0x7f7fffffu, 0x3f800000u, 0xbf7fffffu};
+  size_t n = 0;
+  for (size_t k = 0; k < sizeof special / sizeof *special; k++) f[n++] = u2f(special[k]);
+  while (n < N / 2) f[n++] = u2f(rng());
+  /* Around every float16 value: the patterns just below, at and above its
+   * tie with the next value. */
+  for (uint32_t i = 0; n + 3 <= N && i < 0x7c00; i += 3) {
+    uint32_t tie = f2u(tnt__half_to_float((uint16_t)i)) + (1u << 12);
+    f[n++] = u2f(tie - 1);
+    f[n++] = u2f(tie);
+    f[n++] = u2f(tie + 1);
+  }
+  for (int w = 0; w < 2; w++) {
+    for (size_t len = N - 5; len <= N - 5 + 4; len += 4) {
+      tnt__narrow(h, f, len, wires[w]);
+      for (size_t i = 0; i < len; i++) {
+        uint16_t want =
+            wires[w] == TNT_FLOAT16 ? tnt__float_to_half(f[i]) : tnt__float_to_bfloat16(f[i]);
+        if (h[i] != want) {
+          fail_msg("%s narrow of 0x%08x: 0x%04x, want 0x%04x", tnt_dtype_name(wires[w]), f2u(f[i]),
+                   h[i], want);
+        }
+      }
+    }
+  }
+  free(f);
+  free(h);
+}
+
+/* Every value that the wire type holds survives narrow then widen; NaN
+ * stays NaN, infinities and signed zeros keep their sign; values beyond
+ * the float16 range become infinities. */
+static void test_wire_round_trip(void **state) {
+  (void)state;
+  float in[12] = {0.0f,           -0.0f,    1.0f,      -2.5f, 65504.0f, 6.103515625e-05f,
+                  5.9604645e-08f, INFINITY, -INFINITY, NAN,   65536.0f, -1e30f};
+  uint16_t h[12];
+  float out[12];
+  tnt__narrow(h, in, 12, TNT_FLOAT16);
+  tnt__widen(out, h, 12, TNT_FLOAT16);
+  for (int i = 0; i < 7; i++) assert_int_equal(f2u(out[i]), f2u(in[i]));
+  assert_true(isinf(out[7]) && out[7] > 0);
+  assert_true(isinf(out[8]) && out[8] < 0);
+  assert_true(isnan(out[9]));
+  assert_true(isinf(out[10]) && out[10] > 0);
+  assert_true(isinf(out[11]) && out[11] < 0);
+  tnt__narrow(h, in, 12, TNT_BFLOAT16);
+  tnt__widen(out, h, 12, TNT_BFLOAT16);
+  for (int i = 0; i < 4; i++) assert_int_equal(f2u(out[i]), f2u(in[i]));
+  assert_true(isnan(out[9]));
+  assert_true(fabsf(out[11] + 1e30f) < 1e28f); /* bfloat16 keeps float's range */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_half_to_float_exhaustive),
@@ -631,6 +734,9 @@ int main(void) {
       cmocka_unit_test(test_half_special_cases),
       cmocka_unit_test(test_bfloat16_exhaustive),
       cmocka_unit_test(test_bfloat16_special_cases),
+      cmocka_unit_test(test_widen_every_value),
+      cmocka_unit_test(test_narrow_matches_scalar),
+      cmocka_unit_test(test_wire_round_trip),
       cmocka_unit_test(test_reduce_many_all),
       cmocka_unit_test(test_reduce_pairwise),
       cmocka_unit_test(test_reduce_many_aliasing),
