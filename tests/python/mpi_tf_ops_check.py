@@ -107,7 +107,7 @@ class Tnt:
         infos = (TensorInfo * len(tensors))(
             *[TensorInfo(i, count_of(n), TNT_DTYPES[dt]) for i, n, dt in tensors])
         f = ctypes.c_void_p()
-        options = FusionOptions(threshold_bytes, TNT_OPS[op], TNT_DTYPES["float32"])
+        options = FusionOptions(threshold_bytes, TNT_OPS[op], TNT_DTYPES[tf.float32])
         self._check(self.lib.tnt_fusion_create(self.world, infos, len(tensors),
                                                ctypes.byref(options), ctypes.byref(f)),
                     "tnt_fusion_create")
