@@ -2,6 +2,10 @@
 ranks of a Tarantella job, and records the weights, the losses and how many
 samples the map processed on this rank (key mapped/fit).
 
+--pipeline cuts the model into 2 stages (SplitLayer; plain Keras ignores
+the cut) and trains it on 2 replicas of the pipeline (4 ranks): the
+replicas share every global batch.
+
 Every rank writes OUT/rank<r>.npz.
 """
 import argparse
@@ -15,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 from train_worker import make_data, make_model  # noqa: E402
+import tarantella as tnt  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
@@ -37,18 +42,31 @@ class Counter:
         return x, y
 
 
+def pipelined_model():
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input(shape=(12,))
+    h = keras.layers.Dense(16, activation="tanh")(inputs)
+    h = tnt.keras.layers.SplitLayer()(h)
+    outputs = keras.layers.Dense(4, activation="softmax")(h)
+    return keras.Model(inputs, outputs)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
+    p.add_argument("--pipeline", action="store_true")
     args = p.parse_args()
     rank = 0
-    model = make_model(seed=5)
+    model = pipelined_model() if args.pipeline else make_model(seed=5)
     if not args.serial:
-        import tarantella as tnt
         tnt.init()
         rank = tnt.get_rank()
-        model = tnt.Model(model)
+        if args.pipeline:
+            model = tnt.Model(model, parallel_strategy=tnt.ParallelStrategy.ALL,
+                              num_micro_batches=2)
+        else:
+            model = tnt.Model(model)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     x, y = make_data(SAMPLES)
     counter = Counter()

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, mpirun_command, run
-from test_training import assert_ranks_identical, load
+from test_training import load
 
 from tarantella import _tf_data_internals as tfdi
 from tarantella import data
@@ -212,23 +212,26 @@ def test_tf_data_internals_of_tensorflow_2_21():
     assert list(tfdi.reprefetch(src.prefetch(3), src).as_numpy_iterator()) == list(range(10))
 
 
-def test_fit_on_two_ranks_equals_serial(tmp_path, python):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["data-parallel", "pipelined"])
+def test_fit_equals_serial(pipeline, tmp_path, python):
+    """On 2 ranks (data-parallel), or on 2 replicas of a 2-stage pipeline
+    (4 ranks): the replicas share the global batches."""
+    flags = ["--pipeline"] if pipeline else []
+    ranks = 4 if pipeline else 2
     serial_out = str(tmp_path / "serial")
-    run([sys.executable, WORKER, "--serial", "--out", serial_out])
+    run([sys.executable, WORKER, "--serial", "--out", serial_out] + flags)
     serial = load(serial_out, 1)[0]
     out = str(tmp_path / "dist")
-    run(mpirun_command(2, python, WORKER, "--out", out), timeout=300)
-    results = load(out, 2)
+    run(mpirun_command(ranks, python, WORKER, "--out", out, *flags), timeout=300)
+    results = load(out, ranks)
     for key in serial:
         if key.startswith("mapped/"):
             continue
-        for r in range(2):
+        for r in range(ranks):
             assert np.allclose(results[r][key], serial[key], rtol=0, atol=1e-5), key
-    assert_ranks_identical([{k: v for k, v in r.items() if not k.startswith("mapped/")}
-                            for r in results])
-    # 2 epochs of 90 samples in global batches of 16 (the last one of 10),
-    # and one evaluate: rank 0 maps 8 + 5 rows of the batches, rank 1 8 + 5.
-    assert [int(r["mapped/fit"]) for r in results] == [2 * 45, 2 * 45]
+    # 2 epochs of 90 samples in global batches of 16 (the last one of 10):
+    # each of 2 shares maps 8 + 5 rows of the batches.
+    assert [int(r["mapped/fit"]) for r in results] == [2 * 45] * ranks
     assert int(serial["mapped/fit"]) == 2 * 90
 
 
