@@ -138,3 +138,21 @@ def test_report_pipeline_section(tmp_path):
     row = target_row(summary, "Pipelined / data-parallel throughput")
     assert "NOT RUN" in row and "needs root" in row
     assert "## 6. Pipeline parallelism" in summary
+
+
+def test_report_data_share_section(tmp_path):
+    run = lambda n, share, epoch, cpu: {"ranks": n, "share": share, "epoch_s": epoch,  # noqa: E731
+                                         "epoch_s_trials": [epoch], "input_cpu_s": [cpu] * n,
+                                         "rows": [2048 // n] * n}
+    write(tmp_path / "data_share.json", {
+        "samples": 2048, "global_batch": 64, "map_matmuls": 20, "width": 64, "trials": 3,
+        "cpus": 2, "load_average_before": [1.5, 1, 1], "load_average_after": [2.5, 1, 1],
+        "serial": {"epoch_s": 0.5, "input_cpu_s": [0.4], "rows": [2048]},
+        "runs": [run(2, True, 0.3, 0.25), run(2, False, 0.6, 0.5)],
+        "ratios": {"2": {"input_cpu_share_vs_whole": 0.5, "epoch_share_vs_whole": 0.5,
+                         "epoch_share_vs_serial": 0.6}}})
+    summary = report(tmp_path)
+    section = summary[summary.index("## 7. Each rank prepares only its share"):]
+    assert "| 2 | on | 0.300 | 0.250, 0.250 | 0.50 | 0.50 |" in section
+    assert "Load average before 1.50, after 2.50" in section
+    assert "Not run." in report(tmp_path / "empty").split("## 7.")[1]

@@ -1171,6 +1171,37 @@ def stages_section(stages):
     return out + [table(["stage", "status", "exit", "seconds", "log"], rows), ""]
 
 
+def data_share_section(results, stages):
+    """Each rank prepares only its share of the input (data_bench.py)."""
+    out = ["## 7. Each rank prepares only its share of the data", ""]
+    d, why = load_json(os.path.join(results, "data_share.json"))
+    if d is None:
+        return out + [not_run_line([missing_note(stages, why, "data_share")]), ""]
+    out.append(f"{d['samples']} samples, a `map` of {d['map_matmuls']} matmuls of "
+               f"{d['width']} x {d['width']} per sample, a one-layer model, global batch "
+               f"{d['global_batch']}; sharing on and off alternate in one process, median of "
+               f"{d['trials']} trials. Input CPU: one pass over the rank's distributed dataset "
+               f"alone. Serial Keras: epoch {d['serial']['epoch_s']:.3f} s, input CPU "
+               f"{d['serial']['input_cpu_s'][0]:.3f} s. Load average before "
+               f"{d['load_average_before'][0]:.2f}, after {d['load_average_after'][0]:.2f} "
+               f"({d['cpus']} cores).")
+    out.append("")
+    rows = []
+    for r in d["runs"]:
+        ratio = d["ratios"][str(r["ranks"])]
+        rows.append([r["ranks"], "on" if r["share"] else "off", f"{r['epoch_s']:.3f}",
+                     ", ".join(f"{v:.3f}" for v in r["input_cpu_s"]),
+                     f"{ratio['input_cpu_share_vs_whole']:.2f}" if r["share"] else "",
+                     f"{ratio['epoch_share_vs_whole']:.2f}" if r["share"] else ""])
+    out.append(table(["ranks", "sharing", "epoch s", "input CPU s per rank",
+                      "input CPU on / off", "epoch on / off"], rows))
+    out.append("")
+    out.append("On 1 rank both rows run the same pipeline: their difference is the noise "
+               "of the run.")
+    out.append("")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
@@ -1195,6 +1226,7 @@ def main():
     body += training_section(args.results, stages, plt, targets)
     body += sim_section(args.results, stages, plt, targets)
     body += pipeline_section(args.results, stages, plt, targets)
+    body += data_share_section(args.results, stages)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

@@ -18,6 +18,9 @@
 #                micro-batches, capacity under a memory limit, and pipelined
 #                vs data-parallel throughput on the
 #                simulated 2-host cluster at 1 Gbit/s (as root)
+#   data_share   input-bound training at 1, 2 and 4 ranks with each rank
+#                preparing only its share of the data, on and off
+#                (data_bench.py)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -55,7 +58,7 @@ while (($#)); do
     --out=*) OUT=${1#--out=} ;;
     --only) ONLY=${2:?--only needs stage names}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -66,9 +69,10 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline)
+STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share)
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
-                        [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_)
+                        [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
+                        [data_share]=data_share)
 for s in ${ONLY//,/ }; do
   [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
     "${STAGE_NAMES[*]})" >&2; exit 2; }
@@ -229,6 +233,14 @@ if wanted pipeline; then
         "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
     done
   fi
+fi
+
+# 7. Each rank prepares only its share of the input data.
+if wanted data_share; then
+  args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  run_stage data_share "$(limit 900 300)" "$OUT/data_share.json" \
+    "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
 fi
 
 # The report: summary.md and the plots, from whatever the stages left.
