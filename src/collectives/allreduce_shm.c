@@ -87,7 +87,7 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
       tnt__reduce_many(mine + lo * esz, srcs, nloc, hi - lo, dtype, local_op, c->size);
       if (across) {
         TNT_CHECK_GOTO(
-            tnt__ring_allreduce(c->cross, mine + lo * esz, hi - lo, dtype, local_op, w), st, out);
+            tnt__ring_allreduce(c->cross, &c->ring, mine + lo * esz, hi - lo, dtype, local_op, w), st, out);
         tnt__reduce_finish(mine + lo * esz, hi - lo, dtype, op, c->size);
       }
     }

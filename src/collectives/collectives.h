@@ -23,6 +23,14 @@
 
 typedef struct tnt__algo tnt__algo_t;
 
+/* How the pipelined ring cuts its chunks: segments of `segment_bytes`, up
+ * to `depth` of them in flight on each link (TNT_RING_SEGMENT_KB, default
+ * 32, and TNT_RING_DEPTH, default 32, read when a communicator is created). */
+typedef struct tnt__ring_cfg {
+  size_t segment_bytes;
+  int depth;
+} tnt__ring_cfg_t;
+
 /* The collectives that have algorithm tables; the barrier has one way only. */
 typedef enum tnt__coll_kind {
   TNT__COLL_ALLREDUCE = 0,
@@ -60,6 +68,7 @@ typedef struct tnt__comm {
   int rank, size;
   int local_rank, local_size;
   int num_hosts;
+  tnt__ring_cfg_t ring;
   tnt__algo_choice_t algos[TNT__ALGO_TABLE_COUNT];
 } tnt__comm_t;
 
@@ -171,11 +180,12 @@ tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
  */
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
 
-/* In-place ring allreduce (reduce-scatter then allgather) over transport
- * `t`; AVERAGE divides by t->size. Used directly by hierarchical
- * algorithms for the step across hosts. */
-tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, void *buf, size_t count, tnt_dtype_t dtype,
-                                 tnt_op_t op, const tnt__wait_ctx_t *w);
+/* In-place pipelined ring allreduce (reduce-scatter then allgather) over
+ * transport `t`, cut as `cfg` says; AVERAGE divides by t->size. Used
+ * directly by hierarchical algorithms for the step across hosts. */
+tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
+                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                 const tnt__wait_ctx_t *w);
 
 /* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
  * cache-line aligned; slice `i` is [*lo, *hi). */

@@ -28,6 +28,28 @@ static size_t slot_bytes_from_env(void) {
   return bytes < 64 ? 64 : bytes;
 }
 
+/* Largest ring segment and depth: beyond them the ring holds more buffers
+ * than any link can keep busy. */
+#define TNT__RING_SEGMENT_MAX_KB (64.0 * 1024.0)
+#define TNT__RING_DEPTH_MAX 1024.0
+
+static tnt__ring_cfg_t ring_cfg_from_env(void) {
+  double kb = tnt__env_double("TNT_RING_SEGMENT_KB", 32.0);
+  if (kb > TNT__RING_SEGMENT_MAX_KB) {
+    TNT_LOG_WARN("ignoring TNT_RING_SEGMENT_KB=%g: at most %.0f; using 32", kb,
+                 TNT__RING_SEGMENT_MAX_KB);
+    kb = 32.0;
+  }
+  double depth = tnt__env_double("TNT_RING_DEPTH", 32.0);
+  if (depth > TNT__RING_DEPTH_MAX || depth < 1.0) {
+    TNT_LOG_WARN("ignoring TNT_RING_DEPTH=%g: it counts segments in flight, 1 to %.0f; using 32",
+                 depth, TNT__RING_DEPTH_MAX);
+    depth = 32.0;
+  }
+  size_t bytes = (size_t)(kb * 1024.0);
+  return (tnt__ring_cfg_t){bytes < 64 ? 64 : bytes, (int)depth};
+}
+
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
   tnt_status_t st = TNT_OK;
   int *list = NULL, *count_on = NULL;
@@ -40,6 +62,7 @@ tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
   c->rank = t->rank;
   c->size = t->size;
   c->num_hosts = t->num_hosts;
+  c->ring = ring_cfg_from_env();
   list = malloc((size_t)t->size * sizeof(int));
   count_on = calloc((size_t)t->num_hosts, sizeof(int));
   if (list == NULL || count_on == NULL) {

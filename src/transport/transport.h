@@ -21,6 +21,11 @@
  * other: they travel on separate channels. */
 typedef enum tnt__channel { TNT__CH_COLL = 0, TNT__CH_P2P = 1 } tnt__channel_t;
 
+/* Collective messages of one transport are matched by order (MPI never
+ * lets two messages of one source and tag overtake each other), so a
+ * single tag serves every algorithm. */
+#define TNT__COLL_TAG 1
+
 /* A pending transfer. `impl` storage belongs to the transport. */
 typedef struct tnt__xreq {
   uint64_t impl[4];

@@ -8,10 +8,6 @@
 #include "util/log.h"
 #include "transport/transport.h"
 
-/* Collective messages of one communicator are matched by order, so a single
- * tag serves every algorithm. */
-#define COLL_TAG 1
-
 tnt_status_t tnt__xwait_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n,
                             const tnt__wait_ctx_t *w) {
   tnt_status_t st = TNT_OK;
@@ -47,8 +43,8 @@ tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes
   tnt__xreq_t reqs[2] = {{.active = 0}, {.active = 0}};
   tnt_status_t st = TNT_OK;
   /* Post the receive first so an eager message lands in place. */
-  if (rbytes > 0) TNT_CHECK_GOTO(t->ops->irecv(t, TNT__CH_COLL, rbuf, rbytes, src, COLL_TAG, &reqs[0]), st, fail);
-  if (sbytes > 0) TNT_CHECK_GOTO(t->ops->isend(t, TNT__CH_COLL, sbuf, sbytes, dst, COLL_TAG, &reqs[1]), st, fail);
+  if (rbytes > 0) TNT_CHECK_GOTO(t->ops->irecv(t, TNT__CH_COLL, rbuf, rbytes, src, TNT__COLL_TAG, &reqs[0]), st, fail);
+  if (sbytes > 0) TNT_CHECK_GOTO(t->ops->isend(t, TNT__CH_COLL, sbuf, sbytes, dst, TNT__COLL_TAG, &reqs[1]), st, fail);
   return tnt__xwait_all(t, reqs, 2, w);
 fail:
   for (int i = 0; i < 2; ++i) {
