@@ -2,10 +2,11 @@
  * The algorithm tables and the choice by message size.
  *
  * On one host the shared-memory algorithms win at every size (measured with
- * tnt-bench against MPI_Allreduce). Across hosts, the allreduce uses the
- * hierarchical shared-memory algorithm when hosts are alike and hold
- * several ranks each, otherwise recursive doubling up to TNT__RD_MAX_BYTES
- * and the ring above.
+ * tnt-bench against MPI_Allreduce). Across hosts, the allreduce is
+ * hierarchical (shared memory within hosts, the pipelined ring among one
+ * leader per host) when hosts are alike and hold several ranks each,
+ * otherwise recursive doubling up to TNT__RD_MAX_BYTES and the pipelined
+ * ring above.
  *
  * A communicator resolves its choice once, when it is created
  * (tnt__algo_resolve): the collectives themselves only look it up, and
@@ -22,9 +23,9 @@
 
 #define TNT__RD_MAX_BYTES (64u * 1024u)
 
-static const tnt__algo_t *const allreduce_algos[] = {&tnt__allreduce_shm, &tnt__allreduce_rd,
-                                                     &tnt__allreduce_ring, &tnt__allreduce_mpi,
-                                                     NULL};
+static const tnt__algo_t *const allreduce_algos[] = {
+    &tnt__allreduce_shm, &tnt__allreduce_rd, &tnt__allreduce_ring, &tnt__allreduce_mpi,
+    &tnt__allreduce_hier, NULL};
 static const tnt__algo_t *const broadcast_algos[] = {&tnt__broadcast_shm, &tnt__broadcast_tree,
                                                      NULL};
 static const tnt__algo_t *const allgatherv_algos[] = {&tnt__allgatherv_shm,
@@ -56,6 +57,9 @@ static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
   const tnt__algo_t *const *t = tables[kind];
   if (t[0]->usable(c)) return (tnt__algo_choice_t){t[0], t[0], SIZE_MAX}; /* shared memory */
   if (kind == TNT__COLL_ALLREDUCE) {
+    if (tnt__allreduce_hier.usable(c)) {
+      return (tnt__algo_choice_t){&tnt__allreduce_hier, &tnt__allreduce_hier, SIZE_MAX};
+    }
     return (tnt__algo_choice_t){&tnt__allreduce_rd, &tnt__allreduce_ring, TNT__RD_MAX_BYTES};
   }
   return (tnt__algo_choice_t){t[1], t[1], SIZE_MAX};

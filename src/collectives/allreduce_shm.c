@@ -1,14 +1,13 @@
 /*
- * Shared-memory allreduce for the members of one host, with a ring across
- * hosts when there are several.
+ * Shared-memory allreduce for the members of one host (groups that span
+ * hosts use allreduce_hier.c).
  *
  * The vector is processed in segments of one slot. Per segment, each rank
  *   1. copies its input (all but its own slice) into its slot,
  *   2. waits until every rank has done so (counter 0),
  *   3. reduces its own slice: reads that slice from every rank's slot (its
  *      own from its input buffer), combines in rank order, writes the result
- *      into the slice of its own slot; across hosts, it then allreduces that
- *      slice with the ranks holding the same slice on the other hosts,
+ *      into the slice of its own slot,
  *   4. waits until every slice is reduced (counter 1),
  *   5. copies every slice of the result to its output.
  * Each byte crosses memory about three times, against 2(n-1) network steps
@@ -27,11 +26,8 @@
 /* Up to this many bytes read per rank, small vectors skip the slicing. */
 #define TNT__SHM_WHOLE_MAX_BYTES (32u * 1024u)
 
-/* Across hosts, only when hosts hold several ranks each: with one rank per
- * host there is nothing to share, and the ring across hosts would run once
- * per slot-sized segment instead of once over the whole vector. */
 static int shm_usable(const tnt__comm_t *c) {
-  return c->shm != NULL && (c->num_hosts == 1 || (c->cross != NULL && c->local_size > 1));
+  return c->shm != NULL && c->num_hosts == 1;
 }
 
 static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
@@ -40,10 +36,6 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
   const size_t esz = tnt__dtype_size(dtype);
   const size_t per_slot = c->shm_slot_bytes / esz;
   const int nloc = c->local_size, me = c->local_rank;
-  const int across = c->num_hosts > 1;
-  /* Across hosts the average is taken once the host sums are combined; the
-   * other operations combine the same way within and across hosts. */
-  const tnt_op_t local_op = across && op == TNT_AVERAGE ? TNT_SUM : op;
   const uint8_t *src = sendbuf;
   uint8_t *dst = recvbuf;
   const void *stack_srcs[16];
@@ -56,7 +48,7 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
   /* Small vectors on one host: every rank combines the whole vector from
    * all slots itself. Reading n * nloc elements is cheaper than the second
    * wait of the sliced scheme, and the combine order is still rank order. */
-  if (!across && count > 0 && count * esz <= c->shm_slot_bytes &&
+  if (count > 0 && count * esz <= c->shm_slot_bytes &&
       count * esz * (size_t)nloc <= TNT__SHM_WHOLE_MAX_BYTES) {
     uint64_t seq;
     TNT_CHECK_GOTO(tnt__shm_round_begin(c, w, &seq), st, out);
@@ -84,12 +76,7 @@ static tnt_status_t shm_allreduce(tnt__comm_t *c, const void *sendbuf, void *rec
     if (hi > lo) {
       for (int q = 0; q < nloc; ++q) srcs[q] = tnt__shm_slot(c, q, slot) + lo * esz;
       srcs[me] = src + (off + lo) * esz;
-      tnt__reduce_many(mine + lo * esz, srcs, nloc, hi - lo, dtype, local_op, c->size);
-      if (across) {
-        TNT_CHECK_GOTO(
-            tnt__ring_allreduce(c->cross, &c->ring, mine + lo * esz, hi - lo, dtype, local_op, w), st, out);
-        tnt__reduce_finish(mine + lo * esz, hi - lo, dtype, op, c->size);
-      }
+      tnt__reduce_many(mine + lo * esz, srcs, nloc, hi - lo, dtype, op, c->size);
     }
     tnt__shm_publish(c, 1, seq);
     TNT_CHECK_GOTO(tnt__shm_wait_all(c, 1, seq, w), st, out);
@@ -107,7 +94,7 @@ out:
 
 const tnt__algo_t tnt__allreduce_shm = {
     .name = "shm",
-    .description = "shared-memory reduce of disjoint slices on each host, ring across hosts",
+    .description = "shared-memory reduce of disjoint slices, on one host",
     .usable = shm_usable,
     .fn.allreduce = shm_allreduce,
 };

@@ -74,7 +74,7 @@ typedef struct tnt__comm {
 
 /* Builds a communicator over `t` (collective over t's ranks; takes
  * ownership of t). Shared memory of TNT_SHM_SLOT_KB per rank and slot
- * (default 256) is set up when the transport supports it, and the
+ * (default 256, or 4096 in groups that span hosts) is set up when the transport supports it, and the
  * algorithms are chosen (tnt__algo_resolve). */
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out);
 void tnt__comm_destroy(tnt__comm_t *c);
@@ -109,6 +109,7 @@ extern const tnt__algo_t tnt__allreduce_ring;  /* allreduce_ring.c */
 extern const tnt__algo_t tnt__allreduce_rd;    /* allreduce_rd.c */
 extern const tnt__algo_t tnt__allreduce_mpi;   /* allreduce_mpi.c */
 extern const tnt__algo_t tnt__allreduce_shm;   /* allreduce_shm.c */
+extern const tnt__algo_t tnt__allreduce_hier;  /* allreduce_hier.c */
 extern const tnt__algo_t tnt__broadcast_tree;  /* broadcast_tree.c */
 extern const tnt__algo_t tnt__broadcast_shm;   /* broadcast_shm.c */
 extern const tnt__algo_t tnt__allgatherv_ring; /* allgatherv_ring.c */

@@ -16,12 +16,16 @@
 /* Largest shared-memory slot: each rank maps two per communicator. */
 #define TNT__SHM_SLOT_MAX_KB (1024.0 * 1024.0)
 
-static size_t slot_bytes_from_env(void) {
-  double kb = tnt__env_double("TNT_SHM_SLOT_KB", 256.0);
+/* Groups that span hosts use larger slots: a slot is one round of the
+ * hierarchical allreduce, and fewer, longer rounds keep the host's share of
+ * each collective short next to the time on the network. */
+static size_t slot_bytes_from_env(int num_hosts) {
+  const double fallback = num_hosts > 1 ? 4096.0 : 256.0;
+  double kb = tnt__env_double("TNT_SHM_SLOT_KB", fallback);
   if (kb > TNT__SHM_SLOT_MAX_KB) {
-    TNT_LOG_WARN("ignoring TNT_SHM_SLOT_KB=%g: at most %.0f (1 GiB per slot); using 256", kb,
-                 TNT__SHM_SLOT_MAX_KB);
-    kb = 256.0;
+    TNT_LOG_WARN("ignoring TNT_SHM_SLOT_KB=%g: at most %.0f (1 GiB per slot); using %.0f", kb,
+                 TNT__SHM_SLOT_MAX_KB, fallback);
+    kb = fallback;
   }
   size_t bytes = (size_t)(kb * 1024.0);
   bytes = (bytes + 63u) & ~(size_t)63u; /* whole cache lines */
@@ -95,7 +99,7 @@ tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
   }
 
   if (c->node->ops->shm_alloc != NULL) {
-    c->shm_slot_bytes = slot_bytes_from_env();
+    c->shm_slot_bytes = slot_bytes_from_env(t->num_hosts);
     st = c->node->ops->shm_alloc(c->node, TNT__SHM_CTRL_BYTES + 2 * c->shm_slot_bytes, &c->shm);
     if (st == TNT_ERR_UNSUPPORTED) {
       TNT_LOG_INFO("shared memory is not available; using network algorithms on this host");

@@ -324,6 +324,39 @@ static tnt_status_t mpi_wrap(MPI_Comm coll, tnt__transport_t **out) {
   return TNT_OK;
 }
 
+/*
+ * TNT_SPLIT_HOSTS=k: the ranks act as if they sat on k hosts, in
+ * consecutive blocks (rank r on host floor(r * k / n)), so that the
+ * algorithms for several hosts run, and are tested, on one machine. A block
+ * must lie within one real host: its ranks still share memory. Read once,
+ * when the world transport is created; every rank must set the same value.
+ */
+static tnt_status_t split_hosts(tnt__transport_t *t, const int *leader) {
+  const char *v = getenv("TNT_SPLIT_HOSTS");
+  if (v == NULL || *v == '\0') return TNT_OK;
+  const int n = t->size;
+  char *end = NULL;
+  long k = strtol(v, &end, 10);
+  if (*end != '\0' || k < 1 || k > n) {
+    TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%s: give the number of hosts to pretend, a whole number from "
+                  "1 to %d (the number of ranks), or unset it",
+                  v, n);
+    return TNT_ERR_INVALID_ARG;
+  }
+  for (int r = 1; r < n; ++r) {
+    const int same_block = (long)r * k / n == (long)(r - 1) * k / n;
+    if (same_block && leader[r] != leader[r - 1]) {
+      TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%s puts ranks %d and %d, which run on different hosts, on "
+                    "one pretended host; use a multiple of the %d real hosts, or unset it",
+                    v, r - 1, r, t->num_hosts);
+      return TNT_ERR_INVALID_ARG;
+    }
+  }
+  for (int r = 0; r < n; ++r) t->host_of[r] = (int)((long)r * k / n);
+  t->num_hosts = (int)k;
+  return TNT_OK;
+}
+
 tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out) {
   MPI_Comm coll;
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &coll));
@@ -369,6 +402,7 @@ tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out) {
       t->host_of[r] = t->host_of[leader[r]];
     }
   }
+  st = split_hosts(t, leader);
   (void)m;
 out:
   free(leader);

@@ -191,7 +191,7 @@ static const size_t kCounts[] = {0, 1, 3, 31, 1024, 1031, 4099, 10007};
 #define NCOUNTS (sizeof kCounts / sizeof kCounts[0])
 #define MAX_COUNT 10007
 
-static const char *const kAllreduceAlgos[] = {"shm", "rd", "ring", "mpi"};
+static const char *const kAllreduceAlgos[] = {"shm", "rd", "ring", "mpi", "hier"};
 static const char *const kBroadcastAlgos[] = {"shm", "tree"};
 static const char *const kAllgathervAlgos[] = {"shm", "ring"};
 
@@ -268,7 +268,7 @@ static int allreduce_rank(rank_ctx_t *rc, tnt__comm_t *c) {
     }
   }
   /* The threads transport has no native allreduce, everything else runs
-   * somewhere: rd and ring always, shm on one host or like hosts. */
+   * somewhere: rd and ring always, shm on one host, hier on like hosts. */
   FAIL_IF(tnt__algo_find(TNT__COLL_ALLREDUCE, "mpi")->usable(c), "mpi usable over threads");
   FAIL_IF(ran < 2, "only %d allreduce algorithms ran", ran);
   FAIL_IF(tnt__algo_find(TNT__COLL_ALLREDUCE, "no-such-algorithm") != NULL, "unknown name found");
@@ -302,7 +302,7 @@ typedef struct agree_table {
 static int agree_rank(rank_ctx_t *rc, tnt__comm_t *c) {
   agree_table_t *tab = rc->shared;
   const size_t count = 6007;
-  for (size_t a = 0; a < 3; a++) {
+  for (size_t a = 0; a < sizeof kAllreduceAlgos / sizeof kAllreduceAlgos[0]; a++) {
     const tnt__algo_t *algo = tnt__algo_find(TNT__COLL_ALLREDUCE, kAllreduceAlgos[a]);
     if (algo == NULL || !algo->usable(c)) continue;
     for (int dt = 0; dt < TNT_DTYPE_COUNT; dt++) {
