@@ -90,6 +90,31 @@ def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, monkey
     assert max(counts) <= -(-batch // size) * -(-samples // batch)
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_samples_of_varying_shapes(drop, monkeypatch):
+    """Rows that cannot be batched before the map (ragged) are selected one
+    by one."""
+    lengths = [1 + i % 4 for i in range(40)]
+    ragged = tf.RaggedTensor.from_row_lengths(np.arange(sum(lengths), dtype=np.int64), lengths)
+
+    def build(counter):
+        ds = tf.data.Dataset.from_tensor_slices((ragged, np.arange(40, dtype=np.float32)))
+        return ds.map(lambda r, y: (tf.reduce_sum(r), y)).map(counter).batch(7, drop)
+    counts = check_equal_today(build, 3, monkeypatch, samples=40)
+    assert sum(counts) == (35 if drop else 40)
+
+
+def test_an_endless_dataset(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="tarantella")
+    got = {}
+    for share in ("0", "1"):
+        monkeypatch.setenv("TNT_DATA_SHARE", share)
+        ds = pairs(10).repeat().map(Counter()).batch(6)
+        got[share] = rows(data.distribute(ds, parts=(1, 2)).take(5))
+    assert got["1"] == got["0"]
+    assert "each rank maps only its share" in caplog.text
+
+
 def test_unbatched_dataset_with_micro_batch_size(monkeypatch):
     for part in range(3):
         monkeypatch.setenv("TNT_DATA_SHARE", "0")
