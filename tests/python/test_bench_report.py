@@ -156,3 +156,26 @@ def test_report_data_share_section(tmp_path):
     assert "| 2 | on | 0.300 | 0.250, 0.250 | 0.50 | 0.50 |" in section
     assert "Load average before 1.50, after 2.50" in section
     assert "Not run." in report(tmp_path / "empty").split("## 7.")[1]
+
+
+def test_report_sim_allreduce_section(tmp_path):
+    rows = []
+    for hosts, per_host, ratio, share in ((2, 1, 1.2, 0.85), (2, 2, 0.9, 0.95)):
+        for b in (4096, 4 << 20):
+            rows.append({"hosts": hosts, "ranks_per_host": per_host, "link": "1gbit_0.1ms",
+                         "link_gbit": 1.0, "link_share": share if b >= 4 << 20 else 0.1,
+                         "bytes": b, "algorithm": "ring", "tnt_us": 10.0, "tnt_algbw": 0.1,
+                         "tnt_busbw": 0.1, "mpi_us": 12.0, "mpi_algbw": 0.08,
+                         "mpi_busbw": 0.08, "ratio": ratio, "memcpy_gbps": 5.0, "iters": 5,
+                         "ok": True})
+    write(tmp_path / "sim_cluster_allreduce.json",
+          {"config": {"load_average_at_start": 1.0}, "results": rows})
+    summary = report(tmp_path)
+    mpi = "Allreduce across simulated hosts: busbw / MPI_Allreduce, every size"
+    link = "Allreduce across simulated hosts: share of the link at >= 4 MiB"
+    assert "| 1.20 | PASS" in target_row(summary, f"{mpi} (2x1, 1gbit_0.1ms)")
+    assert "| 0.90 | **MISS**" in target_row(summary, f"{mpi} (2x2, 1gbit_0.1ms)")
+    assert "| 0.85 | **MISS**" in target_row(summary, f"{link} (2x1, 1gbit_0.1ms)")
+    assert "| 0.95 | PASS" in target_row(summary, f"{link} (2x2, 1gbit_0.1ms)")
+    closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
+    assert "- **sim_allreduce**:" in closing

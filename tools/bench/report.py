@@ -9,11 +9,13 @@ Reads (each optional; a missing file is reported as "not run"):
   overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
   training.json                                                   train_compare.py
   sim_cluster.json                                                sim_cluster_bench.py
+  sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
+sim_cluster_allreduce.png,
 pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
 """
 import argparse
@@ -41,6 +43,9 @@ OVERHEAD_MAX = 0.03
 MWMS_MIN = 1.3
 HOROVOD_MIN = 1.0
 SIM_BOUND_MAX = 1.15
+SIM_ALLREDUCE_MPI_MIN = 1.0   # tnt / MPI_Allreduce busbw across simulated hosts, every size
+SIM_ALLREDUCE_LINK_MIN = 0.9  # share of the shaped link at >= SIM_ALLREDUCE_LINK_BYTES
+SIM_ALLREDUCE_LINK_BYTES = 4 * MIB
 PIPELINE_BUBBLE_MAX = 1.15   # step time / (M + K - 1) t_stage at M = 8, 2 stages
 PIPELINE_BUBBLE_M = 8
 PIPELINE_SIM_MIN = 1.5       # pipelined / data-parallel throughput, 2 hosts at 1 Gbit/s
@@ -180,6 +185,15 @@ NEXT_STEPS = {
                 "the optimizer, the global loss) and, with more stages than cores, ranks "
                 "waiting for a core. TNT_TIMELINE shows each stage's forwards, backwards and "
                 "transfers. Next: a timeline of the missed configuration on a quiet host.",
+    "sim_allreduce": "with one rank per host the pipelined ring is bound by the link at large "
+                     "sizes and by MPI's per-message latency at small ones; with several ranks "
+                     "per host the host's reduce and broadcast (shared memory, on cores the "
+                     "simulated hosts share) come on top of the ring, one after the other. At "
+                     "10 Gbit/s TCP through the namespaces' veth links is bound by the CPU of "
+                     "the 2-core machine (MPI_Allreduce reaches no more than Tarantella), so "
+                     "that link's share cannot reach the target here. Next: overlap the "
+                     "host's reduce and broadcast with the ring across hosts (a segment "
+                     "leaves as soon as the host has reduced it).",
     "sim": "the breakdown puts the time in communication that is not hidden: the allreduce "
            "across hosts reaches only part of the link bandwidth, and overlap gains little "
            "because the bucket holding the largest kernel also waits for bias gradients that "
@@ -753,6 +767,88 @@ def sim_section(results, stages, plt, targets):
     return out
 
 
+def plot_sim_allreduce(plt, results, res):
+    layouts = sorted({(r["hosts"], r["ranks_per_host"]) for r in res})
+    links = sorted({r["link"] for r in res}, key=lambda k: next(
+        r["link_gbit"] for r in res if r["link"] == k))
+    fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        gbit = next(r["link_gbit"] for r in res if r["link"] == link)
+        for hosts, per_host in layouts:
+            mine = sorted((r for r in res if r["link"] == link and r["hosts"] == hosts
+                           and r["ranks_per_host"] == per_host), key=lambda r: r["bytes"])
+            if not mine:
+                continue
+            # What crosses the link: 2(H-1)/H of the vector per host, in Gbit/s.
+            f = 2 * (hosts - 1) / hosts * 8
+            x = [r["bytes"] for r in mine]
+            line, = ax.plot(x, [r["tnt_algbw"] * f for r in mine], "o-",
+                            label=f"Tarantella {hosts}x{per_host}")
+            ax.plot(x, [r["mpi_algbw"] * f for r in mine], "s--", color=line.get_color(),
+                    alpha=0.6, label=f"MPI_Allreduce {hosts}x{per_host}")
+        ax.axhline(gbit, color="k", lw=1, label=f"link rate ({gbit:g} Gbit/s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message bytes")
+        ax.set_ylabel("link bandwidth used, Gbit/s")
+        ax.set_title(f"allreduce across 2 simulated hosts, {link}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, results, "sim_cluster_allreduce.png")
+
+
+def sim_allreduce_section(results, stages, plt, targets):
+    out = ["## 5b. Allreduce across simulated hosts", ""]
+    d, why = load_json(os.path.join(results, "sim_cluster_allreduce.json"))
+    names = [("Allreduce across simulated hosts: busbw / MPI_Allreduce, every size",
+              f">= {SIM_ALLREDUCE_MPI_MIN:.1f}"),
+             (f"Allreduce across simulated hosts: share of the link at >= "
+              f"{bytes_str(SIM_ALLREDUCE_LINK_BYTES)}", f">= {SIM_ALLREDUCE_LINK_MIN:.2f}")]
+    if d is None:
+        note = missing_note(stages, why, "sim_cluster_allreduce")
+        targets.extend(Target(n, req, note=note) for n, req in names)
+        return out + [not_run_line([note]), ""]
+    res, cfg = d.get("results", []), d.get("config", {})
+    out += config_lines(cfg)
+    groups = sorted({(r["hosts"], r["ranks_per_host"], r["link_gbit"], r["link"]) for r in res})
+    for hosts, per_host, _, link in groups:
+        mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) ==
+                (hosts, per_host, link)]
+        label = f"{hosts}x{per_host}, {link}"
+        worst = min(mine, key=lambda r: r["ratio"])
+        t = Target(f"{names[0][0]} ({label})", names[0][1], f"{worst['ratio']:.2f}",
+                   worst["ratio"] >= SIM_ALLREDUCE_MPI_MIN, family="sim_allreduce")
+        t.note = f"lowest at {bytes_str(worst['bytes'])} ({worst['algorithm']})"
+        targets.append(t)
+        large = [r for r in mine if r["bytes"] >= SIM_ALLREDUCE_LINK_BYTES]
+        if not large:
+            targets.append(Target(f"{names[1][0]} ({label})", names[1][1],
+                                  note="no size that large"))
+            continue
+        low = min(large, key=lambda r: r["link_share"])
+        t = Target(f"{names[1][0]} ({label})", names[1][1], f"{low['link_share']:.2f}",
+                   low["link_share"] >= SIM_ALLREDUCE_LINK_MIN, family="sim_allreduce")
+        t.note = f"lowest at {bytes_str(low['bytes'])}"
+        targets.append(t)
+    if plt is not None and res:
+        plot_sim_allreduce(plt, results, res)
+        out += [image("sim_cluster_allreduce.png", results), ""]
+    out.append("`tnt-bench allreduce` (float32 sum, libtnt's choice of algorithm) and "
+               "MPI_Allreduce in the same run, on simulated hosts (network namespaces, links "
+               "shaped with tc). busbw = algbw * 2(n-1)/n over n ranks; link share = algbw * "
+               "2(H-1)/H over H hosts / link rate: what each host must send, per second, of "
+               "what its link carries.")
+    out.append("")
+    rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], bytes_str(r["bytes"]),
+             r["algorithm"], f"{r['tnt_busbw']:.3f}", f"{r['mpi_busbw']:.3f}",
+             f"{r['ratio']:.2f}", f"{r['link_share']:.2f}"] for r in res]
+    out.append(table(["layout", "link", "bytes", "algorithm", "tnt busbw GB/s",
+                      "MPI busbw GB/s", "tnt / MPI", "link share"], rows))
+    out += problem_lines(cfg)
+    out.append("")
+    return out
+
+
 def plot_pipeline_bubble(plt, results, res):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k in sorted({r["stages"] for r in res}):
@@ -1225,6 +1321,7 @@ def main():
     body += fusion_section(args.results, stages, plt, targets)
     body += training_section(args.results, stages, plt, targets)
     body += sim_section(args.results, stages, plt, targets)
+    body += sim_allreduce_section(args.results, stages, plt, targets)
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages)
     out = header(args.results, stages, args.quick)

@@ -215,6 +215,19 @@ optional_stage() {
 }
 optional_stage training train_compare.py 3600 1200
 optional_stage sim_cluster sim_cluster_bench.py 2400 900
+# The allreduce alone on the simulated hosts, against MPI_Allreduce.
+if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    not_run sim_cluster_allreduce "needs root (network namespaces, tc)"
+  elif [[ ! -x $TNT_BENCH ]]; then
+    not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
+  else
+    args=(--allreduce --tnt-bench "$TNT_BENCH" --out "$OUT/sim_cluster_allreduce.json")
+    [[ $QUICK == 1 ]] && args+=(--quick)
+    run_stage sim_cluster_allreduce "$(limit 1200 400)" "$OUT/sim_cluster_allreduce.json" \
+      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
+  fi
+fi
 
 # 6. Pipeline parallelism: three measurements, each a stage of its own.
 if wanted pipeline; then

@@ -22,6 +22,15 @@ medians over the steps of each rank, averaged over the ranks.
     sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 3 minutes
     sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 10 minutes
 
+With --allreduce it measures the allreduce alone instead: `tnt-bench
+allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
+run, 4 KiB to 64 MiB) on 2 hosts x 1 rank and 2 hosts x 2 ranks (--layouts),
+at both link rates. Besides tnt-bench's figures each row gets link_share:
+the bytes every host must send, 2(H-1)/H of the vector for H hosts, per
+second, as a fraction of the shaped link rate (1.0: the link never idles).
+
+    sudo python3 tools/bench/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
+
 Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
 (`make install`). All hosts share this machine's cores: 4 hosts with one
 rank each on a 2-core machine are oversubscribed, so their compute is
@@ -349,6 +358,102 @@ def require_cluster_tools(program):
             sys.exit(f"{program}: {tool} is not on PATH")
 
 
+def run_tnt_bench(cluster, work, per_host, args, timeout):
+    """tnt-bench allreduce on every host, `per_host` ranks each (consecutive
+    ranks share a host); returns its JSON and what went wrong (None: nothing)."""
+    hostfile = os.path.join(work, "hostfile")
+    with open(hostfile, "w") as f:
+        f.write("\n".join(cluster.hosts) + "\n")
+    out = os.path.join(work, "tnt_bench.json")
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+           "TNT_TIMEOUT_S": "120", "OMPI_MCA_plm_rsh_agent": f"{SIM} agent",
+           "OMPI_MCA_plm_rsh_no_tree_spawn": "1", "OMPI_MCA_oob_tcp_if_include": cluster.net,
+           "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp",
+           "TNT_ALLREDUCE_ALGORITHM": args.algorithm}
+    cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
+           "--no-gpu", "--run-dir", os.path.join(work, "run"), "--", args.tnt_bench, "allreduce",
+           "--min", "4K", "--max", args.max, "--json", out]
+    r = run_checked(cmd, timeout=timeout, env=env, stdin=subprocess.DEVNULL,
+                    start_new_session=True)
+    if r.returncode == 124:
+        cluster.kill_processes()
+    with open(os.path.join(work, "tnt_bench.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    problem = None if r.returncode == 0 else (
+        f"tnt-bench failed with status {r.returncode}: {(r.stdout + r.stderr).strip()[-600:]}")
+    try:
+        with open(out) as f:
+            return json.load(f), problem
+    except (OSError, ValueError) as e:
+        return None, problem or f"no results from tnt-bench: {e}"
+
+
+def allreduce_driver(args):
+    require_cluster_tools("sim_cluster_bench --allreduce")
+    if not args.tnt_bench or not os.access(args.tnt_bench, os.X_OK):
+        sys.exit(f"sim_cluster_bench: no tnt-bench at {args.tnt_bench!r}; give --tnt-bench PATH")
+    try:
+        layouts = [tuple(int(v) for v in lay.split("x")) for lay in args.layouts.split(",")]
+    except ValueError:
+        sys.exit(f"sim_cluster_bench: --layouts {args.layouts!r}: expected HOSTSxRANKS,... "
+                 "such as 2x1,2x2")
+    links = args.links.split(",")
+    for link in links:
+        if link not in LINKS:
+            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
+        prefix="tnt-simbench-")
+    config = {"benchmark": "tnt-bench allreduce against MPI_Allreduce, float32 sum",
+              "tnt_bench": args.tnt_bench, "max_bytes": args.max,
+              "allreduce_algorithm": args.algorithm, "cores": os.cpu_count(),
+              "link_share": "algbw * 2(H-1)/H / link rate, H hosts",
+              "load_average_at_start": round(os.getloadavg()[0], 2), "links": {},
+              "problems": {}}
+    results = []
+    start = time.monotonic()
+    for nhosts, per_host in layouts:
+        cluster = Cluster(nhosts)
+        try:
+            for link in links:
+                applied = cluster.shape(LINKS[link])
+                config["links"][link] = applied
+                key = f"{nhosts}x{per_host}_{link}"
+                work = os.path.join(keep, key)
+                os.makedirs(work, exist_ok=True)
+                t0 = time.monotonic()
+                data, problem = run_tnt_bench(cluster, work, per_host, args, args.timeout)
+                if problem:
+                    config["problems"][key] = problem
+                for row in (data or {}).get("rows", []):
+                    share = row["tnt_algbw"] * 2 * (nhosts - 1) / nhosts * 8e9 / LINKS[link]
+                    results.append({"hosts": nhosts, "ranks_per_host": per_host, "link": link,
+                                    "link_gbit": LINKS[link] / 1e9,
+                                    "link_share": round(share, 4)} | row)
+                print(f"sim_cluster_bench: {nhosts} hosts x {per_host}, {link} ({applied}): "
+                      f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
+                      file=sys.stderr, flush=True)
+        finally:
+            cluster.down()
+    config["elapsed_s"] = round(time.monotonic() - start, 1)
+    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    out = {"config": config, "results": results}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{'layout':>6} {'link':<13} {'bytes':>10} {'algorithm':<9} {'tnt_busbw':>9} "
+          f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5}")
+    for r in results:
+        print(f"{r['hosts']}x{r['ranks_per_host']:<4} {r['link']:<13} {r['bytes']:>10} "
+              f"{r['algorithm']:<9} {r['tnt_busbw']:9.3f} {r['mpi_busbw']:9.3f} "
+              f"{r['ratio']:6.2f} {r['link_share']:5.2f}")
+    print("busbw in GB/s (tnt-bench: algbw * 2(n-1)/n over n ranks); ratio = tnt / MPI; "
+          "link = share of the shaped link rate (algbw * 2(H-1)/H over H hosts)")
+    for key, problem in config["problems"].items():
+        print(f"problem: {key}: {problem}")
+    print(f"load average {config['load_average_at_start']} at the start, "
+          f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
+
+
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
     hosts = [int(h) for h in args.hosts.split(",")]
@@ -454,6 +559,14 @@ def main():
     p.add_argument("--algorithm", default="auto",
                    help="TNT_ALLREDUCE_ALGORITHM of the ranks (default auto: libtnt's choice)")
     p.add_argument("--keep-dir", help="where traces and logs go (default: a new temp dir)")
+    p.add_argument("--allreduce", action="store_true",
+                   help="measure tnt-bench allreduce against MPI_Allreduce instead of training")
+    p.add_argument("--layouts", default="2x1,2x2",
+                   help="with --allreduce: HOSTSxRANKS per host, comma-separated (default 2x1,2x2)")
+    p.add_argument("--tnt-bench", default=shutil.which("tnt-bench"),
+                   help="with --allreduce: the tnt-bench program (default: the one on PATH)")
+    p.add_argument("--max", default="64M",
+                   help="with --allreduce: the largest message (default 64M; quick 4M)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -466,7 +579,12 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        driver(args)
+        if args.allreduce:
+            if args.quick:
+                args.max = "4M"
+            allreduce_driver(args)
+        else:
+            driver(args)
     finally:
         Cluster.down_all()
 
