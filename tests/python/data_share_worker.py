@@ -1,6 +1,7 @@
 """Trains on a mapped dataset, serially (--serial: plain Keras) or on the
 ranks of a Tarantella job, and records the weights, the losses and how many
-samples the map processed on this rank (key mapped/fit).
+samples the map processed on this rank in fit (key mapped/fit); without
+--pipeline also evaluate's loss and predict's outputs on the same dataset.
 
 --pipeline cuts the model into 2 stages (SplitLayer; plain Keras ignores
 the cut) and trains it on 2 replicas of the pipeline (4 ranks): the
@@ -73,6 +74,9 @@ def main():
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(counter).batch(BATCH).prefetch(2)
     history = model.fit(ds, epochs=EPOCHS, verbose=0)
     results = {"loss": np.array(history.history["loss"]), "mapped/fit": np.array(counter.calls)}
+    if not args.pipeline:
+        results["evaluate"] = np.array(model.evaluate(ds, verbose=0))
+        results["predict"] = model.predict(ds, verbose=0)
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = w
     os.makedirs(args.out, exist_ok=True)
