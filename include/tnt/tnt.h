@@ -267,6 +267,16 @@ typedef struct tnt_fusion_options {
    * become infinities) with 11 significant bits; bfloat16 has float32's
    * range with 8. The result is bitwise identical on every rank. */
   tnt_dtype_t wire_dtype;
+  /* 1: the set tunes its threshold itself and threshold_bytes is ignored.
+   * It tries 32, 128, 512, 2048 and 8192 KiB, two rounds each after one
+   * round of warm-up, and keeps the one with which the master's fastest
+   * round was fastest; one more round takes the master's choice to every
+   * rank, so every rank uses the same plan (12 rounds in all). The master
+   * logs the choice. While tuning, a tensor's start for the next round
+   * waits until every tensor has finished the current one (as in a
+   * training loop); the plan, and so tnt_fusion_num_buckets and
+   * tnt_fusion_bucket_of, change between those rounds. */
+  int tune_threshold;
 } tnt_fusion_options_t;
 
 /*
@@ -301,6 +311,9 @@ TNT_API tnt_fusion_t *tnt_fusion_lookup(int64_t handle);
 TNT_API tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f);
 
 TNT_API size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
+/* The threshold in bytes of the plan in use (the tuned one once a tuning
+ * set has decided); 0 for NULL. */
+TNT_API size_t tnt_fusion_threshold(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */
 TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
 /* 1 when tensor `id` is in the set, with its entry of the list copied to

@@ -47,12 +47,15 @@ class GradientReducer:
         if fusion is None:
             tensors = [(count_id, 1, "float32")]
             tensors += [(i, n, dt) for i, n, dt in signature]
-            threshold = int(runtime.threshold_kb() * 1024)
+            kb = runtime.threshold_kb()
+            tune = kb == "auto"
+            threshold = 0 if tune else int(kb * 1024)
             wire = runtime.compression()
-            fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire)
-            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %d bytes, "
-                             "float32 travels as %s)", len(tensors), fusion.num_buckets,
-                             threshold, wire or "float32")
+            fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
+                                  tune_threshold=tune)
+            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %s, float32 "
+                             "travels as %s)", len(tensors), fusion.num_buckets,
+                             "tuned" if tune else f"{threshold} bytes", wire or "float32")
             self._sets[signature] = fusion
         return fusion
 

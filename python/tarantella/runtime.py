@@ -219,10 +219,13 @@ def is_master_rank():
 
 
 def threshold_kb():
-    """The fusion threshold in KiB from TNT_FUSION_THRESHOLD_KB, or the default."""
+    """The fusion threshold in KiB from TNT_FUSION_THRESHOLD_KB, or the
+    default; "auto" when the fusion sets tune it themselves."""
     raw = os.environ.get("TNT_FUSION_THRESHOLD_KB")
     if raw is None or raw.strip() == "":
         return DEFAULT_FUSION_THRESHOLD_KB
+    if raw.strip().lower() == "auto":
+        return "auto"
     try:
         value = float(raw)
     except ValueError:
@@ -230,7 +233,8 @@ def threshold_kb():
     if not 0 <= value < float("inf"):  # also rejects nan
         raise TarantellaError(
             f"TNT_FUSION_THRESHOLD_KB={raw!r} is not a non-negative number of KiB "
-            f"(e.g. {DEFAULT_FUSION_THRESHOLD_KB}); fix or unset it")
+            f"(e.g. {DEFAULT_FUSION_THRESHOLD_KB}) or auto (tuned in the first steps); fix or "
+            "unset it")
     return value
 
 

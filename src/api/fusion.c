@@ -14,6 +14,13 @@
  * dtype: each start narrows its tensor into the bucket and each finish
  * widens its part of the result, so the allreduce moves half the bytes and
  * no tensor is converted twice.
+ *
+ * A set that tunes its threshold (src/fusion/tuner.h) replans between
+ * rounds: a round ends when every tensor has finished it, and while tuning,
+ * a tensor's start for the next round waits until then, so that no tensor
+ * is in a bucket while the buckets change. The round that decides carries
+ * the master's choice in one more allreduce, submitted just before the
+ * round's first bucket: in the same place on every rank, like the buckets.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +32,7 @@
 #include "api/api.h"
 #include "api/collectives.h"
 #include "fusion/planner.h"
+#include "fusion/tuner.h"
 #include "util/handles.h"
 #include "util/reduce.h"
 #include "util/timeline.h"
@@ -47,6 +55,16 @@ struct tnt_fusion {
   uint8_t *state; /* per tensor: IDLE, STARTED, FINISHED */
   bucket_t *buckets;
   size_t next_issue; /* the bucket whose allreduce goes next */
+  size_t threshold;  /* of the plan in use */
+  /* Rounds: tensors started and finished in the round now running, and
+   * per tensor the rounds it has finished. */
+  size_t round, started_in_round, finished_in_round;
+  size_t *rounds_of;
+  double round_began;
+  tnt__tuner_t tuner;
+  int64_t vote[1];         /* the master's choice, in the deciding round */
+  tnt_request_t *vote_req; /* its allreduce, once submitted */
+  tnt_status_t broken;     /* a failed replan: every later call fails */
   int64_t handle;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* a bucket was submitted or reset */
@@ -73,8 +91,9 @@ static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
 static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
                                     const tnt_fusion_options_t *opt) {
   uint64_t h = 1469598103934665603ull;
-  const uint64_t o[3] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype};
-  for (int k = 0; k < 3; ++k) h = (h ^ o[k]) * 1099511628211ull;
+  const uint64_t o[4] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype,
+                         (uint64_t)opt->tune_threshold};
+  for (int k = 0; k < 4; ++k) h = (h ^ o[k]) * 1099511628211ull;
   for (size_t i = 0; i < n; ++i) {
     uint64_t v[3] = {t[i].id, t[i].count, (uint64_t)t[i].dtype};
     for (int k = 0; k < 3; ++k) h = (h ^ v[k]) * 1099511628211ull;
@@ -96,6 +115,42 @@ static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, 
 
 static tnt_status_t fusion_free(tnt_fusion_t *f);
 
+/* Frees `nbuckets` buckets; none may be in flight. */
+static void free_buckets(bucket_t *buckets, size_t nbuckets) {
+  for (size_t b = 0; buckets != NULL && b < nbuckets; ++b) free(buckets[b].buf);
+  free(buckets);
+}
+
+/* Plans the tensors of `f` with `threshold` and allocates their buckets;
+ * on success *plan and *buckets belong to the caller. */
+static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t threshold,
+                                 tnt__fusion_plan_t *plan, bucket_t **buckets) {
+  TNT_CHECK(tnt__fusion_plan(f->tensors, n, threshold, plan));
+  bucket_t *bks = calloc(plan->nbuckets + 1, sizeof *bks);
+  for (size_t b = 0; bks != NULL && b < plan->nbuckets; ++b) {
+    const tnt__bucket_plan_t *bp = &plan->buckets[b];
+    bucket_t *bk = &bks[b];
+    bk->wire = bp->dtype == TNT_FLOAT32 ? f->opt.wire_dtype : bp->dtype;
+    bk->buf = malloc(bp->count * tnt__dtype_size(bk->wire) + 1);
+    if (bk->buf == NULL) {
+      free_buckets(bks, b);
+      bks = NULL;
+      break;
+    }
+    snprintf(bk->label, sizeof bk->label,
+             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes%s%s)", b, bp->nmembers,
+             bp->count * tnt__dtype_size(bk->wire), bk->wire != bp->dtype ? " of " : "",
+             bk->wire != bp->dtype ? tnt_dtype_name(bk->wire) : "");
+  }
+  if (bks == NULL) {
+    TNT_LOG_ERROR("fusion: out of memory for the buckets of %zu tensors", n);
+    tnt__fusion_plan_free(plan);
+    return TNT_ERR_NO_MEMORY;
+  }
+  *buckets = bks;
+  return TNT_OK;
+}
+
 static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
                                   const tnt_fusion_options_t *options, tnt_fusion_t **out) {
   static const char call[] = "tnt_fusion_create";
@@ -111,6 +166,10 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
                             "compression), float16 or bfloat16",
                             (int)opt.wire_dtype, tnt_dtype_name(opt.wire_dtype));
   }
+  if (opt.tune_threshold != 0 && opt.tune_threshold != 1) {
+    return tnt__api_invalid(call, "tune_threshold %d: 0 (use threshold_bytes) or 1 (tune it)",
+                            opt.tune_threshold);
+  }
   TNT_CHECK(tnt__engine_check(tnt__context_engine(g->ctx)));
   tnt_fusion_t *f = calloc(1, sizeof *f);
   if (f == NULL) {
@@ -119,6 +178,8 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   }
   f->g = g;
   f->opt = opt;
+  tnt__tuner_init(&f->tuner);
+  f->threshold = opt.tune_threshold ? tnt__tuner_threshold(&f->tuner) : opt.threshold_bytes;
   pthread_mutex_init(&f->mu, NULL);
   /* Monotonic: the stall warning and the deadline of a finish are timed
    * waits on this variable. */
@@ -128,27 +189,17 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
     free(f);
     return st;
   }
-  TNT_CHECK_GOTO(tnt__fusion_plan(tensors, n, opt.threshold_bytes, &f->plan), st, fail);
-  TNT_CHECK_GOTO(check_same_list(g, tensors, n, &opt), st, fail);
   f->tensors = malloc(n * sizeof *f->tensors + 1);
   f->state = calloc(n + 1, 1);
-  f->buckets = calloc(f->plan.nbuckets + 1, sizeof *f->buckets);
-  if (f->tensors == NULL || f->state == NULL || f->buckets == NULL) goto no_memory;
+  f->rounds_of = calloc(n + 1, sizeof *f->rounds_of);
+  if (f->tensors == NULL || f->state == NULL || f->rounds_of == NULL) goto no_memory;
   if (n > 0) memcpy(f->tensors, tensors, n * sizeof *tensors);
-  for (size_t b = 0; b < f->plan.nbuckets; ++b) {
-    const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
-    bucket_t *bk = &f->buckets[b];
-    bk->wire = bp->dtype == TNT_FLOAT32 ? opt.wire_dtype : bp->dtype;
-    bk->buf = malloc(bp->count * tnt__dtype_size(bk->wire) + 1);
-    if (bk->buf == NULL) goto no_memory;
-    snprintf(bk->label, sizeof bk->label,
-             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes%s%s)", b, bp->nmembers,
-             bp->count * tnt__dtype_size(bk->wire), bk->wire != bp->dtype ? " of " : "",
-             bk->wire != bp->dtype ? tnt_dtype_name(bk->wire) : "");
-  }
+  TNT_CHECK_GOTO(make_buckets(f, n, f->threshold, &f->plan, &f->buckets), st, fail);
+  TNT_CHECK_GOTO(check_same_list(g, tensors, n, &opt), st, fail);
   if (tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle) < 0) goto no_memory;
-  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes, float32 travels as %s)",
-                n, f->plan.nbuckets, opt.threshold_bytes, tnt_dtype_name(opt.wire_dtype));
+  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes%s, float32 travels as %s)",
+                n, f->plan.nbuckets, f->threshold, opt.tune_threshold ? ", tuning" : "",
+                tnt_dtype_name(opt.wire_dtype));
   *out = f;
   return TNT_OK;
 no_memory:
@@ -177,12 +228,17 @@ static tnt_status_t fusion_free(tnt_fusion_t *f) {
       if (w < 0) st = w;
       tnt__request_unref(f->buckets[b].req);
     }
-    free(f->buckets[b].buf);
   }
+  if (f->vote_req != NULL) {
+    tnt_status_t w = tnt__request_wait(f->vote_req, -1);
+    if (w < 0) st = w;
+    tnt__request_unref(f->vote_req);
+  }
+  free_buckets(f->buckets, f->plan.nbuckets);
   tnt__fusion_plan_free(&f->plan);
-  free(f->buckets);
   free(f->tensors);
   free(f->state);
+  free(f->rounds_of);
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f);
@@ -204,25 +260,78 @@ int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
   return f == NULL ? 0 : f->handle;
 }
 
+/* Ends a round of a set that tunes its threshold: times it, takes the
+ * master's choice when it was the deciding round, and replans when the
+ * next round uses another threshold. Called with f->mu held, once every
+ * tensor has finished the round (so no bucket is in flight). */
+static tnt_status_t end_tuning_round(tnt_fusion_t *f) {
+  const tnt__tuner_phase_t phase = tnt__tuner_phase(&f->tuner);
+  int chosen = -1;
+  if (phase == TNT__TUNER_DECIDING) {
+    /* Submitted before the round's first bucket, so it completed first. */
+    TNT_CHECK(tnt__request_wait(f->vote_req, tnt_context_timeout(f->g->ctx)));
+    tnt__request_unref(f->vote_req);
+    f->vote_req = NULL;
+    chosen = (int)f->vote[0];
+  }
+  const int replan = tnt__tuner_end_round(&f->tuner, tnt__now() - f->round_began, chosen);
+  const size_t threshold = tnt__tuner_threshold(&f->tuner);
+  if (replan) {
+    tnt__fusion_plan_t plan;
+    bucket_t *buckets;
+    TNT_CHECK(make_buckets(f, f->plan.ntensors, threshold, &plan, &buckets));
+    free_buckets(f->buckets, f->plan.nbuckets);
+    tnt__fusion_plan_free(&f->plan);
+    f->plan = plan;
+    f->buckets = buckets;
+    f->threshold = threshold;
+    f->next_issue = 0;
+  }
+  if (phase == TNT__TUNER_DECIDING && tnt_group_rank(f->g) == 0) {
+    char times[160];
+    size_t len = 0;
+    for (int c = 0; c < TNT__TUNER_NCANDIDATES && len < sizeof times; ++c) {
+      len += (size_t)snprintf(times + len, sizeof times - len, "%s%zu KiB %.2f ms", c ? ", " : "",
+                              TNT__TUNER_CANDIDATES_KB[c], f->tuner.best_s[c] * 1e3);
+    }
+    TNT_LOG_INFO(
+        "fusion: tuned threshold %zu KiB for %zu tensors (%zu buckets); fastest round with "
+        "each: %s",
+        threshold / 1024, f->plan.ntensors, f->plan.nbuckets, times);
+  }
+  return TNT_OK;
+}
+
 /* Marks tensor i finished; the last member of a bucket resets it for the
- * next round. Called with f->mu held; returns the request to release (after
- * unlocking) when the round ended, else NULL. */
-static tnt_request_t *mark_finished(tnt_fusion_t *f, size_t i) {
+ * next round, and the last tensor of the round ends the round. Called with
+ * f->mu held; *release becomes the request to release (after unlocking)
+ * when the bucket's round ended, else NULL. */
+static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **release) {
   const size_t b = f->plan.bucket_of[i];
   bucket_t *bk = &f->buckets[b];
   const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  *release = NULL;
   f->state[i] = FINISHED;
-  if (++bk->finished < bp->nmembers) return NULL;
+  f->rounds_of[i]++;
+  if (++bk->finished < bp->nmembers) return TNT_OK;
   for (size_t k = 0; k < bp->nmembers; ++k) f->state[f->plan.members[bp->first + k]] = IDLE;
-  tnt_request_t *req = bk->req;
+  *release = bk->req;
   bk->started = bk->finished = 0;
   bk->req = NULL;
   pthread_cond_broadcast(&f->cv);
-  return req;
+  f->finished_in_round += bp->nmembers;
+  if (f->finished_in_round < f->plan.ntensors) return TNT_OK;
+  f->round++;
+  f->started_in_round = f->finished_in_round = 0;
+  if (!f->opt.tune_threshold || tnt__tuner_phase(&f->tuner) == TNT__TUNER_DONE) return TNT_OK;
+  tnt_status_t st = end_tuning_round(f);
+  if (st < 0) f->broken = st;
+  return st;
 }
 
 /* Submits, in plan order, every bucket whose members have all started;
- * `*nissued` counts them. Called with f->mu held. */
+ * `*nissued` counts them. In the deciding round of a tuning set, the
+ * master's choice goes first. Called with f->mu held. */
 static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued) {
   *first = f->next_issue;
   for (;;) {
@@ -230,12 +339,39 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
     bucket_t *bk = &f->buckets[b];
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
+    if (b == 0 && f->opt.tune_threshold && f->vote_req == NULL &&
+        tnt__tuner_phase(&f->tuner) == TNT__TUNER_DECIDING) {
+      f->vote[0] = tnt_group_rank(f->g) == 0 ? tnt__tuner_fastest(&f->tuner) : -1;
+      TNT_CHECK(tnt__allreduce_submit(f->g, f->vote, f->vote, 1, TNT_INT64, TNT_MAX,
+                                      "fusion threshold choice", -1, &f->vote_req));
+    }
     TNT_CHECK(tnt__allreduce_submit(f->g, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op,
                                     bk->label, (long)b, &bk->req));
     ++*nissued;
     f->next_issue = (b + 1) % f->plan.nbuckets;
     pthread_cond_broadcast(&f->cv);
   }
+}
+
+/* While a set tunes its threshold, waits until tensor i may start: until
+ * every tensor has finished the round that i has finished already. Called
+ * with f->mu held. */
+static tnt_status_t wait_for_round(tnt_fusion_t *f, size_t i, const char *call) {
+  if (!f->opt.tune_threshold || tnt__tuner_phase(&f->tuner) == TNT__TUNER_DONE) return TNT_OK;
+  const double timeout_s = tnt_context_timeout(f->g->ctx);
+  const struct timespec ts = tnt__abs_time(tnt__now() + timeout_s);
+  while (f->rounds_of[i] > f->round && f->broken == TNT_OK) {
+    if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && f->rounds_of[i] > f->round) {
+      TNT_LOG_ERROR(
+          "%s: tensor %llu waited %.1f s for the other tensors of the set to finish round %zu; "
+          "while a set tunes its threshold (the first %d rounds), every tensor must finish a "
+          "round before any starts the next",
+          call, (unsigned long long)f->tensors[i].id, timeout_s, f->round,
+          2 + TNT__TUNER_NCANDIDATES * TNT__TUNER_ROUNDS);
+      return TNT_ERR_TIMEOUT;
+    }
+  }
+  return f->broken;
 }
 
 static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
@@ -249,10 +385,16 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
                             (unsigned long long)id, t->count);
   }
   TNT_CHECK(tnt__engine_check(tnt__context_engine(f->g->ctx)));
+  pthread_mutex_lock(&f->mu);
+  tnt_status_t st = wait_for_round(f, (size_t)i, call);
+  if (st < 0) {
+    pthread_mutex_unlock(&f->mu);
+    return st;
+  }
+  /* The plan stays until this tensor has finished the round. */
   const size_t b = f->plan.bucket_of[i];
   bucket_t *bk = &f->buckets[b];
   const size_t esz = tnt__dtype_size(bk->wire);
-  pthread_mutex_lock(&f->mu);
   if (f->state[i] != IDLE) {
     const int twice = f->state[i] == STARTED;
     pthread_mutex_unlock(&f->mu);
@@ -264,11 +406,12 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
     return TNT_ERR_STATE;
   }
   f->state[i] = STARTED;
+  if (f->started_in_round++ == 0) f->round_began = tnt__now();
+  uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
   pthread_mutex_unlock(&f->mu);
 
   /* Members occupy disjoint parts of the bucket, which no allreduce uses
    * until every member has started: the copy needs no lock. */
-  uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
   if (bk->wire != t->dtype) {
     tnt__narrow((uint16_t *)(void *)part, data, t->count, bk->wire);
   } else {
@@ -282,7 +425,7 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
   size_t first = 0, nissued = 0;
   pthread_mutex_lock(&f->mu);
   bk->started++;
-  tnt_status_t st = issue_ready(f, &first, &nissued);
+  st = issue_ready(f, &first, &nissued);
   pthread_mutex_unlock(&f->mu);
   for (size_t k = 0; k < nissued && TNT__TIMELINE_ON(); ++k) {
     const size_t ib = (first + k) % f->plan.nbuckets;
@@ -334,8 +477,6 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
                             (unsigned long long)id, t->count);
   }
   if (timeout_s < 0) timeout_s = tnt_context_timeout(f->g->ctx);
-  const size_t b = f->plan.bucket_of[i];
-  bucket_t *bk = &f->buckets[b];
   const double entered = tnt__now();
   const double deadline = entered + timeout_s;
   const struct timespec ts = tnt__abs_time(deadline);
@@ -346,6 +487,9 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
     TNT_LOG_ERROR("%s: tensor %llu was not started", call, (unsigned long long)id);
     return TNT_ERR_STATE;
   }
+  /* Started: the plan stays until the tensor has finished. */
+  const size_t b = f->plan.bucket_of[i];
+  bucket_t *bk = &f->buckets[b];
   /* A stall is reported once, a third of the way to the timeout. */
   const tnt__wait_ctx_t w = tnt__wait_ctx(timeout_s, "");
   const struct timespec warn_ts = tnt__abs_time(w.warn_at);
@@ -384,11 +528,12 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
                            "\"tensor\":%llu,\"bucket\":%zu", (unsigned long long)id, b);
   }
 
+  tnt_request_t *release;
   pthread_mutex_lock(&f->mu);
-  tnt_request_t *release = mark_finished(f, (size_t)i);
+  const tnt_status_t st = mark_finished(f, (size_t)i, &release);
   pthread_mutex_unlock(&f->mu);
   if (release != NULL) tnt__request_unref(release);
-  return TNT_OK;
+  return st;
 }
 
 tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
@@ -402,6 +547,10 @@ tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f) {
 
 size_t tnt_fusion_num_buckets(const tnt_fusion_t *f) {
   return f == NULL ? 0 : f->plan.nbuckets;
+}
+
+size_t tnt_fusion_threshold(const tnt_fusion_t *f) {
+  return f == NULL ? 0 : f->threshold;
 }
 
 long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id) {

@@ -1074,17 +1074,20 @@ done:
 
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
-  static char *kwlist[] = {"tensors", "threshold_bytes", "op", "group", "wire_dtype", NULL};
+  static char *kwlist[] = {"tensors",    "threshold_bytes", "op", "group",
+                           "wire_dtype", "tune_threshold",  NULL};
   PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL, *wire_obj = NULL;
+  int tune = 0;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
   tnt_fusion_options_t opt = {0};
   int wire;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$O:Fusion", kwlist, &tensors_obj,
-                                   &threshold_obj, &op_obj, &group_obj, &wire_obj)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Op:Fusion", kwlist, &tensors_obj,
+                                   &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune)) {
     return NULL;
   }
+  opt.tune_threshold = tune;
   if (require_context(call) < 0) return NULL;
   tnt_group_t *group = group_arg(call, group_obj);
   if (group == NULL) return NULL;
@@ -1311,9 +1314,17 @@ static PyObject *fusion_get_handle(FusionObject *self, void *closure) {
   return PyLong_FromLongLong((long long)self->handle);
 }
 
+/* A set that tunes its threshold replans during its first rounds. */
 static PyObject *fusion_get_num_buckets(FusionObject *self, void *closure) {
   (void)closure;
+  if (self->fusion != NULL) self->num_buckets = (Py_ssize_t)tnt_fusion_num_buckets(self->fusion);
   return PyLong_FromSsize_t(self->num_buckets);
+}
+
+static PyObject *fusion_get_threshold_bytes(FusionObject *self, void *closure) {
+  (void)closure;
+  if (fusion_get(self, "Fusion.threshold_bytes") == NULL) return NULL;
+  return PyLong_FromSize_t(tnt_fusion_threshold(self->fusion));
 }
 
 static PyObject *fusion_get_closed(FusionObject *self, void *closure) {
@@ -1341,12 +1352,15 @@ static PyGetSetDef fusion_getset[] = {
     {"handle", (getter)fusion_get_handle, NULL,
      "The integer handle (tnt_fusion_handle) that the TensorFlow ops look up.", NULL},
     {"num_buckets", (getter)fusion_get_num_buckets, NULL, "The number of fusion buckets.", NULL},
+    {"threshold_bytes", (getter)fusion_get_threshold_bytes, NULL,
+     "The threshold of the plan in use (the tuned one, once a tuning set has decided).", NULL},
     {"closed", (getter)fusion_get_closed, NULL, "True once close() has run.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(fusion_doc,
-             "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None)\n--\n\n"
+             "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None,\n"
+             "       tune_threshold=False)\n--\n\n"
              "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
@@ -1357,7 +1371,9 @@ PyDoc_STRVAR(fusion_doc,
              "collective: every rank passes the same list. Each round, every tensor is\n"
              "started once (start) and finished once (finish). wire_dtype 'float16' or\n"
              "'bfloat16' sends float32 tensors in 16 bits (each reduction step adds in\n"
-             "float32); None or 'float32' sends them as they are.");
+             "float32); None or 'float32' sends them as they are. tune_threshold=True\n"
+             "ignores threshold_bytes: the set tries 32 KiB to 8 MiB in its first rounds\n"
+             "and keeps the master's fastest (see tnt_fusion_options_t in tnt.h).");
 
 /* clang-format cannot lay out the head macros of these two initializers. */
 // clang-format off

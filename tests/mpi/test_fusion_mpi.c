@@ -381,6 +381,65 @@ static void test_bucket_rounds(void) {
   MT_OK(tnt_context_destroy(ctx));
 }
 
+/* The same value on every rank of the world. */
+static int same_everywhere(uint64_t v) {
+  uint64_t lo = v, hi = v;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+/*
+ * A set that tunes its threshold: exact averages in every round while the
+ * plan changes; the candidates in the documented order; the master's
+ * choice on every rank although the other ranks time the candidates the
+ * other way round; then the same plan everywhere. A round lasts from a
+ * rank's first start to its last finish: a rank that sleeps before its
+ * starts keeps its own round short and makes the others wait, one that
+ * sleeps between its starts and finishes makes its own round long. Rank 0
+ * is fast with the first candidate only, the others with the last only.
+ */
+static void test_tuned(tnt_group_t *world) {
+  enum { WARMUP = 1, TRIED = 10, DECIDING = 1 };
+  tnt_tensor_info_t info[NT];
+  tensor_list(info);
+  tensors_t T;
+  tensors_alloc(&T);
+  mt_set_case("tuned fusion: tnt_fusion_create");
+  tnt_fusion_t *f = NULL;
+  tnt_fusion_options_t opt = {.threshold_bytes = 7, .op = TNT_AVERAGE, .tune_threshold = 1};
+  MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
+  if (f == NULL) mt_fatal("tnt_fusion_create failed");
+  static const size_t kb[5] = {32, 128, 512, 2048, 8192};
+  for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
+    mt_set_case("tuned fusion step %d", step);
+    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) / 2 : -1;
+    if (c >= 0 && tnt_fusion_threshold(f) != kb[c] * 1024) {
+      mt_fail(-1, "threshold %zu bytes, want %zu KiB", tnt_fusion_threshold(f), kb[c]);
+    }
+    fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
+    const int tried = step >= 1 && step <= TRIED;
+    if (tried && ((c == 0 && g_rank == 0) || (c == 4 && g_rank != 0))) mt_sleep(0.05);
+    size_t order[NT];
+    mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, 3);
+    mt_shuffle(order, NT, &rng);
+    for (size_t k = 0; k < NT; k++) start_one(f, &T, order[k]);
+    if (tried && ((c >= 1 && c <= 3) || (c == 4 && g_size == 1))) mt_sleep(0.05);
+    mt_shuffle(order, NT, &rng);
+    for (size_t k = 0; k < NT; k++) finish_one(f, &T, order[k]);
+    check_exact(&T, "tuned");
+  }
+  mt_set_case("tuned fusion: the choice");
+  if (tnt_fusion_threshold(f) != 32 * 1024) {
+    mt_fail(-1, "kept %zu bytes, want the master's fastest, 32 KiB", tnt_fusion_threshold(f));
+  }
+  uint64_t h = tnt_fusion_num_buckets(f);
+  for (size_t t = 0; t < NT; t++) h = mt_mix64(h ^ (uint64_t)tnt_fusion_bucket_of(f, tensor_id(t)));
+  if (!same_everywhere(h)) mt_fail(-1, "the ranks hold different plans");
+  MT_OK(tnt_fusion_destroy(f));
+  tensors_free(&T);
+}
+
 /*
  * Compressed transfers: float32 tensors reduced over a 16-bit wire agree
  * with the exact average within the wire type's rounding (one rounding of
@@ -436,10 +495,7 @@ static void test_compressed(tnt_group_t *world) {
       h = mt_hash(out[t], counts[t] * mt_dsize(info[t].dtype), h);
     }
     if (diff == 0.0) mt_fail(-1, "every float32 result is exact: the wire did not compress");
-    uint64_t lo = h, hi = h;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    if (lo != hi) mt_fail(-1, "the ranks got different bits");
+    if (!same_everywhere(h)) mt_fail(-1, "the ranks got different bits");
     if (g_rank == 0) printf("compressed %s: largest error %.3g\n", mt_dname(wires[w]), worst);
     for (int t = 0; t < 4; t++) {
       free(in[t]);
@@ -471,6 +527,13 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
       tnt_fusion_create(world, info, 3,
                         &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, NULL),
       E);
+  MT_EXPECT_ST(
+      tnt_fusion_create(world, info, 3,
+                        &(tnt_fusion_options_t){.op = TNT_AVERAGE, .tune_threshold = 2}, &f),
+      E);
+  if (strstr(tnt_last_error(), "tune_threshold") == NULL) {
+    mt_fail(-1, "a bad tune_threshold should be named, got: %s", tnt_last_error());
+  }
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
                         &(tnt_fusion_options_t){.op = TNT_AVERAGE, .wire_dtype = TNT_INT32}, &f),
@@ -587,6 +650,7 @@ int main(int argc, char **argv) {
   test_determinism(world);
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
   test_compressed(world);
+  test_tuned(world);
   test_errors(ctx, world);
 
   mt_set_case("teardown");

@@ -426,6 +426,33 @@ def test_fusion_wire_dtype(wire, rounded):
             np.testing.assert_array_equal(fusion.finish(1, np.zeros(2, np.float64)), y)
 
 
+def test_fusion_tunes_its_threshold():
+    # The candidates in order, two rounds each after a warm-up, then one
+    # deciding round; the plan changes between rounds and results stay
+    # exact throughout.
+    tensors = [(i, 40000, "float32") for i in range(6)]
+    candidates = [32, 128, 512, 2048, 8192]
+    with core.Fusion(tensors, 0, "sum", tune_threshold=True) as fusion:
+        seen = []
+        for step in range(14):
+            seen.append(fusion.threshold_bytes // 1024)
+            data = [np.full(40000, step + i, np.float32) for i in range(6)]
+            for i in reversed(range(6)):
+                fusion.start(i, data[i])
+            for i in range(6):
+                np.testing.assert_array_equal(fusion.finish(i, np.zeros(40000, np.float32)),
+                                              data[i])
+        assert seen[:12] == [32] + [kb for kb in candidates for _ in range(2)] + [8192]
+        assert seen[12] in candidates and seen[13] == seen[12]
+        # Buckets close once they hold the threshold.
+        buckets, held = 0, 0
+        for _ in range(6):
+            held += 160000
+            if held >= seen[12] * 1024:
+                buckets, held = buckets + 1, 0
+        assert fusion.num_buckets == buckets + (held > 0)
+
+
 def test_fusion_bad_wire_dtype():
     raises(ValueError, "float16 or bfloat16",
            lambda: core.Fusion([(0, 2, "float32")], 0, wire_dtype="int32"))
