@@ -1298,6 +1298,52 @@ def data_share_section(results, stages):
     return out
 
 
+def compression_section(results, stages):
+    """Gradient compression and the tuned fusion threshold on the simulated
+    hosts (sim_cluster_bench.py --variants), and compression's effect on
+    accuracy (compression_accuracy.py)."""
+    out = ["## 8. Gradient compression and the tuned fusion threshold", ""]
+    d, why = load_json(os.path.join(results, "sim_cluster_compression.json"))
+    if d is None:
+        out += [not_run_line([missing_note(stages, why, "sim_cluster_compression")]), ""]
+    else:
+        res = d.get("results", [])
+        cfg = d.get("config", {})
+        out.append(f"LeNet-5, overlap and fusion on, per-rank median step over "
+                   f"{cfg.get('steps_per_fit')} steps x {cfg.get('fits_per_config')} fits per "
+                   f"setting, settings interleaved in one run; load average "
+                   f"{cfg.get('load_average_at_start')} at the start, "
+                   f"{cfg.get('load_average_at_end')} at the end ({cfg.get('cores')} cores).")
+        out.append("")
+        base = {(r["hosts"], r["link"]): r["step_ms"] for r in res if r.get("variant") == "none"}
+        rows = []
+        for r in res:
+            ref = base.get((r["hosts"], r["link"]))
+            rows.append([r["hosts"], r["link"], r.get("variant", "-"), f2(r["step_ms"]),
+                         f"{r['step_ms'] / ref:.2f}" if ref else "-", f2(r["wait_ms"]),
+                         f2(r["comm_ms"]), f2(r["bound_ms"]),
+                         bytes_str(r["gradient_bytes"]) if "gradient_bytes" in r else "-",
+                         r.get("final_loss", "-")])
+        out.append(table(["hosts", "link", "setting", "step ms", "step / none", "wait ms",
+                          "comm ms", "bound ms", "bytes sent", "final loss"], rows))
+        out.append("")
+    d, why = load_json(os.path.join(results, "compression_accuracy.json"))
+    if d is None:
+        out += ["Accuracy (compression_accuracy.py): " +
+                not_run_line([missing_note(stages, why, "compression_accuracy")]), ""]
+        return out
+    cfg = d.get("config", {})
+    out.append(f"Accuracy: LeNet-5 on {cfg.get('samples')} Fashion-MNIST samples, "
+               f"{cfg.get('ranks')} ranks, global batch {cfg.get('global_batch')}, "
+               f"{cfg.get('epochs')} epochs (test accuracy on the 10000 test images).")
+    out.append("")
+    rows = [[name, r["epochs"][-1]["loss"], r["epochs"][-1]["test_accuracy"]]
+            for name, r in d.get("results", {}).items()]
+    out.append(table(["compression", "final training loss", "test accuracy"], rows))
+    out.append("")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
@@ -1324,6 +1370,7 @@ def main():
     body += sim_allreduce_section(args.results, stages, plt, targets)
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages)
+    body += compression_section(args.results, stages)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

@@ -229,6 +229,20 @@ if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
   fi
 fi
 
+# Gradient compression and the tuned fusion threshold on 2 simulated hosts
+# at 1 Gbit/s: step time and final loss per setting.
+if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    not_run sim_cluster_compression "needs root (network namespaces, tc)"
+  else
+    args=(--variants --hosts 2 --links 1gbit_0.1ms --steps 20 --reps 3
+          --out "$OUT/sim_cluster_compression.json")
+    [[ $QUICK == 1 ]] && args+=(--quick)
+    run_stage sim_cluster_compression "$(limit 900 300)" "$OUT/sim_cluster_compression.json" \
+      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
+  fi
+fi
+
 # 6. Pipeline parallelism: three measurements, each a stage of its own.
 if wanted pipeline; then
   if [[ ! -f $ROOT/tools/bench/pipeline_bench.py ]]; then

@@ -31,6 +31,15 @@ second, as a fraction of the shaped link rate (1.0: the link never idles).
 
     sudo python3 tools/bench/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
 
+With --variants it compares the fusion settings instead of fusion and
+overlap on/off, all with overlap on and the default threshold: none
+(uncompressed), fp16 and bf16 (TNT_COMPRESSION) and auto
+(TNT_FUSION_THRESHOLD_KB=auto); each row also gets the loss of the last
+step, and every model first trains 14 steps (the tuning of auto takes 12).
+
+    sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
+        --out sim_cluster_compression.json
+
 Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
 (`make install`). All hosts share this machine's cores: 4 hosts with one
 rank each on a 2-core machine are oversubscribed, so their compute is
@@ -59,6 +68,10 @@ LINKS = {"1gbit_0.1ms": 1e9, "10gbit_0.1ms": 10e9}
 DELAY = "0.1ms"
 CONFIGS = [(True, True), (True, False), (False, True), (False, False)]  # (fusion, overlap)
 FUSION_KB = 32  # the default threshold: fusion "on"; 0 is "off"
+# --variants: name -> the environment of that variant (overlap on, fusion on).
+VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
+            "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"}}
+VARIANT_WARMUP_STEPS = 14
 GLOBAL_BATCH = 64
 
 
@@ -67,6 +80,18 @@ GLOBAL_BATCH = 64
 
 def config_name(fusion, overlap):
     return f"config fusion={int(fusion)} overlap={int(overlap)}"
+
+
+def configs(variants):
+    """(timeline span name, the row's identifying fields, environment) of
+    every configuration that a run compares."""
+    if variants:
+        return [(f"config variant={v}", {"variant": v, "fusion": True, "overlap": True},
+                 {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB), "TNT_OVERLAP": "1",
+                  "TNT_COMPRESSION": "none"} | env) for v, env in VARIANTS.items()]
+    return [(config_name(f, o), {"fusion": f, "overlap": o},
+             {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB if f else 0),
+              "TNT_OVERLAP": "1" if o else "0"}) for f, o in CONFIGS]
 
 
 def worker(args):
@@ -87,25 +112,28 @@ def worker(args):
     x = rng.random((n, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
-    models = {}
-    for fusion, overlap in CONFIGS:
-        # Both are read when the training step is traced (the first fit).
-        os.environ["TNT_FUSION_THRESHOLD_KB"] = str(FUSION_KB if fusion else 0)
-        os.environ["TNT_OVERLAP"] = "1" if overlap else "0"
+    models, losses = {}, {}
+    todo = configs(args.variants)
+    warmup = ds.repeat().take(VARIANT_WARMUP_STEPS) if args.variants else ds.take(2)
+    for name, _, env in todo:
+        # The environment is read when the training step is traced (the first fit).
+        os.environ.update(env)
         keras.utils.set_random_seed(1)
         model = tnt.Model(bench_models.lenet5(keras))
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss="sparse_categorical_crossentropy")
-        model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
-        models[(fusion, overlap)] = model
-    grad_bytes = int(sum(np.prod(w.shape) * 4 for w in models[CONFIGS[0]].trainable_weights))
+        model.fit(warmup, epochs=1, verbose=0)  # trace and warm up
+        models[name] = model
+    grad_bytes = int(sum(np.prod(w.shape) * 4 for w in models[todo[0][0]].trainable_weights))
     for rep in range(args.reps):
-        order = CONFIGS if rep % 2 == 0 else list(reversed(CONFIGS))
-        for key in order:
-            name = config_name(*key)
+        for name, _, _ in (todo if rep % 2 == 0 else list(reversed(todo))):
             _core.timeline_begin(name, "config")
-            models[key].fit(ds, epochs=1, verbose=0)
+            history = models[name].fit(ds, epochs=1, verbose=0)
             _core.timeline_end(name, "config")
+            losses[name] = float(history.history["loss"][-1])
+    if tnt.is_master_rank() and args.loss_out:
+        with open(args.loss_out, "w") as f:
+            json.dump(losses, f)
     if tnt.is_master_rank():
         print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, gradient bytes "
               f"{grad_bytes}", flush=True)
@@ -184,11 +212,10 @@ def breakdown(events, nhosts):
     return out
 
 
-def summarize(per_rank, nhosts, link_bps):
+def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
     """One result row per configuration from the ranks' breakdowns."""
     results = []
-    for fusion, overlap in CONFIGS:
-        cname = config_name(fusion, overlap)
+    for cname, fields, _ in configs(variants):
         ranks = [b[cname] for b in per_rank if cname in b and b[cname]["step"]]
         if not ranks:
             continue
@@ -203,14 +230,15 @@ def summarize(per_rank, nhosts, link_bps):
         bound = max(compute, transfer)
         bus_bytes = sum(sum(r["bus"]) for r in ranks)
         bus_s = sum(sum(r["bus_s"]) for r in ranks)
-        results.append({
-            "fusion": fusion, "overlap": overlap,
+        results.append(fields | {
             "step_ms": round(step, 3), "compute_ms": round(compute, 3),
             "comm_ms": round(comm, 3), "wait_ms": round(wait, 3),
             "transfer_ms": round(transfer, 3), "bound_ms": round(bound, 3),
             "ratio_to_bound": round(step / bound, 3), "gradient_bytes": grad_bytes,
             "allreduce_busbw_gbit": round(bus_bytes * 8 / bus_s / 1e9, 3) if bus_s else None,
             "steps": sum(len(r["step"]) for r in ranks)})
+        if losses and cname in losses:
+            results[-1]["final_loss"] = round(losses[cname], 5)
     return results
 
 
@@ -295,7 +323,7 @@ def free_octet():
     raise RuntimeError("no free link-local network for the simulated cluster")
 
 
-def launch(cluster, work, steps, reps, timeout, algorithm):
+def launch(cluster, work, steps, reps, timeout, algorithm, variants=False):
     """Runs the worker on every host for at most `timeout` seconds; returns
     the trace files and what went wrong (None: nothing). A run that times
     out or fails still leaves the traces it wrote so far."""
@@ -314,7 +342,8 @@ def launch(cluster, work, steps, reps, timeout, algorithm):
             env[name] = os.environ[name]
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1", "--no-gpu",
            "--run-dir", os.path.join(work, "run"), "--python-interpreter", sys.executable, "--",
-           os.path.abspath(__file__), "--worker", "--steps", str(steps), "--reps", str(reps)]
+           os.path.abspath(__file__), "--worker", "--steps", str(steps), "--reps", str(reps),
+           "--loss-out", os.path.join(work, "losses.json")] + (["--variants"] if variants else [])
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     problem = None
@@ -340,6 +369,8 @@ def print_table(results):
     print("-" * len(head))
     for r in results:
         bus = f"{r['allreduce_busbw_gbit']:.2f}" if r.get("allreduce_busbw_gbit") else "-"
+        if "variant" in r:
+            print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
         print(f"{r['hosts']:>5} {r['link']:<13} {'on' if r['fusion'] else 'off':>6} "
               f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
@@ -474,6 +505,7 @@ def driver(args):
               "statistic": "per-rank median over steps, mean over ranks",
               "oversubscribed": {str(n): n > ncores for n in hosts}, "links": {},
               "allreduce_algorithm": args.algorithm,
+              "variants": VARIANTS if args.variants else None,
               "load_average_at_start": round(os.getloadavg()[0], 2), "budget_s": budget,
               "problems": {}}
     results, example = [], None
@@ -498,7 +530,8 @@ def driver(args):
                 share = left * cost(nhosts, link) / sum(cost(*r) for r in todo)
                 todo.remove((nhosts, link))
                 limit = min(args.timeout, max(90.0, share))
-                files, problem = launch(cluster, work, steps, reps, limit, args.algorithm)
+                files, problem = launch(cluster, work, steps, reps, limit, args.algorithm,
+                                        args.variants)
                 key = f"{nhosts}hosts_{link}"
                 try:
                     per_rank = [breakdown(load_trace(f), nhosts) for f in files]
@@ -506,7 +539,12 @@ def driver(args):
                     per_rank, problem = [], f"{problem or ''} unreadable trace: {e}".strip()
                 if len(files) < nhosts:
                     problem = f"{problem or ''} traces of {len(files)} of {nhosts} ranks".strip()
-                rows = summarize(per_rank, nhosts, LINKS[link])
+                try:
+                    with open(os.path.join(work, "losses.json")) as f:
+                        losses = json.load(f)
+                except (OSError, ValueError):
+                    losses = None
+                rows = summarize(per_rank, nhosts, LINKS[link], args.variants, losses)
                 for row in rows:
                     row.update({"hosts": nhosts, "link": link, "link_shaping": applied,
                                 "complete": problem is None})
@@ -567,6 +605,10 @@ def main():
                    help="with --allreduce: the tnt-bench program (default: the one on PATH)")
     p.add_argument("--max", default="64M",
                    help="with --allreduce: the largest message (default 64M; quick 4M)")
+    p.add_argument("--variants", action="store_true",
+                   help="compare none, fp16, bf16 (TNT_COMPRESSION) and an auto threshold, all "
+                        "with overlap and fusion on, instead of fusion and overlap on/off")
+    p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
