@@ -13,7 +13,8 @@
 #
 # Usage: check_timeout.sh NP MODE ALGORITHM EXE MPIEXEC [MPIEXEC_FLAGS...]
 #   MODE       allreduce or fusion
-#   ALGORITHM  default, or an allreduce algorithm to force (shm, ring, rd, mpi)
+#   ALGORITHM  default, or an allreduce algorithm to force (shm, ring, rd, mpi,
+#              or hier, which runs the ranks as 2 hosts: TNT_SPLIT_HOSTS=2)
 set -u
 
 if [ $# -lt 5 ]; then
@@ -36,6 +37,9 @@ if [ "$algo" = default ]; then
   unset TNT_ALLREDUCE_ALGORITHM
 else
   export TNT_ALLREDUCE_ALGORITHM="$algo"
+fi
+if [ "$algo" = hier ]; then
+  export TNT_SPLIT_HOSTS=2
 fi
 
 start=$(date +%s.%N)

@@ -73,6 +73,9 @@ VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
             "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"}}
 VARIANT_WARMUP_STEPS = 14
 GLOBAL_BATCH = 64
+# With --allreduce, these pass from the environment to the ranks (and into
+# the results' configuration), to measure other settings than the defaults.
+TUNING = ("TNT_RING_SEGMENT_KB", "TNT_RING_DEPTH", "TNT_SHM_SLOT_KB")
 
 
 # ---------------------------------------------------------------- worker
@@ -401,6 +404,7 @@ def run_tnt_bench(cluster, work, per_host, args, timeout):
            "OMPI_MCA_plm_rsh_no_tree_spawn": "1", "OMPI_MCA_oob_tcp_if_include": cluster.net,
            "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp",
            "TNT_ALLREDUCE_ALGORITHM": args.algorithm}
+    env.update({k: os.environ[k] for k in TUNING if k in os.environ})
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
            "--no-gpu", "--run-dir", os.path.join(work, "run"), "--", args.tnt_bench, "allreduce",
            "--min", "4K", "--max", args.max, "--json", out]
@@ -437,6 +441,7 @@ def allreduce_driver(args):
     config = {"benchmark": "tnt-bench allreduce against MPI_Allreduce, float32 sum",
               "tnt_bench": args.tnt_bench, "max_bytes": args.max,
               "allreduce_algorithm": args.algorithm, "cores": os.cpu_count(),
+              "tuning": {k: os.environ[k] for k in TUNING if k in os.environ},
               "link_share": "algbw * 2(H-1)/H / link rate, H hosts",
               "load_average_at_start": round(os.getloadavg()[0], 2), "links": {},
               "problems": {}}
