@@ -355,7 +355,7 @@ TNT_API tnt_status_t tnt_timeline_span(const char *name, const char *category, d
 /* -------------------------------------------------------------- algorithms */
 
 /* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",
- * "rd", "mpi"). Each group chooses its algorithms once, when it is created
+ * "rd", "mpi", "hier"). Each group chooses its algorithms once, when it is created
  * (the world group: in tnt_context_create): by message size, or as
  * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
  * TNT_ALLGATHER_ALGORITHM in the environment at that moment say (a name,
