@@ -75,11 +75,6 @@ def remap(map_dataset, dataset):
                        deterministic=True)
 
 
-def is_deterministic(map_dataset):
-    """False for a parallel map built with deterministic=False."""
-    return getattr(map_dataset, "_deterministic", "default") != "false"
-
-
 def reprefetch(prefetch_dataset, dataset):
     """`dataset` prefetched as `prefetch_dataset` is."""
     return dataset.prefetch(int(tf.get_static_value(prefetch_dataset._buffer_size)))

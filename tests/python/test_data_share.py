@@ -230,7 +230,6 @@ def test_tf_data_internals_of_tensorflow_2_21():
         assert tfdi.kind(ds) == name and name in group
     assert tfdi.input_of(mapped) is src
     assert tfdi.batch_params(src.batch(4, drop_remainder=True)) == (4, True)
-    assert not tfdi.is_deterministic(parallel) and tfdi.is_deterministic(mapped)
     assert tfdi.stateful_ops(mapped) == []
     assert list(tfdi.remap(parallel, tfdi.remap(mapped, src)).as_numpy_iterator()) == \
         list(range(1, 11))
