@@ -250,6 +250,13 @@ typedef struct tnt_tensor_info {
   tnt_dtype_t dtype;
 } tnt_tensor_info_t;
 
+/* The order in which a fusion set's tensors fill its buckets. */
+typedef enum tnt_fusion_order {
+  TNT_FUSION_ORDER_LIST = 0,      /* the order of the list given to tnt_fusion_create */
+  TNT_FUSION_ORDER_READINESS = 1, /* the order in which the master started them in round 0 */
+  TNT_FUSION_ORDER_COUNT
+} tnt_fusion_order_t;
+
 /*
  * How a fusion set is planned and reduced. Zero-initialized options (or a
  * NULL pointer) mean: one tensor per bucket, TNT_SUM, no compression.
@@ -277,6 +284,17 @@ typedef struct tnt_fusion_options {
    * training loop); the plan, and so tnt_fusion_num_buckets and
    * tnt_fusion_bucket_of, change between those rounds. */
   int tune_threshold;
+  /* TNT_FUSION_ORDER_READINESS: the master notes the order in which the
+   * tensors are started in the first round; the second round carries that
+   * order to every rank (one more allreduce before its first bucket), and
+   * from the third round on, buckets are filled in that order, on every
+   * rank alike. Buckets then close in the order their tensors become
+   * ready, so no bucket waits for a tensor that comes much later. As with
+   * tune_threshold, a tensor's start for the next round waits until every
+   * tensor has finished the current one during those first rounds. The
+   * plan depends on the master's timing, so two runs may fuse differently
+   * (and round differently); TNT_FUSION_ORDER_LIST keeps them identical. */
+  tnt_fusion_order_t order;
 } tnt_fusion_options_t;
 
 /*

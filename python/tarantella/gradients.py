@@ -52,7 +52,7 @@ class GradientReducer:
             threshold = 0 if tune else int(kb * 1024)
             wire = runtime.compression()
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
-                                  tune_threshold=tune)
+                                  tune_threshold=tune, order=runtime.fusion_order())
             log.logger.debug("fusion set: %d tensors in %d buckets (threshold %s, float32 "
                              "travels as %s)", len(tensors), fusion.num_buckets,
                              "tuned" if tune else f"{threshold} bytes", wire or "float32")

@@ -46,6 +46,7 @@ def init(seed=None):
     np.random.seed(s)
     threshold_kb()  # validate the environment early
     compression()
+    fusion_order()
     log.logger.debug("initialized: rank %d of %d, local rank %d of %d",
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
 
@@ -253,6 +254,21 @@ def compression():
             f"TNT_COMPRESSION={raw!r} is not a gradient compression Tarantella knows: use "
             "fp16 or bf16 (gradients travel in 16 bits), or none (the default); fix or unset it")
     return _COMPRESSIONS[key]
+
+
+def fusion_order():
+    """The order in which gradients fill their fusion buckets, from
+    TNT_FUSION_ORDER: 'list' (backprop order, the default) or 'readiness'
+    (the order in which the master's gradients became ready in the first
+    step)."""
+    raw = os.environ.get("TNT_FUSION_ORDER")
+    value = "list" if raw is None or raw.strip() == "" else raw.strip().lower()
+    if value not in ("list", "readiness"):
+        raise TarantellaError(
+            f"TNT_FUSION_ORDER={raw!r} is not a fusion order Tarantella knows: use list (the "
+            "backprop order, the default) or readiness (the order measured in the first step); "
+            "fix or unset it")
+    return value
 
 
 def overlap():

@@ -64,7 +64,13 @@ struct tnt_fusion {
   tnt__tuner_t tuner;
   int64_t vote[1];         /* the master's choice, in the deciding round */
   tnt_request_t *vote_req; /* its allreduce, once submitted */
-  tnt_status_t broken;     /* a failed replan: every later call fails */
+  /* TNT_FUSION_ORDER_READINESS: when each tensor started in round 0, the
+   * master's order (carried in round 1), and then the order of the list
+   * in which buckets are filled (perm[k]: index of the k-th tensor). */
+  int64_t *seen;
+  tnt_request_t *order_req;
+  size_t *perm;
+  tnt_status_t broken; /* a failed replan: every later call fails */
   int64_t handle;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* a bucket was submitted or reset */
@@ -91,9 +97,9 @@ static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
 static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
                                     const tnt_fusion_options_t *opt) {
   uint64_t h = 1469598103934665603ull;
-  const uint64_t o[4] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype,
-                         (uint64_t)opt->tune_threshold};
-  for (int k = 0; k < 4; ++k) h = (h ^ o[k]) * 1099511628211ull;
+  const uint64_t o[5] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype,
+                         (uint64_t)opt->tune_threshold, (uint64_t)opt->order};
+  for (int k = 0; k < 5; ++k) h = (h ^ o[k]) * 1099511628211ull;
   for (size_t i = 0; i < n; ++i) {
     uint64_t v[3] = {t[i].id, t[i].count, (uint64_t)t[i].dtype};
     for (int k = 0; k < 3; ++k) h = (h ^ v[k]) * 1099511628211ull;
@@ -121,11 +127,44 @@ static void free_buckets(bucket_t *buckets, size_t nbuckets) {
   free(buckets);
 }
 
+/* Plans the tensors of `f` in the order f->perm, with every index of the
+ * plan translated back to the index in f->tensors. */
+static tnt_status_t plan_permuted(const tnt_fusion_t *f, size_t n, size_t threshold,
+                                  tnt__fusion_plan_t *plan) {
+  tnt_tensor_info_t *list = calloc(n + 1, sizeof *list);
+  size_t *tmp = malloc(2 * n * sizeof *tmp + 1);
+  if (list == NULL || tmp == NULL) {
+    free(list);
+    free(tmp);
+    TNT_LOG_ERROR("fusion: out of memory for the order of %zu tensors", n);
+    return TNT_ERR_NO_MEMORY;
+  }
+  for (size_t k = 0; k < n; ++k) list[k] = f->tensors[f->perm[k]];
+  tnt_status_t st = tnt__fusion_plan(list, n, threshold, plan);
+  if (st == TNT_OK) {
+    memcpy(tmp, plan->bucket_of, n * sizeof *tmp);
+    memcpy(tmp + n, plan->offset_of, n * sizeof *tmp);
+    for (size_t k = 0; k < n; ++k) {
+      plan->bucket_of[f->perm[k]] = tmp[k];
+      plan->offset_of[f->perm[k]] = tmp[n + k];
+    }
+    for (size_t m = 0; m < n; ++m) plan->members[m] = f->perm[plan->members[m]];
+    for (size_t j = 0; j < n; ++j) plan->by_id[j].index = f->perm[plan->by_id[j].index];
+  }
+  free(list);
+  free(tmp);
+  return st;
+}
+
 /* Plans the tensors of `f` with `threshold` and allocates their buckets;
  * on success *plan and *buckets belong to the caller. */
 static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t threshold,
                                  tnt__fusion_plan_t *plan, bucket_t **buckets) {
-  TNT_CHECK(tnt__fusion_plan(f->tensors, n, threshold, plan));
+  if (f->perm == NULL) {
+    TNT_CHECK(tnt__fusion_plan(f->tensors, n, threshold, plan));
+  } else {
+    TNT_CHECK(plan_permuted(f, n, threshold, plan));
+  }
   bucket_t *bks = calloc(plan->nbuckets + 1, sizeof *bks);
   for (size_t b = 0; bks != NULL && b < plan->nbuckets; ++b) {
     const tnt__bucket_plan_t *bp = &plan->buckets[b];
@@ -166,6 +205,10 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
                             "compression), float16 or bfloat16",
                             (int)opt.wire_dtype, tnt_dtype_name(opt.wire_dtype));
   }
+  if ((unsigned)opt.order >= TNT_FUSION_ORDER_COUNT) {
+    return tnt__api_invalid(call, "order %d: TNT_FUSION_ORDER_LIST or TNT_FUSION_ORDER_READINESS",
+                            (int)opt.order);
+  }
   if (opt.tune_threshold != 0 && opt.tune_threshold != 1) {
     return tnt__api_invalid(call, "tune_threshold %d: 0 (use threshold_bytes) or 1 (tune it)",
                             opt.tune_threshold);
@@ -192,7 +235,10 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   f->tensors = malloc(n * sizeof *f->tensors + 1);
   f->state = calloc(n + 1, 1);
   f->rounds_of = calloc(n + 1, sizeof *f->rounds_of);
-  if (f->tensors == NULL || f->state == NULL || f->rounds_of == NULL) goto no_memory;
+  f->seen = calloc(n + 1, sizeof *f->seen);
+  if (f->tensors == NULL || f->state == NULL || f->rounds_of == NULL || f->seen == NULL) {
+    goto no_memory;
+  }
   if (n > 0) memcpy(f->tensors, tensors, n * sizeof *tensors);
   TNT_CHECK_GOTO(make_buckets(f, n, f->threshold, &f->plan, &f->buckets), st, fail);
   TNT_CHECK_GOTO(check_same_list(g, tensors, n, &opt), st, fail);
@@ -229,16 +275,20 @@ static tnt_status_t fusion_free(tnt_fusion_t *f) {
       tnt__request_unref(f->buckets[b].req);
     }
   }
-  if (f->vote_req != NULL) {
-    tnt_status_t w = tnt__request_wait(f->vote_req, -1);
+  tnt_request_t *votes[2] = {f->vote_req, f->order_req};
+  for (int k = 0; k < 2; ++k) {
+    if (votes[k] == NULL) continue;
+    tnt_status_t w = tnt__request_wait(votes[k], -1);
     if (w < 0) st = w;
-    tnt__request_unref(f->vote_req);
+    tnt__request_unref(votes[k]);
   }
   free_buckets(f->buckets, f->plan.nbuckets);
   tnt__fusion_plan_free(&f->plan);
   free(f->tensors);
   free(f->state);
   free(f->rounds_of);
+  free(f->seen);
+  free(f->perm);
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f);
@@ -260,34 +310,100 @@ int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
   return f == NULL ? 0 : f->handle;
 }
 
-/* Ends a round of a set that tunes its threshold: times it, takes the
- * master's choice when it was the deciding round, and replans when the
- * next round uses another threshold. Called with f->mu held, once every
- * tensor has finished the round (so no bucket is in flight). */
-static tnt_status_t end_tuning_round(tnt_fusion_t *f) {
+/* 1 while the set's first rounds decide its plan: then a round ends
+ * before the next starts. */
+static int deciding(const tnt_fusion_t *f) {
+  return (f->opt.tune_threshold && tnt__tuner_phase(&f->tuner) != TNT__TUNER_DONE) ||
+         (f->opt.order == TNT_FUSION_ORDER_READINESS && f->perm == NULL);
+}
+
+/* Replaces the plan and buckets of `f` by those for `threshold` (in the
+ * order f->perm). Called with f->mu held and no bucket in flight. */
+static tnt_status_t replan(tnt_fusion_t *f, size_t threshold) {
+  tnt__fusion_plan_t plan;
+  bucket_t *buckets;
+  TNT_CHECK(make_buckets(f, f->plan.ntensors, threshold, &plan, &buckets));
+  /* The ids map to the same indices: keep the index that find_tensor
+   * reads, so that it never points to freed memory. */
+  free(plan.by_id);
+  plan.by_id = f->plan.by_id;
+  f->plan.by_id = NULL;
+  free_buckets(f->buckets, f->plan.nbuckets);
+  tnt__fusion_plan_free(&f->plan);
+  f->plan = plan;
+  f->buckets = buckets;
+  f->threshold = threshold;
+  f->next_issue = 0;
+  return TNT_OK;
+}
+
+static int cmp_seen(const void *a, const void *b) {
+  const int64_t *x = a, *y = b; /* {position, index} */
+  if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+  return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* The end of round 1 of a set in readiness order: the master's order has
+ * arrived (submitted before the round's first bucket, so it completed
+ * first); f->perm becomes the tensors sorted by it. */
+static tnt_status_t take_order(tnt_fusion_t *f) {
+  const size_t n = f->plan.ntensors;
+  TNT_CHECK(tnt__request_wait(f->order_req, tnt_context_timeout(f->g->ctx)));
+  tnt__request_unref(f->order_req);
+  f->order_req = NULL;
+  int64_t *pairs = malloc(2 * n * sizeof *pairs + 1);
+  size_t *perm = malloc(n * sizeof *perm + 1);
+  if (pairs == NULL || perm == NULL) {
+    free(pairs);
+    free(perm);
+    TNT_LOG_ERROR("fusion: out of memory for the order of %zu tensors", n);
+    return TNT_ERR_NO_MEMORY;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    pairs[2 * i] = f->seen[i];
+    pairs[2 * i + 1] = (int64_t)i;
+  }
+  qsort(pairs, n, 2 * sizeof *pairs, cmp_seen);
+  for (size_t k = 0; k < n; ++k) perm[k] = (size_t)pairs[2 * k + 1];
+  free(pairs);
+  f->perm = perm;
+  if (tnt_group_rank(f->g) == 0 && n > 0) {
+    TNT_LOG_INFO(
+        "fusion: %zu tensors fill their buckets in the order the master started them "
+        "(first tensor id %llu, last %llu)",
+        n, (unsigned long long)f->tensors[perm[0]].id,
+        (unsigned long long)f->tensors[perm[n - 1]].id);
+  }
+  return TNT_OK;
+}
+
+/* Ends a round while the set decides its plan: takes the master's order
+ * after round 1, times the round and takes the master's threshold for a
+ * set that tunes it, and replans when either changed. Called with f->mu
+ * held, once every tensor has finished the round (so no bucket is in
+ * flight); f->round already counts the round. */
+static tnt_status_t end_deciding_round(tnt_fusion_t *f) {
+  int changed = 0;
+  size_t threshold = f->threshold;
+  if (f->opt.order == TNT_FUSION_ORDER_READINESS && f->perm == NULL && f->round == 2) {
+    TNT_CHECK(take_order(f));
+    changed = 1;
+  }
   const tnt__tuner_phase_t phase = tnt__tuner_phase(&f->tuner);
-  int chosen = -1;
-  if (phase == TNT__TUNER_DECIDING) {
-    /* Submitted before the round's first bucket, so it completed first. */
-    TNT_CHECK(tnt__request_wait(f->vote_req, tnt_context_timeout(f->g->ctx)));
-    tnt__request_unref(f->vote_req);
-    f->vote_req = NULL;
-    chosen = (int)f->vote[0];
+  if (f->opt.tune_threshold && phase != TNT__TUNER_DONE) {
+    int chosen = -1;
+    if (phase == TNT__TUNER_DECIDING) {
+      /* Submitted before the round's first bucket, so it completed first. */
+      TNT_CHECK(tnt__request_wait(f->vote_req, tnt_context_timeout(f->g->ctx)));
+      tnt__request_unref(f->vote_req);
+      f->vote_req = NULL;
+      chosen = (int)f->vote[0];
+    }
+    changed |= tnt__tuner_end_round(&f->tuner, tnt__now() - f->round_began, chosen);
+    threshold = tnt__tuner_threshold(&f->tuner);
   }
-  const int replan = tnt__tuner_end_round(&f->tuner, tnt__now() - f->round_began, chosen);
-  const size_t threshold = tnt__tuner_threshold(&f->tuner);
-  if (replan) {
-    tnt__fusion_plan_t plan;
-    bucket_t *buckets;
-    TNT_CHECK(make_buckets(f, f->plan.ntensors, threshold, &plan, &buckets));
-    free_buckets(f->buckets, f->plan.nbuckets);
-    tnt__fusion_plan_free(&f->plan);
-    f->plan = plan;
-    f->buckets = buckets;
-    f->threshold = threshold;
-    f->next_issue = 0;
-  }
-  if (phase == TNT__TUNER_DECIDING && tnt_group_rank(f->g) == 0) {
+  if (changed) TNT_CHECK(replan(f, threshold));
+  if (f->opt.tune_threshold && phase == TNT__TUNER_DECIDING && tnt_group_rank(f->g) == 0) {
     char times[160];
     size_t len = 0;
     for (int c = 0; c < TNT__TUNER_NCANDIDATES && len < sizeof times; ++c) {
@@ -323,8 +439,8 @@ static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **rel
   if (f->finished_in_round < f->plan.ntensors) return TNT_OK;
   f->round++;
   f->started_in_round = f->finished_in_round = 0;
-  if (!f->opt.tune_threshold || tnt__tuner_phase(&f->tuner) == TNT__TUNER_DONE) return TNT_OK;
-  tnt_status_t st = end_tuning_round(f);
+  if (!deciding(f)) return TNT_OK;
+  tnt_status_t st = end_deciding_round(f);
   if (st < 0) f->broken = st;
   return st;
 }
@@ -339,6 +455,13 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
     bucket_t *bk = &f->buckets[b];
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
+    if (b == 0 && f->opt.order == TNT_FUSION_ORDER_READINESS && f->perm == NULL && f->round == 1 &&
+        f->order_req == NULL) {
+      const int master = tnt_group_rank(f->g) == 0;
+      for (size_t i = 0; i < f->plan.ntensors; ++i) f->seen[i] = master ? f->seen[i] : -1;
+      TNT_CHECK(tnt__allreduce_submit(f->g, f->seen, f->seen, f->plan.ntensors, TNT_INT64, TNT_MAX,
+                                      "fusion order of readiness", -1, &f->order_req));
+    }
     if (b == 0 && f->opt.tune_threshold && f->vote_req == NULL &&
         tnt__tuner_phase(&f->tuner) == TNT__TUNER_DECIDING) {
       f->vote[0] = tnt_group_rank(f->g) == 0 ? tnt__tuner_fastest(&f->tuner) : -1;
@@ -353,19 +476,19 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
   }
 }
 
-/* While a set tunes its threshold, waits until tensor i may start: until
+/* While a set decides its plan, waits until tensor i may start: until
  * every tensor has finished the round that i has finished already. Called
  * with f->mu held. */
 static tnt_status_t wait_for_round(tnt_fusion_t *f, size_t i, const char *call) {
-  if (!f->opt.tune_threshold || tnt__tuner_phase(&f->tuner) == TNT__TUNER_DONE) return TNT_OK;
+  if (!deciding(f)) return TNT_OK;
   const double timeout_s = tnt_context_timeout(f->g->ctx);
   const struct timespec ts = tnt__abs_time(tnt__now() + timeout_s);
   while (f->rounds_of[i] > f->round && f->broken == TNT_OK) {
     if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && f->rounds_of[i] > f->round) {
       TNT_LOG_ERROR(
           "%s: tensor %llu waited %.1f s for the other tensors of the set to finish round %zu; "
-          "while a set tunes its threshold (the first %d rounds), every tensor must finish a "
-          "round before any starts the next",
+          "while a set decides its plan (tune_threshold: the first %d rounds; readiness "
+          "order: the first 2), every tensor must finish a round before any starts the next",
           call, (unsigned long long)f->tensors[i].id, timeout_s, f->round,
           2 + TNT__TUNER_NCANDIDATES * TNT__TUNER_ROUNDS);
       return TNT_ERR_TIMEOUT;
@@ -406,6 +529,7 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
     return TNT_ERR_STATE;
   }
   f->state[i] = STARTED;
+  if (f->round == 0) f->seen[i] = (int64_t)f->started_in_round;
   if (f->started_in_round++ == 0) f->round_began = tnt__now();
   uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
   pthread_mutex_unlock(&f->mu);

@@ -1074,20 +1074,28 @@ done:
 
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
-  static char *kwlist[] = {"tensors",    "threshold_bytes", "op", "group",
-                           "wire_dtype", "tune_threshold",  NULL};
+  static char *kwlist[] = {"tensors",    "threshold_bytes", "op",    "group",
+                           "wire_dtype", "tune_threshold",  "order", NULL};
   PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL, *wire_obj = NULL;
+  const char *order = "list";
   int tune = 0;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
   tnt_fusion_options_t opt = {0};
   int wire;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Op:Fusion", kwlist, &tensors_obj,
-                                   &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Ops:Fusion", kwlist, &tensors_obj,
+                                   &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune,
+                                   &order)) {
     return NULL;
   }
   opt.tune_threshold = tune;
+  if (strcmp(order, "readiness") == 0) {
+    opt.order = TNT_FUSION_ORDER_READINESS;
+  } else if (strcmp(order, "list") != 0) {
+    PyErr_Format(PyExc_ValueError, "%s: order '%s': use 'list' or 'readiness'", call, order);
+    return NULL;
+  }
   if (require_context(call) < 0) return NULL;
   tnt_group_t *group = group_arg(call, group_obj);
   if (group == NULL) return NULL;
@@ -1360,7 +1368,7 @@ static PyGetSetDef fusion_getset[] = {
 
 PyDoc_STRVAR(fusion_doc,
              "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None,\n"
-             "       tune_threshold=False)\n--\n\n"
+             "       tune_threshold=False, order='list')\n--\n\n"
              "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
@@ -1373,7 +1381,9 @@ PyDoc_STRVAR(fusion_doc,
              "'bfloat16' sends float32 tensors in 16 bits (each reduction step adds in\n"
              "float32); None or 'float32' sends them as they are. tune_threshold=True\n"
              "ignores threshold_bytes: the set tries 32 KiB to 8 MiB in its first rounds\n"
-             "and keeps the master's fastest (see tnt_fusion_options_t in tnt.h).");
+             "and keeps the master's fastest; order='readiness' fills the buckets in the\n"
+             "order the master started the tensors in the first round (see\n"
+             "tnt_fusion_options_t in tnt.h).");
 
 /* clang-format cannot lay out the head macros of these two initializers. */
 // clang-format off

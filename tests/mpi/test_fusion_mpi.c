@@ -396,7 +396,8 @@ static int same_everywhere(uint64_t v) {
  * other way round; then the same plan everywhere. A round lasts from a
  * rank's first start to its last finish: a rank that sleeps before its
  * starts keeps its own round short and makes the others wait, one that
- * sleeps between its starts and finishes makes its own round long. Rank 0
+ * sleeps between its starts and finishes makes its own round long (the
+ * sleeps, 0.2 s, dwarf the scheduling noise of a loaded machine). Rank 0
  * is fast with the first candidate only, the others with the last only.
  */
 static void test_tuned(tnt_group_t *world) {
@@ -419,12 +420,12 @@ static void test_tuned(tnt_group_t *world) {
     }
     fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
     const int tried = step >= 1 && step <= TRIED;
-    if (tried && ((c == 0 && g_rank == 0) || (c == 4 && g_rank != 0))) mt_sleep(0.05);
+    if (tried && ((c == 0 && g_rank == 0) || (c == 4 && g_rank != 0))) mt_sleep(0.2);
     size_t order[NT];
     mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, 3);
     mt_shuffle(order, NT, &rng);
     for (size_t k = 0; k < NT; k++) start_one(f, &T, order[k]);
-    if (tried && ((c >= 1 && c <= 3) || (c == 4 && g_size == 1))) mt_sleep(0.05);
+    if (tried && ((c >= 1 && c <= 3) || (c == 4 && g_size == 1))) mt_sleep(0.2);
     mt_shuffle(order, NT, &rng);
     for (size_t k = 0; k < NT; k++) finish_one(f, &T, order[k]);
     check_exact(&T, "tuned");
@@ -437,6 +438,55 @@ static void test_tuned(tnt_group_t *world) {
   for (size_t t = 0; t < NT; t++) h = mt_mix64(h ^ (uint64_t)tnt_fusion_bucket_of(f, tensor_id(t)));
   if (!same_everywhere(h)) mt_fail(-1, "the ranks hold different plans");
   MT_OK(tnt_fusion_destroy(f));
+  tensors_free(&T);
+}
+
+/*
+ * Buckets in readiness order: in round 0 the master starts the tensors in
+ * the reverse of the list, the other ranks in orders of their own; from
+ * round 2 on, with one tensor per bucket, bucket k holds the master's k-th
+ * tensor on every rank, and with a threshold every rank holds the same
+ * plan. Exact averages throughout.
+ */
+static void test_readiness_order(tnt_group_t *world) {
+  static const size_t thresholds[2] = {0, 256};
+  tnt_tensor_info_t info[NT];
+  tensor_list(info);
+  tensors_t T;
+  tensors_alloc(&T);
+  for (int k = 0; k < 2; k++) {
+    mt_set_case("readiness order threshold=%zu: tnt_fusion_create", thresholds[k]);
+    tnt_fusion_t *f = NULL;
+    tnt_fusion_options_t opt = {
+        .threshold_bytes = thresholds[k], .op = TNT_AVERAGE, .order = TNT_FUSION_ORDER_READINESS};
+    MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
+    if (f == NULL) mt_fatal("tnt_fusion_create failed");
+    for (int step = 0; step < 4; step++) {
+      mt_set_case("readiness order threshold=%zu step %d", thresholds[k], step);
+      fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
+      size_t order[NT];
+      mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, 5);
+      mt_shuffle(order, NT, &rng);
+      if (step == 0 && g_rank == 0) {
+        for (size_t t = 0; t < NT; t++) order[t] = NT - 1 - t;
+      }
+      for (size_t j = 0; j < NT; j++) start_one(f, &T, order[j]);
+      mt_shuffle(order, NT, &rng);
+      for (size_t j = 0; j < NT; j++) finish_one(f, &T, order[j]);
+      check_exact(&T, "readiness order");
+    }
+    uint64_t h = tnt_fusion_num_buckets(f);
+    for (size_t t = 0; t < NT; t++) {
+      const long b = tnt_fusion_bucket_of(f, tensor_id(t));
+      h = mt_mix64(h ^ (uint64_t)b);
+      if (thresholds[k] == 0 && b != (long)(NT - 1 - t)) {
+        mt_fail((long)t, "tensor %zu is in bucket %ld, want %zu (the master's order)", t, b,
+                NT - 1 - t);
+      }
+    }
+    if (!same_everywhere(h)) mt_fail(-1, "the ranks hold different plans");
+    MT_OK(tnt_fusion_destroy(f));
+  }
   tensors_free(&T);
 }
 
@@ -651,6 +701,7 @@ int main(int argc, char **argv) {
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
   test_compressed(world);
   test_tuned(world);
+  test_readiness_order(world);
   test_errors(ctx, world);
 
   mt_set_case("teardown");

@@ -453,6 +453,22 @@ def test_fusion_tunes_its_threshold():
         assert fusion.num_buckets == buckets + (held > 0)
 
 
+def test_fusion_readiness_order():
+    # Round 0 starts the tensors in reverse; from round 2 on bucket k holds
+    # the k-th tensor started in round 0.
+    tensors = [(i, 3, "float32") for i in range(4)]
+    with core.Fusion(tensors, 0, "sum", order="readiness") as fusion:
+        for step in range(3):
+            for i in reversed(range(4)):
+                fusion.start(i, np.full(3, i + step, np.float32))
+            for i in range(4):
+                np.testing.assert_array_equal(fusion.finish(i, np.zeros(3, np.float32)),
+                                              np.full(3, i + step, np.float32))
+        assert [fusion.bucket_of(i) for i in range(4)] == [3, 2, 1, 0]
+    raises(ValueError, "use 'list' or 'readiness'",
+           lambda: core.Fusion(tensors, 0, order="ready"))
+
+
 def test_fusion_bad_wire_dtype():
     raises(ValueError, "float16 or bfloat16",
            lambda: core.Fusion([(0, 2, "float32")], 0, wire_dtype="int32"))

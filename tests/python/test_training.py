@@ -92,13 +92,14 @@ def test_compressed_training_is_close_to_serial(compression, tol, serial, tmp_pa
             f"{case} with {compression}: loss {got} is not within {tol} of serial {want}"
 
 
-def test_tuned_threshold_training_equals_serial(serial, tmp_path, python):
-    # TNT_FUSION_THRESHOLD_KB=auto: the 16 steps of the run cover the 12
-    # rounds of tuning; the plans change while training stays equal to
-    # serial Keras and identical on every rank.
+def test_tuned_fusion_training_equals_serial(serial, tmp_path, python):
+    # TNT_FUSION_THRESHOLD_KB=auto and TNT_FUSION_ORDER=readiness: the 16
+    # steps of the run cover the 12 rounds of tuning and the 2 of ordering;
+    # the plans change while training stays equal to serial Keras and
+    # identical on every rank.
     out = str(tmp_path)
     run(mpirun_command(3, python, WORKER, "--out", out, "--cases", "sgd,adam"),
-        env={"TNT_FUSION_THRESHOLD_KB": "auto", "TNT_LOG_LEVEL": "INFO"})
+        env={"TNT_FUSION_THRESHOLD_KB": "auto", "TNT_FUSION_ORDER": "readiness"})
     results = load(out, 3)
     assert_ranks_identical(results)
     assert_matches_serial(results[0], serial, tol=1e-4)

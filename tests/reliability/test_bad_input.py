@@ -205,6 +205,9 @@ CASES = [
     E("TNT_FUSION_THRESHOLD_KB", "nan", "TNT_FUSION_THRESHOLD_KB='nan' is not a non-negative "
       "number of KiB", exit=1, args=("--no-gpu", "--", "{tmp}/init.py"),
       files=(("init.py", INIT),), timeout=150),
+    E("TNT_FUSION_ORDER", "random", "TNT_FUSION_ORDER='random' is not a fusion order "
+      "Tarantella knows: use list", exit=1, args=("--no-gpu", "--", "{tmp}/init.py"),
+      files=(("init.py", INIT),), timeout=150),
     E("TNT_COMPRESSION", "fp8", "TNT_COMPRESSION='fp8' is not a gradient compression "
       "Tarantella knows: use fp16 or bf16", exit=1, args=("--no-gpu", "--", "{tmp}/init.py"),
       files=(("init.py", INIT),), timeout=150),
