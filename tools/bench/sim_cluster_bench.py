@@ -33,9 +33,10 @@ second, as a fraction of the shaped link rate (1.0: the link never idles).
 
 With --variants it compares the fusion settings instead of fusion and
 overlap on/off, all with overlap on and the default threshold: none
-(uncompressed), fp16 and bf16 (TNT_COMPRESSION) and auto
-(TNT_FUSION_THRESHOLD_KB=auto); each row also gets the loss of the last
-step, and every model first trains 14 steps (the tuning of auto takes 12).
+(uncompressed), fp16 and bf16 (TNT_COMPRESSION), auto
+(TNT_FUSION_THRESHOLD_KB=auto) and readiness (TNT_FUSION_ORDER=readiness);
+each row also gets the loss of the last step, and every model first trains
+14 steps (the tuning of auto takes 12).
 
     sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
@@ -70,7 +71,8 @@ CONFIGS = [(True, True), (True, False), (False, True), (False, False)]  # (fusio
 FUSION_KB = 32  # the default threshold: fusion "on"; 0 is "off"
 # --variants: name -> the environment of that variant (overlap on, fusion on).
 VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
-            "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"}}
+            "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"},
+            "readiness": {"TNT_FUSION_ORDER": "readiness"}}
 VARIANT_WARMUP_STEPS = 14
 GLOBAL_BATCH = 64
 # With --allreduce, these pass from the environment to the ranks (and into
@@ -91,7 +93,8 @@ def configs(variants):
     if variants:
         return [(f"config variant={v}", {"variant": v, "fusion": True, "overlap": True},
                  {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB), "TNT_OVERLAP": "1",
-                  "TNT_COMPRESSION": "none"} | env) for v, env in VARIANTS.items()]
+                  "TNT_COMPRESSION": "none", "TNT_FUSION_ORDER": "list"} | env)
+                for v, env in VARIANTS.items()]
     return [(config_name(f, o), {"fusion": f, "overlap": o},
              {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB if f else 0),
               "TNT_OVERLAP": "1" if o else "0"}) for f, o in CONFIGS]
@@ -611,8 +614,9 @@ def main():
     p.add_argument("--max", default="64M",
                    help="with --allreduce: the largest message (default 64M; quick 4M)")
     p.add_argument("--variants", action="store_true",
-                   help="compare none, fp16, bf16 (TNT_COMPRESSION) and an auto threshold, all "
-                        "with overlap and fusion on, instead of fusion and overlap on/off")
+                   help="compare none, fp16, bf16 (TNT_COMPRESSION), an auto threshold and "
+                        "readiness order, all with overlap and fusion on, instead of fusion and "
+                        "overlap on/off")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
