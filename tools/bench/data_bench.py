@@ -157,7 +157,7 @@ def main():
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.trials is None:
-        args.trials = 2 if args.quick else 3
+        args.trials = 2 if args.quick else 5
     if args.worker:
         return worker(args)
     ranks = [int(r) for r in (args.ranks or ("1,2" if args.quick else "1,2,4")).split(",")]
