@@ -323,14 +323,19 @@ static tnt_status_t replan(tnt_fusion_t *f, size_t threshold) {
   tnt__fusion_plan_t plan;
   bucket_t *buckets;
   TNT_CHECK(make_buckets(f, f->plan.ntensors, threshold, &plan, &buckets));
-  /* The ids map to the same indices: keep the index that find_tensor
-   * reads, so that it never points to freed memory. */
+  /* The ids map to the same indices: keep the index (and the count) that
+   * find_tensor reads without the lock, untouched. */
   free(plan.by_id);
-  plan.by_id = f->plan.by_id;
-  f->plan.by_id = NULL;
   free_buckets(f->buckets, f->plan.nbuckets);
-  tnt__fusion_plan_free(&f->plan);
-  f->plan = plan;
+  free(f->plan.buckets);
+  free(f->plan.members);
+  free(f->plan.bucket_of);
+  free(f->plan.offset_of);
+  f->plan.nbuckets = plan.nbuckets;
+  f->plan.buckets = plan.buckets;
+  f->plan.members = plan.members;
+  f->plan.bucket_of = plan.bucket_of;
+  f->plan.offset_of = plan.offset_of;
   f->buckets = buckets;
   f->threshold = threshold;
   f->next_issue = 0;
