@@ -99,6 +99,7 @@ typedef struct options {
   long iters; /* 0 selects the automatic count */
   const char *json_path;
   tnt_dtype_t dtype;
+  tnt_dtype_t wire; /* --compression: the wire dtype of float32 (TNT_FLOAT32: none) */
 } options_t;
 
 /* One message size as run: element counts follow the collective's layout. */
@@ -139,6 +140,8 @@ typedef struct bench {
   unsigned char *send;
   unsigned char *recv;
   size_t capacity;
+  tnt_fusion_t *fusion; /* --compression: a set of one tensor of fusion_count elements */
+  size_t fusion_count;
   MPI_Datatype mpi_type;
   MPI_Op mpi_op;
   bool own_op;
@@ -164,7 +167,7 @@ static int launcher_rank(void) {
 static void print_usage(FILE *out) {
   fprintf(out,
           "Usage: tnt-bench {allreduce|broadcast|allgather} [--min BYTES] [--max BYTES]\n"
-          "                 [--iters N] [--json FILE] [--dtype TYPE]\n"
+          "                 [--iters N] [--json FILE] [--dtype TYPE] [--compression fp16|bf16]\n"
           "       tnt-bench --list\n"
           "\n"
           "Measures a libtnt collective (libtnt's own choice of algorithm) against the MPI\n"
@@ -180,6 +183,11 @@ static void print_usage(FILE *out) {
           "  --iters N     calls per timed trial, or 'auto' (default): clamp(256M / size,\n"
           "                5, 1000), fewer when one trial would take longer than 0.1 s\n"
           "  --dtype TYPE  float32 (default), float64, float16, bfloat16, int32 or int64\n"
+          "  --compression fp16|bf16\n"
+          "                allreduce of float32 only: libtnt's side is a fusion set of one\n"
+          "                tensor whose values travel in 16 bits (TNT_COMPRESSION), against\n"
+          "                MPI_Allreduce of the float32 vector; the sizes are the float32\n"
+          "                vector's\n"
           "  --json FILE   also write the results to FILE as JSON (rank 0), with the hosts,\n"
           "                ranks per host and whether they were oversubscribed\n"
           "  --list        list libtnt's algorithms of each collective, with what they do\n"
@@ -289,10 +297,10 @@ static bool is_option(const char *arg, const char *name) {
   return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-enum option_id { OPT_MIN, OPT_MAX, OPT_ITERS, OPT_JSON, OPT_DTYPE, OPT_COUNT };
+enum option_id { OPT_MIN, OPT_MAX, OPT_ITERS, OPT_JSON, OPT_DTYPE, OPT_COMPRESSION, OPT_COUNT };
 
-static const char *const kOptionNames[OPT_COUNT] = {"--min", "--max", "--iters", "--json",
-                                                    "--dtype"};
+static const char *const kOptionNames[OPT_COUNT] = {"--min",  "--max",   "--iters",
+                                                    "--json", "--dtype", "--compression"};
 
 /* Stores the value `v` of option `id`; returns -1 when it was fine, else
  * the exit code. */
@@ -316,6 +324,15 @@ static int set_option(enum option_id id, const char *v, options_t *opt) {
       if (*v == '\0') return usage_error("--json: empty file name");
       opt->json_path = v;
       return -1;
+    case OPT_COMPRESSION:
+      if (strcmp(v, "fp16") == 0) {
+        opt->wire = TNT_FLOAT16;
+      } else if (strcmp(v, "bf16") == 0) {
+        opt->wire = TNT_BFLOAT16;
+      } else {
+        return usage_error("--compression: unknown '%s' (expected fp16 or bf16)", v);
+      }
+      return -1;
     default:
       if (!parse_dtype(v, &opt->dtype)) {
         return usage_error("--dtype: unknown type '%s' (expected %s)", v, kDtypeList);
@@ -335,7 +352,9 @@ static int parse_option(int argc, char **argv, int *i, options_t *opt) {
     return set_option((enum option_id)id, v, opt);
   }
   return usage_error(
-      "unknown option '%s' (expected --min, --max, --iters, --json, --dtype or --help)", arg);
+      "unknown option '%s' (expected --min, --max, --iters, --json, --dtype, --compression or "
+      "--help)",
+      arg);
 }
 
 /* tnt-bench --list: every algorithm of libtnt's tables, by collective. */
@@ -357,7 +376,8 @@ static int parse_options(int argc, char **argv, options_t *opt) {
   *opt = (options_t){.coll = COLL_ALLREDUCE,
                      .min_bytes = DEFAULT_MIN_BYTES,
                      .max_bytes = DEFAULT_MAX_BYTES,
-                     .dtype = TNT_FLOAT32};
+                     .dtype = TNT_FLOAT32,
+                     .wire = TNT_FLOAT32};
   bool have_coll = false;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
@@ -383,6 +403,9 @@ static int parse_options(int argc, char **argv, options_t *opt) {
   }
   if (!have_coll) {
     return usage_error("missing collective (expected allreduce, broadcast or allgather)");
+  }
+  if (opt->wire != TNT_FLOAT32 && (opt->coll != COLL_ALLREDUCE || opt->dtype != TNT_FLOAT32)) {
+    return usage_error("--compression applies to the allreduce of float32 only");
   }
   if (opt->min_bytes > opt->max_bytes) {
     return usage_error("--min (%zu bytes) must not exceed --max (%zu bytes)", opt->min_bytes,
@@ -547,7 +570,9 @@ static void choose_pattern(bench_t *b) {
   b->dense_rank_sum = 0;
   for (int r = 0; r < b->nranks; r++) b->dense_rank_sum += r % 8 + 1;
   int64_t max_sum = b->dense_rank_sum + (int64_t)b->nranks * (DENSE_PERIOD - 1);
-  b->sparse = max_sum > exact_integer_limit(b->opt->dtype);
+  /* Compressed, the sums must also be exact in the wire dtype. */
+  tnt_dtype_t exact = b->opt->wire != TNT_FLOAT32 ? b->opt->wire : b->opt->dtype;
+  b->sparse = max_sum > exact_integer_limit(exact);
 }
 
 static size_t template_elems(const bench_t *b) {
@@ -663,6 +688,13 @@ static void prepare(const bench_t *b, const size_case_t *c) {
 
 /* ---------------------------------------------------------------- calls */
 
+/* Returns a failed status from the enclosing function. */
+#define TNT_CHECK_BENCH(expr)  \
+  do {                         \
+    tnt_status_t st_ = (expr); \
+    if (st_ < 0) return st_;   \
+  } while (0)
+
 /* A libtnt error leaves the other ranks waiting in collectives that will
  * never complete, so the whole job ends here with EXIT_TNT_ERROR. */
 static void fail_tnt(bench_t *b, tnt_status_t st, const char *what) {
@@ -675,9 +707,34 @@ static void fail_tnt(bench_t *b, tnt_status_t st, const char *what) {
   exit(EXIT_TNT_ERROR);
 }
 
+/* --compression: one fusion round of a set holding the whole vector; the
+ * set is made anew when the size changes (every rank runs the sizes in the
+ * same order, so creation, which is collective, matches). */
+static tnt_status_t call_compressed(bench_t *b, const size_case_t *c, const char **what) {
+  if (b->fusion == NULL || b->fusion_count != c->count) {
+    *what = "tnt_fusion_destroy";
+    TNT_CHECK_BENCH(tnt_fusion_destroy(b->fusion));
+    b->fusion = NULL;
+    *what = "tnt_fusion_create";
+    tnt_tensor_info_t info = {0, c->count, TNT_FLOAT32};
+    tnt_fusion_options_t o = {.threshold_bytes = 0, .op = TNT_SUM, .wire_dtype = b->opt->wire};
+    TNT_CHECK_BENCH(tnt_fusion_create(b->world, &info, 1, &o, &b->fusion));
+    b->fusion_count = c->count;
+  }
+  *what = "tnt_fusion_start";
+  TNT_CHECK_BENCH(tnt_fusion_start(b->fusion, 0, b->send));
+  *what = "tnt_fusion_finish";
+  return tnt_fusion_finish(b->fusion, 0, b->recv, -1);
+}
+
 static void call_tnt(bench_t *b, const size_case_t *c) {
   tnt_status_t st;
   const char *what;
+  if (b->opt->wire != TNT_FLOAT32) {
+    st = call_compressed(b, c, &what);
+    if (st < 0) fail_tnt(b, st, what);
+    return;
+  }
   switch (b->opt->coll) {
     case COLL_ALLREDUCE:
       what = "tnt_allreduce";
@@ -806,7 +863,9 @@ static void measure_size(bench_t *b, const size_case_t *c, row_t *row) {
   row->mpi_s = median(times[SIDE_MPI], TRIALS);
   row->algorithm = "auto";
   if (b->opt->coll == COLL_ALLREDUCE) {
-    const char *name = tnt_allreduce_algorithm(b->world, c->bytes);
+    /* Compressed, the allreduce moves 16-bit elements. */
+    const size_t wire_bytes = b->opt->wire != TNT_FLOAT32 ? c->count * 2 : c->bytes;
+    const char *name = tnt_allreduce_algorithm(b->world, wire_bytes);
     row->algorithm = name != NULL ? name : "?";
   }
 }
@@ -958,6 +1017,10 @@ static int write_json(FILE *f, const bench_t *b, const row_t *rows, double min_r
                       double geomean) {
   fprintf(f, "{\n  \"collective\": \"%s\",\n  \"ranks\": %d,\n  \"dtype\": \"%s\",\n",
           kCollectiveNames[b->opt->coll], b->nranks, tnt_dtype_name(b->opt->dtype));
+  fprintf(f, "  \"compression\": \"%s\",\n",
+          b->opt->wire == TNT_FLOAT16    ? "fp16"
+          : b->opt->wire == TNT_BFLOAT16 ? "bf16"
+                                         : "none");
   fprintf(f,
           "  \"hosts\": %d,\n  \"max_ranks_per_host\": %d,\n  \"cores_per_host\": %d,\n"
           "  \"oversubscribed\": %s,\n  \"trials\": %d,\n  \"iters\": \"%s\",\n",
@@ -1167,6 +1230,7 @@ done:
     fprintf(stderr, "tnt-bench: --json: error closing '%s'\n", opt.json_path);
   }
   if (own_op_created) MPI_Op_free(&b.mpi_op);
+  if (b.fusion != NULL) tnt_fusion_destroy(b.fusion);
   free(b.send);
   free(b.recv);
   tnt_status_t st = tnt_context_destroy(b.ctx);
