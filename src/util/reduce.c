@@ -392,6 +392,27 @@ TNT__DEFINE_GENERIC(generic_i32, int32_t, int32_t, id_i32, id_i32, add_i32, min_
 TNT__DEFINE_GENERIC(generic_i64, int64_t, int64_t, id_i64, id_i64, add_i64, min_i64, max_i64,
                     div_i64)
 
+/* float16 SUM (and AVERAGE): the general kernel's order and rounding, with
+ * each block converted by the array conversions (F16C where the CPU has
+ * it), which give the scalar conversions' bits. dst is written only after
+ * every input of the block has been read, so it may alias any input. */
+static void sum_many_f16(void *dst, const void *const *srcs, int n, size_t count, int divisor) {
+  float acc[TNT__REDUCE_BLOCK], in[TNT__REDUCE_BLOCK];
+  uint16_t *d = dst;
+  for (size_t base = 0; base < count; base += TNT__REDUCE_BLOCK) {
+    const size_t len = TNT__MIN(count - base, (size_t)TNT__REDUCE_BLOCK);
+    tnt__widen(acc, (const uint16_t *)srcs[0] + base, len, TNT_FLOAT16);
+    for (int k = 1; k < n; k++) {
+      tnt__widen(in, (const uint16_t *)srcs[k] + base, len, TNT_FLOAT16);
+      for (size_t i = 0; i < len; i++) acc[i] = add_f32(acc[i], in[i]);
+    }
+    if (divisor > 1) {
+      for (size_t i = 0; i < len; i++) acc[i] = div_f32(acc[i], divisor);
+    }
+    tnt__narrow(d + base, acc, len, TNT_FLOAT16);
+  }
+}
+
 /* ------------------------------------------------ float SUM fast kernels */
 
 /*
@@ -557,7 +578,11 @@ void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, t
       }
       break;
     case TNT_FLOAT16:
-      generic_f16(dst, srcs, n, count, op, div);
+      if (is_sum) {
+        sum_many_f16(dst, srcs, n, count, div);
+      } else {
+        generic_f16(dst, srcs, n, count, op, div);
+      }
       break;
     case TNT_BFLOAT16:
       generic_bf16(dst, srcs, n, count, op, div);
