@@ -133,29 +133,31 @@ def broadcast_values(targets, sources=None, root=MASTER_RANK, group=None):
     if get_size() == 1 or not targets:
         return
     chunks, chunk, size = [], [], 0
-    for pair in zip(targets, sources):
-        nbytes = int(np.prod(pair[0].shape)) * tf.as_dtype(pair[0].dtype).size
+    for target, source in zip(targets, sources):
+        dtype = np.dtype(tf.as_dtype(target.dtype).as_numpy_dtype)
+        shape = tuple(target.shape)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
         if chunk and size + nbytes > _CHUNK_BYTES:
             chunks.append(chunk)
             chunk, size = [], 0
-        chunk.append(pair)
+        chunk.append((target, source, dtype, shape, nbytes))
         size += nbytes
     chunks.append(chunk)
     for chunk in chunks:
-        arrays = [np.asarray(src.numpy()) for _, src in chunk]
-        total = sum(a.nbytes for a in arrays)
-        buf = np.zeros((total + 7) // 8, dtype=np.int64)
+        # Each value is copied once, straight into the chunk's buffer, and
+        # that copy is freed before the next value is read.
+        buf = np.zeros((sum(c[4] for c in chunk) + 7) // 8, dtype=np.int64)
         raw = buf.view(np.uint8)
         offset = 0
-        for a in arrays:
-            raw[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
-            offset += a.nbytes
+        for _, source, _, _, nbytes in chunk:
+            raw[offset:offset + nbytes] = np.asarray(source.numpy()).reshape(-1).view(np.uint8)
+            offset += nbytes
         _core.broadcast(buf, root=root, group=group)
         offset = 0
-        for (target, _), a in zip(chunk, arrays):
-            target.assign(raw[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
-            offset += a.nbytes
-        del arrays, buf, raw
+        for target, _, dtype, shape, nbytes in chunk:
+            target.assign(raw[offset:offset + nbytes].view(dtype).reshape(shape))
+            offset += nbytes
+        del buf, raw
 
 
 _MESSAGE_BYTES = 1024

@@ -179,3 +179,52 @@ def test_report_sim_allreduce_section(tmp_path):
     assert "| 0.95 | PASS" in target_row(summary, f"{link} (2x2, 1gbit_0.1ms)")
     closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
     assert "- **sim_allreduce**:" in closing
+
+
+def capacity_result(serial_error, stage_errors):
+    """pipeline_capacity.json: serial Keras under the limit failing with
+    `serial_error` (None: it trains), and 2 stages failing with
+    `stage_errors` per rank (None: the rank trains)."""
+    def run(pipelined, errors):
+        ranks = []
+        for rank, error in enumerate(errors):
+            doc = {"rank": rank, "pipelined": pipelined, "weights_mib": 128.1,
+                   "limit_above_model_mib": 352.3}
+            if error is None:
+                doc.update(trained=True, peak_data_above_model_mib=264.3 + 30 * rank,
+                           margin_mib=88.0 - 30 * rank, peak_rss_above_model_mib=250.0)
+            else:
+                doc.update(trained=False, error=error)
+            ranks.append(doc)
+        return {"job_ok": all(e is None for e in errors), "ranks": ranks,
+                "trained": all(e is None for e in errors), "tail": ""}
+    return {"config": {"benchmark": "pipeline_capacity", "budget_times_weights": 2.75},
+            "results": {"serial, limited": run(False, [serial_error]),
+                        "2 stages, limited": run(True, stage_errors),
+                        "serial, no limit": run(False, [None]),
+                        "2 stages, no limit": run(True, [None, None])}}
+
+
+def test_report_capacity_target(tmp_path):
+    name = "Under a memory limit, serial Keras fails and 2 stages train"
+    oom = "ResourceExhaustedError: OOM when allocating tensor with shape[2048,2048]"
+    cases = [
+        # serial fails for lack of memory and both stages train: met
+        (oom, [None, None], "| yes | PASS |",
+         ["serial fails (ResourceExhaustedError: OOM", "2 stages train",
+          "margins under the limit +88 MiB, +58 MiB", "+ 2.75x its weights"]),
+        # a stage runs out of memory too
+        ("MemoryError: std::bad_alloc", [None, "MemoryError: std::bad_alloc"],
+         "| no | **MISS** |", ["serial fails (MemoryError", "2 stages fail (MemoryError"]),
+        # serial failing for another reason does not show the limit works
+        ("ValueError: bad input", [None, None], "| no | **MISS** |",
+         ["serial fails, but not for lack of memory: ValueError", "2 stages train"]),
+        # serial training under the limit: the limit is too loose
+        (None, [None, None], "| no | **MISS** |", ["serial trains; 2 stages train"]),
+    ]
+    for serial_error, stage_errors, verdict, details in cases:
+        write(tmp_path / "pipeline_capacity.json", capacity_result(serial_error, stage_errors))
+        row = target_row(report(tmp_path), name)
+        assert verdict in row, row
+        for detail in details:
+            assert detail in row, (detail, row)
