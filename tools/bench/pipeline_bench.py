@@ -627,7 +627,7 @@ def capacity(args):
                             "tail": "" if ok else tail[-1500:]}
             print(f"capacity: {key}: trained={results[key]['trained']}: " + "; ".join(
                 d.get("error", f"{d.get('peak_data_above_model_mib')} MiB peak data above the "
-                               "model" + (f", margin {d['margin_mib']} MiB" if limited else ""))
+                               "model" + (f", margin {d.get('margin_mib')} MiB" if limited else ""))
                 for d in docs), flush=True)
     doc = {"config": {
         "benchmark": "pipeline_capacity", "layers": CAP_LAYERS, "width": CAP_WIDTH,
