@@ -746,6 +746,10 @@ def sim_section(results, stages, plt, targets):
                       f"communication {worst['comm_ms']:.1f} ms = "
                       f"{worst['comm_ms'] / worst['bound_ms']:.1f}x the bound, compute "
                       f"{worst['compute_ms']:.1f} ms")
+        if worst.get("reach_ms"):
+            t.note += (f"; {worst['ratio_to_reach']:.2f}x the reachable "
+                       f"{worst['reach_ms']:.1f} ms (largest gradient ready at "
+                       f"{worst['ready_ms']:.1f} ms, then its transfer)")
         targets.append(t)
     if plt is not None and res:
         plot_sim(plt, results, d)
@@ -755,10 +759,17 @@ def sim_section(results, stages, plt, targets):
              on_off(r["fusion"]),
              "yes" if r["overlap"] else "no",
              f2(r["step_ms"]), f2(r["compute_ms"]), f2(r["comm_ms"]), f2(r["wait_ms"]),
-             f2(r["bound_ms"]), f"{r['ratio_to_bound']:.3f}",
+             f2(r["bound_ms"]), f"{r['ratio_to_bound']:.3f}", f2(r.get("ready_ms")),
+             f2(r.get("reach_ms")), f2(r.get("ratio_to_reach"), 3),
              bytes_str(r["gradient_bytes"]) if "gradient_bytes" in r else "-"] for r in res]
     out.append(table(["hosts", "link", "fusion", "overlap", "step ms", "compute ms", "comm ms",
-                      "wait ms", "bound ms", "step / bound", "gradients"], rows))
+                      "wait ms", "bound ms", "step / bound", "largest ready ms", "reach ms",
+                      "step / reach", "gradients"], rows))
+    out += ["", "Bound: max(compute, the transfer of every gradient at the link rate). Reach: "
+            "max(compute, when the largest gradient is ready on the last rank + its transfer): "
+            "backprop gives a gradient only after the forward pass, so no exact step ends "
+            "before that gradient has crossed the link; the bound assumes it could cross "
+            "during the forward."]
     if any(over.values()):
         out += ["", "\\* oversubscribed: more simulated hosts (one rank each) than cores."]
     tl = d.get("timeline_example")

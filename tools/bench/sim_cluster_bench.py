@@ -16,8 +16,16 @@ them alike. From each rank's trace, per step:
   compute_ms  step_ms - wait_ms: the step minus the communication it waited for
   comm_ms     time the step's bucket allreduces ran (union)
   bound_ms    max(compute_ms, 2(N-1)/N * gradient_bytes / link bandwidth)
+  ready_ms    when the largest gradient tensor is ready (its fusion start)
+              after the step began: the median over the steps of the rank
+              that has it last
+  reach_ms    max(compute_ms, ready_ms + 2(N-1)/N * its bytes / link
+              bandwidth): no exact step ends before the largest gradient,
+              which backprop gives only after the forward pass, has crossed
+              the link; bound_ms assumes it could cross during the forward
 
-medians over the steps of each rank, averaged over the ranks.
+medians over the steps of each rank, averaged over the ranks (ready_ms: the
+largest of the ranks' medians).
 
     sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 3 minutes
     sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 10 minutes
@@ -200,10 +208,12 @@ def breakdown(events, nhosts):
                if e["ph"] == "X" and e["name"].startswith("allreduce bucket")]
     waits = [(e["ts"], e["ts"] + e["dur"]) for e in events
              if e["ph"] == "X" and e["name"] == "fusion finish"]
+    starts = [(e["ts"], e["args"]["bytes"]) for e in events
+              if e["ph"] == "i" and e["name"] == "fusion start"]
     out = {}
     for cname, cb, ce in configs:
         rows = out.setdefault(cname, {"step": [], "wait": [], "comm": [], "bytes": [],
-                                      "bus": [], "bus_s": []})
+                                      "bus": [], "bus_s": [], "ready": [], "largest": []})
         for _, sb, se in steps:
             if not (cb <= sb and se <= ce):
                 continue
@@ -212,6 +222,11 @@ def breakdown(events, nhosts):
             rows["wait"].append(union_ms(waits, sb, se))
             rows["comm"].append(union_ms([(a, b) for a, b, _ in mine], sb, se))
             rows["bytes"].append(sum(n for _, _, n in mine))
+            ready = [(n, t) for t, n in starts if sb <= t < se]
+            if ready:
+                n, t = max(ready, key=lambda r: (r[0], -r[1]))
+                rows["ready"].append((t - sb) / 1e3)
+                rows["largest"].append(n)
             for a, b, n in mine:
                 rows["bus"].append(2 * (nhosts - 1) / nhosts * n)
                 rows["bus_s"].append((b - a) / 1e6)
@@ -234,6 +249,11 @@ def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
         compute = step - wait
         transfer = 2 * (nhosts - 1) / nhosts * grad_bytes * 8 / link_bps * 1e3
         bound = max(compute, transfer)
+        ready = max((statistics.median(r["ready"]) for r in ranks if r["ready"]), default=None)
+        reach = None
+        if ready is not None:
+            largest = statistics.median(ranks[0]["largest"])
+            reach = max(compute, ready + 2 * (nhosts - 1) / nhosts * largest * 8 / link_bps * 1e3)
         bus_bytes = sum(sum(r["bus"]) for r in ranks)
         bus_s = sum(sum(r["bus_s"]) for r in ranks)
         results.append(fields | {
@@ -241,6 +261,9 @@ def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
             "comm_ms": round(comm, 3), "wait_ms": round(wait, 3),
             "transfer_ms": round(transfer, 3), "bound_ms": round(bound, 3),
             "ratio_to_bound": round(step / bound, 3), "gradient_bytes": grad_bytes,
+            "ready_ms": round(ready, 3) if ready is not None else None,
+            "reach_ms": round(reach, 3) if reach is not None else None,
+            "ratio_to_reach": round(step / reach, 3) if reach else None,
             "allreduce_busbw_gbit": round(bus_bytes * 8 / bus_s / 1e9, 3) if bus_s else None,
             "steps": sum(len(r["step"]) for r in ranks)})
         if losses and cname in losses:
@@ -370,7 +393,8 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False):
 
 def print_table(results):
     head = (f"{'hosts':>5} {'link':<13} {'fusion':>6} {'overlap':>7} {'step':>8} {'compute':>8} "
-            f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'busbw':>7}")
+            f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
+            f"{'reach':>7} {'ratio':>6} {'busbw':>7}")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -380,9 +404,16 @@ def print_table(results):
         print(f"{r['hosts']:>5} {r['link']:<13} {'on' if r['fusion'] else 'off':>6} "
               f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
-              f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {bus:>7}")
+              f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {fmt(r.get('ready_ms'), 7)} "
+              f"{fmt(r.get('reach_ms'), 7)} {fmt(r.get('ratio_to_reach'), 6)} {bus:>7}")
     print("times in ms per step (medians); xfer = 2(N-1)/N * gradient bytes / link bandwidth; "
-          "bound = max(compute, xfer); busbw = achieved allreduce bus bandwidth, Gbit/s")
+          "bound = max(compute, xfer); ready = when the largest gradient is ready on the last "
+          "rank; reach = max(compute, ready + that gradient's transfer); busbw = achieved "
+          "allreduce bus bandwidth, Gbit/s")
+
+
+def fmt(value, width):
+    return f"{value:{width}.2f}" if value is not None else f"{'-':>{width}}"
 
 
 def require_cluster_tools(program):
