@@ -27,6 +27,14 @@ them alike. From each rank's trace, per step:
 medians over the steps of each rank, averaged over the ranks (ready_ms: the
 largest of the ranks' medians).
 
+Weak scaling: beside the 2-host runs, one rank trains the same model on the
+per-rank batch of the 2-host run (32 samples), E(2) = that step time / the
+2-host step time (overlap and fusion on). The one-rank step is taken twice:
+alone on the machine, and while a second one-rank job computes beside it
+(E(2) busy), as the two simulated hosts compute on this machine's cores at
+once; E(2) busy leaves out what the hosts' sharing of one machine costs and
+keeps what distribution costs.
+
     sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 3 minutes
     sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 10 minutes
 
@@ -122,10 +130,10 @@ def worker(args):
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tnt.init()
     rng = np.random.default_rng(0)
-    n = GLOBAL_BATCH * args.steps
+    n = args.global_batch * args.steps
     x = rng.random((n, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, size=n).astype(np.int32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.global_batch, drop_remainder=True)
     models, losses = {}, {}
     todo = configs(args.variants)
     warmup = ds.repeat().take(VARIANT_WARMUP_STEPS) if args.variants else ds.take(2)
@@ -524,6 +532,51 @@ def allreduce_driver(args):
           f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
 
 
+def solo_steps(work, steps, reps, jobs, timeout):
+    """The median step time (ms) of a one-rank job that trains on the 2-host
+    run's per-rank batch, with `jobs` such jobs at once (each its own
+    process, no network): the first job's, and what went wrong (None)."""
+    procs, traces = [], []
+    for j in range(jobs):
+        trace = os.path.join(work, f"solo{jobs}_{j}.json")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TNT_TIMELINE=trace)
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps),
+             "--reps", str(reps), "--global-batch", str(GLOBAL_BATCH // 2)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, start_new_session=True))
+        traces.append(trace)
+    problem = None
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                problem = f"one-rank job failed with status {proc.returncode}: {err[-300:]}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            problem = f"one-rank job timed out after {timeout} s"
+    if problem:
+        return None, problem
+    rows = breakdown(load_trace(traces[0]), 1).get(config_name(True, True), {})
+    return (statistics.median(rows["step"]), None) if rows.get("step") else (None, "no steps")
+
+
+def weak_scaling(results, solo):
+    """E(2) per link from the 2-host rows (overlap and fusion on) and the
+    one-rank step times."""
+    out = []
+    for r in results:
+        if r["hosts"] == 2 and r["fusion"] and r["overlap"]:
+            row = {"link": r["link"], "step_ms": r["step_ms"]}
+            for key, ms in solo.items():
+                if ms:
+                    row[f"solo_{key}_ms"] = round(ms, 3)
+                    row[f"e2_{key}"] = round(ms / r["step_ms"], 3)
+            out.append(row)
+    return out
+
+
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
     hosts = [int(h) for h in args.hosts.split(",")]
@@ -597,15 +650,31 @@ def driver(args):
                       f"{'; ' + problem if problem else ''}", file=sys.stderr, flush=True)
         finally:
             cluster.down()
+    scaling = []
+    if 2 in hosts and not args.variants:
+        work = os.path.join(keep, "1host")
+        os.makedirs(work, exist_ok=True)
+        solo = {}
+        for key, jobs in (("alone", 1), ("busy", 2)):
+            solo[key], problem = solo_steps(work, steps, reps, jobs, args.timeout)
+            if problem:
+                config["problems"][f"1host_{key}"] = problem
+        scaling = weak_scaling(results, solo)
     config["elapsed_s"] = round(time.monotonic() - start, 1)
     config["load_average_at_end"] = round(os.getloadavg()[0], 2)
     config["added_delay"] = DELAY if all("netem" in v for v in config["links"].values()) else (
         "none: this kernel has no netem qdisc (links are rate-limited with tbf only)")
-    out = {"config": config, "results": results, "timeline_example": example}
+    out = {"config": config, "results": results, "weak_scaling": scaling,
+           "timeline_example": example}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     print_table(results)
+    for r in scaling:
+        print(f"weak scaling, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; one rank "
+              f"{fmt(r.get('solo_alone_ms'), 0)} ms alone, {fmt(r.get('solo_busy_ms'), 0)} ms "
+              f"beside another: E(2) {fmt(r.get('e2_alone'), 0)}, busy "
+              f"{fmt(r.get('e2_busy'), 0)}")
     if any("netem" not in v for v in config["links"].values()):
         print("note: this kernel has no netem qdisc; links are rate-limited with tbf and get no "
               "added delay (the link labels keep the 0.1ms of the intended setup)")
@@ -649,6 +718,7 @@ def main():
                         "readiness order, all with overlap and fusion on, instead of fusion and "
                         "overlap on/off")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
+    p.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
