@@ -10,6 +10,7 @@ Reads (each optional; a missing file is reported as "not run"):
   training.json                                                   train_compare.py
   sim_cluster.json                                                sim_cluster_bench.py
   sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
+  sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
@@ -43,6 +44,7 @@ OVERHEAD_MAX = 0.03
 MWMS_MIN = 1.3
 HOROVOD_MIN = 1.0
 SIM_BOUND_MAX = 1.15
+SIM_MWMS_MIN = 2.0  # Tarantella / MWMS throughput on 2 simulated hosts
 SIM_E2_MIN = 0.9  # weak scaling E(2), 2 simulated hosts at 10 Gbit/s
 SIM_ALLREDUCE_MPI_MIN = 1.0   # tnt / MPI_Allreduce busbw across simulated hosts, every size
 SIM_ALLREDUCE_LINK_MIN = 0.9  # share of the shaped link at >= SIM_ALLREDUCE_LINK_BYTES
@@ -825,6 +827,39 @@ def plot_sim_allreduce(plt, results, res):
     save(fig, results, "sim_cluster_allreduce.png")
 
 
+def sim_frameworks_section(results, stages, targets):
+    """Tarantella against MultiWorkerMirroredStrategy on the simulated hosts
+    (sim_cluster_bench.py --frameworks)."""
+    out = ["## 5c. Against MultiWorkerMirroredStrategy on simulated hosts", ""]
+    d, why = load_json(os.path.join(results, "sim_cluster_frameworks.json"))
+    name = "Throughput vs MWMS, 2 simulated hosts"
+    req = f">= {SIM_MWMS_MIN:.1f}x"
+    if d is None:
+        note = missing_note(stages, why, "sim_cluster_frameworks")
+        targets.append(Target(name, req, note=note))
+        return out + [not_run_line([note]), ""]
+    res, cfg = d.get("results", []), d.get("config", {})
+    out += config_lines(cfg)
+    for r in res:
+        t = Target(f"{name}, {r['model']}, {r['link']}", req,
+                   f"{r['ratio']:.2f}x" if r.get("ratio") else None,
+                   r["ratio"] >= SIM_MWMS_MIN if r.get("ratio") else None, family="sim")
+        if r.get("ratio") is None:
+            t.note = "no result of one framework (see the problems below)"
+        else:
+            t.note = (f"{r['tarantella_step_ms']:.1f} vs {r['mwms_step_ms']:.1f} ms per step")
+        targets.append(t)
+    rows = [[r["link"], r["model"], f2(r.get("tarantella_step_ms")), f2(r.get("mwms_step_ms")),
+             f2(r.get("ratio"))] for r in res]
+    out.append(f"2 hosts x 1 rank, global batch {cfg.get('global_batch')}, the models and "
+               "the worker of train_compare.py; MWMS: " + str(cfg.get("mwms")) + ".")
+    out.append("")
+    out.append(table(["link", "model", "Tarantella ms", "MWMS ms", "throughput ratio"], rows))
+    out += problem_lines(cfg)
+    out.append("")
+    return out
+
+
 def sim_allreduce_section(results, stages, plt, targets):
     out = ["## 5b. Allreduce across simulated hosts", ""]
     d, why = load_json(os.path.join(results, "sim_cluster_allreduce.json"))
@@ -1436,6 +1471,7 @@ def main():
     body += training_section(args.results, stages, plt, targets)
     body += sim_section(args.results, stages, plt, targets)
     body += sim_allreduce_section(args.results, stages, plt, targets)
+    body += sim_frameworks_section(args.results, stages, targets)
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages)
     body += compression_section(args.results, stages)

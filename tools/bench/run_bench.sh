@@ -229,6 +229,18 @@ if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
   fi
 fi
 
+# Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts.
+if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    not_run sim_cluster_frameworks "needs root (network namespaces, tc)"
+  else
+    args=(--frameworks --out "$OUT/sim_cluster_frameworks.json")
+    [[ $QUICK == 1 ]] && args+=(--quick)
+    run_stage sim_cluster_frameworks "$(limit 1200 400)" "$OUT/sim_cluster_frameworks.json" \
+      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
+  fi
+fi
+
 # Gradient compression and the tuned fusion threshold on 2 simulated hosts
 # at 1 Gbit/s: step time and final loss per setting.
 if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then

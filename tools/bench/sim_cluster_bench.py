@@ -57,6 +57,14 @@ each row also gets the loss of the last step, and every model first trains
     sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
 
+With --frameworks it compares Tarantella with MultiWorkerMirroredStrategy
+(tf-keras, RING collectives, one worker per host with TF_CONFIG) on 2 hosts
+at both link rates: the models of train_compare.py (its worker trains them
+alike for both: same global batch, same timed steps), throughput ratio
+Tarantella / MWMS.
+
+    sudo python3 tools/bench/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
+
 Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
 (`make install`). All hosts share this machine's cores: 4 hosts with one
 rank each on a 2-core machine are oversubscribed, so their compute is
@@ -577,6 +585,124 @@ def weak_scaling(results, solo):
     return out
 
 
+def framework_run(cluster, work, framework, model, steps, timeout):
+    """One train_compare.py training of `model` by `framework` on the
+    cluster's hosts, one rank each: (rank 0's result, None) or (None, why)."""
+    os.makedirs(work, exist_ok=True)
+    result = os.path.join(work, "result.json")
+    n = len(cluster.hosts)
+    wargs = [os.path.join(HERE, "train_compare.py"), "worker", "--framework", framework,
+             "--model", model, "--ranks", str(n), "--cores", str(n),
+             "--per-rank-batch", str(GLOBAL_BATCH // 2), "--warmup", "3", "--steps", str(steps),
+             "--keras", "tf-keras" if framework == "mwms" else "keras3", "--result", result]
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+           "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120", "OMP_NUM_THREADS": "1"}
+    for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    procs = []
+    if framework == "mwms":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        port = 23000 + random.randint(0, 2000)
+        workers = [f"169.254.{cluster.octet}.{k + 2}:{port}" for k in range(n)]
+        for k, host in enumerate(cluster.hosts):
+            wenv = dict(env, TF_CONFIG=json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": k}}))
+            procs.append(subprocess.Popen(
+                [SIM, "agent", host, " ".join([sys.executable] + wargs)], env=wenv,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                text=True, start_new_session=True))
+    else:
+        hostfile = os.path.join(work, "hostfile")
+        with open(hostfile, "w") as f:
+            f.write("\n".join(cluster.hosts) + "\n")
+        env |= {"OMPI_MCA_plm_rsh_agent": f"{SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+                "OMPI_MCA_oob_tcp_if_include": cluster.net,
+                "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp"}
+        procs.append(subprocess.Popen(
+            [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1",
+             "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
+             sys.executable, "--"] + wargs, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True))
+    problem = None
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if proc.returncode != 0 and problem is None:
+                problem = f"exit status {proc.returncode}: {err.strip()[-400:]}"
+        except subprocess.TimeoutExpired:
+            problem = problem or f"timed out after {timeout} s"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    cluster.kill_processes()
+    if problem is None and not os.path.exists(result):
+        problem = "no result"
+    if problem is None:
+        import train_compare  # the ranks must end with the same weights
+        problem = train_compare._disagreement(result, n)
+    if problem:
+        return None, problem
+    with open(result) as f:
+        return json.load(f), None
+
+
+FRAMEWORK_MODELS = ("lenet5", "resnet", "transformer")
+
+
+def frameworks_driver(args):
+    """Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts."""
+    require_cluster_tools("sim_cluster_bench")
+    links = args.links.split(",")
+    steps = 6 if args.quick else 20
+    keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
+        prefix="tnt-simbench-fw-")
+    config = {"hosts": 2, "ranks_per_host": 1, "global_batch": GLOBAL_BATCH,
+              "timed_steps": steps, "warmup_steps": 3, "models": list(FRAMEWORK_MODELS),
+              "mwms": "tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING",
+              "statistic": "median step time of rank 0 over the timed steps (train_compare.py)",
+              "cores": os.cpu_count(), "load_average_at_start": round(os.getloadavg()[0], 2),
+              "links": {}, "problems": {}}
+    results = []
+    cluster = Cluster(2)
+    try:
+        for link in links:
+            config["links"][link] = cluster.shape(LINKS[link])
+            for model in FRAMEWORK_MODELS:
+                row = {"link": link, "model": model}
+                # Alternating order, so that a trend in the machine's load
+                # hits both frameworks alike.
+                order = ("tarantella", "mwms") if len(results) % 2 == 0 else ("mwms", "tarantella")
+                for fw in order:
+                    t0 = time.monotonic()
+                    out, problem = framework_run(cluster, os.path.join(keep, f"{link}_{model}_{fw}"),
+                                                 fw, model, steps, args.timeout)
+                    if problem:
+                        config["problems"][f"{link} {model} {fw}"] = problem
+                    else:
+                        row[f"{fw}_step_ms"] = round(out["median_step_s"] * 1e3, 3)
+                    print(f"sim_cluster_bench: {model} {fw} {link}: "
+                          f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
+                          file=sys.stderr, flush=True)
+                if "tarantella_step_ms" in row and "mwms_step_ms" in row:
+                    row["ratio"] = round(row["mwms_step_ms"] / row["tarantella_step_ms"], 3)
+                results.append(row)
+    finally:
+        cluster.down()
+    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"config": config, "results": results}, f, indent=1)
+    print(f"{'link':<13} {'model':<12} {'tarantella':>10} {'mwms':>8} {'ratio':>6}")
+    for r in results:
+        print(f"{r['link']:<13} {r['model']:<12} {fmt(r.get('tarantella_step_ms'), 10)} "
+              f"{fmt(r.get('mwms_step_ms'), 8)} {fmt(r.get('ratio'), 6)}")
+    print("median ms per step; ratio = Tarantella throughput / MWMS throughput")
+    for key, problem in config["problems"].items():
+        print(f"problem: {key}: {problem}")
+
+
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
     hosts = [int(h) for h in args.hosts.split(",")]
@@ -717,6 +843,9 @@ def main():
                    help="compare none, fp16, bf16 (TNT_COMPRESSION), an auto threshold and "
                         "readiness order, all with overlap and fusion on, instead of fusion and "
                         "overlap on/off")
+    p.add_argument("--frameworks", action="store_true",
+                   help="compare Tarantella with MultiWorkerMirroredStrategy (tf-keras) on 2 "
+                        "hosts, for the models of train_compare.py")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -735,6 +864,8 @@ def main():
             if args.quick:
                 args.max = "4M"
             allreduce_driver(args)
+        elif args.frameworks:
+            frameworks_driver(args)
         else:
             driver(args)
     finally:
