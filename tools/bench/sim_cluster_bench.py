@@ -17,15 +17,14 @@ them alike. From each rank's trace, per step:
   comm_ms     time the step's bucket allreduces ran (union)
   bound_ms    max(compute_ms, 2(N-1)/N * gradient_bytes / link bandwidth)
   ready_ms    when the largest gradient tensor is ready (its fusion start)
-              after the step began: the median over the steps of the rank
-              that has it last
+              after the step began, on the rank that has it last: the
+              median over the steps
   reach_ms    max(compute_ms, ready_ms + 2(N-1)/N * its bytes / link
               bandwidth): no exact step ends before the largest gradient,
               which backprop gives only after the forward pass, has crossed
               the link; bound_ms assumes it could cross during the forward
 
-medians over the steps of each rank, averaged over the ranks (ready_ms: the
-largest of the ranks' medians).
+medians over the steps of each rank, averaged over the ranks.
 
 Weak scaling: beside the 2-host runs, one rank trains the same model on the
 per-rank batch of the 2-host run (32 samples), E(2) = that step time / the
@@ -265,7 +264,12 @@ def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
         compute = step - wait
         transfer = 2 * (nhosts - 1) / nhosts * grad_bytes * 8 / link_bps * 1e3
         bound = max(compute, transfer)
-        ready = max((statistics.median(r["ready"]) for r in ranks if r["ready"]), default=None)
+        ready = None
+        if ranks and all(len(r["ready"]) == len(ranks[0]["ready"]) > 0 for r in ranks):
+            # The steps of all ranks, in order: each step's last rank.
+            ready = statistics.median(max(t) for t in zip(*(r["ready"] for r in ranks)))
+        elif any(r["ready"] for r in ranks):
+            ready = max(statistics.median(r["ready"]) for r in ranks if r["ready"])
         reach = None
         if ready is not None:
             largest = statistics.median(ranks[0]["largest"])
