@@ -228,3 +228,63 @@ def test_report_capacity_target(tmp_path):
         assert verdict in row, row
         for detail in details:
             assert detail in row, (detail, row)
+
+
+def test_report_sim_frameworks_and_weak_scaling(tmp_path):
+    write(tmp_path / "sim_cluster_frameworks.json", {
+        "config": {"global_batch": 64, "mwms": "MWMS"},
+        "results": [{"link": "10gbit_0.1ms", "model": "lenet5", "tarantella_step_ms": 25.0,
+                     "mwms_step_ms": 55.0, "ratio": 2.2},
+                    {"link": "1gbit_0.1ms", "model": "resnet", "tarantella_step_ms": 40.0,
+                     "mwms_step_ms": 50.0, "ratio": 1.25},
+                    {"link": "1gbit_0.1ms", "model": "transformer", "tarantella_step_ms": 40.0}]})
+    write(tmp_path / "sim_cluster.json", {
+        "config": {}, "results": [],
+        "weak_scaling": [{"link": "10gbit_0.1ms", "step_ms": 20.0, "solo_alone_ms": 16.0,
+                          "solo_busy_ms": 18.5, "e2_alone": 0.8, "e2_busy": 0.925},
+                         {"link": "1gbit_0.1ms", "step_ms": 60.0, "solo_alone_ms": 16.0,
+                          "solo_busy_ms": 18.0, "e2_alone": 0.267, "e2_busy": 0.3}]})
+    summary = report(tmp_path)
+    mwms = "Throughput vs MWMS, 2 simulated hosts"
+    assert "| 2.20x | PASS" in target_row(summary, f"{mwms}, lenet5, 10gbit_0.1ms")
+    assert "| 1.25x | **MISS**" in target_row(summary, f"{mwms}, resnet, 1gbit_0.1ms")
+    # A model one framework did not train is not run, not a pass.
+    assert "| - | NOT RUN" in target_row(summary, f"{mwms}, transformer, 1gbit_0.1ms")
+    e2 = "Weak scaling E(2), LeNet-5, 2 simulated hosts"
+    assert "| >= 0.90 | 0.93 | PASS" in target_row(summary, f"{e2} (10gbit_0.1ms)")
+    assert "| (for information) | 0.30 | N/A" in target_row(summary, f"{e2} (1gbit_0.1ms)")
+
+
+def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
+    """sim_cluster_bench's reachable step: the largest gradient's readiness
+    on each step's later rank, plus its transfer."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+    import sim_cluster_bench as sim
+
+    def trace(ready_us):
+        ev = [{"name": "config fusion=1 overlap=1", "cat": "config", "ph": "B", "ts": 0}]
+        for i, r in enumerate(ready_us):
+            t0 = 100_000 * (i + 1)
+            ev += [{"name": f"step {i}", "cat": "step", "ph": "B", "ts": t0},
+                   {"name": "fusion start", "ph": "i", "ts": t0 + 1_000, "args": {"bytes": 8}},
+                   {"name": "fusion start", "ph": "i", "ts": t0 + r,
+                    "args": {"bytes": 1_000_000}},
+                   {"name": "fusion finish", "ph": "X", "ts": t0 + 30_000, "dur": 20_000},
+                   {"name": "allreduce bucket 0", "ph": "X", "ts": t0 + r, "dur": 10_000,
+                    "args": {"bytes": 1_000_008}},
+                   {"name": f"step {i}", "cat": "step", "ph": "E", "ts": t0 + 60_000}]
+        ev.append({"name": "config fusion=1 overlap=1", "cat": "config", "ph": "E",
+                   "ts": 10_000_000})
+        return ev
+
+    ranks = [sim.breakdown(trace([10_000, 20_000, 12_000]), 2),
+             sim.breakdown(trace([15_000, 11_000, 30_000]), 2)]
+    row = next(r for r in sim.summarize(ranks, 2, 1e9) if r["fusion"] and r["overlap"])
+    # Later rank per step: 15, 20, 30 ms; median 20 ms. 1 MB at 1 Gbit/s
+    # over 2 hosts: 8 ms; compute = 60 - 20 = 40 ms.
+    assert row["ready_ms"] == 20.0
+    assert row["compute_ms"] == 40.0
+    assert row["reach_ms"] == 40.0
+    ranks = [sim.breakdown(trace([35_000] * 3), 2)] * 2
+    row = next(r for r in sim.summarize(ranks, 2, 1e9) if r["fusion"] and r["overlap"])
+    assert row["reach_ms"] == 43.0 and row["ratio_to_reach"] == round(60 / 43, 3)
