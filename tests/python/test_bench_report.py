@@ -250,7 +250,7 @@ def test_report_sim_frameworks_and_weak_scaling(tmp_path):
     assert "| 1.25x | **MISS**" in target_row(summary, f"{mwms}, resnet, 1gbit_0.1ms")
     # A model one framework did not train is not run, not a pass.
     assert "| - | NOT RUN" in target_row(summary, f"{mwms}, transformer, 1gbit_0.1ms")
-    e2 = "Weak scaling E(2), LeNet-5, 2 simulated hosts"
+    e2 = "Weak scaling E(2), lenet5, 2 simulated hosts"
     assert "| >= 0.90 | 0.93 | PASS" in target_row(summary, f"{e2} (10gbit_0.1ms)")
     assert "| (for information) | 0.30 | N/A" in target_row(summary, f"{e2} (1gbit_0.1ms)")
 

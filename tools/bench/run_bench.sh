@@ -214,7 +214,7 @@ optional_stage() {
     "$PYTHON" "$ROOT/tools/bench/$script" "${args[@]}"
 }
 optional_stage training train_compare.py 3600 1200
-optional_stage sim_cluster sim_cluster_bench.py 2400 900
+optional_stage sim_cluster sim_cluster_bench.py 3000 900
 # The allreduce alone on the simulated hosts, against MPI_Allreduce.
 if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
   if [[ $(id -u) -ne 0 ]]; then
@@ -247,7 +247,7 @@ if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
   if [[ $(id -u) -ne 0 ]]; then
     not_run sim_cluster_compression "needs root (network namespaces, tc)"
   else
-    args=(--variants --hosts 2 --links 1gbit_0.1ms --steps 20 --reps 3
+    args=(--variants --hosts 2 --links 1gbit_0.1ms --models lenet5 --steps 20 --reps 3
           --out "$OUT/sim_cluster_compression.json")
     [[ $QUICK == 1 ]] && args+=(--quick)
     run_stage sim_cluster_compression "$(limit 900 300)" "$OUT/sim_cluster_compression.json" \

@@ -4,12 +4,13 @@
 Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
 host name, /dev/shm and network, one rank per host), and each host's link
 is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus 0.1 ms of delay where the
-kernel has netem. LeNet-5 trains on synthetic data with TNT_TIMELINE on,
-for every combination of tensor fusion (threshold 32 KiB, or 0: one bucket
-per tensor) and overlap (on, or TNT_OVERLAP=0: no gradient enters its
-bucket before backprop is over). Configurations are interleaved inside one
-run per (hosts, link), so that noise from other work on the machine hits
-them alike. From each rank's trace, per step:
+kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
+the small ResNet and the Transformer on synthetic data; --models) train
+with TNT_TIMELINE on, for every combination of tensor fusion (threshold
+32 KiB, or 0: one bucket per tensor) and overlap (on, or TNT_OVERLAP=0: no
+gradient enters its bucket before backprop is over). Configurations are
+interleaved inside one run per (hosts, link, model), so that noise from
+other work on the machine hits them alike. From each rank's trace, per step:
 
   step_ms     the training step (the Keras layer's "step N" span)
   wait_ms     time the step's callers were blocked in fusion finish (union)
@@ -26,16 +27,17 @@ them alike. From each rank's trace, per step:
 
 medians over the steps of each rank, averaged over the ranks.
 
-Weak scaling: beside the 2-host runs, one rank trains the same model on the
-per-rank batch of the 2-host run (32 samples), E(2) = that step time / the
-2-host step time (overlap and fusion on). The one-rank step is taken twice:
+Weak scaling (LeNet-5 and ResNet): beside the 2-host runs, one rank trains
+the same model on the per-rank batch of the 2-host run (32 samples), E(2) =
+that step time / the 2-host step time (overlap and fusion on). The one-rank
+step is taken twice:
 alone on the machine, and while a second one-rank job computes beside it
 (E(2) busy), as the two simulated hosts compute on this machine's cores at
 once; E(2) busy leaves out what the hosts' sharing of one machine costs and
 keeps what distribution costs.
 
-    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 3 minutes
-    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 10 minutes
+    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 8 minutes
+    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 15 minutes
 
 With --allreduce it measures the allreduce alone instead: `tnt-bench
 allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
@@ -81,8 +83,6 @@ import sys
 import tempfile
 import time
 import uuid
-
-import bench_models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -136,11 +136,10 @@ def worker(args):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tnt.init()
-    rng = np.random.default_rng(0)
-    n = args.global_batch * args.steps
-    x = rng.random((n, 28, 28, 1), dtype=np.float32)
-    y = rng.integers(0, 10, size=n).astype(np.int32)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.global_batch, drop_remainder=True)
+    import train_compare  # the models and data of the framework comparison
+    x, y = train_compare.arrays(args.model, args.global_batch)
+    ds = (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+          .batch(args.global_batch, drop_remainder=True).take(args.steps).cache())
     models, losses = {}, {}
     todo = configs(args.variants)
     warmup = ds.repeat().take(VARIANT_WARMUP_STEPS) if args.variants else ds.take(2)
@@ -148,7 +147,7 @@ def worker(args):
         # The environment is read when the training step is traced (the first fit).
         os.environ.update(env)
         keras.utils.set_random_seed(1)
-        model = tnt.Model(bench_models.lenet5(keras))
+        model = tnt.Model(train_compare.BUILDERS[args.model](keras))
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss="sparse_categorical_crossentropy")
         model.fit(warmup, epochs=1, verbose=0)  # trace and warm up
@@ -372,7 +371,7 @@ def free_octet():
     raise RuntimeError("no free link-local network for the simulated cluster")
 
 
-def launch(cluster, work, steps, reps, timeout, algorithm, variants=False):
+def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model="lenet5"):
     """Runs the worker on every host for at most `timeout` seconds; returns
     the trace files and what went wrong (None: nothing). A run that times
     out or fails still leaves the traces it wrote so far."""
@@ -391,7 +390,8 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False):
             env[name] = os.environ[name]
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1", "--no-gpu",
            "--run-dir", os.path.join(work, "run"), "--python-interpreter", sys.executable, "--",
-           os.path.abspath(__file__), "--worker", "--steps", str(steps), "--reps", str(reps),
+           os.path.abspath(__file__), "--worker", "--model", model, "--steps", str(steps),
+           "--reps", str(reps),
            "--loss-out", os.path.join(work, "losses.json")] + (["--variants"] if variants else [])
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -412,7 +412,7 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False):
 
 
 def print_table(results):
-    head = (f"{'hosts':>5} {'link':<13} {'fusion':>6} {'overlap':>7} {'step':>8} {'compute':>8} "
+    head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} {'compute':>8} "
             f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
             f"{'reach':>7} {'ratio':>6} {'busbw':>7}")
     print(head)
@@ -421,7 +421,8 @@ def print_table(results):
         bus = f"{r['allreduce_busbw_gbit']:.2f}" if r.get("allreduce_busbw_gbit") else "-"
         if "variant" in r:
             print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
-        print(f"{r['hosts']:>5} {r['link']:<13} {'on' if r['fusion'] else 'off':>6} "
+        print(f"{r['hosts']:>5} {r['link']:<13} {r.get('model', 'lenet5'):<11} "
+              f"{'on' if r['fusion'] else 'off':>6} "
               f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
               f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {fmt(r.get('ready_ms'), 7)} "
@@ -544,7 +545,7 @@ def allreduce_driver(args):
           f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
 
 
-def solo_steps(work, steps, reps, jobs, timeout):
+def solo_steps(work, model, steps, reps, jobs, timeout):
     """The median step time (ms) of a one-rank job that trains on the 2-host
     run's per-rank batch, with `jobs` such jobs at once (each its own
     process, no network): the first job's, and what went wrong (None)."""
@@ -553,7 +554,8 @@ def solo_steps(work, steps, reps, jobs, timeout):
         trace = os.path.join(work, f"solo{jobs}_{j}.json")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TNT_TIMELINE=trace)
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps),
+            [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
+             "--steps", str(steps),
              "--reps", str(reps), "--global-batch", str(GLOBAL_BATCH // 2)],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True))
@@ -575,13 +577,13 @@ def solo_steps(work, steps, reps, jobs, timeout):
 
 
 def weak_scaling(results, solo):
-    """E(2) per link from the 2-host rows (overlap and fusion on) and the
-    one-rank step times."""
+    """E(2) per model and link from the 2-host rows (overlap and fusion on)
+    and the one-rank step times, solo[model][alone|busy]."""
     out = []
     for r in results:
-        if r["hosts"] == 2 and r["fusion"] and r["overlap"]:
-            row = {"link": r["link"], "step_ms": r["step_ms"]}
-            for key, ms in solo.items():
+        if r["hosts"] == 2 and r["fusion"] and r["overlap"] and r["model"] in solo:
+            row = {"model": r["model"], "link": r["link"], "step_ms": r["step_ms"]}
+            for key, ms in solo[r["model"]].items():
                 if ms:
                     row[f"solo_{key}_ms"] = round(ms, 3)
                     row[f"e2_{key}"] = round(ms / r["step_ms"], 3)
@@ -707,6 +709,44 @@ def frameworks_driver(args):
         print(f"problem: {key}: {problem}")
 
 
+def run_config(args, cluster, keep, nhosts, link, model, applied, steps, reps, left, todo,
+               cost, config, results):
+    """Trains `model` on the cluster as it is shaped now, adds its rows to
+    `results`; returns a trace file of the run (None if it wrote none)."""
+    work = os.path.join(keep, f"{nhosts}hosts_{link}_{model}")
+    os.makedirs(work, exist_ok=True)
+    t0 = time.monotonic()
+    # Each run's time limit is its share of what is left of the budget,
+    # by its expected cost (4 hosts and slow links take longest).
+    share = left * cost(nhosts, link, model) / sum(cost(*r) for r in todo)
+    todo.remove((nhosts, link, model))
+    limit = min(args.timeout, max(90.0, share))
+    files, problem = launch(cluster, work, steps, reps, limit, args.algorithm, args.variants,
+                            model)
+    key = f"{nhosts}hosts_{link}_{model}"
+    try:
+        per_rank = [breakdown(load_trace(f), nhosts) for f in files]
+    except (OSError, ValueError) as e:
+        per_rank, problem = [], f"{problem or ''} unreadable trace: {e}".strip()
+    if len(files) < nhosts:
+        problem = f"{problem or ''} traces of {len(files)} of {nhosts} ranks".strip()
+    try:
+        with open(os.path.join(work, "losses.json")) as f:
+            losses = json.load(f)
+    except (OSError, ValueError):
+        losses = None
+    for row in summarize(per_rank, nhosts, LINKS[link], args.variants, losses):
+        row.update({"hosts": nhosts, "link": link, "model": model, "link_shaping": applied,
+                    "complete": problem is None})
+        results.append({k: row[k] for k in ("hosts", "link", "model")} | row)
+    if problem:
+        config["problems"][key] = problem
+    print(f"sim_cluster_bench: {nhosts} hosts, {link} ({applied}), {model}: "
+          f"{time.monotonic() - t0:.0f} s (limit {limit:.0f} s)"
+          f"{'; ' + problem if problem else ''}", file=sys.stderr, flush=True)
+    return files[0] if files and problem is None else None
+
+
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
     hosts = [int(h) for h in args.hosts.split(",")]
@@ -715,12 +755,18 @@ def driver(args):
         if link not in LINKS:
             sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
     steps, reps = (4, 1) if args.quick else (args.steps, args.reps)
-    budget = args.budget if args.budget else (200 if args.quick else 840)
+    budget = args.budget if args.budget else (200 if args.quick else 840) * len(
+        args.models.split(","))
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-")
     os.makedirs(keep, exist_ok=True)
     ncores = os.cpu_count()
-    config = {"model": "lenet5", "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
+    models = args.models.split(",")
+    for model in models:
+        if model not in FRAMEWORK_MODELS:
+            sys.exit(f"sim_cluster_bench: unknown model {model}; choose from "
+                     f"{', '.join(FRAMEWORK_MODELS)}")
+    config = {"models": models, "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
               "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
               "fusion_threshold_kb_off": 0, "overlap_off": "TNT_OVERLAP=0",
               "ranks_per_host": 1, "cores": ncores, "quick": bool(args.quick),
@@ -732,11 +778,9 @@ def driver(args):
               "problems": {}}
     results, example = [], None
     start = time.monotonic()
-    # Each run's time limit is its share of what is left of the budget,
-    # by its expected cost (4 hosts and slow links take longest).
-    todo = [(n, link) for n in hosts for link in links]
+    todo = [(n, link, m) for n in hosts for link in links for m in models]
 
-    def cost(n, link):
+    def cost(n, link, model):
         return n * n * (3 if LINKS[link] < 5e9 else 1)
 
     for nhosts in hosts:
@@ -745,50 +789,25 @@ def driver(args):
             for link in links:
                 applied = cluster.shape(LINKS[link])
                 config["links"][link] = applied
-                work = os.path.join(keep, f"{nhosts}hosts_{link}")
-                os.makedirs(work, exist_ok=True)
-                t0 = time.monotonic()
-                left = budget - (t0 - start)
-                share = left * cost(nhosts, link) / sum(cost(*r) for r in todo)
-                todo.remove((nhosts, link))
-                limit = min(args.timeout, max(90.0, share))
-                files, problem = launch(cluster, work, steps, reps, limit, args.algorithm,
-                                        args.variants)
-                key = f"{nhosts}hosts_{link}"
-                try:
-                    per_rank = [breakdown(load_trace(f), nhosts) for f in files]
-                except (OSError, ValueError) as e:
-                    per_rank, problem = [], f"{problem or ''} unreadable trace: {e}".strip()
-                if len(files) < nhosts:
-                    problem = f"{problem or ''} traces of {len(files)} of {nhosts} ranks".strip()
-                try:
-                    with open(os.path.join(work, "losses.json")) as f:
-                        losses = json.load(f)
-                except (OSError, ValueError):
-                    losses = None
-                rows = summarize(per_rank, nhosts, LINKS[link], args.variants, losses)
-                for row in rows:
-                    row.update({"hosts": nhosts, "link": link, "link_shaping": applied,
-                                "complete": problem is None})
-                    results.append({k: row[k] for k in ("hosts", "link")} | row)
-                if problem:
-                    config["problems"][key] = problem
-                if files and (example is None or problem is None):
-                    example = files[0]
-                print(f"sim_cluster_bench: {nhosts} hosts, {link} ({applied}): "
-                      f"{time.monotonic() - t0:.0f} s (limit {limit:.0f} s)"
-                      f"{'; ' + problem if problem else ''}", file=sys.stderr, flush=True)
+                for model in models:
+                    example = run_config(args, cluster, keep, nhosts, link, model, applied,
+                                         steps, reps, budget - (time.monotonic() - start),
+                                         todo, cost, config, results) or example
         finally:
             cluster.down()
     scaling = []
     if 2 in hosts and not args.variants:
-        work = os.path.join(keep, "1host")
-        os.makedirs(work, exist_ok=True)
+        # Weak scaling of the models the issue names: LeNet-5 and ResNet.
         solo = {}
-        for key, jobs in (("alone", 1), ("busy", 2)):
-            solo[key], problem = solo_steps(work, steps, reps, jobs, args.timeout)
-            if problem:
-                config["problems"][f"1host_{key}"] = problem
+        for model in [m for m in models if m in ("lenet5", "resnet")]:
+            work = os.path.join(keep, f"1host_{model}")
+            os.makedirs(work, exist_ok=True)
+            solo[model] = {}
+            for key, jobs in (("alone", 1), ("busy", 2)):
+                solo[model][key], problem = solo_steps(work, model, steps, reps, jobs,
+                                                       args.timeout)
+                if problem:
+                    config["problems"][f"1host_{model}_{key}"] = problem
         scaling = weak_scaling(results, solo)
     config["elapsed_s"] = round(time.monotonic() - start, 1)
     config["load_average_at_end"] = round(os.getloadavg()[0], 2)
@@ -801,7 +820,7 @@ def driver(args):
             json.dump(out, f, indent=1)
     print_table(results)
     for r in scaling:
-        print(f"weak scaling, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; one rank "
+        print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; one rank "
               f"{fmt(r.get('solo_alone_ms'), 0)} ms alone, {fmt(r.get('solo_busy_ms'), 0)} ms "
               f"beside another: E(2) {fmt(r.get('e2_alone'), 0)}, busy "
               f"{fmt(r.get('e2_busy'), 0)}")
@@ -852,6 +871,9 @@ def main():
                         "hosts, for the models of train_compare.py")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=argparse.SUPPRESS)
+    p.add_argument("--models", default=",".join(FRAMEWORK_MODELS),
+                   help="models of train_compare.py to train (default all three)")
+    p.add_argument("--model", default="lenet5", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
