@@ -360,13 +360,24 @@ def on_off(v):
     return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
 
+def layout_of(r):
+    """A simulated-cluster row's layout: "2" (hosts of one rank), "2x2"."""
+    per_host = r.get("ranks_per_host", 1)
+    return str(r["hosts"]) if per_host == 1 else f"{r['hosts']}x{per_host}"
+
+
+def hosts_text(r):
+    per_host = r.get("ranks_per_host", 1)
+    return f"{r['hosts']} hosts" + (f" x {per_host} ranks" if per_host > 1 else "")
+
+
 def model_of(r):
     """The model of a simulated-cluster row (rows of older runs: LeNet-5)."""
     return r.get("model", "lenet5")
 
 
 def sim_label(r):
-    return (f"{r['hosts']} hosts\n{r['link']}\n{model_of(r)}\nfusion {on_off(r['fusion'])}\n"
+    return (f"{hosts_text(r)}\n{r['link']}\n{model_of(r)}\nfusion {on_off(r['fusion'])}\n"
             f"{'overlap' if r['overlap'] else 'no overlap'}")
 
 
@@ -743,13 +754,14 @@ def sim_section(results, stages, plt, targets):
     if not lapped:
         targets.append(Target(name, req, note="no configuration with overlap and fusion"))
     models = list(dict.fromkeys(model_of(r) for r in res))
-    for hosts, model in [(h, m) for h in sorted({r["hosts"] for r in lapped}) for m in models]:
-        mine = [r for r in lapped if r["hosts"] == hosts and model_of(r) == model]
+    layouts = sorted({layout_of(r) for r in lapped}, key=lambda k: (len(k), k))
+    for layout, model in [(lay, m) for lay in layouts for m in models]:
+        mine = [r for r in lapped if layout_of(r) == layout and model_of(r) == model]
         if not mine:
             continue
         worst = max(mine, key=lambda r: r["ratio_to_bound"])
-        t = Target(f"Simulated cluster with overlap, {model}, {hosts} hosts"
-                   + (" (oversubscribed)" if over.get(str(hosts)) else "")
+        t = Target(f"Simulated cluster with overlap, {model}, {hosts_text(worst)}"
+                   + (" (oversubscribed)" if over.get(layout) else "")
                    + ": step time / bound, overlap and fusion on, worst link",
                    req, f"{worst['ratio_to_bound']:.3f}", worst["ratio_to_bound"] <= SIM_BOUND_MAX,
                    family="sim")
@@ -769,14 +781,14 @@ def sim_section(results, stages, plt, targets):
         # Overlap and fusion (the defaults) against the fastest other setting.
         slower = []
         for r in mine:
-            others = [o["step_ms"] for o in res if (o["hosts"], o["link"], model_of(o)) ==
-                      (hosts, r["link"], model) and not (o["fusion"] and o["overlap"])]
+            others = [o["step_ms"] for o in res if (layout_of(o), o["link"], model_of(o)) ==
+                      (layout, r["link"], model) and not (o["fusion"] and o["overlap"])]
             if others:
                 slower.append((r["step_ms"] / min(others), r["link"]))
-        if slower and not over.get(str(hosts)):
+        if slower and not over.get(layout):
             q, link = max(slower)
             targets.append(Target(
-                f"Simulated cluster, {model}, {hosts} hosts: overlap and fusion on / fastest "
+                f"Simulated cluster, {model}, {hosts_text(worst)}: overlap and fusion on / fastest "
                 "of the other settings, worst link", "<= 1.00", f"{q:.3f}", q <= 1.0,
                 note=link, family="sim"))
     for r in d.get("weak_scaling") or []:
@@ -794,7 +806,7 @@ def sim_section(results, stages, plt, targets):
         plot_sim(plt, results, d)
         out += [image("sim_cluster_breakdown.png", results), "",
                 image("sim_cluster_step_vs_bound.png", results), ""]
-    rows = [[f"{r['hosts']}{' *' if over.get(str(r['hosts'])) else ''}", r["link"],
+    rows = [[f"{layout_of(r)}{' *' if over.get(layout_of(r)) else ''}", r["link"],
              model_of(r), on_off(r["fusion"]),
              "yes" if r["overlap"] else "no",
              f2(r["step_ms"]), f2(r["compute_ms"]), f2(r["comm_ms"]), f2(r["wait_ms"]),
@@ -812,7 +824,7 @@ def sim_section(results, stages, plt, targets):
             "batch (while a second one-rank job computes beside it, as the simulated hosts "
             "share this machine's cores; alone in the note) over the 2-host step."]
     if any(over.values()):
-        out += ["", "\\* oversubscribed: more simulated hosts (one rank each) than cores."]
+        out += ["", "\\* oversubscribed: more ranks (on all simulated hosts) than cores."]
     tl = d.get("timeline_example")
     if tl:
         out += ["", f"Timeline example: {timeline_link(results, tl)}."]

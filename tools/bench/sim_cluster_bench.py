@@ -2,7 +2,8 @@
 """Training on a simulated cluster with shaped links, broken down from the timeline.
 
 Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
-host name, /dev/shm and network, one rank per host), and each host's link
+host name, /dev/shm and network; one rank per host, or P with a layout
+HxP), and each host's link
 is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus 0.1 ms of delay where the
 kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
 the small ResNet and the Transformer on synthetic data; --models) train
@@ -371,8 +372,10 @@ def free_octet():
     raise RuntimeError("no free link-local network for the simulated cluster")
 
 
-def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model="lenet5"):
-    """Runs the worker on every host for at most `timeout` seconds; returns
+def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model="lenet5",
+           per_host=1):
+    """Runs the worker, `per_host` ranks on every host, for at most `timeout`
+    seconds; returns
     the trace files and what went wrong (None: nothing). A run that times
     out or fails still leaves the traces it wrote so far."""
     hostfile = os.path.join(work, "hostfile")
@@ -388,8 +391,9 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
     for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT"):
         if name in os.environ:
             env[name] = os.environ[name]
-    cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1", "--no-gpu",
-           "--run-dir", os.path.join(work, "run"), "--python-interpreter", sys.executable, "--",
+    cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
+           "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
+           sys.executable, "--",
            os.path.abspath(__file__), "--worker", "--model", model, "--steps", str(steps),
            "--reps", str(reps),
            "--loss-out", os.path.join(work, "losses.json")] + (["--variants"] if variants else [])
@@ -406,13 +410,15 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
         cluster.kill_processes()
         proc.communicate(timeout=30)
         problem = f"timed out after {timeout:.0f} s (the results use the steps traced so far)"
-    files = [os.path.join(work, f"trace.rank{r}.json") for r in range(len(cluster.hosts))]
+    files = [os.path.join(work, f"trace.rank{r}.json")
+             for r in range(len(cluster.hosts) * per_host)]
     files = [f for f in files if os.path.exists(f)]
     return files, problem
 
 
 def print_table(results):
-    head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} {'compute':>8} "
+    head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} "
+            f"{'compute':>8} "
             f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
             f"{'reach':>7} {'ratio':>6} {'busbw':>7}")
     print(head)
@@ -421,7 +427,8 @@ def print_table(results):
         bus = f"{r['allreduce_busbw_gbit']:.2f}" if r.get("allreduce_busbw_gbit") else "-"
         if "variant" in r:
             print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
-        print(f"{r['hosts']:>5} {r['link']:<13} {r.get('model', 'lenet5'):<11} "
+        print(f"{layout_label(r['hosts'], r.get('ranks_per_host', 1)):>5} {r['link']:<13} "
+              f"{r.get('model', 'lenet5'):<11} "
               f"{'on' if r['fusion'] else 'off':>6} "
               f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
@@ -581,7 +588,8 @@ def weak_scaling(results, solo):
     and the one-rank step times, solo[model][alone|busy]."""
     out = []
     for r in results:
-        if r["hosts"] == 2 and r["fusion"] and r["overlap"] and r["model"] in solo:
+        if ((r["hosts"], r["ranks_per_host"]) == (2, 1) and r["fusion"] and r["overlap"]
+                and r["model"] in solo):
             row = {"model": r["model"], "link": r["link"], "step_ms": r["step_ms"]}
             for key, ms in solo[r["model"]].items():
                 if ms:
@@ -709,39 +717,48 @@ def frameworks_driver(args):
         print(f"problem: {key}: {problem}")
 
 
-def run_config(args, cluster, keep, nhosts, link, model, applied, steps, reps, left, todo,
+def layout_label(nhosts, per_host):
+    """"2" for 2 hosts of one rank each, "2x2" for 2 hosts of 2 ranks."""
+    return str(nhosts) if per_host == 1 else f"{nhosts}x{per_host}"
+
+
+def run_config(args, cluster, keep, layout, link, model, applied, steps, reps, left, todo,
                cost, config, results):
-    """Trains `model` on the cluster as it is shaped now, adds its rows to
-    `results`; returns a trace file of the run (None if it wrote none)."""
-    work = os.path.join(keep, f"{nhosts}hosts_{link}_{model}")
+    """Trains `model` on the cluster as it is shaped now, `layout` =
+    (hosts, ranks per host), adds its rows to `results`; returns a trace
+    file of the run (None if it wrote none)."""
+    nhosts, per_host = layout
+    label = layout_label(nhosts, per_host)
+    work = os.path.join(keep, f"{label}hosts_{link}_{model}")
     os.makedirs(work, exist_ok=True)
     t0 = time.monotonic()
     # Each run's time limit is its share of what is left of the budget,
     # by its expected cost (4 hosts and slow links take longest).
-    share = left * cost(nhosts, link, model) / sum(cost(*r) for r in todo)
-    todo.remove((nhosts, link, model))
+    share = left * cost(layout, link, model) / sum(cost(*r) for r in todo)
+    todo.remove((layout, link, model))
     limit = min(args.timeout, max(90.0, share))
     files, problem = launch(cluster, work, steps, reps, limit, args.algorithm, args.variants,
-                            model)
-    key = f"{nhosts}hosts_{link}_{model}"
+                            model, per_host)
+    key = f"{label}hosts_{link}_{model}"
     try:
         per_rank = [breakdown(load_trace(f), nhosts) for f in files]
     except (OSError, ValueError) as e:
         per_rank, problem = [], f"{problem or ''} unreadable trace: {e}".strip()
-    if len(files) < nhosts:
-        problem = f"{problem or ''} traces of {len(files)} of {nhosts} ranks".strip()
+    if len(files) < nhosts * per_host:
+        problem = (f"{problem or ''} traces of {len(files)} of {nhosts * per_host} "
+                   "ranks").strip()
     try:
         with open(os.path.join(work, "losses.json")) as f:
             losses = json.load(f)
     except (OSError, ValueError):
         losses = None
     for row in summarize(per_rank, nhosts, LINKS[link], args.variants, losses):
-        row.update({"hosts": nhosts, "link": link, "model": model, "link_shaping": applied,
-                    "complete": problem is None})
-        results.append({k: row[k] for k in ("hosts", "link", "model")} | row)
+        row.update({"hosts": nhosts, "ranks_per_host": per_host, "link": link, "model": model,
+                    "link_shaping": applied, "complete": problem is None})
+        results.append({k: row[k] for k in ("hosts", "ranks_per_host", "link", "model")} | row)
     if problem:
         config["problems"][key] = problem
-    print(f"sim_cluster_bench: {nhosts} hosts, {link} ({applied}), {model}: "
+    print(f"sim_cluster_bench: {nhosts} hosts x {per_host}, {link} ({applied}), {model}: "
           f"{time.monotonic() - t0:.0f} s (limit {limit:.0f} s)"
           f"{'; ' + problem if problem else ''}", file=sys.stderr, flush=True)
     return files[0] if files and problem is None else None
@@ -749,7 +766,14 @@ def run_config(args, cluster, keep, nhosts, link, model, applied, steps, reps, l
 
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
-    hosts = [int(h) for h in args.hosts.split(",")]
+    layouts = []
+    for item in args.hosts.split(","):
+        try:
+            h, _, p = item.partition("x")
+            layouts.append((int(h), int(p or 1)))
+        except ValueError:
+            sys.exit(f"sim_cluster_bench: --hosts {item!r}: give H (hosts of one rank) or HxP "
+                     "(hosts of P ranks)")
     links = args.links.split(",")
     for link in links:
         if link not in LINKS:
@@ -769,34 +793,37 @@ def driver(args):
     config = {"models": models, "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
               "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
               "fusion_threshold_kb_off": 0, "overlap_off": "TNT_OVERLAP=0",
-              "ranks_per_host": 1, "cores": ncores, "quick": bool(args.quick),
+              "layouts": [layout_label(*lay) for lay in layouts],
+              "cores": ncores, "quick": bool(args.quick),
               "statistic": "per-rank median over steps, mean over ranks",
-              "oversubscribed": {str(n): n > ncores for n in hosts}, "links": {},
+              "oversubscribed": {layout_label(h, p): h * p > ncores for h, p in layouts},
+              "links": {},
               "allreduce_algorithm": args.algorithm,
               "variants": VARIANTS if args.variants else None,
               "load_average_at_start": round(os.getloadavg()[0], 2), "budget_s": budget,
               "problems": {}}
     results, example = [], None
     start = time.monotonic()
-    todo = [(n, link, m) for n in hosts for link in links for m in models]
+    todo = [(lay, link, m) for lay in layouts for link in links for m in models]
 
-    def cost(n, link, model):
-        return n * n * (3 if LINKS[link] < 5e9 else 1)
+    def cost(layout, link, model):
+        ranks = layout[0] * layout[1]
+        return ranks * ranks * (3 if LINKS[link] < 5e9 else 1)
 
-    for nhosts in hosts:
-        cluster = Cluster(nhosts)
+    for layout in layouts:
+        cluster = Cluster(layout[0])
         try:
             for link in links:
                 applied = cluster.shape(LINKS[link])
                 config["links"][link] = applied
                 for model in models:
-                    example = run_config(args, cluster, keep, nhosts, link, model, applied,
+                    example = run_config(args, cluster, keep, layout, link, model, applied,
                                          steps, reps, budget - (time.monotonic() - start),
                                          todo, cost, config, results) or example
         finally:
             cluster.down()
     scaling = []
-    if 2 in hosts and not args.variants:
+    if (2, 1) in layouts and not args.variants:
         # Weak scaling of the models the issue names: LeNet-5 and ResNet.
         solo = {}
         for model in [m for m in models if m in ("lenet5", "resnet")]:
@@ -820,15 +847,16 @@ def driver(args):
             json.dump(out, f, indent=1)
     print_table(results)
     for r in scaling:
-        print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; one rank "
-              f"{fmt(r.get('solo_alone_ms'), 0)} ms alone, {fmt(r.get('solo_busy_ms'), 0)} ms "
+        print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; "
+              f"one rank {fmt(r.get('solo_alone_ms'), 0)} ms alone, {fmt(r.get('solo_busy_ms'), 0)} ms "
               f"beside another: E(2) {fmt(r.get('e2_alone'), 0)}, busy "
               f"{fmt(r.get('e2_busy'), 0)}")
     if any("netem" not in v for v in config["links"].values()):
         print("note: this kernel has no netem qdisc; links are rate-limited with tbf and get no "
               "added delay (the link labels keep the 0.1ms of the intended setup)")
-    if any(n > ncores for n in hosts):
-        print(f"note: {max(hosts)} hosts with one rank each share {ncores} cores: "
+    over = [label for label, o in config["oversubscribed"].items() if o]
+    if over:
+        print(f"note: the layouts {', '.join(over)} have more ranks than the {ncores} cores: "
               "oversubscribed, compute is slower and noisier than on a real cluster")
     for key, problem in config["problems"].items():
         print(f"problem: {key}: {problem}")
@@ -842,7 +870,9 @@ def main():
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--quick", action="store_true",
                    help="4 steps x 1 fit per configuration, 200 s budget")
-    p.add_argument("--hosts", default="2,4", help="cluster sizes (default 2,4)")
+    p.add_argument("--hosts", default="2,4,2x2",
+                   help="layouts: H (hosts of one rank) or HxP (hosts of P ranks), "
+                        "comma-separated (default 2,4,2x2)")
     p.add_argument("--links", default=",".join(LINKS), help="link kinds (default both)")
     p.add_argument("--steps", type=int, default=10, help="steps per fit (default 10)")
     p.add_argument("--reps", type=int, default=3, help="fits per configuration (default 3)")
