@@ -578,7 +578,7 @@ def capacity_worker(args):
     memory limit; writes whether it trained, its peak data size and peak
     RSS above the built model, and the margin left under the limit."""
     import resource
-    tf = tf_setup()
+    tf_setup()
     import numpy as np
     import keras
     import tarantella as tnt
@@ -732,17 +732,9 @@ def sim_cluster(args):
         cfg["link_shaping"] = cluster.shape(SIM_LINK_BPS)
         if "netem" not in cfg["link_shaping"]:
             cfg["added_delay"] = "none: this kernel has no netem qdisc (rate-limited with tbf only)"
-        hostfile = os.path.join(work, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write("\n".join(cluster.hosts) + "\n")
-        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-               "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120",
-               "OMPI_MCA_plm_rsh_agent": f"{scb.SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
-               "OMPI_MCA_oob_tcp_if_include": cluster.net,
-               "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp"}
-        for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT", "TNT_PIPELINE_SCHEDULE"):
-            if name in os.environ:
-                env[name] = os.environ[name]
+        hostfile = cluster.hostfile(work)
+        env = cluster.env(**{k: os.environ[k] for k in ("TNT_PIPELINE_SCHEDULE",)
+                             if k in os.environ})
         cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1",
                "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
                sys.executable, "--", os.path.abspath(__file__), "--worker", "sim_cluster",

@@ -309,6 +309,28 @@ class Cluster:
             raise RuntimeError(f"cannot create the simulated cluster:\n{up.stderr}")
         self.net = f"169.254.{self.octet}.0/24"
 
+    def hostfile(self, work):
+        """A hostfile of these hosts in `work`; its path."""
+        path = os.path.join(work, "hostfile")
+        with open(path, "w") as f:
+            f.write("\n".join(self.hosts) + "\n")
+        return path
+
+    def env(self, launcher=True, **extra):
+        """The environment of a job on these hosts: a clean one (this
+        machine's variables would describe this host), with Open MPI's
+        settings for the tarantella launcher when `launcher`, and `extra`."""
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+               "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120"}
+        env |= {k: os.environ[k] for k in ("LANG", "PYENV_VERSION", "PYENV_ROOT")
+                if k in os.environ}
+        if launcher:
+            env |= {"OMPI_MCA_plm_rsh_agent": f"{SIM} agent",
+                    "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+                    "OMPI_MCA_oob_tcp_if_include": self.net,
+                    "OMPI_MCA_btl_tcp_if_include": self.net, "OMPI_MCA_btl": "self,vader,tcp"}
+        return env | extra
+
     def shape(self, link_bps):
         """Shapes every host's outgoing link; returns what was applied."""
         rate = f"{int(link_bps / 1e6)}mbit"
@@ -378,19 +400,9 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
     seconds; returns
     the trace files and what went wrong (None: nothing). A run that times
     out or fails still leaves the traces it wrote so far."""
-    hostfile = os.path.join(work, "hostfile")
-    with open(hostfile, "w") as f:
-        f.write("\n".join(cluster.hosts) + "\n")
-    trace = os.path.join(work, "trace.json")
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-           "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120", "TNT_TIMELINE": trace,
-           "OMPI_MCA_plm_rsh_agent": f"{SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
-           "OMPI_MCA_oob_tcp_if_include": cluster.net,
-           "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp",
-           "TNT_ALLREDUCE_ALGORITHM": algorithm}
-    for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT"):
-        if name in os.environ:
-            env[name] = os.environ[name]
+    hostfile = cluster.hostfile(work)
+    env = cluster.env(TNT_TIMELINE=os.path.join(work, "trace.json"),
+                      TNT_ALLREDUCE_ALGORITHM=algorithm)
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
            "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
            sys.executable, "--",
@@ -457,16 +469,10 @@ def require_cluster_tools(program):
 def run_tnt_bench(cluster, work, per_host, args, timeout):
     """tnt-bench allreduce on every host, `per_host` ranks each (consecutive
     ranks share a host); returns its JSON and what went wrong (None: nothing)."""
-    hostfile = os.path.join(work, "hostfile")
-    with open(hostfile, "w") as f:
-        f.write("\n".join(cluster.hosts) + "\n")
+    hostfile = cluster.hostfile(work)
     out = os.path.join(work, "tnt_bench.json")
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-           "TNT_TIMEOUT_S": "120", "OMPI_MCA_plm_rsh_agent": f"{SIM} agent",
-           "OMPI_MCA_plm_rsh_no_tree_spawn": "1", "OMPI_MCA_oob_tcp_if_include": cluster.net,
-           "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp",
-           "TNT_ALLREDUCE_ALGORITHM": args.algorithm}
-    env.update({k: os.environ[k] for k in TUNING if k in os.environ})
+    env = cluster.env(TNT_ALLREDUCE_ALGORITHM=args.algorithm,
+                      **{k: os.environ[k] for k in TUNING if k in os.environ})
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
            "--no-gpu", "--run-dir", os.path.join(work, "run"), "--", args.tnt_bench, "allreduce",
            "--min", "4K", "--max", args.max, "--json", out]
@@ -609,14 +615,9 @@ def framework_run(cluster, work, framework, model, steps, timeout):
              "--model", model, "--ranks", str(n), "--cores", str(n),
              "--per-rank-batch", str(GLOBAL_BATCH // 2), "--warmup", "3", "--steps", str(steps),
              "--keras", "tf-keras" if framework == "mwms" else "keras3", "--result", result]
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-           "TF_CPP_MIN_LOG_LEVEL": "3", "TNT_TIMEOUT_S": "120", "OMP_NUM_THREADS": "1"}
-    for name in ("LANG", "PYENV_VERSION", "PYENV_ROOT"):
-        if name in os.environ:
-            env[name] = os.environ[name]
     procs = []
     if framework == "mwms":
-        env["TF_USE_LEGACY_KERAS"] = "1"
+        env = cluster.env(launcher=False, OMP_NUM_THREADS="1", TF_USE_LEGACY_KERAS="1")
         port = 23000 + random.randint(0, 2000)
         workers = [f"169.254.{cluster.octet}.{k + 2}:{port}" for k in range(n)]
         for k, host in enumerate(cluster.hosts):
@@ -627,14 +628,9 @@ def framework_run(cluster, work, framework, model, steps, timeout):
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 text=True, start_new_session=True))
     else:
-        hostfile = os.path.join(work, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write("\n".join(cluster.hosts) + "\n")
-        env |= {"OMPI_MCA_plm_rsh_agent": f"{SIM} agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
-                "OMPI_MCA_oob_tcp_if_include": cluster.net,
-                "OMPI_MCA_btl_tcp_if_include": cluster.net, "OMPI_MCA_btl": "self,vader,tcp"}
+        env = cluster.env(OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", "1",
+            [shutil.which("tarantella"), "--hostfile", cluster.hostfile(work), "--n-per-node", "1",
              "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
              sys.executable, "--"] + wargs, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
