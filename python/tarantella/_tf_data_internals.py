@@ -7,6 +7,8 @@ samples before the expensive maps (data.distribute). Everything it reads is
 named here; tests/python/test_data_share.py checks that these names still
 exist in the installed TensorFlow.
 """
+import re
+
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.util import structure
@@ -34,6 +36,15 @@ HARMLESS_STATEFUL = {"Assert"}
 def kind(dataset):
     """The class name of the dataset's last transformation."""
     return type(dataset).__name__
+
+
+def describe(dataset):
+    """The dataset's last transformation as a user wrote it: "filter" for
+    _FilterDataset, "padded_batch" for _PaddedBatchDataset."""
+    name = kind(dataset).lstrip("_")
+    name = re.sub(r"(V\d+)?$", "", name)
+    name = re.sub(r"Dataset$", "", name) or name
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def input_of(dataset):

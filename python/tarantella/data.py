@@ -14,6 +14,7 @@ batch before those maps and batches them alone, so it maps about 1/P of the
 samples. ``TNT_DATA_SHARE=0`` turns this off; where it is not safe, every
 rank runs the whole pipeline and keeps its slice, and the log says why.
 """
+import logging
 import weakref
 
 import numpy as np
@@ -145,14 +146,14 @@ def shard_here():
 _reported = weakref.WeakSet()
 
 
-def _report(dataset, what, message, *args):
+def _report(dataset, what, message, *args, level=logging.INFO):
     try:
         if dataset in _reported:
             return
         _reported.add(dataset)
     except TypeError:
         pass
-    log.logger.info("%s dataset: " + message, what, *args)
+    log.logger.log(level, "%s dataset: " + message, what, *args)
 
 
 class _Plan:
@@ -183,9 +184,10 @@ def _plan(dataset):
         ds = tfdi.input_of(ds)
     name = tfdi.kind(ds)
     if name not in tfdi.BATCH:
-        return None, f"a transformation ({name}) follows the batch"
+        return None, f"a transformation ({tfdi.describe(ds)}) follows the batch"
     if name not in tfdi.PLAIN_BATCH:
-        return None, f"its batching ({name}) depends on every row of the global batch"
+        return None, (f"its batching ({tfdi.describe(ds)}) depends on every row of the global "
+                      "batch")
     batch_size, drop = tfdi.batch_params(ds)
     if batch_size is None or drop is None:
         return None, "its batch size or drop_remainder is not a constant"
@@ -199,13 +201,13 @@ def _plan(dataset):
                       "results depend on the samples mapped before; tnt.data.shard_here() "
                       "marks where sharing may start")
         elif name not in tfdi.MAP | tfdi.PREFETCH | tfdi.OPTIONS:
-            reason = f"no map comes between {name} and the batch"
+            reason = f"no map comes between {tfdi.describe(ds)} and the batch"
         if reason is not None:
             if mark is not None:
                 raise runtime.TarantellaError(
-                    f"tnt.data.shard_here() is followed by {name} before the batch; only "
-                    "map and prefetch may come between the mark and the batch: move the mark "
-                    f"after the {name}")
+                    f"tnt.data.shard_here() is followed by {tfdi.describe(ds)} before the "
+                    "batch; only map and prefetch may come between the mark and the batch: "
+                    f"move the mark after the {tfdi.describe(ds)}")
             break
         moved.append(ds)
         ds = tfdi.input_of(ds)
@@ -216,6 +218,18 @@ def _plan(dataset):
     moved.reverse()
     after.reverse()
     return _Plan(ds, moved, batch_size, drop, after), None
+
+
+def _has_map(dataset):
+    """Whether a map may come anywhere in the dataset's chain (True as well
+    where the chain ends in something other than a source, a zip say)."""
+    ds = dataset
+    while True:
+        if tfdi.kind(ds) in tfdi.MAP:
+            return True
+        if tfdi.input_of(ds) is None:
+            return tfdi.kind(ds) not in tfdi.SOURCES
+        ds = tfdi.input_of(ds)
 
 
 def _selector(part, size, batch_size, count):
@@ -268,7 +282,9 @@ def share(dataset, part, size, what="training", given=None):
         plan, reason = None, (f"its last global batch holds {count % plan.batch_size} "
                               f"samples, fewer than the {size} ranks")
     if plan is None:
-        _report(given, what, "every rank runs the whole input pipeline: %s", reason)
+        # A pipeline without any map has nothing worth sharing: said in DEBUG only.
+        _report(given, what, "every rank runs the whole input pipeline: %s", reason,
+                level=logging.INFO if _has_map(dataset) else logging.DEBUG)
         return None
     count = int(count)
     mine = _rows(plan.base, part, size, plan.batch_size, plan.drop, count)
