@@ -202,11 +202,12 @@ NEXT_STEPS = {
            "starts after the forward pass and after small buckets ahead of it that wait for "
            "the other rank, which lags by a few ms (the simulated hosts share the machine's "
            "cores with the kernel's network processing); the reach column is what an exact "
-           "step can do. E(2) compares one rank beside another with a 2-host step whose "
-           "compute share is itself slower than that rank's step. Next: measure on real "
-           "hosts; send a bucket as soon as it is ready on every rank rather than in plan "
-           "order; with more simulated hosts than cores each step also pays scheduling "
-           "delays.",
+           "step can do. At 10 Gbit/s overlap costs backprop the CPU of the allreduce's TCP "
+           "work (ranks = cores), so overlap off is faster there. E(2) compares one rank "
+           "beside another with a 2-host step whose compute share is itself slower. Against "
+           "MWMS the link (1 Gbit/s) or the shared compute (ResNet, Transformer) caps the "
+           "ratio. Next: a perf profile of the 2-host step; overlap chosen by measurement; "
+           "measure on real hosts.",
 }
 
 
