@@ -3,8 +3,8 @@
 
 Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
 host name, /dev/shm and network; one rank per host, or P with a layout
-HxP), and each host's link
-is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus 0.1 ms of delay where the
+HxP), and each host's link is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus
+0.1 ms of delay where the
 kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
 the small ResNet and the Transformer on synthetic data; --models) train
 with TNT_TIMELINE on, for every combination of tensor fusion (threshold
@@ -31,14 +31,13 @@ medians over the steps of each rank, averaged over the ranks.
 Weak scaling (LeNet-5 and ResNet): beside the 2-host runs, one rank trains
 the same model on the per-rank batch of the 2-host run (32 samples), E(2) =
 that step time / the 2-host step time (overlap and fusion on). The one-rank
-step is taken twice:
-alone on the machine, and while a second one-rank job computes beside it
-(E(2) busy), as the two simulated hosts compute on this machine's cores at
-once; E(2) busy leaves out what the hosts' sharing of one machine costs and
-keeps what distribution costs.
+step is taken twice: alone on the machine, and while a second one-rank job
+computes beside it (E(2) busy), as the two simulated hosts compute on this
+machine's cores at once; E(2) busy leaves out what the hosts' sharing of
+one machine costs and keeps what distribution costs.
 
-    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # about 8 minutes
-    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 15 minutes
+    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # fewer steps and fits
+    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 11 minutes
 
 With --allreduce it measures the allreduce alone instead: `tnt-bench
 allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
@@ -397,17 +396,15 @@ def free_octet():
 def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model="lenet5",
            per_host=1):
     """Runs the worker, `per_host` ranks on every host, for at most `timeout`
-    seconds; returns
-    the trace files and what went wrong (None: nothing). A run that times
-    out or fails still leaves the traces it wrote so far."""
+    seconds; returns the trace files and what went wrong (None: nothing). A
+    run that times out or fails still leaves the traces it wrote so far."""
     hostfile = cluster.hostfile(work)
     env = cluster.env(TNT_TIMELINE=os.path.join(work, "trace.json"),
                       TNT_ALLREDUCE_ALGORITHM=algorithm)
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
            "--no-gpu", "--run-dir", os.path.join(work, "run"), "--python-interpreter",
-           sys.executable, "--",
-           os.path.abspath(__file__), "--worker", "--model", model, "--steps", str(steps),
-           "--reps", str(reps),
+           sys.executable, "--", os.path.abspath(__file__), "--worker", "--model", model,
+           "--steps", str(steps), "--reps", str(reps),
            "--loss-out", os.path.join(work, "losses.json")] + (["--variants"] if variants else [])
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -430,8 +427,7 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
 
 def print_table(results):
     head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} "
-            f"{'compute':>8} "
-            f"{'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
+            f"{'compute':>8} {'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
             f"{'reach':>7} {'ratio':>6} {'busbw':>7}")
     print(head)
     print("-" * len(head))
@@ -440,8 +436,7 @@ def print_table(results):
         if "variant" in r:
             print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
         print(f"{layout_label(r['hosts'], r.get('ranks_per_host', 1)):>5} {r['link']:<13} "
-              f"{r.get('model', 'lenet5'):<11} "
-              f"{'on' if r['fusion'] else 'off':>6} "
+              f"{r.get('model', 'lenet5'):<11} {'on' if r['fusion'] else 'off':>6} "
               f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
               f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {fmt(r.get('ready_ms'), 7)} "
@@ -558,6 +553,24 @@ def allreduce_driver(args):
           f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
 
 
+def wait_jobs(procs, timeout, what=""):
+    """Waits for the processes (started with stderr piped, each in a session
+    of its own) until `timeout` seconds from now, killing those still
+    running then; returns the first thing that went wrong, or None."""
+    problem = None
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if proc.returncode != 0 and problem is None:
+                problem = f"{what}exit status {proc.returncode}: {err.strip()[-400:]}"
+        except subprocess.TimeoutExpired:
+            problem = problem or f"{what}timed out after {timeout} s"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return problem
+
+
 def solo_steps(work, model, steps, reps, jobs, timeout):
     """The median step time (ms) of a one-rank job that trains on the 2-host
     run's per-rank batch, with `jobs` such jobs at once (each its own
@@ -568,21 +581,11 @@ def solo_steps(work, model, steps, reps, jobs, timeout):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TNT_TIMELINE=trace)
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
-             "--steps", str(steps),
-             "--reps", str(reps), "--global-batch", str(GLOBAL_BATCH // 2)],
+             "--steps", str(steps), "--reps", str(reps), "--global-batch", str(GLOBAL_BATCH // 2)],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True))
         traces.append(trace)
-    problem = None
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode != 0:
-                problem = f"one-rank job failed with status {proc.returncode}: {err[-300:]}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            problem = f"one-rank job timed out after {timeout} s"
+    problem = wait_jobs(procs, timeout, "one-rank job: ")
     if problem:
         return None, problem
     rows = breakdown(load_trace(traces[0]), 1).get(config_name(True, True), {})
@@ -635,17 +638,7 @@ def framework_run(cluster, work, framework, model, steps, timeout):
              sys.executable, "--"] + wargs, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             start_new_session=True))
-    problem = None
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            if proc.returncode != 0 and problem is None:
-                problem = f"exit status {proc.returncode}: {err.strip()[-400:]}"
-        except subprocess.TimeoutExpired:
-            problem = problem or f"timed out after {timeout} s"
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    problem = wait_jobs(procs, timeout)
     cluster.kill_processes()
     if problem is None and not os.path.exists(result):
         problem = "no result"
@@ -658,7 +651,8 @@ def framework_run(cluster, work, framework, model, steps, timeout):
         return json.load(f), None
 
 
-FRAMEWORK_MODELS = ("lenet5", "resnet", "transformer")
+# The models of train_compare.py that every mode here trains.
+MODELS = ("lenet5", "resnet", "transformer")
 
 
 def frameworks_driver(args):
@@ -669,7 +663,7 @@ def frameworks_driver(args):
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-fw-")
     config = {"hosts": 2, "ranks_per_host": 1, "global_batch": GLOBAL_BATCH,
-              "timed_steps": steps, "warmup_steps": 3, "models": list(FRAMEWORK_MODELS),
+              "timed_steps": steps, "warmup_steps": 3, "models": list(MODELS),
               "mwms": "tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING",
               "statistic": "median step time of rank 0 over the timed steps (train_compare.py)",
               "cores": os.cpu_count(), "load_average_at_start": round(os.getloadavg()[0], 2),
@@ -679,15 +673,16 @@ def frameworks_driver(args):
     try:
         for link in links:
             config["links"][link] = cluster.shape(LINKS[link])
-            for model in FRAMEWORK_MODELS:
+            for model in MODELS:
                 row = {"link": link, "model": model}
                 # Alternating order, so that a trend in the machine's load
                 # hits both frameworks alike.
                 order = ("tarantella", "mwms") if len(results) % 2 == 0 else ("mwms", "tarantella")
                 for fw in order:
                     t0 = time.monotonic()
-                    out, problem = framework_run(cluster, os.path.join(keep, f"{link}_{model}_{fw}"),
-                                                 fw, model, steps, args.timeout)
+                    out, problem = framework_run(
+                        cluster, os.path.join(keep, f"{link}_{model}_{fw}"), fw, model, steps,
+                        args.timeout)
                     if problem:
                         config["problems"][f"{link} {model} {fw}"] = problem
                     else:
@@ -783,9 +778,9 @@ def driver(args):
     ncores = os.cpu_count()
     models = args.models.split(",")
     for model in models:
-        if model not in FRAMEWORK_MODELS:
+        if model not in MODELS:
             sys.exit(f"sim_cluster_bench: unknown model {model}; choose from "
-                     f"{', '.join(FRAMEWORK_MODELS)}")
+                     f"{', '.join(MODELS)}")
     config = {"models": models, "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
               "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
               "fusion_threshold_kb_off": 0, "overlap_off": "TNT_OVERLAP=0",
@@ -844,7 +839,8 @@ def driver(args):
     print_table(results)
     for r in scaling:
         print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; "
-              f"one rank {fmt(r.get('solo_alone_ms'), 0)} ms alone, {fmt(r.get('solo_busy_ms'), 0)} ms "
+              f"one rank {fmt(r.get('solo_alone_ms'), 0)} ms alone, "
+              f"{fmt(r.get('solo_busy_ms'), 0)} ms "
               f"beside another: E(2) {fmt(r.get('e2_alone'), 0)}, busy "
               f"{fmt(r.get('e2_busy'), 0)}")
     if any("netem" not in v for v in config["links"].values()):
@@ -897,7 +893,7 @@ def main():
                         "hosts, for the models of train_compare.py")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=argparse.SUPPRESS)
-    p.add_argument("--models", default=",".join(FRAMEWORK_MODELS),
+    p.add_argument("--models", default=",".join(MODELS),
                    help="models of train_compare.py to train (default all three)")
     p.add_argument("--model", default="lenet5", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
