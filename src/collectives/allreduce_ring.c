@@ -25,18 +25,8 @@
 #include "collectives/collectives.h"
 #include "util/reduce.h"
 
-/* A position in the sequence of transfers: step k and segment j of the
- * chunk of that step. Positions run in (k, j) order; k == steps is the end. */
-typedef struct ring_pos {
-  int k;
-  size_t j;
-} ring_pos_t;
-
-typedef struct ring {
-  uint8_t *data;
-  size_t count, esz, seg; /* seg: elements per segment */
-  int n, r, steps;
-} ring_t;
+typedef tnt__ring_run_t ring_t;
+typedef tnt__ring_pos_t ring_pos_t;
 
 /* The chunk that is sent (recv == 0) or received (recv == 1) in step k. */
 static void ring_chunk(const ring_t *g, int k, int recv, size_t *lo, size_t *hi) {
@@ -83,109 +73,146 @@ static int ring_send_ready(ring_pos_t s, ring_pos_t done) {
   return s.k == 0 || done.k > s.k - 1 || (done.k == s.k - 1 && done.j > s.j);
 }
 
-tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
-                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                 const tnt__wait_ctx_t *w) {
+tnt_status_t tnt__ring_start(ring_t *g, tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
+                             size_t count, tnt_dtype_t dtype, tnt_op_t op) {
   const int n = t->size;
+  const size_t esz = tnt__dtype_size(dtype);
+  *g = (ring_t){.t = t,
+                .data = buf,
+                .count = count,
+                .esz = esz,
+                .dtype = dtype,
+                .op = op,
+                .n = n,
+                .r = t->rank,
+                .steps = 2 * (n - 1),
+                .depth = cfg->depth,
+                .right = (t->rank + 1) % n,
+                .left = (t->rank + n - 1) % n};
   if (n == 1 || count == 0) {
     tnt__reduce_finish(buf, count, dtype, op, n);
+    g->done = 1;
     return TNT_OK;
   }
-  const size_t esz = tnt__dtype_size(dtype);
-  ring_t g = {.data = buf, .count = count, .esz = esz, .n = n, .r = t->rank,
-              .steps = 2 * (n - 1)};
-  g.seg = cfg->segment_bytes / esz > 0 ? cfg->segment_bytes / esz : 1;
-  const int right = (t->rank + 1) % n, left = (t->rank + n - 1) % n;
-  const int depth = cfg->depth;
+  g->seg = cfg->segment_bytes / esz > 0 ? cfg->segment_bytes / esz : 1;
   /* Received segments of the reduce-scatter wait in one of `depth` slots
    * until they are reduced; the allgather receives in place. */
-  uint8_t *tmp = malloc((size_t)depth * g.seg * esz);
-  tnt__xreq_t *rreq = calloc((size_t)depth * 2, sizeof *rreq);
-  ring_pos_t *rpos = malloc((size_t)depth * sizeof *rpos);
-  tnt_status_t st = TNT_OK;
-  if (tmp == NULL || rreq == NULL || rpos == NULL) {
-    st = TNT_ERR_NO_MEMORY;
-    goto out;
+  g->tmp = malloc((size_t)g->depth * g->seg * esz);
+  g->rreq = calloc((size_t)g->depth * 2, sizeof *g->rreq);
+  g->rpos = malloc((size_t)g->depth * sizeof *g->rpos);
+  if (g->tmp == NULL || g->rreq == NULL || g->rpos == NULL) {
+    tnt__ring_end(g);
+    return TNT_ERR_NO_MEMORY;
   }
-  tnt__xreq_t *sreq = rreq + depth;
-  const int last_rs = n - 2; /* the step after which a rank owns a reduced chunk */
-  ring_pos_t rpost = ring_first(&g, 1), rdone = rpost, spost = ring_first(&g, 0);
-  size_t nrpost = 0, nrdone = 0, nspost = 0, nsdone = 0;
+  g->sreq = g->rreq + g->depth;
+  g->rpost = g->rdone = ring_first(g, 1);
+  g->spost = ring_first(g, 0);
+  return TNT_OK;
+}
+
+tnt_status_t tnt__ring_progress(ring_t *g, int *progress) {
+  *progress = 0;
+  if (g->done) return TNT_OK;
+  tnt__transport_t *t = g->t;
+  const size_t depth = (size_t)g->depth, esz = g->esz;
+  const int last_rs = g->n - 2; /* the step after which a rank owns a reduced chunk */
+  while (g->rpost.k < g->steps && g->nrpost - g->nrdone < depth) {
+    size_t lo, hi;
+    ring_segment(g, g->rpost, 1, &lo, &hi);
+    const size_t i = g->nrpost % depth;
+    uint8_t *dst = g->rpost.k <= last_rs ? g->tmp + i * g->seg * esz : g->data + lo * esz;
+    TNT_CHECK(
+        t->ops->irecv(t, TNT__CH_COLL, dst, (hi - lo) * esz, g->left, TNT__COLL_TAG, &g->rreq[i]));
+    g->rpos[i] = g->rpost;
+    ring_advance(g, &g->rpost, 1);
+    g->nrpost++;
+    *progress = 1;
+  }
+  while (g->spost.k < g->steps && g->nspost - g->nsdone < depth &&
+         ring_send_ready(g->spost, g->rdone)) {
+    size_t lo, hi;
+    ring_segment(g, g->spost, 0, &lo, &hi);
+    TNT_CHECK(t->ops->isend(t, TNT__CH_COLL, g->data + lo * esz, (hi - lo) * esz, g->right,
+                            TNT__COLL_TAG, &g->sreq[g->nspost % depth]));
+    ring_advance(g, &g->spost, 0);
+    g->nspost++;
+    *progress = 1;
+  }
+  /* Receives complete in the order they were posted (one source, one
+   * tag), so the oldest is the one to test. */
+  while (g->nrdone < g->nrpost) {
+    const size_t i = g->nrdone % depth;
+    int done = 0;
+    TNT_CHECK(t->ops->test(t, &g->rreq[i], &done));
+    if (!done) break;
+    if (g->rpos[i].k <= last_rs) {
+      size_t lo, hi;
+      ring_segment(g, g->rpos[i], 1, &lo, &hi);
+      tnt__reduce(g->data + lo * esz, g->tmp + i * g->seg * esz, hi - lo, g->dtype, g->op);
+      if (g->rpos[i].k == last_rs) {
+        tnt__reduce_finish(g->data + lo * esz, hi - lo, g->dtype, g->op, g->n);
+      }
+    }
+    ring_advance(g, &g->rdone, 1);
+    g->nrdone++;
+    *progress = 1;
+  }
+  while (g->nsdone < g->nspost) {
+    int done = 0;
+    TNT_CHECK(t->ops->test(t, &g->sreq[g->nsdone % depth], &done));
+    if (!done) break;
+    g->nsdone++;
+    *progress = 1;
+  }
+  g->done = g->rdone.k >= g->steps && g->spost.k >= g->steps && g->nsdone == g->nspost;
+  return TNT_OK;
+}
+
+tnt_status_t tnt__ring_wait(ring_t *g, const tnt__wait_ctx_t *w) {
   int warned = 0;
   unsigned idle = 0;
-  while (rdone.k < g.steps || spost.k < g.steps || nsdone < nspost) {
-    int progress = 0;
-    while (rpost.k < g.steps && nrpost - nrdone < (size_t)depth) {
-      size_t lo, hi;
-      ring_segment(&g, rpost, 1, &lo, &hi);
-      const size_t i = nrpost % (size_t)depth;
-      uint8_t *dst = rpost.k <= last_rs ? tmp + i * g.seg * esz : g.data + lo * esz;
-      TNT_CHECK_GOTO(t->ops->irecv(t, TNT__CH_COLL, dst, (hi - lo) * esz, left, TNT__COLL_TAG,
-                                   &rreq[i]),
-                     st, fail);
-      rpos[i] = rpost;
-      ring_advance(&g, &rpost, 1);
-      nrpost++;
-      progress = 1;
-    }
-    while (spost.k < g.steps && nspost - nsdone < (size_t)depth &&
-           ring_send_ready(spost, rdone)) {
-      size_t lo, hi;
-      ring_segment(&g, spost, 0, &lo, &hi);
-      TNT_CHECK_GOTO(t->ops->isend(t, TNT__CH_COLL, g.data + lo * esz, (hi - lo) * esz, right,
-                                   TNT__COLL_TAG, &sreq[nspost % (size_t)depth]),
-                     st, fail);
-      ring_advance(&g, &spost, 0);
-      nspost++;
-      progress = 1;
-    }
-    /* Receives complete in the order they were posted (one source, one
-     * tag), so the oldest is the one to test. */
-    while (nrdone < nrpost) {
-      const size_t i = nrdone % (size_t)depth;
-      int done = 0;
-      TNT_CHECK_GOTO(t->ops->test(t, &rreq[i], &done), st, fail);
-      if (!done) break;
-      if (rpos[i].k <= last_rs) {
-        size_t lo, hi;
-        ring_segment(&g, rpos[i], 1, &lo, &hi);
-        tnt__reduce(g.data + lo * esz, tmp + i * g.seg * esz, hi - lo, dtype, op);
-        if (rpos[i].k == last_rs) tnt__reduce_finish(g.data + lo * esz, hi - lo, dtype, op, n);
-      }
-      ring_advance(&g, &rdone, 1);
-      nrdone++;
-      progress = 1;
-    }
-    while (nsdone < nspost) {
-      int done = 0;
-      TNT_CHECK_GOTO(t->ops->test(t, &sreq[nsdone % (size_t)depth], &done), st, fail);
-      if (!done) break;
-      nsdone++;
-      progress = 1;
-    }
+  while (!g->done) {
+    int progress;
+    TNT_CHECK(tnt__ring_progress(g, &progress));
     if (progress) {
       idle = 0;
       continue;
     }
     if ((++idle & 63u) == 63u) {
-      const tnt__xreq_t *late = nrdone < nrpost ? &rreq[nrdone % (size_t)depth]
-                                                : &sreq[nsdone % (size_t)depth];
+      const tnt__xreq_t *late = g->nrdone < g->nrpost ? &g->rreq[g->nrdone % (size_t)g->depth]
+                                                      : &g->sreq[g->nsdone % (size_t)g->depth];
       char what[48];
-      snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[late->peer],
+      snprintf(what, sizeof what, "rank %d (%s)", g->t->world_ranks[late->peer],
                late->is_recv ? "receive" : "send");
-      TNT_CHECK_GOTO(tnt__wait_check(w, &warned, what), st, fail);
+      TNT_CHECK(tnt__wait_check(w, &warned, what));
     }
     tnt__spin_pause(idle);
   }
-  goto out;
-fail:
-  for (int i = 0; i < 2 * depth; ++i) {
-    if (rreq[i].active) t->ops->cancel(t, &rreq[i]);
+  return TNT_OK;
+}
+
+void tnt__ring_end(ring_t *g) {
+  if (g->rreq != NULL) {
+    for (int i = 0; i < 2 * g->depth; ++i) {
+      if (g->rreq[i].active) g->t->ops->cancel(g->t, &g->rreq[i]);
+    }
   }
-out:
-  free(tmp);
-  free(rreq);
-  free(rpos);
+  free(g->tmp);
+  free(g->rreq);
+  free(g->rpos);
+  g->tmp = NULL;
+  g->rreq = g->sreq = NULL;
+  g->rpos = NULL;
+}
+
+tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
+                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                 const tnt__wait_ctx_t *w) {
+  ring_t g;
+  tnt_status_t st = tnt__ring_start(&g, t, cfg, buf, count, dtype, op);
+  if (st < 0) return st;
+  st = tnt__ring_wait(&g, w);
+  tnt__ring_end(&g);
   return st;
 }
 
@@ -194,9 +221,8 @@ static int ring_usable(const tnt__comm_t *c) {
   return 1;
 }
 
-static tnt_status_t ring_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
-                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                   const tnt__wait_ctx_t *w) {
+static tnt_status_t ring_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                                   tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
   if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
   return tnt__ring_allreduce(c->t, &c->ring, recvbuf, count, dtype, op, w);
 }

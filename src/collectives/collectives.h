@@ -74,8 +74,8 @@ typedef struct tnt__comm {
 
 /* Builds a communicator over `t` (collective over t's ranks; takes
  * ownership of t). Shared memory of TNT_SHM_SLOT_KB per rank and slot
- * (default 256, or 4096 in groups that span hosts) is set up when the transport supports it, and the
- * algorithms are chosen (tnt__algo_resolve). */
+ * (default 256, or 4096 in groups that span hosts) is set up when the transport supports it, and
+ * the algorithms are chosen (tnt__algo_resolve). */
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out);
 void tnt__comm_destroy(tnt__comm_t *c);
 /* Makes a later tnt__comm_destroy free memory only, without the MPI calls
@@ -170,8 +170,7 @@ void tnt__shm_publish(tnt__comm_t *c, int which, uint64_t value);
 tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
                                const tnt__wait_ctx_t *w);
 /* Waits until every node rank published at least `value` on `which`. */
-tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value,
-                               const tnt__wait_ctx_t *w);
+tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value, const tnt__wait_ctx_t *w);
 /*
  * Starts a shared-memory round: *seq becomes the round's number, and the
  * call returns once slot (seq & 1) is free, i.e. every rank has finished
@@ -187,6 +186,45 @@ tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint
 tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
                                  size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                  const tnt__wait_ctx_t *w);
+
+/* A position in a ring's sequence of transfers: step k and segment j of the
+ * chunk of that step. Positions run in (k, j) order; k == steps is the end. */
+typedef struct tnt__ring_pos {
+  int k;
+  size_t j;
+} tnt__ring_pos_t;
+
+/*
+ * The same ring allreduce, run in the background of other work: started by
+ * tnt__ring_start, moved on by tnt__ring_progress (which never waits) until
+ * `done`, and released by tnt__ring_end in every case (which abandons the
+ * transfers of a ring that did not finish). Hierarchical algorithms run the
+ * ring of one block this way while their ranks reduce the next block and
+ * broadcast the one before through shared memory.
+ */
+typedef struct tnt__ring_run {
+  tnt__transport_t *t;
+  uint8_t *data;
+  size_t count, esz, seg; /* seg: elements per segment */
+  tnt_dtype_t dtype;
+  tnt_op_t op;
+  int n, r, steps, depth, right, left;
+  int done;
+  uint8_t *tmp; /* `depth` segments of the reduce-scatter waiting to be reduced */
+  tnt__xreq_t *rreq, *sreq;
+  tnt__ring_pos_t *rpos;
+  tnt__ring_pos_t rpost, rdone, spost;
+  size_t nrpost, nrdone, nspost, nsdone;
+} tnt__ring_run_t;
+
+tnt_status_t tnt__ring_start(tnt__ring_run_t *g, tnt__transport_t *t, const tnt__ring_cfg_t *cfg,
+                             void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op);
+/* Posts and completes what can be posted and completed now; *progress = 1
+ * when anything moved. */
+tnt_status_t tnt__ring_progress(tnt__ring_run_t *g, int *progress);
+/* Moves the ring on until it is done, within w's deadline. */
+tnt_status_t tnt__ring_wait(tnt__ring_run_t *g, const tnt__wait_ctx_t *w);
+void tnt__ring_end(tnt__ring_run_t *g);
 
 /* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
  * cache-line aligned; slice `i` is [*lo, *hi). */

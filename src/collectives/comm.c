@@ -199,6 +199,7 @@ tnt_status_t tnt__shm_wait_one(tnt__comm_t *c, int which, int r, uint64_t value,
       snprintf(what, sizeof what, "rank %d (shared memory)", c->node->world_ranks[r]);
       TNT_CHECK(tnt__wait_check(w, &warned, what));
     }
+    if (w->poll != NULL) TNT_CHECK(w->poll(w->poll_arg));
     tnt__spin_pause(it);
   }
   /* Rank r wrote its signature of this round before publishing counter 0,

@@ -61,6 +61,8 @@ tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label) {
   w.warn_at = now + (stall_warning_s > 0 ? stall_warning_s : timeout_s / 3.0);
   w.label = label;
   w.sig = NULL;
+  w.poll = NULL;
+  w.poll_arg = NULL;
   return w;
 }
 

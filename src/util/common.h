@@ -26,10 +26,10 @@
   } while (0)
 
 /* Returns the status of `expr` from the enclosing function on failure. */
-#define TNT_CHECK(expr)                    \
-  do {                                     \
-    tnt_status_t tnt__st_ = (expr);        \
-    if (tnt__st_ < 0) return tnt__st_;     \
+#define TNT_CHECK(expr)                \
+  do {                                 \
+    tnt_status_t tnt__st_ = (expr);    \
+    if (tnt__st_ < 0) return tnt__st_; \
   } while (0)
 
 /* Seconds on the monotonic clock. */
@@ -63,13 +63,17 @@ struct timespec tnt__abs_time(double t);
 struct tnt__coll_sig;
 
 typedef struct tnt__wait_ctx {
-  double deadline; /* tnt__now() value after which waits fail */
-  double timeout;  /* the timeout the deadline came from, for messages */
-  double warn_at;  /* tnt__now() value after which a wait warns that it stalls */
+  double deadline;   /* tnt__now() value after which waits fail */
+  double timeout;    /* the timeout the deadline came from, for messages */
+  double warn_at;    /* tnt__now() value after which a wait warns that it stalls */
   const char *label; /* e.g. "allreduce of fusion bucket 3" */
   /* The collective being run, which every member must agree on; NULL for
    * waits that are not part of a collective. */
   const struct tnt__coll_sig *sig;
+  /* Work that goes on while this wait waits (NULL: none): shared-memory
+   * waits call poll(poll_arg) on every turn, and fail with its error. */
+  tnt_status_t (*poll)(void *poll_arg);
+  void *poll_arg;
 } tnt__wait_ctx_t;
 
 /* A wait context that expires `timeout_s` seconds from now and warns of a

@@ -98,9 +98,16 @@ VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
             "readiness": {"TNT_FUSION_ORDER": "readiness"}}
 VARIANT_WARMUP_STEPS = 14
 GLOBAL_BATCH = 64
-# With --allreduce, these pass from the environment to the ranks (and into
-# the results' configuration), to measure other settings than the defaults.
+# With --allreduce, these (and Open MPI's TCP settings, OMPI_MCA_btl_tcp_*)
+# pass from the environment to the ranks and into the results'
+# configuration, to measure other settings than the defaults.
 TUNING = ("TNT_RING_SEGMENT_KB", "TNT_RING_DEPTH", "TNT_SHM_SLOT_KB")
+
+
+def tuning():
+    """The settings of TUNING and OMPI_MCA_btl_tcp_* set in this environment."""
+    return {k: v for k, v in os.environ.items()
+            if k in TUNING or k.startswith("OMPI_MCA_btl_tcp_")}
 
 
 # ---------------------------------------------------------------- worker
@@ -467,7 +474,7 @@ def run_tnt_bench(cluster, work, per_host, args, timeout):
     hostfile = cluster.hostfile(work)
     out = os.path.join(work, "tnt_bench.json")
     env = cluster.env(TNT_ALLREDUCE_ALGORITHM=args.algorithm,
-                      **{k: os.environ[k] for k in TUNING if k in os.environ})
+                      **tuning())
     cmd = [shutil.which("tarantella"), "--hostfile", hostfile, "--n-per-node", str(per_host),
            "--no-gpu", "--run-dir", os.path.join(work, "run"), "--", args.tnt_bench, "allreduce",
            "--min", "4K", "--max", args.max, "--json", out]
@@ -504,7 +511,7 @@ def allreduce_driver(args):
     config = {"benchmark": "tnt-bench allreduce against MPI_Allreduce, float32 sum",
               "tnt_bench": args.tnt_bench, "max_bytes": args.max,
               "allreduce_algorithm": args.algorithm, "cores": os.cpu_count(),
-              "tuning": {k: os.environ[k] for k in TUNING if k in os.environ},
+              "tuning": tuning(),
               "link_share": "algbw * 2(H-1)/H / link rate, H hosts",
               "load_average_at_start": round(os.getloadavg()[0], 2), "links": {},
               "problems": {}}
