@@ -257,6 +257,14 @@ typedef enum tnt_fusion_order {
   TNT_FUSION_ORDER_COUNT
 } tnt_fusion_order_t;
 
+/* When a fusion set's buckets are reduced. */
+typedef enum tnt_fusion_overlap {
+  TNT_FUSION_OVERLAP_ON = 0,   /* each as soon as its tensors have started */
+  TNT_FUSION_OVERLAP_OFF = 1,  /* all once every tensor of the set has started */
+  TNT_FUSION_OVERLAP_TUNE = 2, /* the faster of the two in the first rounds */
+  TNT_FUSION_OVERLAP_COUNT
+} tnt_fusion_overlap_t;
+
 /*
  * How a fusion set is planned and reduced. Zero-initialized options (or a
  * NULL pointer) mean: one tensor per bucket, TNT_SUM, no compression.
@@ -295,6 +303,19 @@ typedef struct tnt_fusion_options {
    * plan depends on the master's timing, so two runs may fuse differently
    * (and round differently); TNT_FUSION_ORDER_LIST keeps them identical. */
   tnt_fusion_order_t order;
+  /* TNT_FUSION_OVERLAP_ON (the default) reduces each bucket as soon as its
+   * tensors have started, so communication overlaps the computation that
+   * gives the later tensors. TNT_FUSION_OVERLAP_OFF submits the round's
+   * buckets only once every tensor of the set has started it: where ranks
+   * have no core to spare (CPU training with a rank per core), the
+   * communication's own CPU work then no longer slows that computation
+   * down. Every tensor must be started before any is finished, and a
+   * tensor's start for the next round waits until every tensor has finished
+   * the current one. TNT_FUSION_OVERLAP_TUNE times both in the first rounds,
+   * like tune_threshold (with it, every threshold with each), and keeps the
+   * master's faster one on every rank (6 rounds alone, 22 with
+   * tune_threshold); the master logs the choice. */
+  tnt_fusion_overlap_t overlap;
 } tnt_fusion_options_t;
 
 /*
@@ -332,6 +353,10 @@ TNT_API size_t tnt_fusion_num_buckets(const tnt_fusion_t *f);
 /* The threshold in bytes of the plan in use (the tuned one once a tuning
  * set has decided); 0 for NULL. */
 TNT_API size_t tnt_fusion_threshold(const tnt_fusion_t *f);
+/* 1 when the plan in use reduces buckets while tensors are still to start
+ * (overlap on, or the tuned choice once a set that tunes it has decided);
+ * 0 for overlap off and for NULL. */
+TNT_API int tnt_fusion_overlaps(const tnt_fusion_t *f);
 /* Bucket index of tensor `id`, or -1 when unknown. */
 TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
 /* 1 when tensor `id` is in the set, with its entry of the list copied to

@@ -13,9 +13,10 @@ a TensorFlow thread while they wait (TensorFlow's C API cannot keep an
 asynchronous kernel's completion callback alive), so every finish depends
 on all starts: a finish never occupies a thread that a start still needs.
 
-With TNT_OVERLAP=0 (runtime.overlap()), every start also depends on every
-gradient, so that no communication overlaps backprop: a control for
-measuring what overlap gains.
+TNT_OVERLAP (runtime.overlap()) goes to the fusion set: off, libtnt
+reduces no bucket before every start of the step has run, so no
+communication overlaps backprop; auto, the set times both in its first
+rounds and keeps the faster.
 
 The ops are stateless, and TensorFlow evaluates stateless ops whose inputs
 are all known ahead of time while it optimizes the graph. The sample count
@@ -51,11 +52,14 @@ class GradientReducer:
             tune = kb == "auto"
             threshold = 0 if tune else int(kb * 1024)
             wire = runtime.compression()
+            overlap = {"on": "on", "off": "off", "auto": "tune"}[runtime.overlap()]
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
-                                  tune_threshold=tune, order=runtime.fusion_order())
-            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %s, float32 "
-                             "travels as %s)", len(tensors), fusion.num_buckets,
-                             "tuned" if tune else f"{threshold} bytes", wire or "float32")
+                                  tune_threshold=tune, order=runtime.fusion_order(),
+                                  overlap=overlap)
+            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %s, overlap %s, "
+                             "float32 travels as %s)", len(tensors), fusion.num_buckets,
+                             "tuned" if tune else f"{threshold} bytes", overlap,
+                             wire or "float32")
             self._sets[signature] = fusion
         return fusion
 
@@ -88,9 +92,7 @@ class GradientReducer:
         fusion = self._fusion(signature, count_id)
         h = fusion.handle
 
-        # TNT_OVERLAP=0: every start waits for every gradient (no overlap).
-        after = list(after) + ([] if runtime.overlap() else [dense[i] for i in order])
-        with tf.control_dependencies(after):
+        with tf.control_dependencies(list(after)):
             n = tf.reshape(local_count, [1])
             tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
             scaled = {}

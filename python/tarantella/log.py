@@ -4,7 +4,7 @@
 value it does not know) sets the level, as it does for the C core. Messages
 come from the master rank only unless ``TNT_LOG_ON_ALL_DEVICES`` is true;
 warnings and errors that concern one rank can be logged with
-``all_ranks=True``. Switches (``TNT_*_ON_ALL_DEVICES``, ``TNT_OVERLAP``) are
+``all_ranks=True``. Switches (``TNT_*_ON_ALL_DEVICES``, ``TNT_DATA_SHARE``) are
 read by ``env_flag``, with the C core's rules (src/util/env.c).
 """
 import logging
@@ -17,17 +17,17 @@ _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO,
 logger = logging.getLogger("tarantella")
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def _flag(value, default, name="a switch"):
     text = str(value).strip().lower()
     if text == "":
         return default
-    if text in _TRUE:
+    if text in TRUE_WORDS:
         return True
-    if text in _FALSE:
+    if text in FALSE_WORDS:
         return False
     logger.warning("ignoring %s=%s: expected 1, true, yes or on, or 0, false, no or off",
                    name, value)

@@ -274,11 +274,25 @@ def fusion_order():
 
 
 def overlap():
-    """False when TNT_OVERLAP is 0 (or false/no/off): then no gradient enters
-    its fusion bucket before every gradient of the step is computed, so
-    communication does not overlap backprop. For measuring what overlap
-    gains; on by default."""
-    return log.env_flag("TNT_OVERLAP", True)
+    """When gradients are reduced (TNT_OVERLAP): "auto" (the default) times
+    on and off in the first steps and keeps the faster, the same on every
+    rank; "on" (1, true, yes) reduces each fusion bucket as soon as backprop
+    has given its gradients, overlapping communication with the rest of
+    backprop; "off" (0, false, no) reduces the buckets once every gradient of
+    the step is computed, so that communication takes no CPU from backprop
+    (faster where ranks have no core to spare)."""
+    raw = os.environ.get("TNT_OVERLAP")
+    value = "" if raw is None else raw.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in log.TRUE_WORDS:
+        return "on"
+    if value in log.FALSE_WORDS:
+        return "off"
+    raise TarantellaError(
+        f"TNT_OVERLAP={raw!r} is not an overlap setting Tarantella knows: use auto (the "
+        "default: the faster of on and off, timed in the first steps), 1 (on) or 0 (off); "
+        "fix or unset it")
 
 
 def output_on_all_devices():

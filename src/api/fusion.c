@@ -15,10 +15,14 @@
  * widens its part of the result, so the allreduce moves half the bytes and
  * no tensor is converted twice.
  *
- * A set that tunes its threshold (src/fusion/tuner.h) replans between
- * rounds: a round ends when every tensor has finished it, and while tuning,
- * a tensor's start for the next round waits until then, so that no tensor
- * is in a bucket while the buckets change. The round that decides carries
+ * A set whose overlap is off holds the round's buckets until every tensor
+ * has started the round, then submits them all in plan order.
+ *
+ * A set that tunes its threshold or its overlap (src/fusion/tuner.h)
+ * replans between rounds: a round ends when every tensor has finished it,
+ * and while tuning (and while overlap is off), a tensor's start for the
+ * next round waits until then, so that no tensor is in a bucket while the
+ * buckets change. The round that decides carries
  * the master's choice in one more allreduce, submitted just before the
  * round's first bucket: in the same place on every rank, like the buckets.
  */
@@ -56,6 +60,7 @@ struct tnt_fusion {
   bucket_t *buckets;
   size_t next_issue; /* the bucket whose allreduce goes next */
   size_t threshold;  /* of the plan in use */
+  int hold;          /* of the plan in use: overlap off */
   /* Rounds: tensors started and finished in the round now running, and
    * per tensor the rounds it has finished. */
   size_t round, started_in_round, finished_in_round;
@@ -97,9 +102,10 @@ static long find_tensor(const tnt_fusion_t *f, uint64_t id, const char *call) {
 static tnt_status_t check_same_list(tnt_group_t *g, const tnt_tensor_info_t *t, size_t n,
                                     const tnt_fusion_options_t *opt) {
   uint64_t h = 1469598103934665603ull;
-  const uint64_t o[5] = {opt->threshold_bytes, (uint64_t)opt->op, (uint64_t)opt->wire_dtype,
-                         (uint64_t)opt->tune_threshold, (uint64_t)opt->order};
-  for (int k = 0; k < 5; ++k) h = (h ^ o[k]) * 1099511628211ull;
+  const uint64_t o[6] = {opt->threshold_bytes,      (uint64_t)opt->op,
+                         (uint64_t)opt->wire_dtype, (uint64_t)opt->tune_threshold,
+                         (uint64_t)opt->order,      (uint64_t)opt->overlap};
+  for (int k = 0; k < 6; ++k) h = (h ^ o[k]) * 1099511628211ull;
   for (size_t i = 0; i < n; ++i) {
     uint64_t v[3] = {t[i].id, t[i].count, (uint64_t)t[i].dtype};
     for (int k = 0; k < 3; ++k) h = (h ^ v[k]) * 1099511628211ull;
@@ -213,6 +219,12 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
     return tnt__api_invalid(call, "tune_threshold %d: 0 (use threshold_bytes) or 1 (tune it)",
                             opt.tune_threshold);
   }
+  if ((unsigned)opt.overlap >= TNT_FUSION_OVERLAP_COUNT) {
+    return tnt__api_invalid(call,
+                            "overlap %d: TNT_FUSION_OVERLAP_ON, TNT_FUSION_OVERLAP_OFF or "
+                            "TNT_FUSION_OVERLAP_TUNE",
+                            (int)opt.overlap);
+  }
   TNT_CHECK(tnt__engine_check(tnt__context_engine(g->ctx)));
   tnt_fusion_t *f = calloc(1, sizeof *f);
   if (f == NULL) {
@@ -221,8 +233,10 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   }
   f->g = g;
   f->opt = opt;
-  tnt__tuner_init(&f->tuner);
-  f->threshold = opt.tune_threshold ? tnt__tuner_threshold(&f->tuner) : opt.threshold_bytes;
+  tnt__tuner_init(&f->tuner, opt.tune_threshold, opt.threshold_bytes,
+                  opt.overlap == TNT_FUSION_OVERLAP_TUNE, opt.overlap == TNT_FUSION_OVERLAP_OFF);
+  f->threshold = tnt__tuner_plan(&f->tuner).threshold;
+  f->hold = tnt__tuner_plan(&f->tuner).hold;
   pthread_mutex_init(&f->mu, NULL);
   /* Monotonic: the stall warning and the deadline of a finish are timed
    * waits on this variable. */
@@ -243,9 +257,14 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   TNT_CHECK_GOTO(make_buckets(f, n, f->threshold, &f->plan, &f->buckets), st, fail);
   TNT_CHECK_GOTO(check_same_list(g, tensors, n, &opt), st, fail);
   if (tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle) < 0) goto no_memory;
-  TNT_LOG_DEBUG("fusion: %zu tensors in %zu buckets (threshold %zu bytes%s, float32 travels as %s)",
-                n, f->plan.nbuckets, f->threshold, opt.tune_threshold ? ", tuning" : "",
-                tnt_dtype_name(opt.wire_dtype));
+  TNT_LOG_DEBUG(
+      "fusion: %zu tensors in %zu buckets (threshold %zu bytes%s, overlap %s, float32 travels "
+      "as %s)",
+      n, f->plan.nbuckets, f->threshold, opt.tune_threshold ? ", tuning" : "",
+      opt.overlap == TNT_FUSION_OVERLAP_TUNE ? "tuning"
+      : f->hold                              ? "off"
+                                             : "on",
+      tnt_dtype_name(opt.wire_dtype));
   *out = f;
   return TNT_OK;
 no_memory:
@@ -310,11 +329,16 @@ int64_t tnt_fusion_handle(const tnt_fusion_t *f) {
   return f == NULL ? 0 : f->handle;
 }
 
-/* 1 while the set's first rounds decide its plan: then a round ends
- * before the next starts. */
+/* 1 while the set's first rounds decide its plan. */
 static int deciding(const tnt_fusion_t *f) {
-  return (f->opt.tune_threshold && tnt__tuner_phase(&f->tuner) != TNT__TUNER_DONE) ||
+  return tnt__tuner_phase(&f->tuner) != TNT__TUNER_DONE ||
          (f->opt.order == TNT_FUSION_ORDER_READINESS && f->perm == NULL);
+}
+
+/* 1 while a round must end before the next starts: while deciding, and
+ * while overlap is off (a round's count of starts says when to submit). */
+static int sequential(const tnt_fusion_t *f) {
+  return deciding(f) || f->hold;
 }
 
 /* Replaces the plan and buckets of `f` by those for `threshold` (in the
@@ -382,6 +406,35 @@ static tnt_status_t take_order(tnt_fusion_t *f) {
   return TNT_OK;
 }
 
+/* The master's log line of the plan a set tuned. */
+static void log_tuned(const tnt_fusion_t *f) {
+  const tnt__tuner_t *t = &f->tuner;
+  const int tunes_overlap = f->opt.overlap == TNT_FUSION_OVERLAP_TUNE;
+  char times[400];
+  size_t len = 0;
+  for (int c = 0; c < t->ncandidates && len < sizeof times; ++c) {
+    const tnt__tuner_plan_t p = t->candidates[c];
+    char thr[24] = "", ovl[24] = "";
+    if (f->opt.tune_threshold) snprintf(thr, sizeof thr, "%zu KiB", p.threshold / 1024);
+    if (tunes_overlap) {
+      snprintf(ovl, sizeof ovl, "%soverlap %s", f->opt.tune_threshold ? " " : "",
+               p.hold ? "off" : "on");
+    }
+    len += (size_t)snprintf(times + len, sizeof times - len, "%s%s%s %.2f ms", c ? ", " : "", thr,
+                            ovl, t->best_s[c] * 1e3);
+  }
+  char chosen[48] = "";
+  if (f->opt.tune_threshold)
+    snprintf(chosen, sizeof chosen, "threshold %zu KiB", f->threshold / 1024);
+  if (tunes_overlap) {
+    const size_t len2 = strlen(chosen);
+    snprintf(chosen + len2, sizeof chosen - len2, "%soverlap %s", len2 ? ", " : "",
+             f->hold ? "off" : "on");
+  }
+  TNT_LOG_INFO("fusion: tuned %s for %zu tensors (%zu bucket%s); fastest round with each: %s",
+               chosen, f->plan.ntensors, f->plan.nbuckets, f->plan.nbuckets == 1 ? "" : "s", times);
+}
+
 /* Ends a round while the set decides its plan: takes the master's order
  * after round 1, times the round and takes the master's threshold for a
  * set that tunes it, and replans when either changed. Called with f->mu
@@ -395,7 +448,7 @@ static tnt_status_t end_deciding_round(tnt_fusion_t *f) {
     changed = 1;
   }
   const tnt__tuner_phase_t phase = tnt__tuner_phase(&f->tuner);
-  if (f->opt.tune_threshold && phase != TNT__TUNER_DONE) {
+  if (phase != TNT__TUNER_DONE) {
     int chosen = -1;
     if (phase == TNT__TUNER_DECIDING) {
       /* Submitted before the round's first bucket, so it completed first. */
@@ -405,21 +458,11 @@ static tnt_status_t end_deciding_round(tnt_fusion_t *f) {
       chosen = (int)f->vote[0];
     }
     changed |= tnt__tuner_end_round(&f->tuner, tnt__now() - f->round_began, chosen);
-    threshold = tnt__tuner_threshold(&f->tuner);
+    threshold = tnt__tuner_plan(&f->tuner).threshold;
+    f->hold = tnt__tuner_plan(&f->tuner).hold;
   }
   if (changed) TNT_CHECK(replan(f, threshold));
-  if (f->opt.tune_threshold && phase == TNT__TUNER_DECIDING && tnt_group_rank(f->g) == 0) {
-    char times[160];
-    size_t len = 0;
-    for (int c = 0; c < TNT__TUNER_NCANDIDATES && len < sizeof times; ++c) {
-      len += (size_t)snprintf(times + len, sizeof times - len, "%s%zu KiB %.2f ms", c ? ", " : "",
-                              TNT__TUNER_CANDIDATES_KB[c], f->tuner.best_s[c] * 1e3);
-    }
-    TNT_LOG_INFO(
-        "fusion: tuned threshold %zu KiB for %zu tensors (%zu buckets); fastest round with "
-        "each: %s",
-        threshold / 1024, f->plan.ntensors, f->plan.nbuckets, times);
-  }
+  if (phase == TNT__TUNER_DECIDING && tnt_group_rank(f->g) == 0) log_tuned(f);
   return TNT_OK;
 }
 
@@ -450,11 +493,13 @@ static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **rel
   return st;
 }
 
-/* Submits, in plan order, every bucket whose members have all started;
+/* Submits, in plan order, every bucket whose members have all started
+ * (with overlap off: none before every tensor has started the round);
  * `*nissued` counts them. In the deciding round of a tuning set, the
  * master's choice goes first. Called with f->mu held. */
 static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued) {
   *first = f->next_issue;
+  if (f->hold && f->started_in_round < f->plan.ntensors) return TNT_OK;
   for (;;) {
     size_t b = f->next_issue;
     bucket_t *bk = &f->buckets[b];
@@ -467,8 +512,7 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
       TNT_CHECK(tnt__allreduce_submit(f->g, f->seen, f->seen, f->plan.ntensors, TNT_INT64, TNT_MAX,
                                       "fusion order of readiness", -1, &f->order_req));
     }
-    if (b == 0 && f->opt.tune_threshold && f->vote_req == NULL &&
-        tnt__tuner_phase(&f->tuner) == TNT__TUNER_DECIDING) {
+    if (b == 0 && f->vote_req == NULL && tnt__tuner_phase(&f->tuner) == TNT__TUNER_DECIDING) {
       f->vote[0] = tnt_group_rank(f->g) == 0 ? tnt__tuner_fastest(&f->tuner) : -1;
       TNT_CHECK(tnt__allreduce_submit(f->g, f->vote, f->vote, 1, TNT_INT64, TNT_MAX,
                                       "fusion threshold choice", -1, &f->vote_req));
@@ -485,17 +529,18 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
  * every tensor has finished the round that i has finished already. Called
  * with f->mu held. */
 static tnt_status_t wait_for_round(tnt_fusion_t *f, size_t i, const char *call) {
-  if (!deciding(f)) return TNT_OK;
+  if (!sequential(f)) return TNT_OK;
   const double timeout_s = tnt_context_timeout(f->g->ctx);
   const struct timespec ts = tnt__abs_time(tnt__now() + timeout_s);
   while (f->rounds_of[i] > f->round && f->broken == TNT_OK) {
     if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) == ETIMEDOUT && f->rounds_of[i] > f->round) {
       TNT_LOG_ERROR(
           "%s: tensor %llu waited %.1f s for the other tensors of the set to finish round %zu; "
-          "while a set decides its plan (tune_threshold: the first %d rounds; readiness "
-          "order: the first 2), every tensor must finish a round before any starts the next",
+          "while a set decides its plan (tuning: the first %zu rounds; readiness order: the "
+          "first 2) and while its overlap is off, every tensor must finish a round before any "
+          "starts the next",
           call, (unsigned long long)f->tensors[i].id, timeout_s, f->round,
-          2 + TNT__TUNER_NCANDIDATES * TNT__TUNER_ROUNDS);
+          tnt__tuner_rounds(&f->tuner));
       return TNT_ERR_TIMEOUT;
     }
   }
@@ -587,6 +632,17 @@ static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
   }
   if (len > 0) {
     tnt__log(level, "fusion bucket %zu: %s; tensors not started on this rank:%s", b, what, ids);
+  } else if (f->hold && f->started_in_round < f->plan.ntensors) {
+    for (size_t i = 0; i < f->plan.ntensors && len < sizeof ids - 24; ++i) {
+      if (f->state[i] == IDLE) {
+        len += (size_t)snprintf(ids + len, sizeof ids - len, " %llu",
+                                (unsigned long long)f->tensors[i].id);
+      }
+    }
+    tnt__log(level,
+             "fusion bucket %zu: %s; with overlap off, no bucket is reduced before every tensor "
+             "of the set has started; tensors not started on this rank:%s",
+             b, what, ids);
   } else {
     tnt__log(level,
              "fusion bucket %zu: %s waiting for an earlier bucket (%zu) to be started "
@@ -680,6 +736,10 @@ size_t tnt_fusion_num_buckets(const tnt_fusion_t *f) {
 
 size_t tnt_fusion_threshold(const tnt_fusion_t *f) {
   return f == NULL ? 0 : f->threshold;
+}
+
+int tnt_fusion_overlaps(const tnt_fusion_t *f) {
+  return f != NULL && !f->hold;
 }
 
 long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id) {

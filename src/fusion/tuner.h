@@ -1,49 +1,68 @@
 /*
- * The fusion threshold tuner: which threshold a self-tuning fusion set uses
- * in each round, and which one it keeps. A pure state machine, apart from
+ * The fusion set's tuner: which plan a self-tuning fusion set uses in each
+ * round, and which one it keeps. A plan is a threshold and whether the
+ * buckets are reduced while backprop goes on (overlap) or only once every
+ * tensor of the round has started (hold). A set tunes the threshold, the
+ * overlap or both; the candidates are every combination of the values it
+ * tunes with the fixed values of the rest. A pure state machine, apart from
  * the runtime so it can be tested on its own.
  *
  * Schedule: round 0 warms up with the first candidate and is not timed;
- * then each candidate (TNT__TUNER_CANDIDATES_KB, in order) runs
- * TNT__TUNER_ROUNDS rounds and its fastest round counts; then one more
- * round carries the master's choice to every rank (the runtime reduces it
- * along with the round's buckets); from the round after, the chosen
- * threshold stays. The schedule depends only on the round number, so every
- * rank switches plans at the same rounds without communicating.
+ * then each candidate, in order, runs TNT__TUNER_ROUNDS rounds and its
+ * fastest round counts; then one more round carries the master's choice to
+ * every rank (the runtime reduces it along with the round's buckets); from
+ * the round after, the chosen plan stays. The schedule depends only on the
+ * round number, so every rank switches plans at the same rounds without
+ * communicating.
  */
 #ifndef TNT_FUSION_TUNER_H
 #define TNT_FUSION_TUNER_H
 
 #include <stddef.h>
 
-#define TNT__TUNER_NCANDIDATES 5
+#define TNT__TUNER_NTHRESHOLDS 5
 #define TNT__TUNER_ROUNDS 2
+#define TNT__TUNER_MAX_CANDIDATES (2 * TNT__TUNER_NTHRESHOLDS)
 
-/* The candidate thresholds, in KiB. */
-extern const size_t TNT__TUNER_CANDIDATES_KB[TNT__TUNER_NCANDIDATES];
+/* The thresholds a set that tunes its threshold tries, in KiB. */
+extern const size_t TNT__TUNER_THRESHOLDS_KB[TNT__TUNER_NTHRESHOLDS];
 
 typedef enum tnt__tuner_phase {
-  TNT__TUNER_TRYING,   /* rounds with candidate thresholds */
+  TNT__TUNER_TRYING,   /* rounds with candidate plans */
   TNT__TUNER_DECIDING, /* the round that carries the master's choice */
-  TNT__TUNER_DONE      /* the chosen threshold stays */
+  TNT__TUNER_DONE      /* the chosen plan stays (also: nothing to tune) */
 } tnt__tuner_phase_t;
 
+typedef struct tnt__tuner_plan {
+  size_t threshold; /* bytes */
+  int hold;         /* 1: no bucket is reduced before every tensor of the round started */
+} tnt__tuner_plan_t;
+
 typedef struct tnt__tuner {
-  size_t round;                          /* rounds completed */
-  double best_s[TNT__TUNER_NCANDIDATES]; /* fastest round per candidate (0: none yet) */
-  int chosen;                            /* index of the kept candidate, once DONE */
+  size_t round; /* rounds completed */
+  int ncandidates;
+  tnt__tuner_plan_t candidates[TNT__TUNER_MAX_CANDIDATES];
+  double best_s[TNT__TUNER_MAX_CANDIDATES]; /* fastest round per candidate (0: none yet) */
+  int chosen;                               /* index of the kept candidate, once DONE */
 } tnt__tuner_t;
 
-void tnt__tuner_init(tnt__tuner_t *t);
+/* A tuner that tries TNT__TUNER_THRESHOLDS_KB when `tune_threshold` (else
+ * keeps `threshold`), and overlap then hold when `tune_hold` (else keeps
+ * `hold`). With nothing to tune it is DONE from the start. */
+void tnt__tuner_init(tnt__tuner_t *t, int tune_threshold, size_t threshold, int tune_hold,
+                     int hold);
+
+/* The number of rounds before the plan stays (0: nothing to tune). */
+size_t tnt__tuner_rounds(const tnt__tuner_t *t);
 
 /* The phase of the round now running (round t->round). */
 tnt__tuner_phase_t tnt__tuner_phase(const tnt__tuner_t *t);
 
-/* The threshold, in bytes, of the round now running. */
-size_t tnt__tuner_threshold(const tnt__tuner_t *t);
+/* The plan of the round now running. */
+tnt__tuner_plan_t tnt__tuner_plan(const tnt__tuner_t *t);
 
 /* The fastest candidate by this rank's timings (the master's is the one
- * that counts); the smallest threshold wins ties. */
+ * that counts); the earlier candidate wins ties. */
 int tnt__tuner_fastest(const tnt__tuner_t *t);
 
 /*

@@ -1074,19 +1074,27 @@ done:
 
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
-  static char *kwlist[] = {"tensors",    "threshold_bytes", "op",    "group",
-                           "wire_dtype", "tune_threshold",  "order", NULL};
+  static char *kwlist[] = {"tensors",        "threshold_bytes", "op",      "group", "wire_dtype",
+                           "tune_threshold", "order",           "overlap", NULL};
   PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL, *wire_obj = NULL;
-  const char *order = "list";
+  const char *order = "list", *overlap = "on";
   int tune = 0;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
   tnt_fusion_options_t opt = {0};
   int wire;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Ops:Fusion", kwlist, &tensors_obj,
-                                   &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune,
-                                   &order)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Opss:Fusion", kwlist, &tensors_obj,
+                                   &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune, &order,
+                                   &overlap)) {
+    return NULL;
+  }
+  if (strcmp(overlap, "off") == 0) {
+    opt.overlap = TNT_FUSION_OVERLAP_OFF;
+  } else if (strcmp(overlap, "tune") == 0) {
+    opt.overlap = TNT_FUSION_OVERLAP_TUNE;
+  } else if (strcmp(overlap, "on") != 0) {
+    PyErr_Format(PyExc_ValueError, "%s: overlap '%s': use 'on', 'off' or 'tune'", call, overlap);
     return NULL;
   }
   opt.tune_threshold = tune;
@@ -1335,6 +1343,12 @@ static PyObject *fusion_get_threshold_bytes(FusionObject *self, void *closure) {
   return PyLong_FromSize_t(tnt_fusion_threshold(self->fusion));
 }
 
+static PyObject *fusion_get_overlaps(FusionObject *self, void *closure) {
+  (void)closure;
+  if (fusion_get(self, "Fusion.overlaps") == NULL) return NULL;
+  return PyBool_FromLong(tnt_fusion_overlaps(self->fusion));
+}
+
 static PyObject *fusion_get_closed(FusionObject *self, void *closure) {
   (void)closure;
   return PyBool_FromLong(self->fusion == NULL);
@@ -1362,13 +1376,17 @@ static PyGetSetDef fusion_getset[] = {
     {"num_buckets", (getter)fusion_get_num_buckets, NULL, "The number of fusion buckets.", NULL},
     {"threshold_bytes", (getter)fusion_get_threshold_bytes, NULL,
      "The threshold of the plan in use (the tuned one, once a tuning set has decided).", NULL},
+    {"overlaps", (getter)fusion_get_overlaps, NULL,
+     "True when the plan in use reduces buckets while tensors are still to start (overlap "
+     "on, or the tuned choice once a set that tunes it has decided).",
+     NULL},
     {"closed", (getter)fusion_get_closed, NULL, "True once close() has run.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(fusion_doc,
              "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None,\n"
-             "       tune_threshold=False, order='list')\n--\n\n"
+             "       tune_threshold=False, order='list', overlap='on')\n--\n\n"
              "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
@@ -1382,8 +1400,10 @@ PyDoc_STRVAR(fusion_doc,
              "float32); None or 'float32' sends them as they are. tune_threshold=True\n"
              "ignores threshold_bytes: the set tries 32 KiB to 8 MiB in its first rounds\n"
              "and keeps the master's fastest; order='readiness' fills the buckets in the\n"
-             "order the master started the tensors in the first round (see\n"
-             "tnt_fusion_options_t in tnt.h).");
+             "order the master started the tensors in the first round; overlap='off'\n"
+             "reduces no bucket before every tensor has started the round, 'tune' keeps\n"
+             "the faster of on and off, timed in the first rounds (see tnt_fusion_options_t\n"
+             "in tnt.h).");
 
 /* clang-format cannot lay out the head macros of these two initializers. */
 // clang-format off

@@ -442,6 +442,73 @@ static void test_tuned(tnt_group_t *world) {
 }
 
 /*
+ * Overlap off: with every tensor but the last started, no bucket is
+ * reduced (a finish of the first tensor times out), where overlap on
+ * reduces the first bucket; once the last tensor starts, every bucket is
+ * reduced and the averages are exact. Then a set that tunes its overlap
+ * keeps the master's faster plan on every rank: rank 0 is slow with
+ * overlap on and the other ranks with overlap off (sleeps as in
+ * test_tuned), and the master's choice, off, holds everywhere.
+ */
+static void test_overlap(tnt_group_t *world) {
+  tnt_tensor_info_t info[NT];
+  tensor_list(info);
+  tensors_t T;
+  tensors_alloc(&T);
+  for (int off = 0; off < 2; off++) {
+    mt_set_case("overlap %s: tnt_fusion_create", off ? "off" : "on");
+    tnt_fusion_t *f = NULL;
+    tnt_fusion_options_t opt = {
+        .op = TNT_AVERAGE, .overlap = off ? TNT_FUSION_OVERLAP_OFF : TNT_FUSION_OVERLAP_ON};
+    MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
+    if (f == NULL) mt_fatal("tnt_fusion_create failed");
+    if (tnt_fusion_overlaps(f) != !off) mt_fail(-1, "tnt_fusion_overlaps says %d", !off);
+    for (int step = 0; step < 3; step++) {
+      mt_set_case("overlap %s step %d", off ? "off" : "on", step);
+      fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
+      for (size_t t = 0; t + 1 < NT; t++) start_one(f, &T, t);
+      tnt_status_t st = tnt_fusion_finish(f, tensor_id(0), T.out[0], off ? 0.3 : 30.0);
+      if (st != (off ? TNT_ERR_TIMEOUT : TNT_OK)) {
+        mt_fail(-1, "the first tensor's finish before the last start: %s, want %s", mt_st(st),
+                off ? "a timeout (no bucket reduced yet)" : "success");
+      }
+      start_one(f, &T, NT - 1);
+      for (size_t t = off ? 0 : 1; t < NT; t++) finish_one(f, &T, t);
+      check_exact(&T, off ? "overlap off" : "overlap on");
+    }
+    MT_OK(tnt_fusion_destroy(f));
+  }
+
+  enum { WARMUP = 1, TRIED = 4, DECIDING = 1 };
+  mt_set_case("tuned overlap: tnt_fusion_create");
+  tnt_fusion_t *f = NULL;
+  tnt_fusion_options_t opt = {
+      .threshold_bytes = 256, .op = TNT_AVERAGE, .overlap = TNT_FUSION_OVERLAP_TUNE};
+  MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
+  if (f == NULL) mt_fatal("tnt_fusion_create failed");
+  for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
+    mt_set_case("tuned overlap step %d", step);
+    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) / 2 : -1;
+    if (c >= 0 && tnt_fusion_overlaps(f) != (c == 0)) {
+      mt_fail(-1, "overlap %s in a round of candidate %d", tnt_fusion_overlaps(f) ? "on" : "off",
+              c);
+    }
+    if (tnt_fusion_threshold(f) != 256) mt_fail(-1, "threshold %zu", tnt_fusion_threshold(f));
+    fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
+    const int tried = step >= 1 && step <= TRIED;
+    for (size_t t = 0; t < NT; t++) start_one(f, &T, t);
+    if (tried && ((c == 0 && g_rank == 0) || (c == 1 && g_rank != 0))) mt_sleep(0.2);
+    for (size_t t = 0; t < NT; t++) finish_one(f, &T, t);
+    check_exact(&T, "tuned overlap");
+  }
+  mt_set_case("tuned overlap: the choice");
+  if (tnt_fusion_overlaps(f)) mt_fail(-1, "kept overlap on, want the master's faster, off");
+  if (!same_everywhere((uint64_t)tnt_fusion_overlaps(f))) mt_fail(-1, "the ranks differ");
+  MT_OK(tnt_fusion_destroy(f));
+  tensors_free(&T);
+}
+
+/*
  * Buckets in readiness order: in round 0 the master starts the tensors in
  * the reverse of the list, the other ranks in orders of their own; from
  * round 2 on, with one tensor per bucket, bucket k holds the master's k-th
@@ -584,6 +651,14 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   if (strstr(tnt_last_error(), "tune_threshold") == NULL) {
     mt_fail(-1, "a bad tune_threshold should be named, got: %s", tnt_last_error());
   }
+  MT_EXPECT_ST(tnt_fusion_create(
+                   world, info, 3,
+                   &(tnt_fusion_options_t){.op = TNT_AVERAGE, .overlap = TNT_FUSION_OVERLAP_COUNT},
+                   &f),
+               E);
+  if (strstr(tnt_last_error(), "TNT_FUSION_OVERLAP_TUNE") == NULL) {
+    mt_fail(-1, "a bad overlap should name the choices, got: %s", tnt_last_error());
+  }
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
                         &(tnt_fusion_options_t){.op = TNT_AVERAGE, .wire_dtype = TNT_INT32}, &f),
@@ -701,6 +776,7 @@ int main(int argc, char **argv) {
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
   test_compressed(world);
   test_tuned(world);
+  test_overlap(world);
   test_readiness_order(world);
   test_errors(ctx, world);
 

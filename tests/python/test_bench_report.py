@@ -168,15 +168,22 @@ def test_report_sim_allreduce_section(tmp_path):
                          "tnt_busbw": 0.1, "mpi_us": 12.0, "mpi_algbw": 0.08,
                          "mpi_busbw": 0.08, "ratio": ratio, "memcpy_gbps": 5.0, "iters": 5,
                          "ok": True})
+            if per_host == 1:  # results from before the TCP probe have no tcp_share
+                rows[-1]["tcp_share"] = round(rows[-1]["link_share"] / 0.95, 4)
     write(tmp_path / "sim_cluster_allreduce.json",
-          {"config": {"load_average_at_start": 1.0}, "results": rows})
+          {"config": {"load_average_at_start": 1.0, "tcp_gbit": {"2x1_1gbit_0.1ms": 0.95}},
+           "results": rows})
     summary = report(tmp_path)
     mpi = "Allreduce across simulated hosts: busbw / MPI_Allreduce, every size"
     link = "Allreduce across simulated hosts: share of the link at >= 4 MiB"
     assert "| 1.20 | PASS" in target_row(summary, f"{mpi} (2x1, 1gbit_0.1ms)")
     assert "| 0.90 | **MISS**" in target_row(summary, f"{mpi} (2x2, 1gbit_0.1ms)")
     assert "| 0.85 | **MISS**" in target_row(summary, f"{link} (2x1, 1gbit_0.1ms)")
+    assert ("0.89 of what TCP alone carries there (0.95 Gbit/s)"
+            in target_row(summary, f"{link} (2x1, 1gbit_0.1ms)"))
     assert "| 0.95 | PASS" in target_row(summary, f"{link} (2x2, 1gbit_0.1ms)")
+    assert "| 2x1 | 1gbit_0.1ms | 4 MiB | ring | 0.100 | 0.080 | 1.20 | 0.85 | 0.89 |" in summary
+    assert "| 2x2 | 1gbit_0.1ms | 4 MiB | ring | 0.100 | 0.080 | 0.90 | 0.95 | - |" in summary
     closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
     assert "- **sim_allreduce**:" in closing
 
@@ -255,6 +262,30 @@ def test_report_sim_frameworks_and_weak_scaling(tmp_path):
     assert "| (for information) | 0.30 | N/A" in target_row(summary, f"{e2} (1gbit_0.1ms)")
 
 
+def test_report_sim_targets_judge_the_defaults(tmp_path):
+    # The defaults (fusion on, overlap auto) are judged against the bound
+    # and against the fastest other setting; rows of older runs (overlap
+    # True/False) make fusion and overlap on the defaults.
+    def row(fusion, overlap, step):
+        return {"hosts": 2, "ranks_per_host": 1, "link": "10gbit_0.1ms", "model": "lenet5",
+                "fusion": fusion, "overlap": overlap, "step_ms": step, "compute_ms": 20.0,
+                "comm_ms": 4.0, "wait_ms": 2.0, "transfer_ms": 4.0, "bound_ms": 20.0,
+                "ratio_to_bound": step / 20.0, "gradient_bytes": 4 << 20}
+    cases = [([row(True, "auto", 22.0), row(True, "on", 25.0), row(True, "off", 22.5),
+               row(False, "on", 26.0), row(False, "off", 23.0)], "auto", "1.100", "0.978"),
+             ([row(True, True, 25.0), row(True, False, 22.5), row(False, True, 26.0),
+               row(False, False, 23.0)], "on", "1.250", "1.111")]
+    for rows, dflt, bound, other in cases:
+        write(tmp_path / "sim_cluster.json", {"config": {}, "results": rows})
+        summary = report(tmp_path)
+        t = target_row(summary, "Simulated cluster with the defaults, lenet5")
+        assert f"step time / bound (fusion on, overlap {dflt}), worst link" in t
+        assert f"| {bound} |" in t
+        t = target_row(summary, "Simulated cluster, lenet5, 2 hosts: the defaults")
+        assert f"the defaults (fusion on, overlap {dflt}) / fastest" in t
+        assert f"| {other} |" in t and ("PASS" if other < "1" else "**MISS**") in t
+
+
 def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
     """sim_cluster_bench's reachable step: the largest gradient's readiness
     on each step's later rank, plus its transfer."""
@@ -262,7 +293,7 @@ def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
     import sim_cluster_bench as sim
 
     def trace(ready_us):
-        ev = [{"name": "config fusion=1 overlap=1", "cat": "config", "ph": "B", "ts": 0}]
+        ev = [{"name": "config fusion=1 overlap=auto", "cat": "config", "ph": "B", "ts": 0}]
         for i, r in enumerate(ready_us):
             t0 = 100_000 * (i + 1)
             ev += [{"name": f"step {i}", "cat": "step", "ph": "B", "ts": t0},
@@ -273,18 +304,20 @@ def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
                    {"name": "allreduce bucket 0", "ph": "X", "ts": t0 + r, "dur": 10_000,
                     "args": {"bytes": 1_000_008}},
                    {"name": f"step {i}", "cat": "step", "ph": "E", "ts": t0 + 60_000}]
-        ev.append({"name": "config fusion=1 overlap=1", "cat": "config", "ph": "E",
+        ev.append({"name": "config fusion=1 overlap=auto", "cat": "config", "ph": "E",
                    "ts": 10_000_000})
         return ev
 
     ranks = [sim.breakdown(trace([10_000, 20_000, 12_000]), 2),
              sim.breakdown(trace([15_000, 11_000, 30_000]), 2)]
-    row = next(r for r in sim.summarize(ranks, 2, 1e9) if r["fusion"] and r["overlap"])
+    row = next(r for r in sim.summarize(ranks, 2, 1e9) if (r["fusion"], r["overlap"]) ==
+               sim.CONFIGS[0])
     # Later rank per step: 15, 20, 30 ms; median 20 ms. 1 MB at 1 Gbit/s
     # over 2 hosts: 8 ms; compute = 60 - 20 = 40 ms.
     assert row["ready_ms"] == 20.0
     assert row["compute_ms"] == 40.0
     assert row["reach_ms"] == 40.0
     ranks = [sim.breakdown(trace([35_000] * 3), 2)] * 2
-    row = next(r for r in sim.summarize(ranks, 2, 1e9) if r["fusion"] and r["overlap"])
+    row = next(r for r in sim.summarize(ranks, 2, 1e9) if (r["fusion"], r["overlap"]) ==
+               sim.CONFIGS[0])
     assert row["reach_ms"] == 43.0 and row["ratio_to_reach"] == round(60 / 43, 3)

@@ -469,6 +469,33 @@ def test_fusion_readiness_order():
            lambda: core.Fusion(tensors, 0, order="ready"))
 
 
+def test_fusion_overlap():
+    # Off: the set says so and results are exact. Tune: on for the warm-up
+    # and its two rounds, off for two, then the master's choice stays;
+    # results stay exact throughout.
+    tensors = [(i, 5, "float32") for i in range(3)]
+
+    def step(fusion, k):
+        for i in reversed(range(3)):
+            fusion.start(i, np.full(5, i + k, np.float32))
+        for i in range(3):
+            np.testing.assert_array_equal(fusion.finish(i, np.zeros(5, np.float32)),
+                                          np.full(5, i + k, np.float32))
+
+    with core.Fusion(tensors, 0, "sum", overlap="off") as fusion:
+        assert not fusion.overlaps
+        step(fusion, 0)
+    with core.Fusion(tensors, 0, "sum", overlap="tune") as fusion:
+        seen = []
+        for k in range(8):
+            seen.append(fusion.overlaps)
+            step(fusion, k)
+        assert seen[:6] == [True, True, True, False, False, False]
+        assert seen[6] == seen[7] == fusion.overlaps
+    raises(ValueError, "use 'on', 'off' or 'tune'",
+           lambda: core.Fusion(tensors, 0, overlap="auto"))
+
+
 def test_fusion_bad_wire_dtype():
     raises(ValueError, "float16 or bfloat16",
            lambda: core.Fusion([(0, 2, "float32")], 0, wire_dtype="int32"))

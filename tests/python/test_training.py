@@ -92,6 +92,20 @@ def test_compressed_training_is_close_to_serial(compression, tol, serial, tmp_pa
             f"{case} with {compression}: loss {got} is not within {tol} of serial {want}"
 
 
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_overlap_settings_train_like_serial(overlap, serial, tmp_path, python):
+    # TNT_OVERLAP=on reduces buckets during backprop, off holds every bucket
+    # until backprop is over (the default, auto, tries both in the first 6
+    # steps and keeps the master's faster): the same training as serial
+    # Keras either way, identical on every rank.
+    out = str(tmp_path)
+    run(mpirun_command(2, python, WORKER, "--out", out, "--cases", "sgd,adam"),
+        env={"TNT_OVERLAP": overlap})
+    results = load(out, 2)
+    assert_ranks_identical(results)
+    assert_matches_serial(results[0], serial, tol=1e-4)
+
+
 def test_tuned_fusion_training_equals_serial(serial, tmp_path, python):
     # TNT_FUSION_THRESHOLD_KB=auto and TNT_FUSION_ORDER=readiness: the 16
     # steps of the run cover the 12 rounds of tuning and the 2 of ordering;

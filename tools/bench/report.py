@@ -377,14 +377,28 @@ def model_of(r):
     return r.get("model", "lenet5")
 
 
+def overlap_of(r):
+    """A simulated-cluster row's overlap: on, off or auto (rows of older
+    runs: True or False)."""
+    v = r.get("overlap")
+    return {True: "on", False: "off"}.get(v, v)
+
+
+def sim_defaults(rows):
+    """The rows of the configuration users run: fusion on with the default
+    overlap (auto; on in runs from before TNT_OVERLAP=auto)."""
+    dflt = "auto" if any(overlap_of(r) == "auto" for r in rows) else "on"
+    return [r for r in rows if r.get("fusion") and overlap_of(r) == dflt]
+
+
 def sim_label(r):
     per_host = r.get("ranks_per_host", 1)
     return (f"{r['hosts']}x{per_host}\n{r['link'].split('_')[0]}\n{model_of(r)}")
 
 
 def plot_sim(plt, results, doc):
-    # The defaults (overlap and fusion on); the table holds the other settings.
-    res = [r for r in doc["results"] if r["fusion"] and r["overlap"]]
+    # The defaults; the table holds the other settings.
+    res = sim_defaults(doc["results"])
     x = range(len(res))
     labels = [sim_label(r) for r in res]
     width = max(6.0, 0.6 * len(res))
@@ -400,8 +414,8 @@ def plot_sim(plt, results, doc):
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("ms per step")
-    ax.set_title("Simulated cluster: step time breakdown, overlap and fusion on "
-                 "(hosts x ranks per host, link, model)")
+    ax.set_title(f"Simulated cluster: step time breakdown, fusion on, overlap "
+                 f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -420,7 +434,7 @@ def plot_sim(plt, results, doc):
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("ms per step")
     ax.set_title(f"Simulated cluster: step time vs bound (label: step / bound; "
-                 f"target <= {SIM_BOUND_MAX} with overlap)")
+                 f"target <= {SIM_BOUND_MAX} with the defaults)")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -742,7 +756,7 @@ def training_section(results, stages, plt, targets):
 def sim_section(results, stages, plt, targets):
     out = ["## 5. Simulated cluster", ""]
     d, why = load_json(os.path.join(results, "sim_cluster.json"))
-    name = "Simulated cluster with overlap, default fusion: step time / bound (worst link)"
+    name = "Simulated cluster with the defaults: step time / bound (worst link)"
     req = f"<= {SIM_BOUND_MAX:.2f}"
     if d is None:
         note = missing_note(stages, why, "sim_cluster")
@@ -752,11 +766,11 @@ def sim_section(results, stages, plt, targets):
     cfg = d.get("config", {})
     out += config_lines(cfg)
     over = cfg.get("oversubscribed", {}) if isinstance(cfg.get("oversubscribed"), dict) else {}
-    # The target is the configuration users run: overlap and fusion on (the
-    # default); the other configurations are in the table for comparison.
-    lapped = [r for r in res if r.get("overlap") and r.get("fusion")]
+    # The target is the configuration users run, the defaults; the other
+    # configurations are in the table for comparison.
+    lapped = sim_defaults(res)
     if not lapped:
-        targets.append(Target(name, req, note="no configuration with overlap and fusion"))
+        targets.append(Target(name, req, note="no run of the defaults"))
     models = list(dict.fromkeys(model_of(r) for r in res))
     layouts = sorted({layout_of(r) for r in lapped}, key=lambda k: (len(k), k))
     for layout, model in [(lay, m) for lay in layouts for m in models]:
@@ -764,9 +778,10 @@ def sim_section(results, stages, plt, targets):
         if not mine:
             continue
         worst = max(mine, key=lambda r: r["ratio_to_bound"])
-        t = Target(f"Simulated cluster with overlap, {model}, {hosts_text(worst)}"
+        dflt = f"fusion on, overlap {overlap_of(worst)}"
+        t = Target(f"Simulated cluster with the defaults, {model}, {hosts_text(worst)}"
                    + (" (oversubscribed)" if over.get(layout) else "")
-                   + ": step time / bound, overlap and fusion on, worst link",
+                   + f": step time / bound ({dflt}), worst link",
                    req, f"{worst['ratio_to_bound']:.3f}", worst["ratio_to_bound"] <= SIM_BOUND_MAX,
                    family="sim")
         t.note = (f"{worst['link']}, fusion {on_off(worst['fusion'])}: "
@@ -782,18 +797,18 @@ def sim_section(results, stages, plt, targets):
                        f"{worst['reach_ms']:.1f} ms (largest gradient ready at "
                        f"{worst['ready_ms']:.1f} ms, then its transfer)")
         targets.append(t)
-        # Overlap and fusion (the defaults) against the fastest other setting.
+        # The defaults against the fastest other setting.
         slower = []
         for r in mine:
             others = [o["step_ms"] for o in res if (layout_of(o), o["link"], model_of(o)) ==
-                      (layout, r["link"], model) and not (o["fusion"] and o["overlap"])]
+                      (layout, r["link"], model) and o not in lapped]
             if others:
                 slower.append((r["step_ms"] / min(others), r["link"]))
         if slower and not over.get(layout):
             q, link = max(slower)
             targets.append(Target(
-                f"Simulated cluster, {model}, {hosts_text(worst)}: overlap and fusion on / fastest "
-                "of the other settings, worst link", "<= 1.00", f"{q:.3f}", q <= 1.0,
+                f"Simulated cluster, {model}, {hosts_text(worst)}: the defaults ({dflt}) / "
+                "fastest of the other settings, worst link", "<= 1.00", f"{q:.3f}", q <= 1.0,
                 note=link, family="sim"))
     for r in d.get("weak_scaling") or []:
         e2, judged = r.get("e2_busy"), "10gbit" in r["link"]
@@ -812,7 +827,7 @@ def sim_section(results, stages, plt, targets):
                 image("sim_cluster_step_vs_bound.png", results), ""]
     rows = [[f"{layout_of(r)}{' *' if over.get(layout_of(r)) else ''}", r["link"],
              model_of(r), on_off(r["fusion"]),
-             "yes" if r["overlap"] else "no",
+             overlap_of(r),
              f2(r["step_ms"]), f2(r["compute_ms"]), f2(r["comm_ms"]), f2(r["wait_ms"]),
              f2(r["bound_ms"]), f"{r['ratio_to_bound']:.3f}", f2(r.get("ready_ms")),
              f2(r.get("reach_ms")), f2(r.get("ratio_to_reach"), 3),
@@ -931,6 +946,9 @@ def sim_allreduce_section(results, stages, plt, targets):
         t = Target(f"{names[1][0]} ({label})", names[1][1], f"{low['link_share']:.2f}",
                    low["link_share"] >= SIM_ALLREDUCE_LINK_MIN, family="sim_allreduce")
         t.note = f"lowest at {bytes_str(low['bytes'])}"
+        if low.get("tcp_share") is not None:
+            t.note += (f"; {low['tcp_share']:.2f} of what TCP alone carries there "
+                       f"({cfg['tcp_gbit'][f'{hosts}x{per_host}_{link}']:g} Gbit/s)")
         targets.append(t)
     if plt is not None and res:
         plot_sim_allreduce(plt, results, res)
@@ -939,13 +957,15 @@ def sim_allreduce_section(results, stages, plt, targets):
                "MPI_Allreduce in the same run, on simulated hosts (network namespaces, links "
                "shaped with tc). busbw = algbw * 2(n-1)/n over n ranks; link share = algbw * "
                "2(H-1)/H over H hosts / link rate: what each host must send, per second, of "
-               "what its link carries.")
+               "what its link carries; TCP share = the same over what one TCP stream each "
+               "way carries on that link (measured in the same run).")
     out.append("")
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], bytes_str(r["bytes"]),
              r["algorithm"], f"{r['tnt_busbw']:.3f}", f"{r['mpi_busbw']:.3f}",
-             f"{r['ratio']:.2f}", f"{r['link_share']:.2f}"] for r in res]
+             f"{r['ratio']:.2f}", f"{r['link_share']:.2f}", f2(r.get("tcp_share"))]
+            for r in res]
     out.append(table(["layout", "link", "bytes", "algorithm", "tnt busbw GB/s",
-                      "MPI busbw GB/s", "tnt / MPI", "link share"], rows))
+                      "MPI busbw GB/s", "tnt / MPI", "link share", "TCP share"], rows))
     out += problem_lines(cfg)
     out.append("")
     return out
@@ -1451,7 +1471,8 @@ def compression_section(results, stages):
     else:
         res = d.get("results", [])
         cfg = d.get("config", {})
-        out.append(f"LeNet-5, overlap and fusion on, per-rank median step over "
+        out.append(f"LeNet-5, fusion on, overlap on (but in overlap_off and overlap_auto), "
+                   f"per-rank median step over "
                    f"{cfg.get('steps_per_fit')} steps x {cfg.get('fits_per_config')} fits per "
                    f"setting, settings interleaved in one run; load average "
                    f"{cfg.get('load_average_at_start')} at the start, "

@@ -8,8 +8,11 @@ HxP), and each host's link is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus
 kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
 the small ResNet and the Transformer on synthetic data; --models) train
 with TNT_TIMELINE on, for every combination of tensor fusion (threshold
-32 KiB, or 0: one bucket per tensor) and overlap (on, or TNT_OVERLAP=0: no
-gradient enters its bucket before backprop is over). Configurations are
+32 KiB, or 0: one bucket per tensor) and overlap (TNT_OVERLAP=1: on,
+buckets are reduced while backprop goes on; 0: off, no bucket is reduced
+before backprop is over), and with the defaults (fusion on, TNT_OVERLAP=auto:
+the faster of on and off, chosen in the first 6 steps, which every model
+trains before the timed fits). Configurations are
 interleaved inside one run per (hosts, link, model), so that noise from
 other work on the machine hits them alike. From each rank's trace, per step:
 
@@ -30,7 +33,7 @@ medians over the steps of each rank, averaged over the ranks.
 
 Weak scaling (LeNet-5 and ResNet): beside the 2-host runs, one rank trains
 the same model on the per-rank batch of the 2-host run (32 samples), E(2) =
-that step time / the 2-host step time (overlap and fusion on). The one-rank
+that step time / the 2-host step time (the defaults). The one-rank
 step is taken twice: alone on the machine, and while a second one-rank job
 computes beside it (E(2) busy), as the two simulated hosts compute on this
 machine's cores at once; E(2) busy leaves out what the hosts' sharing of
@@ -51,9 +54,10 @@ second, as a fraction of the shaped link rate (1.0: the link never idles).
 With --variants it compares the fusion settings instead of fusion and
 overlap on/off, all with overlap on and the default threshold: none
 (uncompressed), fp16 and bf16 (TNT_COMPRESSION), auto
-(TNT_FUSION_THRESHOLD_KB=auto) and readiness (TNT_FUSION_ORDER=readiness);
-each row also gets the loss of the last step, and every model first trains
-14 steps (the tuning of auto takes 12).
+(TNT_FUSION_THRESHOLD_KB=auto), readiness (TNT_FUSION_ORDER=readiness),
+overlap_off (TNT_OVERLAP=0) and overlap_auto (TNT_OVERLAP=auto); each row
+also gets the loss of the last step, and every model first trains 14 steps
+(the tuning of auto takes 12, of overlap_auto 6).
 
     sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
@@ -90,12 +94,16 @@ SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
 
 LINKS = {"1gbit_0.1ms": 1e9, "10gbit_0.1ms": 10e9}
 DELAY = "0.1ms"
-CONFIGS = [(True, True), (True, False), (False, True), (False, False)]  # (fusion, overlap)
+# (fusion, overlap); the first are the defaults.
+CONFIGS = [(True, "auto"), (True, "on"), (True, "off"), (False, "on"), (False, "off")]
+OVERLAP_ENV = {"on": "1", "off": "0", "auto": "auto"}  # TNT_OVERLAP
+WARMUP_STEPS = 8  # before the timed fits: TNT_OVERLAP=auto decides in 6
 FUSION_KB = 32  # the default threshold: fusion "on"; 0 is "off"
 # --variants: name -> the environment of that variant (overlap on, fusion on).
 VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
             "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"},
-            "readiness": {"TNT_FUSION_ORDER": "readiness"}}
+            "readiness": {"TNT_FUSION_ORDER": "readiness"},
+            "overlap_off": {"TNT_OVERLAP": "0"}, "overlap_auto": {"TNT_OVERLAP": "auto"}}
 VARIANT_WARMUP_STEPS = 14
 GLOBAL_BATCH = 64
 # With --allreduce, these (and Open MPI's TCP settings, OMPI_MCA_btl_tcp_*)
@@ -110,24 +118,54 @@ def tuning():
             if k in TUNING or k.startswith("OMPI_MCA_btl_tcp_")}
 
 
+# Cluster.tcp_gbit: a receiver that counts to the end of the stream and
+# answers one byte, and a sender that times nbytes until that answer.
+TCP_PROBE_PORT = 5399
+TCP_PROBE_BYTES = 256 << 20
+TCP_PROBE_SERVER = f"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", {TCP_PROBE_PORT}))
+s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+while c.recv(1 << 22):
+    pass
+c.sendall(b"x")
+"""
+TCP_PROBE_CLIENT = f"""
+import socket, sys, time
+host, n = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, {TCP_PROBE_PORT}))
+chunk = bytes(1 << 22)
+t = time.monotonic()
+for off in range(0, n, len(chunk)):
+    s.sendall(memoryview(chunk)[:min(len(chunk), n - off)])
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print(time.monotonic() - t)
+"""
+
+
 # ---------------------------------------------------------------- worker
 
 
 def config_name(fusion, overlap):
-    return f"config fusion={int(fusion)} overlap={int(overlap)}"
+    return f"config fusion={int(fusion)} overlap={overlap}"
 
 
 def configs(variants):
     """(timeline span name, the row's identifying fields, environment) of
     every configuration that a run compares."""
     if variants:
-        return [(f"config variant={v}", {"variant": v, "fusion": True, "overlap": True},
+        return [(f"config variant={v}", {"variant": v, "fusion": True, "overlap": "on"},
                  {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB), "TNT_OVERLAP": "1",
                   "TNT_COMPRESSION": "none", "TNT_FUSION_ORDER": "list"} | env)
                 for v, env in VARIANTS.items()]
     return [(config_name(f, o), {"fusion": f, "overlap": o},
              {"TNT_FUSION_THRESHOLD_KB": str(FUSION_KB if f else 0),
-              "TNT_OVERLAP": "1" if o else "0"}) for f, o in CONFIGS]
+              "TNT_OVERLAP": OVERLAP_ENV[o]}) for f, o in CONFIGS]
 
 
 def worker(args):
@@ -149,7 +187,7 @@ def worker(args):
           .batch(args.global_batch, drop_remainder=True).take(args.steps).cache())
     models, losses = {}, {}
     todo = configs(args.variants)
-    warmup = ds.repeat().take(VARIANT_WARMUP_STEPS) if args.variants else ds.take(2)
+    warmup = ds.repeat().take(VARIANT_WARMUP_STEPS if args.variants else WARMUP_STEPS)
     for name, _, env in todo:
         # The environment is read when the training step is traced (the first fit).
         os.environ.update(env)
@@ -360,6 +398,33 @@ class Cluster:
             raise RuntimeError("tc could not shape the links (neither netem nor tbf)")
         return applied
 
+    def address(self, k):
+        """The address of host k on the cluster's network (sim_cluster.sh)."""
+        return f"169.254.{self.octet}.{k + 2}"
+
+    def tcp_gbit(self, nbytes=TCP_PROBE_BYTES):
+        """What TCP itself carries between hosts 0 and 1 on the shaped links:
+        one stream each way at once, `nbytes` each, in Gbit/s of payload (the
+        slower direction): the ceiling for any library's link share, below
+        the link rate by the TCP, IP and Ethernet headers and by what the
+        kernel's TCP work can keep up with on this machine."""
+        servers = [subprocess.Popen(["ip", "netns", "exec", h, sys.executable, "-c",
+                                     TCP_PROBE_SERVER], stdout=subprocess.PIPE, text=True)
+                   for h in self.hosts[:2]]
+        try:
+            for srv in servers:  # each prints a line once it listens
+                srv.stdout.readline()
+            clients = [subprocess.Popen(
+                ["ip", "netns", "exec", self.hosts[k], sys.executable, "-c", TCP_PROBE_CLIENT,
+                 self.address(1 - k), str(nbytes)], stdout=subprocess.PIPE, text=True)
+                for k in (0, 1)]
+            secs = [float(c.communicate(timeout=120)[0]) for c in clients]
+            return round(nbytes * 8 / max(secs) / 1e9, 3)
+        finally:
+            for srv in servers:
+                srv.kill()
+                srv.wait()
+
     def kill_processes(self):
         for host in self.hosts:
             pids = run_checked(["ip", "netns", "pids", host], timeout=10).stdout.split()
@@ -444,7 +509,7 @@ def print_table(results):
             print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
         print(f"{layout_label(r['hosts'], r.get('ranks_per_host', 1)):>5} {r['link']:<13} "
               f"{r.get('model', 'lenet5'):<11} {'on' if r['fusion'] else 'off':>6} "
-              f"{'on' if r['overlap'] else 'off':>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
+              f"{r['overlap']:>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
               f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
               f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {fmt(r.get('ready_ms'), 7)} "
               f"{fmt(r.get('reach_ms'), 7)} {fmt(r.get('ratio_to_reach'), 6)} {bus:>7}")
@@ -513,7 +578,11 @@ def allreduce_driver(args):
               "allreduce_algorithm": args.algorithm, "cores": os.cpu_count(),
               "tuning": tuning(),
               "link_share": "algbw * 2(H-1)/H / link rate, H hosts",
+              "tcp": "Gbit/s of one TCP stream each way at once between hosts 0 and 1 "
+                     f"({TCP_PROBE_BYTES >> 20} MiB, the slower direction); tcp_share = "
+                     "link share * link rate / that",
               "load_average_at_start": round(os.getloadavg()[0], 2), "links": {},
+              "tcp_gbit": {},
               "problems": {}}
     results = []
     start = time.monotonic()
@@ -524,6 +593,7 @@ def allreduce_driver(args):
                 applied = cluster.shape(LINKS[link])
                 config["links"][link] = applied
                 key = f"{nhosts}x{per_host}_{link}"
+                tcp = config["tcp_gbit"][key] = cluster.tcp_gbit()
                 work = os.path.join(keep, key)
                 os.makedirs(work, exist_ok=True)
                 t0 = time.monotonic()
@@ -534,7 +604,9 @@ def allreduce_driver(args):
                     share = row["tnt_algbw"] * 2 * (nhosts - 1) / nhosts * 8e9 / LINKS[link]
                     results.append({"hosts": nhosts, "ranks_per_host": per_host, "link": link,
                                     "link_gbit": LINKS[link] / 1e9,
-                                    "link_share": round(share, 4)} | row)
+                                    "link_share": round(share, 4),
+                                    "tcp_share": round(share * LINKS[link] / 1e9 / tcp, 4)}
+                                   | row)
                 print(f"sim_cluster_bench: {nhosts} hosts x {per_host}, {link} ({applied}): "
                       f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
                       file=sys.stderr, flush=True)
@@ -547,13 +619,16 @@ def allreduce_driver(args):
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
     print(f"{'layout':>6} {'link':<13} {'bytes':>10} {'algorithm':<9} {'tnt_busbw':>9} "
-          f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5}")
+          f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5} {'tcp':>5}")
     for r in results:
         print(f"{r['hosts']}x{r['ranks_per_host']:<4} {r['link']:<13} {r['bytes']:>10} "
               f"{r['algorithm']:<9} {r['tnt_busbw']:9.3f} {r['mpi_busbw']:9.3f} "
-              f"{r['ratio']:6.2f} {r['link_share']:5.2f}")
+              f"{r['ratio']:6.2f} {r['link_share']:5.2f} {r['tcp_share']:5.2f}")
     print("busbw in GB/s (tnt-bench: algbw * 2(n-1)/n over n ranks); ratio = tnt / MPI; "
-          "link = share of the shaped link rate (algbw * 2(H-1)/H over H hosts)")
+          "link = share of the shaped link rate (algbw * 2(H-1)/H over H hosts); tcp = share "
+          "of what one TCP stream each way carries on the same link")
+    for key, gbit in config["tcp_gbit"].items():
+        print(f"TCP alone, {key}: {gbit} Gbit/s each way")
     for key, problem in config["problems"].items():
         print(f"problem: {key}: {problem}")
     print(f"load average {config['load_average_at_start']} at the start, "
@@ -595,17 +670,17 @@ def solo_steps(work, model, steps, reps, jobs, timeout):
     problem = wait_jobs(procs, timeout, "one-rank job: ")
     if problem:
         return None, problem
-    rows = breakdown(load_trace(traces[0]), 1).get(config_name(True, True), {})
+    rows = breakdown(load_trace(traces[0]), 1).get(config_name(*CONFIGS[0]), {})
     return (statistics.median(rows["step"]), None) if rows.get("step") else (None, "no steps")
 
 
 def weak_scaling(results, solo):
-    """E(2) per model and link from the 2-host rows (overlap and fusion on)
-    and the one-rank step times, solo[model][alone|busy]."""
+    """E(2) per model and link from the 2-host rows of the defaults and the
+    one-rank step times, solo[model][alone|busy]."""
     out = []
     for r in results:
-        if ((r["hosts"], r["ranks_per_host"]) == (2, 1) and r["fusion"] and r["overlap"]
-                and r["model"] in solo):
+        if ((r["hosts"], r["ranks_per_host"]) == (2, 1)
+                and (r["fusion"], r["overlap"]) == CONFIGS[0] and r["model"] in solo):
             row = {"model": r["model"], "link": r["link"], "step_ms": r["step_ms"]}
             for key, ms in solo[r["model"]].items():
                 if ms:
@@ -790,7 +865,7 @@ def driver(args):
                      f"{', '.join(MODELS)}")
     config = {"models": models, "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
               "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
-              "fusion_threshold_kb_off": 0, "overlap_off": "TNT_OVERLAP=0",
+              "fusion_threshold_kb_off": 0, "overlap": OVERLAP_ENV, "defaults": CONFIGS[0],
               "layouts": [layout_label(*lay) for lay in layouts],
               "cores": ncores, "quick": bool(args.quick),
               "statistic": "per-rank median over steps, mean over ranks",
