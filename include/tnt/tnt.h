@@ -283,9 +283,9 @@ typedef struct tnt_fusion_options {
    * range with 8. The result is bitwise identical on every rank. */
   tnt_dtype_t wire_dtype;
   /* 1: the set tunes its threshold itself and threshold_bytes is ignored.
-   * It tries 32, 128, 512, 2048 and 8192 KiB, two rounds each after one
-   * round of warm-up, and keeps the one with which the master's fastest
-   * round was fastest; one more round takes the master's choice to every
+   * After one round of warm-up it tries 32, 128, 512, 2048 and 8192 KiB,
+   * taking turns twice over (two rounds each), and keeps the one with which
+   * the master's fastest round was fastest; one more round takes the master's choice to every
    * rank, so every rank uses the same plan (12 rounds in all). The master
    * logs the choice. While tuning, a tensor's start for the next round
    * waits until every tensor has finished the current one (as in a

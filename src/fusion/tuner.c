@@ -34,12 +34,15 @@ tnt__tuner_phase_t tnt__tuner_phase(const tnt__tuner_t *t) {
   return t->round == trying_rounds(t) ? TNT__TUNER_DECIDING : TNT__TUNER_DONE;
 }
 
-/* The candidate that round `round` tries (the warm-up tries the first; the
- * DECIDING round keeps the last). */
+/* The candidate that round `round` tries: the warm-up tries the first; then
+ * the candidates take turns, one round each, TNT__TUNER_ROUNDS times over,
+ * so that a drift of the step time over the first rounds (caches,
+ * allocations, the network settling) weighs on every candidate alike; the
+ * DECIDING round keeps the last. */
 static int candidate_of(const tnt__tuner_t *t, size_t round) {
   if (round == 0) return 0;
-  size_t c = (round - 1) / TNT__TUNER_ROUNDS;
-  return c < (size_t)t->ncandidates ? (int)c : t->ncandidates - 1;
+  if (round >= trying_rounds(t)) return t->ncandidates - 1;
+  return (int)((round - 1) % (size_t)t->ncandidates);
 }
 
 tnt__tuner_plan_t tnt__tuner_plan(const tnt__tuner_t *t) {

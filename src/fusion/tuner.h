@@ -8,8 +8,10 @@
  * the runtime so it can be tested on its own.
  *
  * Schedule: round 0 warms up with the first candidate and is not timed;
- * then each candidate, in order, runs TNT__TUNER_ROUNDS rounds and its
- * fastest round counts; then one more round carries the master's choice to
+ * then the candidates take turns, one round each in order, until each has
+ * run TNT__TUNER_ROUNDS rounds, and each one's fastest round counts (taking
+ * turns, a drift of the step time over the first rounds weighs on every
+ * candidate alike); then one more round carries the master's choice to
  * every rank (the runtime reduces it along with the round's buckets); from
  * the round after, the chosen plan stays. The schedule depends only on the
  * round number, so every rank switches plans at the same rounds without

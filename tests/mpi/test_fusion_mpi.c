@@ -414,7 +414,7 @@ static void test_tuned(tnt_group_t *world) {
   static const size_t kb[5] = {32, 128, 512, 2048, 8192};
   for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
     mt_set_case("tuned fusion step %d", step);
-    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) / 2 : -1;
+    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) % 5 : -1;
     if (c >= 0 && tnt_fusion_threshold(f) != kb[c] * 1024) {
       mt_fail(-1, "threshold %zu bytes, want %zu KiB", tnt_fusion_threshold(f), kb[c]);
     }
@@ -488,7 +488,7 @@ static void test_overlap(tnt_group_t *world) {
   if (f == NULL) mt_fatal("tnt_fusion_create failed");
   for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
     mt_set_case("tuned overlap step %d", step);
-    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) / 2 : -1;
+    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) % 2 : -1;
     if (c >= 0 && tnt_fusion_overlaps(f) != (c == 0)) {
       mt_fail(-1, "overlap %s in a round of candidate %d", tnt_fusion_overlaps(f) ? "on" : "off",
               c);

@@ -427,7 +427,7 @@ def test_fusion_wire_dtype(wire, rounded):
 
 
 def test_fusion_tunes_its_threshold():
-    # The candidates in order, two rounds each after a warm-up, then one
+    # After a warm-up the candidates take turns, twice over, then one
     # deciding round; the plan changes between rounds and results stay
     # exact throughout.
     tensors = [(i, 40000, "float32") for i in range(6)]
@@ -442,7 +442,7 @@ def test_fusion_tunes_its_threshold():
             for i in range(6):
                 np.testing.assert_array_equal(fusion.finish(i, np.zeros(40000, np.float32)),
                                               data[i])
-        assert seen[:12] == [32] + [kb for kb in candidates for _ in range(2)] + [8192]
+        assert seen[:12] == [32] + candidates * 2 + [8192]
         assert seen[12] in candidates and seen[13] == seen[12]
         # Buckets close once they hold the threshold.
         buckets, held = 0, 0
@@ -470,9 +470,9 @@ def test_fusion_readiness_order():
 
 
 def test_fusion_overlap():
-    # Off: the set says so and results are exact. Tune: on for the warm-up
-    # and its two rounds, off for two, then the master's choice stays;
-    # results stay exact throughout.
+    # Off: the set says so and results are exact. Tune: on for the warm-up,
+    # then on and off take turns twice, the deciding round keeps off, then
+    # the master's choice stays; results stay exact throughout.
     tensors = [(i, 5, "float32") for i in range(3)]
 
     def step(fusion, k):
@@ -490,7 +490,7 @@ def test_fusion_overlap():
         for k in range(8):
             seen.append(fusion.overlaps)
             step(fusion, k)
-        assert seen[:6] == [True, True, True, False, False, False]
+        assert seen[:6] == [True, True, False, True, False, False]
         assert seen[6] == seen[7] == fusion.overlaps
     raises(ValueError, "use 'on', 'off' or 'tune'",
            lambda: core.Fusion(tensors, 0, overlap="auto"))

@@ -14,17 +14,17 @@
 
 #define KB 1024u
 
-/* Runs the trying rounds, candidate c's rounds taking times[c] seconds
- * (the first of each pair, the second 1 s slower) and checking that each
- * round runs candidate c's plan; returns the rounds after which the
- * threshold changed. */
+/* Runs the trying rounds, the candidates taking turns, candidate c's
+ * rounds taking times[c] seconds (its first, its later ones 1 s slower)
+ * and checking that each round runs candidate c's plan; returns the rounds
+ * after which the threshold changed. */
 static int try_all(tnt__tuner_t *t, const double *times) {
   int changes = 0;
   assert_int_equal(tnt__tuner_plan(t).threshold, t->candidates[0].threshold);
   assert_int_equal(tnt__tuner_plan(t).hold, t->candidates[0].hold);
   changes += tnt__tuner_end_round(t, 100.0, -1); /* warm-up, not timed */
-  for (int c = 0; c < t->ncandidates; c++) {
-    for (int r = 0; r < TNT__TUNER_ROUNDS; r++) {
+  for (int r = 0; r < TNT__TUNER_ROUNDS; r++) {
+    for (int c = 0; c < t->ncandidates; c++) {
       assert_int_equal(tnt__tuner_phase(t), TNT__TUNER_TRYING);
       assert_int_equal(tnt__tuner_plan(t).threshold, t->candidates[c].threshold);
       assert_int_equal(tnt__tuner_plan(t).hold, t->candidates[c].hold);
@@ -46,9 +46,9 @@ static void test_threshold_schedule_and_fastest(void **state) {
   }
   assert_int_equal(tnt__tuner_rounds(&t), 12);
   const double times[TNT__TUNER_NTHRESHOLDS] = {0.5, 0.4, 0.3, 0.3, 0.6};
-  /* The threshold changes after the last round of each candidate but the
-   * last (the deciding round keeps the last candidate's plan). */
-  assert_int_equal(try_all(&t, times), TNT__TUNER_NTHRESHOLDS - 1);
+  /* The threshold changes after every trying round but the last (the
+   * deciding round keeps the last candidate's plan). */
+  assert_int_equal(try_all(&t, times), TNT__TUNER_ROUNDS * TNT__TUNER_NTHRESHOLDS - 1);
   assert_int_equal(tnt__tuner_plan(&t).threshold, 8192 * KB);
   /* Fastest rounds count; the earlier candidate wins the tie. */
   assert_true(t.best_s[0] == 0.5 && t.best_s[2] == 0.3);
@@ -118,7 +118,8 @@ static void test_threshold_and_overlap(void **state) {
   double times[2 * TNT__TUNER_NTHRESHOLDS];
   for (int c = 0; c < t.ncandidates; c++) times[c] = 0.5;
   times[5] = 0.1; /* 512 KiB, overlap off */
-  assert_int_equal(try_all(&t, times), TNT__TUNER_NTHRESHOLDS - 1);
+  /* Within a turn the threshold changes 4 times, and once between turns. */
+  assert_int_equal(try_all(&t, times), 2 * (TNT__TUNER_NTHRESHOLDS - 1) + 1);
   assert_int_equal(tnt__tuner_fastest(&t), 5);
   assert_int_equal(tnt__tuner_end_round(&t, 0.1, 5), 1);
   assert_int_equal(tnt__tuner_plan(&t).threshold, 512 * KB);

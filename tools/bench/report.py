@@ -189,25 +189,23 @@ NEXT_STEPS = {
                 "more stages than cores, ranks waiting for a core. A spread of the per-fit "
                 "ratios means other work on the host. TNT_TIMELINE shows each stage's "
                 "forwards, backwards and transfers. Next: rerun on a quiet host.",
-    "sim_allreduce": "with one rank per host the pipelined ring is bound by the link at large "
-                     "sizes and by MPI's per-message latency at small ones; with several ranks "
-                     "per host the host's reduce and broadcast (shared memory, on cores the "
-                     "simulated hosts share) come on top of the ring, one after the other. At "
-                     "10 Gbit/s TCP through the namespaces' veth links is bound by the CPU of "
-                     "the 2-core machine (MPI_Allreduce reaches no more than Tarantella), so "
-                     "that link's share cannot reach the target here. Next: overlap the "
-                     "host's reduce and broadcast with the ring across hosts (a segment "
-                     "leaves as soon as the host has reduced it).",
+    "sim_allreduce": "the TCP share column is the ceiling: what one TCP stream each way "
+                     "carries on the same shaped link, measured in the run. At 1 Gbit/s the "
+                     "ring carries what TCP carries and the overlapped hierarchical algorithm "
+                     "0.87 to 0.93 of it (its host stages run on 4 ranks sharing 2 cores). At "
+                     "10 Gbit/s TCP itself stays below 0.9 of the link (the kernel's work for "
+                     "both simulated hosts on the same 2 cores), and libtnt and MPI_Allreduce "
+                     "are both bound by the CPU it leaves, their ratio moving around 1 from run "
+                     "to run. Next: measure on real hosts.",
     "sim": "the largest gradient's allreduce runs at the link rate (pipelined ring), but it "
            "starts after the forward pass and after small buckets ahead of it that wait for "
            "the other rank, which lags by a few ms (the simulated hosts share the machine's "
            "cores with the kernel's network processing); the reach column is what an exact "
-           "step can do. At 10 Gbit/s overlap costs backprop the CPU of the allreduce's TCP "
-           "work (ranks = cores), so overlap off is faster there. E(2) compares one rank "
-           "beside another with a 2-host step whose compute share is itself slower. Against "
-           "MWMS the link (1 Gbit/s) or the shared compute (ResNet, Transformer) caps the "
-           "ratio. Next: a perf profile of the 2-host step; overlap chosen by measurement; "
-           "measure on real hosts.",
+           "step can do. With more ranks than cores (4 hosts, 2x2) every transfer also waits "
+           "for a scheduler slice. E(2) compares one rank beside another with a 2-host step "
+           "whose compute share is itself slower (the communication's CPU work has no core "
+           "of its own). Against MWMS the link (1 Gbit/s) or the shared compute (ResNet, "
+           "Transformer) caps the ratio. Next: measure on real hosts.",
 }
 
 
