@@ -283,10 +283,10 @@ typedef struct tnt_fusion_options {
    * range with 8. The result is bitwise identical on every rank. */
   tnt_dtype_t wire_dtype;
   /* 1: the set tunes its threshold itself and threshold_bytes is ignored.
-   * After one round of warm-up it tries 32, 128, 512, 2048 and 8192 KiB,
+   * After three rounds of warm-up it tries 32, 128, 512, 2048 and 8192 KiB,
    * taking turns twice over (two rounds each), and keeps the one with which
    * the master's fastest round was fastest; one more round takes the master's choice to every
-   * rank, so every rank uses the same plan (12 rounds in all). The master
+   * rank, so every rank uses the same plan (14 rounds in all). The master
    * logs the choice. While tuning, a tensor's start for the next round
    * waits until every tensor has finished the current one (as in a
    * training loop); the plan, and so tnt_fusion_num_buckets and
@@ -313,7 +313,7 @@ typedef struct tnt_fusion_options {
    * tensor's start for the next round waits until every tensor has finished
    * the current one. TNT_FUSION_OVERLAP_TUNE times both in the first rounds,
    * like tune_threshold (with it, every threshold with each), and keeps the
-   * master's faster one on every rank (6 rounds alone, 22 with
+   * master's faster one on every rank (8 rounds alone, 24 with
    * tune_threshold); the master logs the choice. */
   tnt_fusion_overlap_t overlap;
 } tnt_fusion_options_t;

@@ -21,7 +21,7 @@ void tnt__tuner_init(tnt__tuner_t *t, int tune_threshold, size_t threshold, int 
 
 /* Rounds before the DECIDING one: the warm-up, then every candidate's. */
 static size_t trying_rounds(const tnt__tuner_t *t) {
-  return 1 + (size_t)t->ncandidates * TNT__TUNER_ROUNDS;
+  return TNT__TUNER_WARMUP + (size_t)t->ncandidates * TNT__TUNER_ROUNDS;
 }
 
 size_t tnt__tuner_rounds(const tnt__tuner_t *t) {
@@ -40,9 +40,9 @@ tnt__tuner_phase_t tnt__tuner_phase(const tnt__tuner_t *t) {
  * allocations, the network settling) weighs on every candidate alike; the
  * DECIDING round keeps the last. */
 static int candidate_of(const tnt__tuner_t *t, size_t round) {
-  if (round == 0) return 0;
+  if (round < TNT__TUNER_WARMUP) return 0;
   if (round >= trying_rounds(t)) return t->ncandidates - 1;
-  return (int)((round - 1) % (size_t)t->ncandidates);
+  return (int)((round - TNT__TUNER_WARMUP) % (size_t)t->ncandidates);
 }
 
 tnt__tuner_plan_t tnt__tuner_plan(const tnt__tuner_t *t) {
@@ -62,7 +62,7 @@ int tnt__tuner_end_round(tnt__tuner_t *t, double seconds, int chosen) {
   const tnt__tuner_phase_t phase = tnt__tuner_phase(t);
   if (phase == TNT__TUNER_DONE) return 0;
   const size_t before = tnt__tuner_plan(t).threshold;
-  if (phase == TNT__TUNER_TRYING && t->round > 0) {
+  if (phase == TNT__TUNER_TRYING && t->round >= TNT__TUNER_WARMUP) {
     const int c = candidate_of(t, t->round);
     if (t->best_s[c] == 0.0 || seconds < t->best_s[c]) t->best_s[c] = seconds;
   }

@@ -7,7 +7,8 @@
  * tunes with the fixed values of the rest. A pure state machine, apart from
  * the runtime so it can be tested on its own.
  *
- * Schedule: round 0 warms up with the first candidate and is not timed;
+ * Schedule: TNT__TUNER_WARMUP rounds warm up with the first candidate and
+ * are not timed;
  * then the candidates take turns, one round each in order, until each has
  * run TNT__TUNER_ROUNDS rounds, and each one's fastest round counts (taking
  * turns, a drift of the step time over the first rounds weighs on every
@@ -23,6 +24,7 @@
 #include <stddef.h>
 
 #define TNT__TUNER_NTHRESHOLDS 5
+#define TNT__TUNER_WARMUP 3 /* untimed rounds first: a fit's first steps are slow and noisy */
 #define TNT__TUNER_ROUNDS 2
 #define TNT__TUNER_MAX_CANDIDATES (2 * TNT__TUNER_NTHRESHOLDS)
 

@@ -8,6 +8,7 @@
  * the same bits); a set on a subgroup and a SUM set; and the error cases.
  */
 #include "mpi_test_util.h"
+#include "fusion/tuner.h"
 
 /* The tensor list, in backprop order: float32 mostly, some float16 and
  * float64, sizes from 1 element to 300000. Ids are not indices. */
@@ -401,7 +402,7 @@ static int same_everywhere(uint64_t v) {
  * is fast with the first candidate only, the others with the last only.
  */
 static void test_tuned(tnt_group_t *world) {
-  enum { WARMUP = 1, TRIED = 10, DECIDING = 1 };
+  enum { WARMUP = TNT__TUNER_WARMUP, TRIED = 10, DECIDING = 1 };
   tnt_tensor_info_t info[NT];
   tensor_list(info);
   tensors_t T;
@@ -414,12 +415,12 @@ static void test_tuned(tnt_group_t *world) {
   static const size_t kb[5] = {32, 128, 512, 2048, 8192};
   for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
     mt_set_case("tuned fusion step %d", step);
-    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) % 5 : -1;
+    const int c = step < WARMUP ? 0 : step < WARMUP + TRIED ? (step - WARMUP) % 5 : -1;
     if (c >= 0 && tnt_fusion_threshold(f) != kb[c] * 1024) {
       mt_fail(-1, "threshold %zu bytes, want %zu KiB", tnt_fusion_threshold(f), kb[c]);
     }
     fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
-    const int tried = step >= 1 && step <= TRIED;
+    const int tried = step >= WARMUP && step < WARMUP + TRIED;
     if (tried && ((c == 0 && g_rank == 0) || (c == 4 && g_rank != 0))) mt_sleep(0.2);
     size_t order[NT];
     mt_rng_t rng = mt_rng((uint64_t)g_rank, (uint64_t)step, 3);
@@ -479,7 +480,7 @@ static void test_overlap(tnt_group_t *world) {
     MT_OK(tnt_fusion_destroy(f));
   }
 
-  enum { WARMUP = 1, TRIED = 4, DECIDING = 1 };
+  enum { WARMUP = TNT__TUNER_WARMUP, TRIED = 4, DECIDING = 1 };
   mt_set_case("tuned overlap: tnt_fusion_create");
   tnt_fusion_t *f = NULL;
   tnt_fusion_options_t opt = {
@@ -488,14 +489,14 @@ static void test_overlap(tnt_group_t *world) {
   if (f == NULL) mt_fatal("tnt_fusion_create failed");
   for (int step = 0; step < WARMUP + TRIED + DECIDING + 2; step++) {
     mt_set_case("tuned overlap step %d", step);
-    const int c = step == 0 ? 0 : step <= TRIED ? (step - 1) % 2 : -1;
+    const int c = step < WARMUP ? 0 : step < WARMUP + TRIED ? (step - WARMUP) % 2 : -1;
     if (c >= 0 && tnt_fusion_overlaps(f) != (c == 0)) {
       mt_fail(-1, "overlap %s in a round of candidate %d", tnt_fusion_overlaps(f) ? "on" : "off",
               c);
     }
     if (tnt_fusion_threshold(f) != 256) mt_fail(-1, "threshold %zu", tnt_fusion_threshold(f));
     fill_step(&T, g_rank, g_size, step, 0, TNT_AVERAGE);
-    const int tried = step >= 1 && step <= TRIED;
+    const int tried = step >= WARMUP && step < WARMUP + TRIED;
     for (size_t t = 0; t < NT; t++) start_one(f, &T, t);
     if (tried && ((c == 0 && g_rank == 0) || (c == 1 && g_rank != 0))) mt_sleep(0.2);
     for (size_t t = 0; t < NT; t++) finish_one(f, &T, t);

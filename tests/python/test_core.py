@@ -427,14 +427,14 @@ def test_fusion_wire_dtype(wire, rounded):
 
 
 def test_fusion_tunes_its_threshold():
-    # After a warm-up the candidates take turns, twice over, then one
+    # After 3 warm-up rounds the candidates take turns, twice over, then one
     # deciding round; the plan changes between rounds and results stay
     # exact throughout.
     tensors = [(i, 40000, "float32") for i in range(6)]
     candidates = [32, 128, 512, 2048, 8192]
     with core.Fusion(tensors, 0, "sum", tune_threshold=True) as fusion:
         seen = []
-        for step in range(14):
+        for step in range(16):
             seen.append(fusion.threshold_bytes // 1024)
             data = [np.full(40000, step + i, np.float32) for i in range(6)]
             for i in reversed(range(6)):
@@ -442,13 +442,13 @@ def test_fusion_tunes_its_threshold():
             for i in range(6):
                 np.testing.assert_array_equal(fusion.finish(i, np.zeros(40000, np.float32)),
                                               data[i])
-        assert seen[:12] == [32] + candidates * 2 + [8192]
-        assert seen[12] in candidates and seen[13] == seen[12]
+        assert seen[:14] == [32] * 3 + candidates * 2 + [8192]
+        assert seen[14] in candidates and seen[15] == seen[14]
         # Buckets close once they hold the threshold.
         buckets, held = 0, 0
         for _ in range(6):
             held += 160000
-            if held >= seen[12] * 1024:
+            if held >= seen[14] * 1024:
                 buckets, held = buckets + 1, 0
         assert fusion.num_buckets == buckets + (held > 0)
 
@@ -470,9 +470,9 @@ def test_fusion_readiness_order():
 
 
 def test_fusion_overlap():
-    # Off: the set says so and results are exact. Tune: on for the warm-up,
-    # then on and off take turns twice, the deciding round keeps off, then
-    # the master's choice stays; results stay exact throughout.
+    # Off: the set says so and results are exact. Tune: on for the 3 warm-up
+    # rounds, then on and off take turns twice, the deciding round keeps
+    # off, then the master's choice stays; results stay exact throughout.
     tensors = [(i, 5, "float32") for i in range(3)]
 
     def step(fusion, k):
@@ -487,11 +487,11 @@ def test_fusion_overlap():
         step(fusion, 0)
     with core.Fusion(tensors, 0, "sum", overlap="tune") as fusion:
         seen = []
-        for k in range(8):
+        for k in range(10):
             seen.append(fusion.overlaps)
             step(fusion, k)
-        assert seen[:6] == [True, True, False, True, False, False]
-        assert seen[6] == seen[7] == fusion.overlaps
+        assert seen[:8] == [True, True, True, True, False, True, False, False]
+        assert seen[8] == seen[9] == fusion.overlaps
     raises(ValueError, "use 'on', 'off' or 'tune'",
            lambda: core.Fusion(tensors, 0, overlap="auto"))
 

@@ -95,7 +95,7 @@ def test_compressed_training_is_close_to_serial(compression, tol, serial, tmp_pa
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_overlap_settings_train_like_serial(overlap, serial, tmp_path, python):
     # TNT_OVERLAP=on reduces buckets during backprop, off holds every bucket
-    # until backprop is over (the default, auto, tries both in the first 6
+    # until backprop is over (the default, auto, tries both in the first 8
     # steps and keeps the master's faster): the same training as serial
     # Keras either way, identical on every rank.
     out = str(tmp_path)
@@ -108,7 +108,7 @@ def test_overlap_settings_train_like_serial(overlap, serial, tmp_path, python):
 
 def test_tuned_fusion_training_equals_serial(serial, tmp_path, python):
     # TNT_FUSION_THRESHOLD_KB=auto and TNT_FUSION_ORDER=readiness: the 16
-    # steps of the run cover the 12 rounds of tuning and the 2 of ordering;
+    # steps of the run cover the 14 rounds of tuning and the 2 of ordering;
     # the plans change while training stays equal to serial Keras and
     # identical on every rank.
     out = str(tmp_path)

@@ -11,7 +11,7 @@ with TNT_TIMELINE on, for every combination of tensor fusion (threshold
 32 KiB, or 0: one bucket per tensor) and overlap (TNT_OVERLAP=1: on,
 buckets are reduced while backprop goes on; 0: off, no bucket is reduced
 before backprop is over), and with the defaults (fusion on, TNT_OVERLAP=auto:
-the faster of on and off, chosen in the first 6 steps, which every model
+the faster of on and off, chosen in the first 8 steps, which every model
 trains before the timed fits). Configurations are
 interleaved inside one run per (hosts, link, model), so that noise from
 other work on the machine hits them alike. From each rank's trace, per step:
@@ -57,7 +57,7 @@ overlap on/off, all with overlap on and the default threshold: none
 (TNT_FUSION_THRESHOLD_KB=auto), readiness (TNT_FUSION_ORDER=readiness),
 overlap_off (TNT_OVERLAP=0) and overlap_auto (TNT_OVERLAP=auto); each row
 also gets the loss of the last step, and every model first trains 14 steps
-(the tuning of auto takes 12, of overlap_auto 6).
+(the tuning of auto takes 14, of overlap_auto 8).
 
     sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
@@ -97,14 +97,14 @@ DELAY = "0.1ms"
 # (fusion, overlap); the first are the defaults.
 CONFIGS = [(True, "auto"), (True, "on"), (True, "off"), (False, "on"), (False, "off")]
 OVERLAP_ENV = {"on": "1", "off": "0", "auto": "auto"}  # TNT_OVERLAP
-WARMUP_STEPS = 8  # before the timed fits: TNT_OVERLAP=auto decides in 6
+WARMUP_STEPS = 10  # before the timed fits: TNT_OVERLAP=auto decides in 8
 FUSION_KB = 32  # the default threshold: fusion "on"; 0 is "off"
 # --variants: name -> the environment of that variant (overlap on, fusion on).
 VARIANTS = {"none": {}, "fp16": {"TNT_COMPRESSION": "fp16"},
             "bf16": {"TNT_COMPRESSION": "bf16"}, "auto": {"TNT_FUSION_THRESHOLD_KB": "auto"},
             "readiness": {"TNT_FUSION_ORDER": "readiness"},
             "overlap_off": {"TNT_OVERLAP": "0"}, "overlap_auto": {"TNT_OVERLAP": "auto"}}
-VARIANT_WARMUP_STEPS = 14
+VARIANT_WARMUP_STEPS = 16
 GLOBAL_BATCH = 64
 # With --allreduce, these (and Open MPI's TCP settings, OMPI_MCA_btl_tcp_*)
 # pass from the environment to the ranks and into the results'
