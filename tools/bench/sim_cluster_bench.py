@@ -40,7 +40,7 @@ machine's cores at once; E(2) busy leaves out what the hosts' sharing of
 one machine costs and keeps what distribution costs.
 
     sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # fewer steps and fits
-    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 11 minutes
+    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 16 minutes
 
 With --allreduce it measures the allreduce alone instead: `tnt-bench
 allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
