@@ -63,8 +63,11 @@ class TensorInfo(ctypes.Structure):
 
 
 class FusionOptions(ctypes.Structure):
+    # Every field of tnt_fusion_options_t (tnt.h), so that libtnt reads no
+    # memory past the structure.
     _fields_ = [("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
-                ("wire_dtype", ctypes.c_int)]
+                ("wire_dtype", ctypes.c_int), ("tune_threshold", ctypes.c_int),
+                ("order", ctypes.c_int), ("overlap", ctypes.c_int)]
 
 
 class Tnt:
