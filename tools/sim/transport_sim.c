@@ -15,7 +15,7 @@
  * bytes into place when test reports completion and frees the message.
  *
  * Shared memory: the k-th shm_alloc of each member of a transport joins
- * the k-th region of that transport's name, created and zeroed by the first
+ * the k-th region of that transport (its name and first member), created and zeroed by the first
  * caller. Regions live until the end of the simulation.
  *
  * Cancel drops a pending transfer from the actor's list without telling
@@ -261,7 +261,9 @@ static tnt_status_t sim_shm_alloc(tnt__transport_t *t, size_t bytes, tnt__shm_t 
   sim_transport_t *s = (sim_transport_t *)t;
   if (t->num_hosts != 1) return TNT_ERR_UNSUPPORTED;
   char key[80];
-  snprintf(key, sizeof key, "%.60s#%u", s->name, s->shms++);
+  /* Splits with the same name (the node transports of different hosts)
+   * have disjoint members: the first one tells them apart. */
+  snprintf(key, sizeof key, "%.60s@%d#%u", s->name, t->world_ranks[0], s->shms++);
   sim_region_t *g = world.regions;
   while (g != NULL && strcmp(g->key, key) != 0) g = g->next;
   if (g == NULL) {
