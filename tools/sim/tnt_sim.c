@@ -12,8 +12,8 @@
  *       float32 sum at sizes min, 2 min, 4 min ... max: one JSON object per
  *       line on stdout (rank 0): impl, algorithm, bytes, us, busbw
  *   options: --copy-gbps G (memcpy GB/s of one rank, default 10),
- *            --iters K (timed repetitions, default 2: the simulation is
- *            deterministic, so repetitions only average pipeline start-up)
+ *            --iters K (timed calls, default 1: each starts after a barrier
+ *            and the simulation is deterministic, so more only repeat it)
  */
 #include <math.h>
 #include <mpi.h>
@@ -47,7 +47,7 @@ static size_t parse_bytes(const char *s) {
 }
 
 static int parse_args(int argc, char **argv, args_t *a) {
-  *a = (args_t){.iters = 2, .min_bytes = 4096, .max_bytes = 256u << 20};
+  *a = (args_t){.iters = 1, .min_bytes = 4096, .max_bytes = 256u << 20};
   snprintf(a->algos, sizeof a->algos, "auto");
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -158,25 +158,27 @@ static int check(tnt__comm_t *c, const tnt__algo_choice_t *resolved) {
   return any;
 }
 
-/* Seconds per allreduce of `bytes`, the slowest rank's. */
+/* Seconds per allreduce of `bytes`: the mean over `iters` calls of the
+ * slowest rank's time, each call started together after a barrier, after
+ * one untimed call. Back-to-back calls on a multi-level tree, where the
+ * ranks start each call at different times, run slower in the simulation
+ * than the same call started together (docs/performance.md, "At scale"). */
 static double time_one(tnt__comm_t *c, int mpi, float *buf, size_t bytes, int iters) {
   size_t count = bytes / sizeof(float);
-  double worst = 0.0;
-  for (int rep = 0; rep < 2; rep++) { /* a warm-up, then the timed ones */
-    int k = rep == 0 ? 1 : iters;
+  double sum = 0.0;
+  for (int i = 0; i <= iters; i++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (int i = 0; i < k; i++) {
-      if (mpi) {
-        MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      } else if (run_allreduce(c, buf, buf, count) != TNT_OK) {
-        return -1.0;
-      }
+    if (mpi) {
+      MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (run_allreduce(c, buf, buf, count) != TNT_OK) {
+      return -1.0;
     }
-    double mine = (MPI_Wtime() - t0) / k;
+    double mine = MPI_Wtime() - t0, worst = 0.0;
     MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (i > 0) sum += worst;
   }
-  return worst;
+  return sum / iters;
 }
 
 static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *resolved) {
