@@ -4,7 +4,10 @@
  * lines tnt-sim --check prints (rank 0's results), so that check_sim.sh can
  * compare the simulated run with this one bit for bit.
  *
- *   tnt_sim_reference HOSTS RANKS_PER_HOST
+ *   tnt_sim_reference LAYOUT
+ *
+ * LAYOUT: HOSTSxRANKS_PER_HOST (e.g. 4x2), or the ranks of each host
+ * joined by '+' (e.g. 3+1+2: uneven hosts).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -54,18 +57,41 @@ done:
   return NULL;
 }
 
+#define MAX_RANKS 64
+
+/* Fills host_of from LAYOUT; returns the number of ranks, or 0 when LAYOUT
+ * is not one (or has more than MAX_RANKS ranks). */
+static int parse_layout(const char *s, int *host_of) {
+  int hosts = 0, per = 0, n = 0;
+  char tail = 0;
+  if (sscanf(s, "%dx%d%c", &hosts, &per, &tail) == 2) {
+    if (hosts < 1 || per < 1 || hosts * per > MAX_RANKS) return 0;
+    for (n = 0; n < hosts * per; n++) host_of[n] = n / per;
+    return n;
+  }
+  for (int h = 0;; h++) {
+    char *end = NULL;
+    long k = strtol(s, &end, 10);
+    if (end == s || k < 1 || n + k > MAX_RANKS) return 0;
+    while (k-- > 0) host_of[n++] = h;
+    if (*end == '\0') return n;
+    if (*end != '+') return 0;
+    s = end + 1;
+  }
+}
+
 int main(int argc, char **argv) {
-  int hosts = argc == 3 ? atoi(argv[1]) : 0, per = argc == 3 ? atoi(argv[2]) : 0;
-  if (hosts < 1 || per < 1 || hosts * per > 64) {
-    fprintf(stderr, "usage: tnt_sim_reference HOSTS RANKS_PER_HOST (at most 64 ranks)\n");
+  int host_of[MAX_RANKS];
+  int n = argc == 2 ? parse_layout(argv[1], host_of) : 0;
+  if (n == 0) {
+    fprintf(stderr, "usage: tnt_sim_reference HOSTSxRANKS_PER_HOST | R0+R1+... (ranks of each "
+                    "host; at most %d ranks)\n", MAX_RANKS);
     return 2;
   }
-  int n = hosts * per, host_of[64];
-  for (int r = 0; r < n; r++) host_of[r] = r / per;
   tnt__threads_world_t *world = NULL;
   if (tnt__threads_world_create(n, host_of, &world) != TNT_OK) return 1;
-  pthread_t th[64];
-  rank_arg_t ra[64];
+  pthread_t th[MAX_RANKS];
+  rank_arg_t ra[MAX_RANKS];
   for (int r = 0; r < n; r++) {
     ra[r] = (rank_arg_t){world, r, 0};
     pthread_create(&th[r], NULL, rank_main, &ra[r]);

@@ -12,11 +12,12 @@ Reads (each optional; a missing file is reported as "not run"):
   sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
   sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
+  scale_validation.json, scale.json                               scale_bench.py (report_scale.py)
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
-sim_cluster_allreduce.png,
+sim_cluster_allreduce.png, scale_allreduce.png,
 pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
 """
 import argparse
@@ -28,6 +29,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+import report_scale
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -1533,6 +1536,7 @@ def main():
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages)
     body += compression_section(args.results, stages)
+    body += report_scale.section(sys.modules[__name__], args.results, stages, plt, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

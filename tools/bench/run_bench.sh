@@ -21,6 +21,10 @@
 #   data_share   input-bound training at 1, 2 and 4 ranks with each rank
 #                preparing only its share of the data, on and off
 #                (data_bench.py)
+#   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
+#                against SMPI's MPI_Allreduce, after a validation against the
+#                measured 2-host runs (scale_bench.py; needs tnt-sim, built
+#                when libsimgrid-dev is installed)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -69,10 +73,10 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share)
+STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale)
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
                         [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
-                        [data_share]=data_share)
+                        [data_share]=data_share [scale]=scale)
 for s in ${ONLY//,/ }; do
   [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
     "${STAGE_NAMES[*]})" >&2; exit 2; }
@@ -280,6 +284,29 @@ if wanted data_share; then
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage data_share "$(limit 900 300)" "$OUT/data_share.json" \
     "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
+fi
+
+# 8. At scale: libtnt's allreduce on simulated fat-trees (SimGrid), first
+# checked against the measured 2-host runs of sim_cluster_allreduce.
+if wanted scale; then
+  sim_so=$ROOT/build/tools/sim/tnt-sim.so
+  if [[ ! -f $sim_so ]] || ! command -v smpirun >/dev/null; then
+    not_run scale "no tnt-sim (build with libsimgrid-dev installed)"
+  else
+    measured=$OUT/sim_cluster_allreduce.json
+    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
+    run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
+      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --validate --measured "$measured" \
+      --out "$OUT/scale_validation.json"
+    if [[ $QUICK == 1 ]]; then
+      args=(--hosts 8,64 --per-host 1 --max 16M)
+    else
+      args=(--hosts 8,64,256,1024 --per-host 1,8 --max 256M --run-timeout 1200)
+    fi
+    run_stage scale "$(limit 14400 900)" "$OUT/scale.json" \
+      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --scale "${args[@]}" --gbit 100 \
+      --out "$OUT/scale.json"
+  fi
 fi
 
 # The report: summary.md and the plots, from whatever the stages left.
