@@ -23,6 +23,7 @@ The simulation is deterministic: one run per configuration.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,10 +42,10 @@ SMPI_CFG = ["--cfg=smpi/privatization:no", "--cfg=smpi/simulate-computation:no",
 # ranks at 10 Gbit/s (one exchange) took 24.5 us, of which 4.4 us are the
 # bytes at 7.38 Gbit/s. The simulated route has 2 links of half that each.
 VALIDATE_LAT_US = 10.0
-# One rank's memcpy rate on the simulated hosts of --scale (GB/s): a server
-# core's, about twice what this machine measures at 64 MiB. SMPI's own
-# MPI_Allreduce reduces for free in the simulation, so this only costs libtnt.
-SCALE_COPY_GBPS = 20.0
+# --scale compares the networks' use only: SMPI's MPI_Allreduce reduces and
+# copies for free in the simulation, so libtnt's copies and reductions are
+# free too (tnt-sim --copy-gbps 0).
+SCALE_COPY_GBPS = 0.0
 
 
 def find_sim(build):
@@ -63,21 +64,26 @@ def hostfile(dirname, hosts, per_host):
 
 
 def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
-    """Runs tnt-sim --bench; returns (rows, wall seconds, error or None)."""
+    """Runs tnt-sim --bench; returns (rows, wall seconds, error or None). A
+    run stopped at `timeout` keeps the sizes it finished."""
     with tempfile.TemporaryDirectory() as d:
         cmd = ["smpirun", "-np", str(hosts * per_host), "-platform", platform, "-hostfile",
                hostfile(d, hosts, per_host), *SMPI_CFG, *extra_cfg, sim, "--bench", *args]
         start = time.monotonic()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            return rows, time.monotonic() - start, f"stopped after {timeout} s of wall time"
-        wall = time.monotonic() - start
-        rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
-        err = None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["failed"])[-1]
-        return rows, wall, err
+        with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+            try:
+                rc, why = p.wait(timeout=timeout), None
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)  # smpirun and the simulation it started
+                rc, why = p.wait(), f"stopped after {timeout:g} s of wall time"
+            wall = time.monotonic() - start
+            out.seek(0)
+            err.seek(0)
+            rows = [json.loads(l) for l in out if l.startswith("{")]
+            if why is None and rc != 0:
+                why = (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
+        return rows, wall, why
 
 
 def platform_file(hosts, gbit):
@@ -171,9 +177,16 @@ def main():
     p.add_argument("--run-timeout", type=float, default=None,
                    help="wall seconds per simulation; the sizes done by then are kept")
     p.add_argument("--out", required=True)
+    p.add_argument("--append", action="store_true",
+                   help="with --scale: add to the runs and results already in --out")
     args = p.parse_args()
     sim = find_sim(args.build)
     result = validate(args, sim) if args.validate else scale(args, sim)
+    if args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            old = json.load(f)
+        result["runs"] = old["runs"] + result["runs"]
+        result["results"] = old["results"] + result["results"]
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0
