@@ -168,6 +168,16 @@ def image(name, results):
 # What would close a missed target, from the analysis of earlier runs (the
 # per-target note gives this run's figures).
 NEXT_STEPS = {
+    "scale": "at 64 hosts and more the pipelined ring's 2(n-1) latency steps lose to "
+             "recursive doubling up to a threshold that grows with n, and SMPI's Open MPI "
+             "selector (recursive halving and doubling) wins at medium sizes: the threshold "
+             "rule and the algorithm to add are in docs/performance.md, \"At scale\". The "
+             "simulated ring also loses some pipelining (SimGrid shares a link among a "
+             "connection's messages in flight).",
+    "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
+                        "which the simulation does not model; at 10 Gbit/s the measured ring "
+                        "beat the TCP stream rate the simulated link is set to. Next: measure "
+                        "on hosts with a core per rank.",
     "allreduce": "where the ratio is low, compare Tarantella's bus bandwidth with the memcpy "
                  "column: on one host the shared-memory allreduce is memory bound, and with "
                  "more ranks than cores every synchronisation waits for a scheduler slice. Next: "

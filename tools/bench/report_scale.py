@@ -45,7 +45,7 @@ def validation_part(h, d, targets):
         t = h.Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
                      f"{key[0]}x{key[1]} {key[2]}", f"within {VALIDATION_MAX_ERR:.0%}",
                      f"{min(r['ratio'] for r in big):.2f}..{max(r['ratio'] for r in big):.2f}",
-                     ok)
+                     ok, family="scale_validation")
         t.note = f"furthest at {h.bytes_str(worst['bytes'])}"
         targets.append(t)
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], f"{r['sim_gbit']:g}",
@@ -118,7 +118,7 @@ def scale_part(h, d, plt, results, targets):
             t = h.Target(f"at scale: libtnt busbw / the better SMPI MPI_Allreduce, "
                          f"{h.bytes_str(common[0])}..{h.bytes_str(common[-1])}, {label}",
                          f">= {MPI_MIN:.1f}x every size", f"geomean {geo:.2f}x, min {low:.2f}x",
-                         low >= MPI_MIN)
+                         low >= MPI_MIN, family="scale")
             t.note = (f"min at {h.bytes_str(at)} ({tnt[at]['algorithm']} against "
                       f"{mpi[at]['impl']})")
             targets.append(t)
@@ -127,7 +127,7 @@ def scale_part(h, d, plt, results, targets):
             worst = min(big, key=link_share)
             targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
                                     f">= {LINK_MIN:.2f}", f"{link_share(worst):.2f}",
-                                    link_share(worst) >= LINK_MIN,
+                                    link_share(worst) >= LINK_MIN, family="scale",
                                     note=f"lowest at {h.bytes_str(worst['bytes'])}"))
         else:
             targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
