@@ -105,9 +105,10 @@ def scale_part(h, d, plt, results, targets):
     for key in sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["per_host"], r["gbit"]) == key]
         tnt = {r["bytes"]: r for r in mine if r["impl"] == "tnt" and r["choice"] == "auto"}
-        mpi = {}
+        mpi = {}  # the better of the two selectors at each size
         for r in mine:
-            if r["impl"].startswith("mpi") and r["busbw"] > mpi.get(r["bytes"], {"busbw": 0})["busbw"]:
+            if r["impl"].startswith("mpi") and (r["bytes"] not in mpi or
+                                                r["busbw"] > mpi[r["bytes"]]["busbw"]):
                 mpi[r["bytes"]] = r
         label = f"{key[0]} hosts x {key[1]}, {key[2]:g} Gbit/s"
         common = sorted(set(tnt) & set(mpi))

@@ -144,7 +144,7 @@ def scale(args, sim):
                                               a + ["--min", args.min, "--max", args.max,
                                                    "--iters", "1"], cfg, args.run_timeout)
                     for r in rows:
-                        r.update(impl=impl if impl != "tnt" else "tnt", gbit=float(gbit),
+                        r.update(impl=impl, gbit=float(gbit),
                                  per_host=per_host)
                         out.append(r)
                     run = {"impl": impl, "hosts": hosts, "per_host": per_host,
