@@ -135,7 +135,7 @@ CASES = [
       files=PROG_FILE),
     L("-x NAME of an unset variable", "SURELY_NOT_SET_ANYWHERE is not set", "-x",
       "SURELY_NOT_SET_ANYWHERE", *PROG, files=PROG_FILE),
-    *[L(f"--fusion-threshold '{v}'", "non-negative number of KB", "--fusion-threshold", v,
+    *[L(f"--fusion-threshold '{v}'", "takes a number from 0 to 1048576, or auto", "--fusion-threshold", v,
         *PROG, files=PROG_FILE)
       for v in ["-1", "-0.5", "abc", "12kb", "nan", "inf", "0x20", ""]],
     L("--pin-to-socket -n 2 on 1 NUMA node", "1 NUMA node(s) for 2 ranks per host",
