@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from bench_results import write_json
+
 SAMPLES, BATCH, MATMULS, WIDTH, CLASSES = 2048, 64, 20, 64, 10
 
 
@@ -184,11 +186,7 @@ def main():
            "load_average_after": [round(v, 2) for v in os.getloadavg()],
            "serial": serial, "runs": runs, "ratios": ratios}
     out = os.path.abspath(args.out)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(out + ".tmp", out)
+    write_json(out, doc)
     print(f"serial Keras: epoch {serial['epoch_s']:.3f} s, input CPU "
           f"{serial['input_cpu_s'][0]:.3f} s")
     for r in runs:
