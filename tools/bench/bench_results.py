@@ -11,6 +11,10 @@ which git ignores: `make bench` writes them again.
 """
 import json
 import os
+import shlex
+import signal
+import subprocess
+import sys
 import time
 
 TRACES = "traces"
@@ -63,6 +67,26 @@ def dumps(doc, indent=""):
         items = [inner + json.dumps(v) for v in doc]
         return "[\n" + ",\n".join(items) + "\n" + indent + "]"
     return json.dumps(doc)
+
+
+def run_job(cmd, timeout, shown, env=None, last=40):
+    """Runs a job (an MPI job, a launcher) in a session of its own, killed
+    with all its processes after `timeout` seconds; prints the command and
+    the last `last` lines of its output for which `shown(line)` holds.
+    Returns (ok, the end of its output)."""
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
+    keep = [line for line in out.splitlines() if shown(line)]
+    sys.stdout.write("\n".join(keep[-last:]) + ("\n" if keep else ""))
+    sys.stdout.flush()
+    return proc.returncode == 0, out[-3000:]
 
 
 def write_json(path, doc):

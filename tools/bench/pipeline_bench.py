@@ -59,11 +59,11 @@ import shlex
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+import bench_results
 from bench_results import finish_config, new_config, print_problems, traces_dir, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -200,21 +200,11 @@ def mpirun_cmd(args, ranks, *worker_args, env=()):
 
 
 def run_job(cmd, timeout, env=None):
-    """Runs an MPI job in its own session; returns (ok, tail of its output)."""
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
-    keep = [line for line in out.splitlines() if "INFO: pipeline" in line or "Error" in line
-            or "error" in line or line.startswith("worker:")]
-    sys.stdout.write("\n".join(keep[-40:]) + ("\n" if keep else ""))
-    sys.stdout.flush()
-    return proc.returncode == 0, out[-3000:]
+    """bench_results.run_job, showing the pipeline's INFO lines, errors and
+    the workers' summaries."""
+    return bench_results.run_job(
+        cmd, timeout, lambda line: "INFO: pipeline" in line or "Error" in line or "error" in line
+        or line.startswith("worker:"), env=env)
 
 
 def load_rank_files(work, ranks):

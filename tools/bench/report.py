@@ -419,6 +419,18 @@ def plot_sim(plt, results, doc):
     x = range(len(res))
     labels = [sim_label(r) for r in res]
     width = max(6.0, 0.6 * len(res))
+
+    def finish(fig, ax, title, name):
+        """The labels, legend and grid both bar charts share; saves it."""
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("ms per step")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        save(fig, results, name)
+
     fig, ax = plt.subplots(figsize=(width, 4.5))
     compute = [r["compute_ms"] for r in res]
     wait = [r["wait_ms"] for r in res]
@@ -428,15 +440,9 @@ def plot_sim(plt, results, doc):
     ax.bar(x, rest, bottom=[c + w for c, w in zip(compute, wait)], label="other")
     ax.plot(x, [r["comm_ms"] for r in res], "k_", markersize=14, mew=2,
             label="communication time (overlapped or not)")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Simulated cluster: step time breakdown, fusion on, overlap "
-                 f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    save(fig, results, "sim_cluster_breakdown.png")
+    finish(fig, ax, f"Simulated cluster: step time breakdown, fusion on, overlap "
+           f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)",
+           "sim_cluster_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(width, 4))
     ax.bar([k - 0.27 for k in x], [r["step_ms"] for r in res], 0.27, label="step time")
@@ -447,15 +453,8 @@ def plot_sim(plt, results, doc):
     for k, r in zip(x, res):
         ax.annotate(f"{r['ratio_to_bound']:.2f}", (k - 0.27, r["step_ms"]), ha="center",
                     va="bottom", fontsize=7)
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Simulated cluster: step time vs bound (label: step / bound; "
-                 f"target <= {SIM_BOUND_MAX} with the defaults)")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    save(fig, results, "sim_cluster_step_vs_bound.png")
+    finish(fig, ax, f"Simulated cluster: step time vs bound (label: step / bound; target <= "
+           f"{SIM_BOUND_MAX} with the defaults)", "sim_cluster_step_vs_bound.png")
 
 
 # ---------------------------------------------------------------- sections
@@ -975,6 +974,21 @@ def sim_allreduce_section(results, stages, plt, targets):
     return out
 
 
+def save_against_m(fig, ax, results, ms, ylabel, title, name):
+    """Finishes and saves a pipeline plot whose x axis is the micro-batches
+    per step `ms`."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    ax.set_xlabel("micro-batches per step (M)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, results, name)
+
+
 def plot_pipeline_bubble(plt, results, res):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k in sorted({r["stages"] for r in res}):
@@ -985,16 +999,8 @@ def plot_pipeline_bubble(plt, results, res):
                         "o-", label=f"K={k}{over}: step / (M t_stage)")
         ax.plot(ms, [1 / (1 - r["gpipe_bound"]) for r in mine], ":", color=line.get_color(),
                 label=f"K={k}: ideal, (M+K-1) / M")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["micro_batches"] for r in res}))
-    ax.set_xticklabels([str(m) for m in sorted({r["micro_batches"] for r in res})])
-    ax.set_xlabel("micro-batches per step (M)")
-    ax.set_ylabel("step time / useful work of one stage")
-    ax.set_title("Pipeline bubble")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, results, "pipeline_bubble.png")
+    save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
+                   "step time / useful work of one stage", "Pipeline bubble", "pipeline_bubble.png")
 
 
 def plot_pipeline_memory(plt, results, res):
@@ -1007,17 +1013,9 @@ def plot_pipeline_memory(plt, results, res):
                 ax.plot([r["micro_batches"] for r in mine],
                         [r["peak_above_base_mib"] for r in mine], style,
                         label=f"{schedule}, stage {stage}")
-    ms = sorted({r["micro_batches"] for r in res})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ms)
-    ax.set_xticklabels([str(m) for m in ms])
-    ax.set_xlabel("micro-batches per step (M)")
-    ax.set_ylabel("peak RSS above the RSS before fit (MiB)")
-    ax.set_title("Pipeline memory per stage: GPipe vs 1F1B")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, results, "pipeline_memory.png")
+    save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
+                   "peak RSS above the RSS before fit (MiB)",
+                   "Pipeline memory per stage: GPipe vs 1F1B", "pipeline_memory.png")
 
 
 def plot_pipeline_timeline(plt, results):

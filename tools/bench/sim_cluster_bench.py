@@ -560,19 +560,35 @@ def run_tnt_bench(cluster, work, per_host, args, timeout):
         return None, problem or f"no results from tnt-bench: {e}"
 
 
+def layouts_of(text, option):
+    """(hosts, ranks per host) of each item of `text` ("2,2x2"), the value
+    of `option`."""
+    layouts = []
+    for item in text.split(","):
+        try:
+            h, _, p = item.partition("x")
+            layouts.append((int(h), int(p or 1)))
+        except ValueError:
+            sys.exit(f"sim_cluster_bench: {option} {item!r}: give H (hosts of one rank) or HxP "
+                     "(hosts of P ranks)")
+    return layouts
+
+
+def links_of(text):
+    """The links named in `text` ("1gbit_0.1ms,10gbit_0.1ms"), each a key
+    of LINKS."""
+    links = text.split(",")
+    for link in links:
+        if link not in LINKS:
+            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    return links
+
+
 def allreduce_driver(args):
     require_cluster_tools("sim_cluster_bench --allreduce")
     if not args.tnt_bench or not os.access(args.tnt_bench, os.X_OK):
         sys.exit(f"sim_cluster_bench: no tnt-bench at {args.tnt_bench!r}; give --tnt-bench PATH")
-    try:
-        layouts = [tuple(int(v) for v in lay.split("x")) for lay in args.layouts.split(",")]
-    except ValueError:
-        sys.exit(f"sim_cluster_bench: --layouts {args.layouts!r}: expected HOSTSxRANKS,... "
-                 "such as 2x1,2x2")
-    links = args.links.split(",")
-    for link in links:
-        if link not in LINKS:
-            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    layouts, links = layouts_of(args.layouts, "--layouts"), links_of(args.links)
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-")
     config = new_config(
@@ -732,7 +748,7 @@ MODELS = ("lenet5", "resnet", "transformer")
 def frameworks_driver(args):
     """Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts."""
     require_cluster_tools("sim_cluster_bench")
-    links = args.links.split(",")
+    links = links_of(args.links)
     steps = 6 if args.quick else 20
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-fw-")
@@ -828,18 +844,7 @@ def run_config(args, cluster, keep, layout, link, model, applied, steps, reps, l
 
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
-    layouts = []
-    for item in args.hosts.split(","):
-        try:
-            h, _, p = item.partition("x")
-            layouts.append((int(h), int(p or 1)))
-        except ValueError:
-            sys.exit(f"sim_cluster_bench: --hosts {item!r}: give H (hosts of one rank) or HxP "
-                     "(hosts of P ranks)")
-    links = args.links.split(",")
-    for link in links:
-        if link not in LINKS:
-            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    layouts, links = layouts_of(args.hosts, "--hosts"), links_of(args.links)
     steps, reps = (4, 1) if args.quick else (args.steps, args.reps)
     budget = args.budget if args.budget else (200 if args.quick else 840) * len(
         args.models.split(","))
