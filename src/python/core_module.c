@@ -415,11 +415,19 @@ static int overlaps(const tensor_t *a, const tensor_t *b) {
   return pa < pb + b->view.len && pb < pa + a->view.len;
 }
 
-/* Acquires the input `in_name` and the writable output `out_name` of `call`
- * and checks that they hold the same dtype. On failure raises; the caller
- * releases both. */
-static int get_in_out(const char *call, const char *in_name, PyObject *in_obj, const char *out_name,
-                      PyObject *out_obj, int dtype, tensor_t *in, tensor_t *out) {
+/*
+ * Acquires the buffers of the collective `call`, as every collective takes
+ * them. With `out_obj` NULL the call works in place: the input `in_name`
+ * is acquired writable and `out` (which may be NULL) is left alone.
+ * Otherwise the input is read and the output `out_name` written: it must
+ * hold the input's dtype and lie apart from it, or, with `same_allowed`,
+ * be the input itself. `dtype` as for get_tensor. On failure raises; the
+ * caller releases both either way.
+ */
+static int get_buffers(const char *call, const char *in_name, PyObject *in_obj,
+                       const char *out_name, PyObject *out_obj, int same_allowed, int dtype,
+                       tensor_t *in, tensor_t *out) {
+  if (out_obj == NULL) return get_tensor(call, in_name, in_obj, 1, dtype, in);
   if (get_tensor(call, in_name, in_obj, 0, dtype, in) < 0) return -1;
   if (get_tensor(call, out_name, out_obj, 1, dtype, out) < 0) return -1;
   if (out->dtype != in->dtype) {
@@ -428,7 +436,16 @@ static int get_in_out(const char *call, const char *in_name, PyObject *in_obj, c
                  in_name);
     return -1;
   }
-  return 0;
+  if (!overlaps(in, out) || (same_allowed && in->view.buf == out->view.buf)) return 0;
+  if (same_allowed) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %s partly overlaps %s; pass the same array (in place) or separate arrays",
+                 call, out_name, in_name);
+  } else {
+    PyErr_Format(PyExc_ValueError, "%s: %s and %s overlap; pass separate arrays", call, in_name,
+                 out_name);
+  }
+  return -1;
 }
 
 /* --------------------------------------------------------- context calls */
@@ -716,24 +733,16 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
   tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
   if (g == NULL || parse_op(call, op_obj, TNT_SUM, &op) < 0) return NULL;
   const int in_place = out_obj == Py_None;
-  if (in_place) {
-    if (get_tensor(call, "buf", buf_obj, 1, dtype, &in) < 0) goto done;
-  } else {
-    if (get_in_out(call, "buf", buf_obj, "out", out_obj, dtype, &in, &out) < 0) goto done;
-    if (out.count != in.count) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: out has %zu elements but buf has %zu; pass an out of buf's size "
-                   "(e.g. numpy.empty_like(buf))",
-                   call, out.count, in.count);
-      goto done;
-    }
-    if (overlaps(&in, &out) && in.view.buf != out.view.buf) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: out partly overlaps buf; pass the same array (in place) or separate "
-                   "arrays",
-                   call);
-      goto done;
-    }
+  if (get_buffers(call, "buf", buf_obj, "out", in_place ? NULL : out_obj, 1, dtype, &in, &out) <
+      0) {
+    goto done;
+  }
+  if (!in_place && out.count != in.count) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: out has %zu elements but buf has %zu; pass an out of buf's size "
+                 "(e.g. numpy.empty_like(buf))",
+                 call, out.count, in.count);
+    goto done;
   }
   void *dst = in_place ? in.view.buf : out.view.buf;
   tnt_status_t st;
@@ -770,24 +779,13 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
    * buffer must be writable on the root too, so that every rank accepts or
    * rejects the same arguments and none is left waiting for a rank that
    * raised. */
-  if (get_tensor(call, "buf", buf_obj, 1, dtype, &buf) < 0) goto done;
+  if (get_buffers(call, "buf", buf_obj, NULL, NULL, 0, dtype, &buf, NULL) < 0) goto done;
   tnt_status_t st;
   TNT_WITHOUT_GIL(st = tnt_broadcast(g, buf.view.buf, buf.count, buf.dtype, root));
   result = result_of(call, st, NULL, buf_obj);
 done:
   release_tensor(&buf);
   return result;
-}
-
-/* Acquires send and recv for allgather(v) and checks that they agree. */
-static int get_gather_pair(const char *call, PyObject *send_obj, PyObject *recv_obj, int dtype,
-                           tensor_t *send, tensor_t *recv) {
-  if (get_in_out(call, "send", send_obj, "recv", recv_obj, dtype, send, recv) < 0) return -1;
-  if (overlaps(send, recv)) {
-    PyErr_Format(PyExc_ValueError, "%s: send and recv overlap; pass separate arrays", call);
-    return -1;
-  }
-  return 0;
 }
 
 PyDoc_STRVAR(allgather_doc,
@@ -810,7 +808,9 @@ static PyObject *core_allgather(PyObject *module, PyObject *args, PyObject *kwar
   }
   tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
   if (g == NULL) return NULL;
-  if (get_gather_pair(call, send_obj, recv_obj, dtype, &send, &recv) < 0) goto done;
+  if (get_buffers(call, "send", send_obj, "recv", recv_obj, 0, dtype, &send, &recv) < 0) {
+    goto done;
+  }
   const size_t size = (size_t)tnt_group_size(g);
   if (recv.count / size != send.count || recv.count % size != 0) {
     PyErr_Format(PyExc_ValueError,
@@ -897,7 +897,9 @@ static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwa
     displs[r] = total;
     total += counts[r];
   }
-  if (get_gather_pair(call, send_obj, recv_obj, dtype, &send, &recv) < 0) goto done;
+  if (get_buffers(call, "send", send_obj, "recv", recv_obj, 0, dtype, &send, &recv) < 0) {
+    goto done;
+  }
   if (counts[me] != send.count) {
     PyErr_Format(PyExc_ValueError,
                  "%s: counts[%d] is %zu but this rank's send has %zu elements; counts[r] must "
