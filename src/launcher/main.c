@@ -34,25 +34,15 @@ static int print_settings(const tnt__options_t *opts, char *err, size_t err_len)
   tnt__strvec_free(&env);
   if (rc != 0) return rc;
   static const char *const sources[] = {"default", "environment", "command line"};
-  if (opts->settings == 2) {
-    printf("| setting | what it does | default |\n|---|---|---|\n");
-  }
+  if (opts->settings == 2) printf("| setting | takes | default | what it does |\n|---|---|---|---|\n");
   for (int i = 0; i < TNT__S_COUNT; ++i) {
     tnt__setting_view_t v;
     tnt__setting_view((tnt__setting_id_t)i, &v);
     if (opts->settings == 2) {
-      printf("| `%s` | %s", v.name, v.help);
-      if (v.words != NULL && strcmp(v.kind, "choice") == 0) {
-        printf(" (");
-        for (const char *w = v.words; *w; ++w) {
-          if (w == v.words || w[-1] == '|') printf("%s`", w == v.words ? "" : ", ");
-          if (*w != '|') putchar(*w);
-          if (w[1] == '|' || w[1] == '\0') putchar('`');
-        }
-        printf(")");
-      }
-      printf(" | %s%s%s |\n", *v.default_value ? "`" : "", *v.default_value ? v.default_value : "unset",
-             *v.default_value ? "`" : "");
+      char takes[256] = "a path or a program";
+      if (strcmp(v.kind, "text") != 0) tnt__setting_accepts((tnt__setting_id_t)i, takes, sizeof takes);
+      printf("| `%s` | %s | %s%s%s | %s |\n", v.name, takes, *v.default_value ? "`" : "",
+             *v.default_value ? v.default_value : "unset", *v.default_value ? "`" : "", v.help);
     } else {
       printf("%-32s %-24s %s\n", v.name, *v.value ? v.value : "(unset)", sources[v.source]);
     }
