@@ -501,7 +501,10 @@ static PyObject *core_init(PyObject *module, PyObject *args, PyObject *kwargs) {
     }
   }
   /* A bad setting is the user's to fix, and init() can then be called again. */
-  if (core_settings_load(module, NULL) == NULL) return NULL;
+  if (tnt_settings_load() < 0) {
+    PyErr_SetString(TntInvalidArgumentError, tnt_last_error());
+    return NULL;
+  }
   /* Registered first, so that a context is never left without its hook. */
   if (register_atexit(module) < 0) return NULL;
   g_state = INITIALIZING;
