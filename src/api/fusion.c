@@ -410,7 +410,7 @@ static tnt_status_t take_order(tnt_fusion_t *f) {
   free(pairs);
   f->perm = perm;
   if (tnt_group_rank(f->g) == 0 && n > 0) {
-    TNT_LOG_INFO(
+    TNT_LOG_DEBUG(
         "fusion: %zu tensors fill their buckets in the order the master started them "
         "(first tensor id %llu, last %llu)",
         n, (unsigned long long)f->tensors[perm[0]].id,
@@ -444,7 +444,7 @@ static void log_tuned(const tnt_fusion_t *f) {
     snprintf(chosen + len2, sizeof chosen - len2, "%soverlap %s", len2 ? ", " : "",
              f->hold ? "off" : "on");
   }
-  TNT_LOG_INFO("fusion: tuned %s for %zu tensors (%zu bucket%s); fastest round with each: %s",
+  TNT_LOG_DEBUG("fusion: tuned %s for %zu tensors (%zu bucket%s); fastest round with each: %s",
                chosen, f->plan.ntensors, f->plan.nbuckets, f->plan.nbuckets == 1 ? "" : "s", times);
 }
 
