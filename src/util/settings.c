@@ -178,13 +178,15 @@ static int parse(const decl_t *d, const char *raw, value_t *v) {
   return -1;
 }
 
-/* The value of `name` in envp, or NULL. */
-static const char *env_value(char *const *envp, const char *name) {
-  size_t len = strlen(name);
+const char *tnt__env_lookup(char *const *envp, const char *name, size_t len) {
   for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
     if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
   }
   return NULL;
+}
+
+static const char *env_value(char *const *envp, const char *name) {
+  return tnt__env_lookup(envp, name, strlen(name));
 }
 
 /* Whether `name` is in the comma-separated list. */
