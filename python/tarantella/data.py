@@ -11,16 +11,23 @@ Each rank prepares only its share: where the maps between the dataset's
 source and its batch are element-wise and deterministic (or the user marked
 the place with ``shard_here()``), a rank selects its rows of every global
 batch before those maps and batches them alone, so it maps about 1/P of the
-samples. ``TNT_DATA_SHARE=0`` turns this off; where it is not safe, every
-rank runs the whole pipeline and keeps its slice, and the log says why.
+samples. Maps that draw random numbers are shared too: their random ops
+are rewritten to draw from (seed, epoch, sample index) (_stateless.py), so
+that every number of ranks sees the same samples. ``TNT_DATA_SHARE=0``
+turns sharing off, ``TNT_DATA_SHARE=deterministic`` shares deterministic
+maps only (random maps keep their streams, and every rank runs them whole);
+where sharing is not safe, every rank runs the whole pipeline and keeps its
+slice, and the log says why.
 """
 import logging
+import os
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _stateless
 from tarantella import _tf_data_internals as tfdi
 from tarantella import log
 from tarantella import runtime
@@ -122,12 +129,10 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
                         "micro-batch sizes" if parts is None else "shares of the replicas",
                         micro_batch_sizes(info.size, size))
     dataset = without_autotune_stalls(dataset)
-    if size == 1:
-        return dataset
     shared = share(dataset, part, size, what, given)
     if shared is not None:
         return shared
-    return dataset.map(_slicer(part, size))
+    return dataset if size == 1 else dataset.map(_slicer(part, size))
 
 
 def shard_here():
@@ -156,15 +161,24 @@ def _report(dataset, what, message, *args, level=logging.INFO):
     log.logger.log(level, "%s dataset: " + message, what, *args)
 
 
+def share_mode():
+    """TNT_DATA_SHARE: "on" (the default), "deterministic" (random maps are
+    not shared) or "off"."""
+    if os.environ.get("TNT_DATA_SHARE", "").strip().lower() == "deterministic":
+        return "deterministic"
+    return "on" if log.env_flag("TNT_DATA_SHARE", True) else "off"
+
+
 class _Plan:
     """How a rank's share is built: `base` (the chain up to the selection,
     run as it is), `moved` (the maps and prefetches that follow the
-    selection, in order), the batch's size and drop_remainder, and `after`
-    (the prefetches after the batch, in order)."""
+    selection, in order), the batch's size and drop_remainder, `after`
+    (the prefetches after the batch, in order) and `random` (the maps of
+    `moved` whose random ops were rewritten: id(map) -> _stateless.Rewritten)."""
 
-    def __init__(self, base, moved, batch_size, drop, after):
+    def __init__(self, base, moved, batch_size, drop, after, random):
         self.base, self.moved, self.after = base, moved, after
-        self.batch_size, self.drop = batch_size, drop
+        self.batch_size, self.drop, self.random = batch_size, drop, random
 
 
 def _find_mark(dataset):
@@ -176,8 +190,10 @@ def _find_mark(dataset):
     return None
 
 
-def _plan(dataset):
-    """(a _Plan, None) where sharing is safe, else (None, the reason)."""
+def _plan(dataset, rewrite_random=True):
+    """(a _Plan, None) where sharing is safe, else (None, the reason).
+    With `rewrite_random`, maps whose stateful ops are random draws are
+    shared with those draws rewritten (_stateless.rewrite)."""
     after, ds = [], dataset
     while tfdi.kind(ds) in tfdi.PREFETCH | tfdi.OPTIONS:
         after.append(ds)
@@ -193,13 +209,20 @@ def _plan(dataset):
         return None, "its batch size or drop_remainder is not a constant"
     mark = _find_mark(tfdi.input_of(ds))
     moved, ds = [], tfdi.input_of(ds)
-    reason = None
+    reason, random = None, {}
     while ds is not mark:
         name = tfdi.kind(ds)
-        if name in tfdi.MAP and mark is None and tfdi.stateful_ops(ds):
-            reason = (f"a map holds stateful ops ({', '.join(tfdi.stateful_ops(ds))}) whose "
-                      "results depend on the samples mapped before; tnt.data.shard_here() "
-                      "marks where sharing may start")
+        stateful = tfdi.stateful_ops(ds) if name in tfdi.MAP else []
+        if stateful and rewrite_random:
+            rewritten, stateful = _stateless.rewrite(ds, len(moved))
+            if rewritten is not None:
+                random[id(ds)] = rewritten
+        if stateful and mark is None:
+            reason = (f"a map holds stateful ops ({', '.join(stateful)}) whose results depend "
+                      "on the samples mapped before: draw random numbers with "
+                      "tf.random.stateless_* or tf.image.stateless_random_*, or, where the "
+                      "results do not depend on the order, mark where sharing may start with "
+                      "tnt.data.shard_here()")
         elif name not in tfdi.MAP | tfdi.PREFETCH | tfdi.OPTIONS:
             reason = f"no map comes between {tfdi.describe(ds)} and the batch"
         if reason is not None:
@@ -217,7 +240,7 @@ def _plan(dataset):
         return None, reason or "no map comes between tnt.data.shard_here() and the batch"
     moved.reverse()
     after.reverse()
-    return _Plan(ds, moved, batch_size, drop, after), None
+    return _Plan(ds, moved, batch_size, drop, after, random), None
 
 
 def _has_map(dataset):
@@ -264,35 +287,85 @@ def _rows(base, part, size, batch_size, drop, count):
         lambda _, sample: sample)
 
 
+# Per dataset given by the user: how many times its rank's share was
+# iterated (the epoch that random maps draw from).
+_epochs = weakref.WeakKeyDictionary()
+
+
+def _epoch_numbers(given):
+    """A dataset of one element: the number of the epoch that begins, counted
+    per dataset `given` by the user over every iteration of its shares (an
+    iteration per epoch in fit, on every rank alike)."""
+    try:
+        counter = _epochs.get(given)
+    except TypeError:
+        counter = None
+    if counter is None:
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+        try:
+            _epochs[given] = counter
+        except TypeError:
+            pass
+    return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
+        lambda _: counter.assign_add(1) - 1)
+
+
+def _share_rows(plan, part, size, count, epoch):
+    """This rank's rows of every global batch, mapped by the plan's maps;
+    random maps draw from (seed, `epoch`, the row's index in the epoch)."""
+    base = plan.base.enumerate() if plan.random else plan.base
+    mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
+    for step in plan.moved:
+        if tfdi.kind(step) in tfdi.PREFETCH:
+            mine = tfdi.reprefetch(step, mine)
+        elif not plan.random:
+            mine = tfdi.remap(step, mine)
+        elif id(step) in plan.random:
+            draw = plan.random[id(step)].call
+            mine = tfdi.remap(step, mine, lambda e, draw=draw: (e[0], draw(e[1], epoch, e[0])))
+        else:
+            call = tfdi.map_call(step)
+            mine = tfdi.remap(step, mine, lambda e, call=call: (e[0], call(e[1])))
+    if plan.random:
+        mine = mine.map(lambda index, sample: sample)
+    return mine
+
+
 def share(dataset, part, size, what="training", given=None):
     """This rank's micro-batches of the batched `dataset`, built so that the
     maps before the batch see only this rank's rows; None where that is off
     or not safe (then the log says why, once per dataset `given` by the
-    user, `dataset` by default)."""
+    user, `dataset` by default), and on 1 rank where no map draws random
+    numbers (the dataset is then the rank's share as it is)."""
     given = dataset if given is None else given
-    if not log.env_flag("TNT_DATA_SHARE", True):
+    mode = share_mode()
+    if mode == "off":
         return None
-    plan, reason = _plan(dataset)
+    plan, reason = _plan(dataset, rewrite_random=mode == "on")
     count = None
     if plan is not None:
         count = tf.get_static_value(plan.base.cardinality())
         if count is None or count == tf.data.UNKNOWN_CARDINALITY:
-            plan, reason = None, "the number of samples before the maps is unknown"
+            plan, reason = None, ("the number of samples before the maps is unknown (a Python "
+                                  "generator or a filter upstream): state it with dataset.apply("
+                                  "tf.data.experimental.assert_cardinality(n)) before the maps")
     if plan is not None and not plan.drop and count >= 0 and 0 < count % plan.batch_size < size:
         plan, reason = None, (f"its last global batch holds {count % plan.batch_size} "
                               f"samples, fewer than the {size} ranks")
     if plan is None:
-        # A pipeline without any map has nothing worth sharing: said in DEBUG only.
-        _report(given, what, "every rank runs the whole input pipeline: %s", reason,
-                level=logging.INFO if _has_map(dataset) else logging.DEBUG)
+        if size > 1:
+            # A pipeline without any map has nothing worth sharing: said in DEBUG only.
+            _report(given, what, "every rank runs the whole input pipeline: %s", reason,
+                    level=logging.INFO if _has_map(dataset) else logging.DEBUG)
+        return None
+    if size == 1 and not plan.random:
         return None
     count = int(count)
-    mine = _rows(plan.base, part, size, plan.batch_size, plan.drop, count)
-    for step in plan.moved:
-        if tfdi.kind(step) in tfdi.MAP:
-            mine = tfdi.remap(step, mine)
-        elif tfdi.kind(step) in tfdi.PREFETCH:
-            mine = tfdi.reprefetch(step, mine)
+    if plan.random:
+        mine = _epoch_numbers(given).flat_map(
+            lambda epoch: _share_rows(plan, part, size, count, epoch))
+    else:
+        mine = _share_rows(plan, part, size, count, None)
     mine = mine.batch(micro_batch_sizes(plan.batch_size, size)[part])
     if count >= 0:
         batches = count // plan.batch_size if plan.drop else -(-count // plan.batch_size)
@@ -301,10 +374,22 @@ def share(dataset, part, size, what="training", given=None):
         if tfdi.kind(step) in tfdi.PREFETCH:
             mine = tfdi.reprefetch(step, mine)
     maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
-    _report(given, what, "each rank maps only its share of the samples: its rows of every "
-            "global batch are selected before %d map(s)", maps)
+    if size > 1:
+        _report(given, what, "each rank maps only its share of the samples: its rows of every "
+                "global batch are selected before %d map(s)%s", maps, _random_note(plan))
+    else:
+        _report(given, what, "%s", _random_note(plan).lstrip("; "))
     mine = tfdi.SharedBatches(mine, plan.batch_size, plan.drop)
     return mine.with_options(dataset.options())
+
+
+def _random_note(plan):
+    if not plan.random:
+        return ""
+    return (f"; the random ops of {len(plan.random)} map(s) draw from (seed, epoch, sample "
+            "index), so that any number of ranks sees the same augmented samples (serial Keras "
+            "draws other random numbers: the two agree in distribution only; "
+            "TNT_DATA_SHARE=deterministic keeps the random streams unshared)")
 
 
 def without_autotune_stalls(dataset):
