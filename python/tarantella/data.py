@@ -128,11 +128,12 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
         log.logger.info("%s: global batch size %d, %s %s", what, info.size,
                         "micro-batch sizes" if parts is None else "shares of the replicas",
                         micro_batch_sizes(info.size, size))
-    dataset = without_autotune_stalls(dataset)
+    if size > 1:
+        dataset = for_ranks(dataset)
     shared = share(dataset, part, size, what, given)
-    if shared is not None:
-        return shared
-    return dataset if size == 1 else dataset.map(_slicer(part, size))
+    if shared is None and size == 1:
+        return dataset
+    return _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
 
 
 def shard_here():
@@ -392,18 +393,59 @@ def _random_note(plan):
             "TNT_DATA_SHARE=deterministic keeps the random streams unshared)")
 
 
-def without_autotune_stalls(dataset):
-    """`dataset` with tf.data's autotuning off, unless its options say
-    otherwise. TensorFlow 2.21 destroys an iterator only after the iterator's
-    autotuning thread wakes up from a sleep that grows to a minute, and Keras
-    drops an iterator every epoch: the program stands still for seconds (17 s
-    an epoch for the quick start), on each rank at another time. Without
-    autotuning, AUTOTUNE parallelism means one call per core."""
-    if dataset.options().autotune.enabled is not None:
-        return dataset
+def for_ranks(dataset):
+    """`dataset` as ranks that train together need it: without tf.data's
+    autotuning, unless the dataset's options ask for it, and with the
+    parallelism of this rank's share of the host's cores.
+
+    Autotuning: TensorFlow 2.21 destroys an autotuned iterator only when the
+    iterator's tuning thread wakes from a sleep that grows to a minute, and
+    Keras drops an iterator at every epoch's start: each rank then stands
+    still for seconds (2 to 17 s an epoch measured on the quick start), at
+    another moment than the others, which wait for it. Keeping one iterator
+    through all epochs instead moved the wait to the end of fit (over 30 s
+    there, once in two runs) and changed the order of reshuffled epochs
+    against serial Keras. Without autotuning, AUTOTUNE map parallelism is the
+    size of the dataset's thread pool, which the share below sets, and
+    ``prefetch(AUTOTUNE)`` grows its buffer by itself.
+
+    Cores: ranks on one host would otherwise each size tf.data's parallelism
+    to all of the host's cores and oversubscribe them. A rank whose
+    affinity the launcher narrowed gets the cores it may run on. Options
+    that the dataset sets itself win."""
+    given = dataset.options()
     options = tf.data.Options()
-    options.autotune.enabled = False
+    if given.autotune.enabled is None:
+        options.autotune.enabled = False
+    share = core_share()
+    if share is not None:
+        if given.autotune.cpu_budget is None:
+            options.autotune.cpu_budget = share
+        if given.threading.private_threadpool_size is None:
+            options.threading.private_threadpool_size = share
     return dataset.with_options(options)
+
+
+def core_share():
+    """The cores this rank may use for its input: its share of the host's
+    cores, or the cores of its affinity where the launcher narrowed it; None
+    where the rank has the host to itself."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < (os.cpu_count() or cores):
+        return cores
+    local = runtime.get_local_size()
+    return max(1, cores // local) if local > 1 else None
+
+
+def _prefetched(dataset):
+    """`dataset` with a prefetch at its end, as tf.data's autotuning would
+    inject (whose buffer grows by itself even without autotuning)."""
+    ds = dataset
+    while tfdi.kind(ds) in tfdi.OPTIONS or isinstance(ds, tfdi.SharedBatches):
+        ds = tfdi.input_of(ds)
+    if tfdi.kind(ds) in tfdi.PREFETCH:
+        return dataset
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
