@@ -433,7 +433,7 @@ def core_share():
     cores = len(os.sched_getaffinity(0))
     if cores < (os.cpu_count() or cores):
         return cores
-    local = runtime.get_local_size()
+    local = _core.local_size() if _core.is_initialized() else 1
     return max(1, cores // local) if local > 1 else None
 
 
