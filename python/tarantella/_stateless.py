@@ -9,9 +9,9 @@ whose state variable advances at every call: the same thing.
 
 ``rewrite`` copies the map function's graph and replaces each such op by
 its stateless counterpart, seeded from the op's own seed (the user's seed,
-or the global one ``tnt.init`` sets), the epoch and the sample's index in
-the epoch; a SeedGenerator's state reads become such seeds and its updates
-are dropped. The map then gives every sample the same numbers whichever
+or the global one ``tnt.init`` sets) and a key per sample that depends on
+the epoch and the sample's index in the epoch (data.py); a SeedGenerator's
+state reads become such seeds and its updates are dropped. The map then gives every sample the same numbers whichever
 process maps it and whatever it mapped before, so that N ranks that each
 map a share of the samples see exactly the samples one rank sees.
 """
@@ -46,23 +46,27 @@ def _fold(seed, value):
 
 
 class Rewritten:
-    """A map function whose random draws depend on (seed, epoch, index)
-    only: ``call(element, epoch, index)`` returns what the map returns."""
+    """A map function whose random draws depend on (seed, a key per sample)
+    only: ``call(element, sample_key)`` returns what the map returns. Per
+    sample, one fold and one split give every draw its seed (few ops: in a
+    light augmentation each op costs a noticeable share of a sample's time)."""
 
-    def __init__(self, graph_def, inputs, outputs, captured, seeds, input_structure,
+    def __init__(self, graph_def, inputs, outputs, captured, key, draws, input_structure,
                  output_structure):
         self._graph_def, self._inputs, self._outputs = graph_def, inputs, outputs
-        self._captured, self._seeds = captured, seeds
+        self._captured, self._key, self._draws = captured, key, draws
         self._in, self._out = input_structure, output_structure
 
     @tf.autograph.experimental.do_not_convert
-    def call(self, element, epoch, index):
+    def call(self, element, sample_key):
         flat = tfdi.to_tensor_list(self._in, element)
         # tf.identity brings the captured values (eager tensors, variable
         # handles) into the graph of the map that calls this.
         feed = dict(zip(self._inputs, flat + [tf.identity(c) for c in self._captured]))
-        for name, (base, dtype) in self._seeds.items():
-            feed[name] = tf.cast(_fold(_fold(base, epoch), index), dtype)
+        seeds = tf.unstack(tf.random.experimental.stateless_split(
+            _fold(self._key, sample_key), len(self._draws)))
+        for (name, dtype), seed in zip(self._draws, seeds):
+            feed[name] = tf.cast(seed, dtype)
         out = tf.graph_util.import_graph_def(self._graph_def, input_map=feed,
                                              return_elements=self._outputs, name="tnt_map")
         return tfdi.from_tensor_list(self._out, out)
@@ -84,13 +88,18 @@ def rewrite(map_dataset, ordinal):
         stuck |= {n.op + " in a tf.cond or loop" for n in fn.node_def
                   if n.op in _STATELESS or n.op in _WRITES or n.op == _READ}
     by_name = {op.name: op for op in graph.get_operations()}
-    seeds, reads = {}, {}
+    # The map's key: its place in the pipeline and the seeds of its draws
+    # (each op's seed attributes: the user's seed or the global one; a
+    # seed generator's state).
+    key = tf.constant([0, ordinal], tf.int64)
+    draws, feeds = [], []
     for node in graph_def.node:
         op = by_name[node.name]
         if node.op in _STATELESS:
-            name = f"{_FEED}{len(seeds)}"
-            base = _fold(_fold([node.attr["seed"].i, node.attr["seed2"].i], ordinal), 0)
-            seeds[name + ":0"] = (base, tf.int64)
+            name = f"{_FEED}{len(feeds)}"
+            feeds.append(name)
+            key = _fold(_fold(key, node.attr["seed"].i), node.attr["seed2"].i)
+            draws.append((name + ":0", tf.int64))
             stateless, at = _STATELESS[node.op]
             inputs = list(node.input)
             inputs.insert(at, name)
@@ -106,26 +115,25 @@ def rewrite(map_dataset, ordinal):
         elif node.op in (_WRITES | {_READ}) and node.input[0].split(":")[0] in state_of:
             variable = state_of[node.input[0].split(":")[0]]
             if node.op == _READ:
-                count = reads.setdefault(variable.name, [0])
-                base = _fold(_fold(variable.numpy(), ordinal), 1 + count[0])
-                count[0] += 1
-                seeds[node.name + ":0"] = (base, variable.dtype)
+                for value in variable.numpy():
+                    key = _fold(key, int(value))
+                draws.append((node.name + ":0", variable.dtype))
             else:  # the state's update: dropped, its inputs kept as control inputs
+                inputs = ["^" + i.split(":")[0] if not i.startswith("^") else i
+                          for i in node.input if i.split(":")[0] not in state_of]
+                del node.input[:]
+                node.input.extend(inputs)
                 node.op = "NoOp"
-                node.input[:] = ["^" + i.split(":")[0] if not i.startswith("^") else i
-                                 for i in node.input if not i.split(":")[0] in state_of]
                 node.attr.clear()
         elif op.op_def.is_stateful and node.op not in tfdi.HARMLESS_STATEFUL:
             stuck.add(node.op)
     if stuck:
         return None, sorted(stuck)
-    for name in seeds:
-        if name.startswith(_FEED):
-            feed = graph_def.node.add()
-            feed.name, feed.op = name[:-2], "Placeholder"
-            feed.attr["dtype"].type = tf.int64.as_datatype_enum
+    for name in feeds:
+        feed = graph_def.node.add()
+        feed.name, feed.op = name, "Placeholder"
+        feed.attr["dtype"].type = tf.int64.as_datatype_enum
     inputs = [t.name for t in graph.inputs]
-    captured = function.captured_inputs
     outputs = [t.name for t in graph.outputs]
-    return Rewritten(graph_def, inputs, outputs, captured, seeds, input_structure,
-                     output_structure), []
+    return Rewritten(graph_def, inputs, outputs, function.captured_inputs, key, draws,
+                     input_structure, output_structure), []

@@ -174,12 +174,15 @@ class _Plan:
     """How a rank's share is built: `base` (the chain up to the selection,
     run as it is), `moved` (the maps and prefetches that follow the
     selection, in order), the batch's size and drop_remainder, `after`
-    (the prefetches after the batch, in order) and `random` (the maps of
-    `moved` whose random ops were rewritten: id(map) -> _stateless.Rewritten)."""
+    (the prefetches after the batch, in order), `random` (the maps of
+    `moved` whose random ops were rewritten: id(map) -> _stateless.Rewritten)
+    and `given` (the dataset the user gave, whose sample keys they draw
+    from; set when built)."""
 
     def __init__(self, base, moved, batch_size, drop, after, random):
         self.base, self.moved, self.after = base, moved, after
         self.batch_size, self.drop, self.random = batch_size, drop, random
+        self.given = None
 
 
 def _find_mark(dataset):
@@ -276,6 +279,8 @@ def _selector(part, size, batch_size, count):
 def _rows(base, part, size, batch_size, drop, count):
     """This rank's rows of every global batch that `base` batched by
     `batch_size` gives, one row after the other."""
+    if size == 1:
+        return base
     specs = tf.nest.flatten(base.element_spec)
     if all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
         # Samples of one shape: cut the global batches as the batch does and
@@ -288,47 +293,54 @@ def _rows(base, part, size, batch_size, drop, count):
         lambda _, sample: sample)
 
 
-# Per dataset given by the user: how many times its rank's share was
-# iterated (the epoch that random maps draw from).
-_epochs = weakref.WeakKeyDictionary()
+# Per dataset given by the user: the stream of per-sample keys its shares
+# draw from (kept, so that an epoch of a later fit draws other numbers).
+_keys = weakref.WeakKeyDictionary()
 
 
-def _epoch_numbers(given):
-    """A dataset of one element: the number of the epoch that begins, counted
-    per dataset `given` by the user over every iteration of its shares (an
-    iteration per epoch in fit, on every rank alike)."""
+def _sample_keys(given):
+    """An endless dataset of int64 keys, another sequence at every iteration
+    (epoch) and the same on every rank: zipped with the samples before the
+    selection, the k-th sample of an epoch gets the k-th key whatever the
+    number of ranks. Its seed: the global one (tnt.init), with this op seed."""
     try:
-        counter = _epochs.get(given)
+        keys = _keys.get(given)
     except TypeError:
-        counter = None
-    if counter is None:
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+        keys = None
+    if keys is None:
+        keys = tf.data.Dataset.random(seed=_SAMPLE_KEY_SEED, rerandomize_each_iteration=True)
         try:
-            _epochs[given] = counter
+            _keys[given] = keys
         except TypeError:
             pass
-    return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
-        lambda _: counter.assign_add(1) - 1)
+    return keys
 
 
-def _share_rows(plan, part, size, count, epoch):
+_SAMPLE_KEY_SEED = 27182818  # an op seed, next to the global seed
+
+
+def _share_rows(plan, part, size, count):
     """This rank's rows of every global batch, mapped by the plan's maps;
-    random maps draw from (seed, `epoch`, the row's index in the epoch)."""
-    base = plan.base.enumerate() if plan.random else plan.base
+    random maps draw from (seed, the row's key). The key goes along with
+    each row up to the last random map, which drops it (a map of its own
+    for that would cost each row a function call)."""
+    base = plan.base
+    if plan.random:
+        base = tf.data.Dataset.zip((_sample_keys(plan.given), base))
     mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
-    for step in plan.moved:
+    last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
+    for k, step in enumerate(plan.moved):
         if tfdi.kind(step) in tfdi.PREFETCH:
             mine = tfdi.reprefetch(step, mine)
-        elif not plan.random:
+        elif k > last:
             mine = tfdi.remap(step, mine)
         elif id(step) in plan.random:
             draw = plan.random[id(step)].call
-            mine = tfdi.remap(step, mine, lambda e, draw=draw: (e[0], draw(e[1], epoch, e[0])))
+            mine = tfdi.remap(step, mine, lambda e, draw=draw, keep=k < last:
+                              (e[0], draw(e[1], e[0])) if keep else draw(e[1], e[0]))
         else:
             call = tfdi.map_call(step)
             mine = tfdi.remap(step, mine, lambda e, call=call: (e[0], call(e[1])))
-    if plan.random:
-        mine = mine.map(lambda index, sample: sample)
     return mine
 
 
@@ -351,8 +363,14 @@ def share(dataset, part, size, what="training", given=None):
                                   "generator or a filter upstream): state it with dataset.apply("
                                   "tf.data.experimental.assert_cardinality(n)) before the maps")
     if plan is not None and not plan.drop and count >= 0 and 0 < count % plan.batch_size < size:
-        plan, reason = None, (f"its last global batch holds {count % plan.batch_size} "
-                              f"samples, fewer than the {size} ranks")
+        reason = (f"its last global batch holds {count % plan.batch_size} samples, fewer than "
+                  f"the {size} ranks")
+        if plan.random:
+            # Every rank maps the whole global batches, with the draws of 1 rank.
+            _report(given, what, "every rank runs the whole input pipeline: %s%s", reason,
+                    _random_note(plan))
+            return _build(plan, 0, 1, int(count), given, dataset).map(_slicer(part, size))
+        plan = None
     if plan is None:
         if size > 1:
             # A pipeline without any map has nothing worth sharing: said in DEBUG only.
@@ -361,12 +379,19 @@ def share(dataset, part, size, what="training", given=None):
         return None
     if size == 1 and not plan.random:
         return None
-    count = int(count)
-    if plan.random:
-        mine = _epoch_numbers(given).flat_map(
-            lambda epoch: _share_rows(plan, part, size, count, epoch))
+    maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
+    if size > 1:
+        _report(given, what, "each rank maps only its share of the samples: its rows of every "
+                "global batch are selected before %d map(s)%s", maps, _random_note(plan))
     else:
-        mine = _share_rows(plan, part, size, count, None)
+        _report(given, what, "%s", _random_note(plan).lstrip("; "))
+    return _build(plan, part, size, int(count), given, dataset)
+
+
+def _build(plan, part, size, count, given, dataset):
+    """The micro-batches of `part` of `size` that `plan` gives (see share)."""
+    plan.given = given
+    mine = _share_rows(plan, part, size, count)
     mine = mine.batch(micro_batch_sizes(plan.batch_size, size)[part])
     if count >= 0:
         batches = count // plan.batch_size if plan.drop else -(-count // plan.batch_size)
@@ -374,12 +399,6 @@ def share(dataset, part, size, what="training", given=None):
     for step in plan.after:
         if tfdi.kind(step) in tfdi.PREFETCH:
             mine = tfdi.reprefetch(step, mine)
-    maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
-    if size > 1:
-        _report(given, what, "each rank maps only its share of the samples: its rows of every "
-                "global batch are selected before %d map(s)%s", maps, _random_note(plan))
-    else:
-        _report(given, what, "%s", _random_note(plan).lstrip("; "))
     mine = tfdi.SharedBatches(mine, plan.batch_size, plan.drop)
     return mine.with_options(dataset.options())
 

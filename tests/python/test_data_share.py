@@ -337,7 +337,7 @@ def test_random_augmentation_is_the_same_on_any_number_of_ranks(monkeypatch, cap
     second = {int(y): x for x, y in zip(*[np.concatenate(c) for c in zip(*one[5:])])}
     assert sorted(first) == sorted(second) == list(range(23))
     assert sum(not np.array_equal(first[k], second[k]) for k in first) > 15
-    for size in (2, 3):
+    for size in (2, 3, 4):  # on 4, the last batch of 3 cannot be shared: all map all
         got, mapped = global_batches(size)
         assert len(got) == len(one)
         for b, (mine, ref) in enumerate(zip(got, one)):
@@ -347,7 +347,7 @@ def test_random_augmentation_is_the_same_on_any_number_of_ranks(monkeypatch, cap
         # of 5 and the last of 3.
         per_epoch = [sum(data.micro_batch_sizes(b, size)[p] for b in (5, 5, 5, 5, 3))
                      for p in range(size)]
-        assert mapped == [2 * n for n in per_epoch]
+        assert mapped == ([2 * n for n in per_epoch] if size < 4 else [2 * 23] * 4)
 
 
 def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_path, python):
@@ -380,3 +380,36 @@ def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_pat
     serial_out = str(tmp_path / "plain")
     run([sys.executable, WORKER, "--serial", "--out", serial_out])
     assert not np.allclose(load(serial_out, 1)[0]["loss"], one["loss"], rtol=0, atol=1e-5)
+
+
+def test_ranks_get_their_share_of_the_cores(monkeypatch):
+    """On several ranks: autotuning off and the rank's share of the cores,
+    unless the dataset's options say otherwise; a prefetch ends the rank's
+    dataset. On 1 rank the options stay the dataset's own (autotuned, as in
+    Keras)."""
+    monkeypatch.setattr(data, "core_share", lambda: 3)
+    one = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 1))
+    assert one.options().autotune.enabled is None
+    assert one.options().threading.private_threadpool_size is None
+    mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
+    options = mine.options()
+    assert options.autotune.enabled is False
+    assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (3, 3)
+    assert tfdi.kind(mine) in tfdi.PREFETCH
+    own = tf.data.Options()
+    own.autotune.enabled = True
+    own.threading.private_threadpool_size = 5
+    mine = data.distribute(pairs(20).map(Counter()).batch(4).with_options(own), parts=(1, 2))
+    options = mine.options()
+    assert options.autotune.enabled is True
+    assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (5, 3)
+    # Rank 1 of 2: rows 2 and 3 of every batch of 4, mapped (x * 10).
+    assert rows(mine) == [[[10 * i, 10 * (i + 1)], [i / 2, (i + 1) / 2]]
+                          for i in range(2, 20, 4)]
+
+
+def test_core_share_without_a_launcher():
+    """Not initialized (one process, the host to itself): no share, unless
+    the process's affinity is narrower than the host."""
+    narrowed = len(os.sched_getaffinity(0)) < os.cpu_count()
+    assert data.core_share() == (len(os.sched_getaffinity(0)) if narrowed else None)
