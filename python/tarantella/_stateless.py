@@ -1,4 +1,4 @@
-"""A map's random ops, made to draw from (seed, epoch, sample index).
+"""A map's random ops, made to draw from (seed, a key per sample).
 
 A stateful random op (``tf.random.uniform``, the ``tf.image.random_*``
 augmentations) in a ``tf.data`` map gives the k-th sample the process maps
@@ -11,9 +11,10 @@ whose state variable advances at every call: the same thing.
 its stateless counterpart, seeded from the op's own seed (the user's seed,
 or the global one ``tnt.init`` sets) and a key per sample that depends on
 the epoch and the sample's index in the epoch (data.py); a SeedGenerator's
-state reads become such seeds and its updates are dropped. The map then gives every sample the same numbers whichever
-process maps it and whatever it mapped before, so that N ranks that each
-map a share of the samples see exactly the samples one rank sees.
+state reads become such seeds and its updates are dropped. The map then
+gives every sample the same numbers whichever process maps it and whatever
+it mapped before, so that N ranks that each map a share of the samples see
+exactly the samples one rank sees.
 """
 import tensorflow as tf
 
