@@ -413,3 +413,26 @@ def test_core_share_without_a_launcher():
     the process's affinity is narrower than the host."""
     narrowed = len(os.sched_getaffinity(0)) < os.cpu_count()
     assert data.core_share() == (len(os.sched_getaffinity(0)) if narrowed else None)
+
+
+def test_every_rewritten_random_op(monkeypatch, caplog):
+    """Normal, truncated normal and categorical draws are rewritten as the
+    uniform ones are: 2 ranks, each mapping its half, draw what 1 rank draws."""
+    caplog.set_level(logging.INFO, logger="tarantella")
+    monkeypatch.setenv("TNT_DATA_SHARE", "1")
+
+    def build():
+        tf.random.set_seed(42)
+
+        def draw(x, y):
+            noise = (tf.random.normal([3]) + tf.random.truncated_normal([3]) +
+                     tf.cast(tf.random.categorical([[0.0, 1.0, 2.0]], 3)[0], tf.float32))
+            return tf.cast(x, tf.float32) + noise, y
+        return pairs(12).map(draw).batch(4)
+    one = rows(data.distribute(build(), parts=(0, 1)))
+    halves = [rows(data.distribute(build(), parts=(p, 2))) for p in range(2)]
+    joined = [[halves[0][b][0] + halves[1][b][0], halves[0][b][1] + halves[1][b][1]]
+              for b in range(3)]
+    assert "selected before 1 map(s); the random ops of 1 map(s) draw" in caplog.text
+    assert joined == one
+    assert len({tuple(r) for b in one for r in b[0]}) == 12  # every sample drew its own
