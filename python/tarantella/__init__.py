@@ -8,6 +8,7 @@ from tarantella import _requirements  # noqa: F401 (first: TensorFlow 2.21 is th
 from tarantella import data
 from tarantella import keras
 from tarantella import models
+from tarantella import settings
 from tarantella.loops import DistributedGradientTape
 from tarantella.loops import allreduce
 from tarantella.loops import broadcast_variables
