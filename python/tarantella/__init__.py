@@ -15,7 +15,7 @@ from tarantella.loops import broadcast_variables
 from tarantella.model import Model
 from tarantella.optimizers import distribute as distribute_optimizer
 from tarantella.pipeline import ParallelStrategy
-from tarantella.runtime import TarantellaError
+from tarantella.errors import TarantellaError
 from tarantella.runtime import get_local_rank
 from tarantella.runtime import get_local_size
 from tarantella.runtime import get_master_rank
