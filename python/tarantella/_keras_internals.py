@@ -37,6 +37,15 @@ _USED = (
     ("Trainer._compile_loss", "compiled", "_compile_loss"),
     ("Trainer._compile_metrics", "compiled", "_compile_metrics"),
     ("Trainer._loss_tracker", "compiled", "_loss_tracker"),
+    # tnt.Model(m) is a second model over m's layers and variables (twin()):
+    # a copy of m's attributes with a tracker of its own, so that what the
+    # distributed model tracks later (its optimizer, metrics) stays out of m.
+    ("Layer._tracker", "model", "_tracker"),
+    ("Layer._initialize_tracker", "model", "_initialize_tracker"),
+    ("Tracker.config", "tracker", "config"),
+    ("Tracker.add_to_store", "tracker", "add_to_store"),
+    ("Tracker.locked", "tracker", "locked"),
+    ("Tracker._lock_violation_msg", "tracker", "_lock_violation_msg"),
 )
 
 
@@ -52,6 +61,13 @@ def verify():
     bn.build((None, 2))
     instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
                  "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
+    instances["tracker"] = instances["model"]._tracker
+    if set(instances["tracker"].config) != set(_TRACKED):
+        _missing(f"the tracker's lists {_TRACKED}")
+    fresh = keras.layers.Dense(1)
+    for name in _OWN_WRAPPERS:
+        if name not in vars(fresh):
+            _missing(f"Layer.__new__'s per-instance {name} wrapper")
     instances["compiled"] = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     instances["compiled"].compile(optimizer="sgd", loss="mse", metrics=["mae"])
     for what, owner, attribute in _USED:
@@ -69,6 +85,44 @@ def _missing(what):
         f"Tarantella relies on the Keras internal {what}, which Keras {keras.__version__} does "
         "not have; use the Keras version Tarantella was tested with (3.15) or update "
         "tarantella/_keras_internals.py")
+
+
+# The tracker's lists; each is also the layer attribute "_" + its name,
+# except where a class keeps a list of its own under that name (Sequential's
+# _layers), which the twin shares.
+_TRACKED = ("trainable_variables", "non_trainable_variables", "layers", "metrics",
+            "seed_generators")
+# Methods that Layer.__new__ wraps per instance, in closures over that instance.
+_OWN_WRAPPERS = ("build", "quantize")
+
+
+def _tracked_list(layer, name):
+    return layer._tracker.config[name][1]
+
+
+def twin(model, cls):
+    """A new instance of `cls` (a subclass of type(model)) that shares
+    `model`'s layers, variables and every other attribute, but tracks on
+    its own: what is set on the twin later (an optimizer, compiled metrics)
+    does not reach `model`. Keras has no public way to make a second model
+    over the same layers that keeps the model's own class (a subclassed
+    model's call() reads its attributes)."""
+    new = cls.__new__(cls)  # Layer.__new__: the build wrapper of `new` itself
+    own = {name: vars(new)[name] for name in _OWN_WRAPPERS}
+    state = dict(vars(model))
+    old = state.pop("_tracker")
+    vars(new).update(state)
+    new._initialize_tracker()
+    for name in _TRACKED:
+        for value in _tracked_list(model, name):
+            new._tracker.add_to_store(name, value)
+        own_list = state.get("_" + name)
+        if own_list is not None and own_list is not _tracked_list(model, name):
+            vars(new)["_" + name] = own_list  # the class's own list, shared
+    if old.locked:
+        new._tracker.lock(old._lock_violation_msg)
+    vars(new).update(own)
+    return new
 
 
 def compiled_loss(model, y, y_pred, sample_weight):

@@ -325,8 +325,16 @@ def distribute(callbacks):
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             _backup_atomically(cb)
         _quiet(cb)
-        out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
+        if isinstance(cb, _FOUND_BY_TYPE):
+            out.append(cb)  # Keras looks for it by its type (else it adds its own)
+        else:
+            out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
     return out
+
+
+# The callbacks that Keras's CallbackList looks for by type, adding one of
+# its own when the list has none: they are given to Keras as they are.
+_FOUND_BY_TYPE = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
 
 
 def wants_local_logs(callbacks):
@@ -334,7 +342,12 @@ def wants_local_logs(callbacks):
     return any(isinstance(cb, _WithLogs) and not cb.aggregate_logs for cb in callbacks)
 
 
-def progress_bar_without_local_logs():
-    """A progress bar that shows the global logs only."""
-    bar = keras.callbacks.ProgbarLogger()
-    return forwarding(_Forwarding, bar, _forwarded_hooks(bar))
+def without_local_logs_in_progress_bars(callbacks):
+    """`callbacks` (from distribute) with the user's progress bars made to
+    show the global logs only, and one such bar added when there is none."""
+    out = [forwarding(_Forwarding, cb, _forwarded_hooks(cb))
+           if isinstance(cb, keras.callbacks.ProgbarLogger) else cb for cb in callbacks]
+    if not any(isinstance(cb, keras.callbacks.ProgbarLogger) for cb in callbacks):
+        bar = keras.callbacks.ProgbarLogger()
+        out.append(forwarding(_Forwarding, bar, _forwarded_hooks(bar)))
+    return out

@@ -326,6 +326,12 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
       value = argv[++i];
     }
     if (apply_option(opts, spec, arg, value, err, err_len) != 0) goto out;
+    /* "-x A=1 B=2": the assignments that follow one -x (NAME=VALUE only, so
+     * that a program named before a forgotten '--' is still reported). */
+    while (spec->id == OPT_ENV && i + 1 < argc && argv[i + 1][0] != '-' &&
+           strchr(argv[i + 1], '=') != NULL) {
+      if (apply_option(opts, spec, arg, argv[++i], err, err_len) != 0) goto out;
+    }
   }
   if (i >= argc) {
     tnt__set_error(err, err_len, "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");

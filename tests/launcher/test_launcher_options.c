@@ -179,6 +179,28 @@ static void test_bare_x_name(void **state) {
   tnt__options_free(&o);
 }
 
+static void test_several_assignments_after_one_x(void **state) {
+  (void)state;
+  char *argv[] = {"tarantella", "--hostfile", "hosts", "-x", "DATASET=/scratch/data",
+                  "TF_CPP_MIN_LOG_LEVEL=1", "-x", "HOME", "C=3", "--", "model.py"};
+  tnt__options_t o;
+  char err[512];
+  assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);
+  assert_int_equal(o.num_env, 4);
+  assert_string_equal(o.env[0], "DATASET=/scratch/data");
+  assert_string_equal(o.env[1], "TF_CPP_MIN_LOG_LEVEL=1");
+  assert_string_equal(o.env[2], "HOME");
+  assert_string_equal(o.env[3], "C=3");
+  assert_string_equal(o.program_argv[0], "model.py");
+  tnt__options_free(&o);
+  /* A word without '=' after the assignments is no assignment: a program
+   * before a forgotten '--' is reported as before. */
+  char *forgotten[] = {"tarantella", "-x", "A=1", "B=2", "model.py"};
+  expect_error(ARGC(forgotten), forgotten, "unexpected argument 'model.py' before '--'");
+  char *bad_name[] = {"tarantella", "-x", "A=1", "B-C=2", "--", "p"};
+  expect_error(ARGC(bad_name), bad_name, "-x needs NAME=VALUE");
+}
+
 static void test_errors(void **state) {
   (void)state;
   char *unknown[] = {"tarantella", "--bogus", "--", "p"};
@@ -250,6 +272,7 @@ int main(void) {
       cmocka_unit_test(test_pin_memory_implies_pin),
       cmocka_unit_test(test_help_and_version),
       cmocka_unit_test(test_bare_x_name),
+      cmocka_unit_test(test_several_assignments_after_one_x),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_parse_twice),
   };
