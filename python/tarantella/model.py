@@ -171,8 +171,14 @@ class Model(keras.Model, metaclass=_ModelType):
             km = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
         elif "input_layers" in config:
             km = keras.Model.from_config(config, custom_objects=custom_objects)
-        else:
+        elif "layers" in config:
             km = keras.Sequential.from_config(config, custom_objects=custom_objects)
+        else:
+            raise runtime.TarantellaError(
+                "tnt.Model.from_config was given the config of a subclassed model, which does "
+                "not name the model's class: call the class's own from_config "
+                "(type(model).from_config(config)), or give keras.saving."
+                "serialize_keras_object(model)")
         return distributed(km)
 
     # ---------------------------------------------------------------- steps

@@ -94,7 +94,8 @@ class Pipeline:
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
         for step_name in ("train_step", "test_step"):
-            if getattr(type(model), step_name) is not getattr(keras.Model, step_name):
+            if getattr(subclass.base_class(model), step_name) is not getattr(keras.Model,
+                                                                              step_name):
                 raise runtime.TarantellaError(
                     f"model '{model.name}' has a {step_name} of its own, but a pipeline runs its "
                     f"own train_step and test_step (the stages exchange micro-batches): train "
