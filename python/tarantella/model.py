@@ -1,11 +1,12 @@
 """tnt.Model: a Keras model trained on all ranks.
 
-``tnt.Model(keras_model)`` returns the same model, made distributed: its
-class becomes a subclass of its own class (subclass.py) with the methods
-below in front, so the result *is* a keras.Model (and still a Functional,
-a Sequential or the user's own subclass) and everything Keras offers works
-on it. Only what distribution needs changes, through Keras's public
-extension points:
+``tnt.Model(keras_model)`` returns a new model over the same layers and
+weights (distributed(), the one place where distributed models are made):
+its class is a subclass of keras_model's own class (subclass.py) with the
+methods below in front, so the result *is* a keras.Model (and still a
+Functional, a Sequential or the user's own subclass) and everything Keras
+offers works on it, while keras_model itself is left as it was. Only what
+distribution needs changes, through Keras's public extension points:
 
 * ``train_step`` runs the model's own step (Keras's, or an overridden one)
   inside a Tarantella step (step.py): every distributed optimizer averages

@@ -221,10 +221,6 @@ CASES = [
     E("TNT_RUN_DIR", "/proc/nope", "cannot create the run directory /proc/nope", exit=1,
       args=PROG, files=PROG_FILE),
     # ------------------------------------------------------------ Python API
-    P("Python API", "tnt.Model before tnt.init()", "tnt.Model(make_model())", "TarantellaError",
-      "call tnt.init() at the start of the program", init=False),
-    P("Python API", "tnt.get_rank() before tnt.init()", "tnt.get_rank()", "TarantellaError",
-      "call tnt.init()", init=False),
     P("Python API", "tnt.init(seed='abc')", "tnt.init(seed='abc')", "TarantellaError",
       "the seed must be an integer", init=False),
     P("Python API", "tnt.Model('resnet')", "tnt.Model('resnet')", "TypeError",
