@@ -363,10 +363,52 @@ TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
  * `info` (may be NULL); 0 when it is not (or f is NULL). */
 TNT_API int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info);
 
+/* ---------------------------------------------------------------- settings */
+
+/*
+ * Every TNT_* environment setting of Tarantella (libtnt's, the Keras
+ * layer's and the launcher's) is declared once in libtnt's registry, with
+ * its kind, default, accepted values and a line of help. The environment is
+ * read in one place: tnt_settings_load, which tnt_context_create calls, so
+ * a context (and the groups created in it) uses the settings in force when
+ * it was created. A bad value fails that call with TNT_ERR_INVALID_ARG and
+ * a message (tnt_last_error) that names the setting and lists what it
+ * accepts; the setting keeps its default meanwhile.
+ */
+
+typedef enum tnt_setting_source {
+  TNT_SETTING_DEFAULT = 0,      /* unset or empty */
+  TNT_SETTING_ENVIRONMENT = 1,  /* from the environment */
+  TNT_SETTING_COMMAND_LINE = 2, /* from an option of the `tarantella` launcher */
+} tnt_setting_source_t;
+
+typedef struct tnt_setting_info {
+  const char *name;          /* "TNT_TIMEOUT_S" */
+  const char *kind;          /* "switch", "number", "integer", "choice" or "text" */
+  const char *default_value; /* as a user would write it */
+  const char *words;         /* "|"-separated words it takes, or NULL */
+  const char *user;          /* who reads it: "libtnt", "python" or "launcher" */
+  const char *help;          /* one line */
+  const char *value;         /* the value in force, canonical ("on", "30", "auto", a path) */
+  const char *error;         /* why the environment's value was rejected, or NULL */
+  tnt_setting_source_t source;
+} tnt_setting_info_t;
+
+/* Reads every setting from the process environment. TNT_ERR_INVALID_ARG
+ * (with tnt_last_error naming the first bad one) when a value is invalid. */
+TNT_API tnt_status_t tnt_settings_load(void);
+/* The number of settings. */
+TNT_API size_t tnt_settings_count(void);
+/* Describes the `index`-th setting (0 <= index < tnt_settings_count()) and
+ * its value as of the last load (the process environment when none ran
+ * yet). The strings stay valid until the next tnt_settings_load.
+ * TNT_ERR_INVALID_ARG past the last one or for a NULL info. */
+TNT_API tnt_status_t tnt_setting_info(size_t index, tnt_setting_info_t *info);
+
 /* ---------------------------------------------------------------- timeline */
 
 /*
- * With TNT_TIMELINE=PATH in the environment when tnt_context_create runs,
+ * With the setting TNT_TIMELINE=PATH when tnt_context_create runs,
  * every rank writes a Chrome trace (the JSON array format of the Trace
  * Event Format, for ui.perfetto.dev or chrome://tracing) of its
  * communication: each fusion tensor started, each bucket's allreduce on the
@@ -399,10 +441,10 @@ TNT_API tnt_status_t tnt_timeline_span(const char *name, const char *category, d
 
 /* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",
  * "rd", "mpi", "hier"). Each group chooses its algorithms once, when it is created
- * (the world group: in tnt_context_create): by message size, or as
- * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
- * TNT_ALLGATHER_ALGORITHM in the environment at that moment say (a name,
- * or "auto"). Changing them later does not change existing groups. */
+ * (the world group: in tnt_context_create): by message size, or as the
+ * settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
+ * TNT_ALLGATHER_ALGORITHM of the last tnt_settings_load say (a name, or
+ * "auto"). Changing them later does not change existing groups. */
 TNT_API const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
 
 /* The `index`-th (from 0) algorithm that libtnt has for `collective`

@@ -2,8 +2,9 @@
 
 Keras offers no public hook for these; each use says why it is needed.
 ``verify()`` checks that all of them still exist and fails naming the Keras
-version when one has changed (tests/python/test_keras_internals.py runs it,
-and tnt.init() runs it too).
+version when one has changed (tnt.init() runs it, and so does
+tests/python/test_keras_native.py::
+test_keras_internals_exist_and_a_missing_one_names_the_version).
 """
 import keras
 

@@ -35,6 +35,7 @@ from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import runtime
 from tarantella import saving
+from tarantella import settings
 
 LOCAL_PREFIX = "tnt_local/"
 
@@ -314,8 +315,8 @@ def distribute(callbacks):
             continue
         if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger,
                            keras.callbacks.TensorBoard)):
-            on_all = isinstance(cb, keras.callbacks.TensorBoard) and log._truthy(
-                os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
+            on_all = (isinstance(cb, keras.callbacks.TensorBoard)
+                      and settings.get("TNT_TENSORBOARD_ON_ALL_DEVICES"))
             if on_all:
                 cb.log_dir = os.path.join(cb.log_dir, f"rank_{runtime.get_rank()}")
                 out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))

@@ -24,6 +24,7 @@ from tarantella import _core
 from tarantella import _tf_data_internals as tfdi
 from tarantella import log
 from tarantella import runtime
+from tarantella import settings
 
 
 class BatchInfo:
@@ -270,7 +271,7 @@ def share(dataset, part, size, what="training", given=None):
     or not safe (then the log says why, once per dataset `given` by the
     user, `dataset` by default)."""
     given = dataset if given is None else given
-    if not log.env_flag("TNT_DATA_SHARE", True):
+    if not settings.get("TNT_DATA_SHARE"):
         return None
     plan, reason = _plan(dataset)
     count = None

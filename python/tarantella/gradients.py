@@ -52,7 +52,7 @@ class GradientReducer:
             tune = kb == "auto"
             threshold = 0 if tune else int(kb * 1024)
             wire = runtime.compression()
-            overlap = {"on": "on", "off": "off", "auto": "tune"}[runtime.overlap()]
+            overlap = runtime.overlap()
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
                                   tune_threshold=tune, order=runtime.fusion_order(),
                                   overlap=overlap)

@@ -3,6 +3,8 @@ import os
 
 import tensorflow as tf
 
+from tarantella import settings
+
 _library = None
 
 
@@ -10,7 +12,7 @@ def library():
     """The loaded op library (``libtnt_tf_ops.so`` next to this package)."""
     global _library
     if _library is None:
-        override = os.environ.get("TNT_TF_OPS_LIBRARY")
+        override = settings.get("TNT_TF_OPS_LIBRARY")
         path = override or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "libtnt_tf_ops.so")
         if override and not os.path.exists(path):

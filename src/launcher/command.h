@@ -49,12 +49,21 @@ typedef struct {
  * launcher's TNT_* and TF_* variables, PATH, PYTHONPATH and
  * LD_LIBRARY_PATH; then what the options set (TNT_LOG_LEVEL, ...); then the
  * -x variables, later ones winning. Returns 0, or -1 with a message in err
- * (a -x NAME whose NAME is not set, or no memory).
+ * (a -x NAME whose NAME is not set, a setting with a bad value, or no
+ * memory).
  */
 int tnt__command_build(const tnt__launch_plan_t *plan, tnt__command_t *cmd, char *err,
                        size_t err_len);
 
 void tnt__command_free(tnt__command_t *cmd);
+
+/* The environment exported to every rank (as tnt__command_build makes it,
+ * sorted by name) into env, which the caller frees. The TNT_* settings in
+ * it are checked by the settings registry, which then holds them; the names
+ * that the options and -x gave are listed in TNT_COMMAND_LINE_SETTINGS.
+ * Returns 0, or -1 with a message in err. */
+int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *env, char *err,
+                     size_t err_len);
 
 /* Writes the command as a shell script: one export per variable, then the
  * command line, every word quoted where needed. Returns 0, or -1 on a

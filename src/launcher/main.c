@@ -15,6 +15,7 @@
 #include "plan.h"
 #include "rank.h"
 #include "run.h"
+#include "util/settings.h"
 
 #ifndef TNT_VERSION
 #define TNT_VERSION "unknown"
@@ -24,6 +25,30 @@
 #define TNT__EXIT_USAGE 2
 
 extern char **environ;
+
+/* --settings: every setting as the ranks would get it; --settings=markdown:
+ * the table of the README, generated from the registry. */
+static int print_settings(const tnt__options_t *opts, char *err, size_t err_len) {
+  tnt__strvec_t env = {0};
+  int rc = tnt__command_env(opts, environ, &env, err, err_len);
+  tnt__strvec_free(&env);
+  if (rc != 0) return rc;
+  static const char *const sources[] = {"default", "environment", "command line"};
+  if (opts->settings == 2) printf("| setting | takes | default | what it does |\n|---|---|---|---|\n");
+  for (int i = 0; i < TNT__S_COUNT; ++i) {
+    tnt__setting_view_t v;
+    tnt__setting_view((tnt__setting_id_t)i, &v);
+    if (opts->settings == 2) {
+      char takes[256] = "a path or a program";
+      if (strcmp(v.kind, "text") != 0) tnt__setting_accepts((tnt__setting_id_t)i, takes, sizeof takes);
+      printf("| `%s` | %s | %s%s%s | %s |\n", v.name, takes, *v.default_value ? "`" : "",
+             *v.default_value ? v.default_value : "unset", *v.default_value ? "`" : "", v.help);
+    } else {
+      printf("%-32s %-24s %s\n", v.name, *v.value ? v.value : "(unset)", sources[v.source]);
+    }
+  }
+  return 0;
+}
 
 static void print_dry_run(const tnt__plan_storage_t *ps, const tnt__command_t *cmd) {
   printf("# tarantella --dry-run: what would run (nothing was started)\n");
@@ -51,6 +76,14 @@ int main(int argc, char *argv[]) {
   if (parsed == TNT__PARSE_VERSION) {
     printf("tarantella %s\n", TNT_VERSION);
     status = 0;
+    goto out;
+  }
+  if (parsed == TNT__PARSE_SETTINGS) {
+    if (print_settings(&opts, err, sizeof err) == 0) {
+      status = 0;
+      goto out;
+    }
+    fprintf(stderr, "tarantella: error: %s\n", err);
     goto out;
   }
   if (parsed != TNT__PARSE_RUN) {

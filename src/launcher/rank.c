@@ -29,6 +29,7 @@
 #include "gpus.h"
 #include "proc.h"
 #include "status.h"
+#include "util/settings.h"
 
 /* Seconds a program has to end after it was asked to, before it is killed. */
 #define TNT__RANK_KILL_GRACE_S 5.0
@@ -220,7 +221,8 @@ static int copy_output(output_t *out, int fd, stream_t *s) {
 
 /* Pins this process (and so the program it starts) to a NUMA node. */
 static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t err_len) {
-  const char *root = getenv("TNT_SYS_ROOT") != NULL ? getenv("TNT_SYS_ROOT") : "";
+  char root[1024];
+  tnt__setting_text(TNT__S_SYS_ROOT, root, sizeof root);
   cpu_set_t cpus;
   if (tnt__numa_node_cpus(root, node, &cpus) != 0) {
     tnt__errorf(err, err_len,

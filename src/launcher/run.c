@@ -6,7 +6,7 @@
  * after mpirun has ended it ends and reaps whatever is left. While the job
  * runs it watches the rank status files: once a rank has failed, the MPI
  * launcher normally ends the job within a second or two, and the launcher
- * ends it itself if that has not happened after TNT__ABORT_GRACE_S.
+ * ends it itself if that has not happened after TNT_ABORT_GRACE_S.
  */
 #include "run.h"
 
@@ -24,23 +24,16 @@
 
 #include "proc.h"
 #include "status.h"
+#include "util/settings.h"
 
-/* Seconds the MPI launcher has to end the job after a rank failed or an
- * interrupt, before the launcher terminates it, and then kills it. */
-#define TNT__ABORT_GRACE_S 10.0
+/* After a rank failed or an interrupt, the MPI launcher has
+ * TNT_ABORT_GRACE_S seconds to end the job before the launcher terminates
+ * it, and then TNT__KILL_GRACE_S before it kills it. */
 #define TNT__KILL_GRACE_S 5.0
 /* How often the status files are checked while the job runs. */
 #define TNT__STATUS_POLL_S 0.5
 /* Lines of a failed rank's log shown in the report. */
 #define TNT__LOG_TAIL_LINES 12
-
-static double seconds_from_env(const char *name, double fallback) {
-  const char *v = getenv(name);
-  if (v == NULL || *v == '\0') return fallback;
-  char *end = NULL;
-  double x = strtod(v, &end);
-  return (end != v && *end == '\0' && x >= 0) ? x : fallback;
-}
 
 /* The child side of fork: becomes the MPI launcher. Never returns. */
 static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t launcher) {
@@ -259,7 +252,7 @@ int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
   if (mpi == 0) exec_mpi(cmd, &old_mask, self);
   setpgid(mpi, mpi);
 
-  double abort_grace = seconds_from_env("TNT_ABORT_GRACE_S", TNT__ABORT_GRACE_S);
+  double abort_grace = tnt__setting_number(TNT__S_ABORT_GRACE_S);
   int interrupted = 0, mpi_status = -1;
   double term_at = 0, kill_at = 0, next_poll = tnt__clock() + TNT__STATUS_POLL_S;
   int failure_seen = 0;

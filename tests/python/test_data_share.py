@@ -19,7 +19,20 @@ from test_training import load
 
 from tarantella import _tf_data_internals as tfdi
 from tarantella import data
+from tarantella import settings
 from tarantella.runtime import TarantellaError
+
+
+@pytest.fixture(autouse=True)
+def data_share(monkeypatch):
+    """set(value): TNT_DATA_SHARE for this test (settings are read when they
+    are loaded); the environment's own settings come back after it."""
+    def set_share(value):
+        monkeypatch.setenv("TNT_DATA_SHARE", value)
+        settings.load()
+    yield set_share
+    monkeypatch.undo()
+    settings.load()
 
 WORKER = os.path.join(ROOT, "tests", "python", "data_share_worker.py")
 
@@ -49,9 +62,9 @@ def rows(ds):
     return [[b[0].tolist(), b[1].tolist()] for b in ds.as_numpy_iterator()]
 
 
-def rank_rows(build, part, size, share, monkeypatch):
+def rank_rows(build, part, size, share, data_share):
     """(rows of every batch, samples the counting map processed) of a rank."""
-    monkeypatch.setenv("TNT_DATA_SHARE", "1" if share else "0")
+    data_share("1" if share else "0")
     counter = Counter()
     got = rows(data.distribute(build(counter), parts=(part, size)))
     return got, counter.calls
@@ -62,12 +75,12 @@ def pairs(n):
                                                np.arange(n, dtype=np.float32) / 2))
 
 
-def check_equal_today(build, size, monkeypatch, shared=True, samples=None):
+def check_equal_today(build, size, data_share, shared=True, samples=None):
     """The shared rows equal today's on every rank; returns the counts."""
     counts = []
     for part in range(size):
-        today, today_calls = rank_rows(build, part, size, False, monkeypatch)
-        got, calls = rank_rows(build, part, size, True, monkeypatch)
+        today, today_calls = rank_rows(build, part, size, False, data_share)
+        got, calls = rank_rows(build, part, size, True, data_share)
         assert got == today, f"rank {part} of {size}"
         counts.append(calls)
         assert today_calls == samples
@@ -81,17 +94,17 @@ def check_equal_today(build, size, monkeypatch, shared=True, samples=None):
 @pytest.mark.parametrize("size", [1, 2, 3])
 @pytest.mark.parametrize("samples,batch,drop", [(40, 7, False), (40, 7, True), (42, 6, False),
                                                  (43, 8, False), (9, 9, False)])
-def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, monkeypatch):
+def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, data_share):
     def build(counter):
         return pairs(samples).map(counter).batch(batch, drop_remainder=drop).prefetch(2)
-    counts = check_equal_today(build, size, monkeypatch, samples=samples)
+    counts = check_equal_today(build, size, data_share, samples=samples)
     used = samples - (samples % batch if drop else 0) if size > 1 else samples
     assert sum(counts) == used
     assert max(counts) <= -(-batch // size) * -(-samples // batch)
 
 
 @pytest.mark.parametrize("drop", [False, True])
-def test_samples_of_varying_shapes(drop, monkeypatch):
+def test_samples_of_varying_shapes(drop, data_share):
     """Rows that cannot be batched before the map (ragged) are selected one
     by one."""
     lengths = [1 + i % 4 for i in range(40)]
@@ -100,49 +113,49 @@ def test_samples_of_varying_shapes(drop, monkeypatch):
     def build(counter):
         ds = tf.data.Dataset.from_tensor_slices((ragged, np.arange(40, dtype=np.float32)))
         return ds.map(lambda r, y: (tf.reduce_sum(r), y)).map(counter).batch(7, drop)
-    counts = check_equal_today(build, 3, monkeypatch, samples=40)
+    counts = check_equal_today(build, 3, data_share, samples=40)
     assert sum(counts) == (35 if drop else 40)
 
 
-def test_an_endless_dataset(monkeypatch, caplog):
+def test_an_endless_dataset(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
     got = {}
     for share in ("0", "1"):
-        monkeypatch.setenv("TNT_DATA_SHARE", share)
+        data_share(share)
         ds = pairs(10).repeat().map(Counter()).batch(6)
         got[share] = rows(data.distribute(ds, parts=(1, 2)).take(5))
     assert got["1"] == got["0"]
     assert "each rank maps only its share" in caplog.text
 
 
-def test_unbatched_dataset_with_micro_batch_size(monkeypatch):
+def test_unbatched_dataset_with_micro_batch_size(data_share):
     for part in range(3):
-        monkeypatch.setenv("TNT_DATA_SHARE", "0")
+        data_share("0")
         today = rows(data.distribute(pairs(27).map(Counter()), 4, parts=(part, 3)))
-        monkeypatch.setenv("TNT_DATA_SHARE", "1")
+        data_share("1")
         counter = Counter()
         assert rows(data.distribute(pairs(27).map(counter), 4, parts=(part, 3))) == today
         assert counter.calls == sum(len(b[0]) for b in today)
 
 
-def test_maps_after_a_shuffle_and_parallel_unordered_maps(monkeypatch):
+def test_maps_after_a_shuffle_and_parallel_unordered_maps(data_share):
     """The shuffle stays before the selection (the same order on every rank);
     a map with deterministic=False is run in order."""
     def build(counter):
         return (pairs(30).shuffle(30, seed=3).map(counter)
                 .map(lambda x, y: (x + 1, y), num_parallel_calls=2, deterministic=False)
                 .batch(8))
-    monkeypatch.setenv("TNT_DATA_SHARE", "1")
+    data_share("1")
     serial = rows(build(Counter()))
     for size in (2, 3):
-        parts = [rank_rows(build, p, size, True, monkeypatch) for p in range(size)]
+        parts = [rank_rows(build, p, size, True, data_share) for p in range(size)]
         for i, batch in enumerate(serial):
             joined = sum((parts[p][0][i][0] for p in range(size)), [])
             assert joined == batch[0]
         assert sum(c for _, c in parts) == 30
 
 
-def test_a_stateful_map_needs_the_mark(monkeypatch, caplog):
+def test_a_stateful_map_needs_the_mark(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
 
     def unmarked(counter):
@@ -152,9 +165,9 @@ def test_a_stateful_map_needs_the_mark(monkeypatch, caplog):
     def marked(counter):
         counter.stateful = True
         return pairs(20).apply(data.shard_here()).map(counter).batch(6)
-    check_equal_today(unmarked, 2, monkeypatch, shared=False, samples=20)
+    check_equal_today(unmarked, 2, data_share, shared=False, samples=20)
     assert "stateful ops (EagerPyFunc)" in caplog.text
-    counts = check_equal_today(marked, 2, monkeypatch, samples=20)
+    counts = check_equal_today(marked, 2, data_share, samples=20)
     assert counts == [10, 10]
 
 
@@ -173,7 +186,7 @@ def test_the_mark_changes_nothing_without_distribution():
     ("unknown_count", "number of samples before the maps is unknown"),
     ("no_map", "no map comes between tensor_slice and the batch"),
 ])
-def test_unsafe_pipelines_fall_back_and_say_why(case, reason, monkeypatch, caplog):
+def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog):
     # A pipeline without maps has nothing to share: it is said in DEBUG only.
     caplog.set_level(logging.DEBUG if case == "no_map" else logging.INFO, logger="tarantella")
     random = lambda x, y: (x + tf.random.uniform([], 0, 1, tf.int64), y)  # noqa: E731
@@ -194,7 +207,7 @@ def test_unsafe_pipelines_fall_back_and_say_why(case, reason, monkeypatch, caplo
     assert reason in caplog.text
     said = [r for r in caplog.records if "every rank runs" in r.getMessage()]
     assert said[0].levelno == (logging.DEBUG if case == "no_map" else logging.INFO)
-    check_equal_today(builders[case], 2, monkeypatch, shared=False, samples=samples)
+    check_equal_today(builders[case], 2, data_share, shared=False, samples=samples)
 
 
 def test_a_misplaced_mark_is_an_error():
@@ -203,8 +216,8 @@ def test_a_misplaced_mark_is_an_error():
         data.distribute(ds, parts=(0, 2))
 
 
-def test_switched_off(monkeypatch):
-    monkeypatch.setenv("TNT_DATA_SHARE", "0")
+def test_switched_off(data_share):
+    data_share("0")
     counter = Counter()
     rows(data.distribute(pairs(20).map(counter).batch(4), parts=(1, 2)))
     assert counter.calls == 20

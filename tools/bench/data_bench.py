@@ -17,12 +17,12 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from bench_results import run_job, write_json
 
 SAMPLES, BATCH, MATMULS, WIDTH, CLASSES = 2048, 64, 20, 64, 10
 
@@ -95,22 +95,6 @@ def worker(args):
     return 0
 
 
-def run_job(cmd, timeout):
-    """Runs a job in its own session; returns (ok, tail of its output)."""
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
-    keep = [line for line in out.splitlines() if "dataset:" in line or "rror" in line]
-    print("\n".join(keep[-10:]), flush=True)
-    return proc.returncode == 0, out[-3000:]
-
-
 def measure(args, ranks):
     """Per-mode results of a run on `ranks` ranks (0: serial Keras)."""
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--trials", str(args.trials)]
@@ -121,7 +105,8 @@ def measure(args, ranks):
         else:
             cmd, n = ([args.mpirun] + shlex.split(args.mpiflags) +
                       ["-np", str(ranks), "-x", "TF_CPP_MIN_LOG_LEVEL"] + me), ranks
-        ok, tail = run_job(cmd, args.timeout)
+        ok, tail = run_job(cmd, args.timeout, lambda line: "dataset:" in line or "rror" in line,
+                           last=10)
         if not ok:
             raise SystemExit(f"data_bench: the run on {ranks or 'serial'} rank(s) failed:\n{tail}")
         docs = []
@@ -184,11 +169,7 @@ def main():
            "load_average_after": [round(v, 2) for v in os.getloadavg()],
            "serial": serial, "runs": runs, "ratios": ratios}
     out = os.path.abspath(args.out)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(out + ".tmp", out)
+    write_json(out, doc)
     print(f"serial Keras: epoch {serial['epoch_s']:.3f} s, input CPU "
           f"{serial['input_cpu_s'][0]:.3f} s")
     for r in runs:

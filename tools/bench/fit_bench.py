@@ -11,7 +11,6 @@ sweep      N ranks (under mpirun): fit step time for each fusion threshold,
 --json PATH also writes the results as JSON (rank 0 only).
 """
 import argparse
-import json
 import os
 import statistics
 import time
@@ -24,6 +23,7 @@ import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
 import bench_models  # noqa: E402
+import bench_results  # noqa: E402
 from tarantella.runtime import DEFAULT_FUSION_THRESHOLD_KB  # noqa: E402
 
 
@@ -85,13 +85,8 @@ def build(wrap, jit_compile="auto", name="lenet5"):
 
 def write_json(path, doc):
     """Writes `doc` to `path` on rank 0 (whole file or nothing)."""
-    if not path or not tnt.is_master_rank():
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    if path and tnt.is_master_rank():
+        bench_results.write_json(path, doc)
 
 
 def ms(values):

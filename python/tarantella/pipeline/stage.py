@@ -119,7 +119,7 @@ class Pipeline:
         k = self.partition.num_stages
         self.layout = Layout(strategy, k)
         self.num_micro_batches = int(num_micro_batches or 2 * k)
-        self.schedule_name = schedule_lib.name_from_environment()
+        self.schedule_name = schedule_lib.name_from_settings()
         self.stage = self.layout.stage
         self.model = self.partition.stages[self.stage]
         self.trainable = list(self.model.trainable_variables)
