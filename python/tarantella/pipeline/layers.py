@@ -30,11 +30,30 @@ class SplitLayer(metaclass=_SplitLayerType):
 
     It is a ``keras.layers.Identity`` named ``tnt_split_<name>`` (or
     ``tnt_split_<n>`` without a name), so that a saved model loads without
-    Tarantella; ``isinstance(layer, SplitLayer)`` recognizes it."""
+    Tarantella; ``isinstance(layer, SplitLayer)`` recognizes it. Called on
+    several tensors, it raises a ValueError."""
 
     def __new__(cls, name=None, **kwargs):
         if name is None:
             name = f"{MARK}_{keras.backend.get_uid(MARK)}"
         elif not name.startswith(MARK):
             name = f"{MARK}_{name}"
-        return keras.layers.Identity(name=name, **kwargs)
+        layer = keras.layers.Identity(name=name, **kwargs)
+        # Keras computes the layer's output with compute_output_spec on
+        # symbolic tensors (building a model) and with call on eager ones;
+        # the checks are the layer's own, so its class (and what Keras
+        # saves) stays Identity.
+        layer.call = _one_tensor(layer, layer.call)
+        layer.compute_output_spec = _one_tensor(layer, layer.compute_output_spec)
+        return layer
+
+
+def _one_tensor(layer, method):
+    """`method` of `layer`, raising a ValueError when given several tensors."""
+    def checked(inputs, *args, **kwargs):
+        if isinstance(inputs, (list, tuple, dict)):
+            raise ValueError(
+                f"SplitLayer '{layer.name}' was given {len(inputs)} tensors; a SplitLayer cuts "
+                "one tensor: put one SplitLayer on each tensor that crosses the cut")
+        return method(inputs, *args, **kwargs)
+    return checked
