@@ -17,7 +17,7 @@ from tarantella.model import Model
 from tarantella.model import Sequential
 from tarantella.optimizers import distribute as distribute_optimizer
 from tarantella.pipeline import ParallelStrategy
-from tarantella.runtime import TarantellaError
+from tarantella.errors import TarantellaError
 from tarantella.runtime import get_local_rank
 from tarantella.runtime import get_local_size
 from tarantella.runtime import get_master_rank

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tarantella import _core
 from tarantella import _keras_internals
+from tarantella.errors import TarantellaError
 from tarantella import log
 from tarantella import settings
 
@@ -13,10 +14,6 @@ MASTER_RANK = 0
 # Seed given to TensorFlow when the user has not seeded it, so that
 # `shuffle()` without a seed permutes identically on every rank.
 DEFAULT_SEED = 42
-
-
-class TarantellaError(RuntimeError):
-    """A misuse of Tarantella: the message says what to change."""
 
 
 def init(seed=None):

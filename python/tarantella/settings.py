@@ -9,6 +9,7 @@ registry reads the environment when ``tnt.init()`` runs (or at the first
 setting and lists what it takes.
 """
 from tarantella import _core
+from tarantella.errors import TarantellaError
 
 _values = None
 
@@ -20,7 +21,6 @@ def load():
     try:
         _core.settings_load()
     except _core.TntInvalidArgumentError as e:
-        from tarantella.runtime import TarantellaError
         raise TarantellaError(str(e)) from None
     _values = {s["name"]: s for s in _core.settings()}
 

@@ -492,8 +492,8 @@ def test_fusion_overlap():
             step(fusion, k)
         assert seen[:8] == [True, True, True, True, False, True, False, False]
         assert seen[8] == seen[9] == fusion.overlaps
-    raises(ValueError, "use 'on', 'off' or 'auto'",
-           lambda: core.Fusion(tensors, 0, overlap="auto"))
+    raises(ValueError, "overlap 'tune': use 'on', 'off' or 'auto'",
+           lambda: core.Fusion(tensors, 0, overlap="tune"))
 
 
 def test_fusion_bad_wire_dtype():
