@@ -266,10 +266,16 @@ typedef enum tnt_fusion_overlap {
 } tnt_fusion_overlap_t;
 
 /*
- * How a fusion set is planned and reduced. Zero-initialized options (or a
- * NULL pointer) mean: one tensor per bucket, TNT_SUM, no compression.
+ * How a fusion set is planned and reduced. Options with only `size` set
+ * (TNT_FUSION_OPTIONS_INIT), or a NULL pointer, mean: one tensor per bucket,
+ * TNT_SUM, no compression.
  */
 typedef struct tnt_fusion_options {
+  /* sizeof(tnt_fusion_options_t) as the caller was compiled: libtnt reads
+   * only that many bytes, so a caller built against an older tnt.h (a
+   * shorter struct) gets the defaults for the fields it lacks, and a size
+   * of 0 or larger than libtnt's struct is TNT_ERR_INVALID_ARG. */
+  size_t size;
   /* A bucket closes once it holds this many bytes of its tensors (counted
    * in their own dtype); 0: one tensor per bucket. */
   size_t threshold_bytes;
@@ -318,6 +324,10 @@ typedef struct tnt_fusion_options {
   tnt_fusion_overlap_t overlap;
 } tnt_fusion_options_t;
 
+/* Options with every field at its default; set fields after it:
+ *   tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;  opt.op = TNT_AVERAGE; */
+#define TNT_FUSION_OPTIONS_INIT {.size = sizeof(tnt_fusion_options_t)}
+
 /*
  * Plans fusion buckets for `tensors[0..n-1]`, given in the order in which
  * they are expected to become ready (backprop order), as `options` say
@@ -339,6 +349,21 @@ TNT_API tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *
  * and copies the reduced tensor to `out`. After every member of a bucket
  * has finished, the bucket is ready for the next round of starts. */
 TNT_API tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
+
+/* As tnt_fusion_start and tnt_fusion_finish, scaling the data where libtnt
+ * copies it anyway: start multiplies every element by `scale` on its way
+ * into the bucket, finish divides every element of the result by `divisor`
+ * on its way out (Horovod's prescale and postscale). Both compute in the
+ * tensor's dtype as TensorFlow's Mul and RealDiv do, after converting the
+ * factor to it (float16 and bfloat16 in float, rounded once; float32
+ * tensors that travel in 16 bits are scaled in float32 before narrowing
+ * and after widening), so `g * n` and `sum / total` give the same bits as
+ * TensorFlow would. Integer tensors multiply and divide as integers (a
+ * divisor of 0 is TNT_ERR_INVALID_ARG). */
+TNT_API tnt_status_t tnt_fusion_start_scaled(tnt_fusion_t *f, uint64_t id, const void *data,
+                                             double scale);
+TNT_API tnt_status_t tnt_fusion_finish_scaled(tnt_fusion_t *f, uint64_t id, void *out,
+                                              double divisor, double timeout_s);
 
 /* A process-wide number for `f` (> 0), so that code which can only carry
  * integers (graph attributes) can name it; tnt_fusion_lookup turns it back

@@ -10,6 +10,7 @@ from tarantella.collectives import TensorAllgatherer
 from tarantella.collectives import TensorAllreducer
 from tarantella.collectives import TensorBroadcaster
 from tarantella import models
+from tarantella import settings
 from tarantella.loops import DistributedGradientTape
 from tarantella.loops import allreduce
 from tarantella.loops import broadcast_variables

@@ -531,6 +531,9 @@ class Model(keras.Model, metaclass=_ModelType):
             if size > 1 and tnt_distribute_dataset:
                 log.logger.info("prediction: the dataset's batch size is unknown; every rank "
                                 "predicts all of it")
+            if size == 1 and tnt_distribute_dataset and info.size is not None and not micro_done:
+                # Random maps draw as they do on any number of ranks.
+                ds = data.distribute(ds, None, "prediction")
             self._tnt_prepare(None)
             return super().predict(ds, verbose=verbose, **kwargs)
         dist = ds if micro_done else data.distribute(ds, None, "prediction")

@@ -27,15 +27,19 @@ def library():
     return _library
 
 
-def fusion_start(tensor, fusion, tensor_id, count):
-    """Hands `tensor` to fusion set `fusion`; returns a token for finish."""
-    return library().tnt_fusion_start(tensor, fusion=fusion, tensor_id=tensor_id, count=count)
+def fusion_start(tensor, fusion, tensor_id, count, scale=1.0):
+    """Hands `tensor` times `scale` (a float32 scalar) to fusion set
+    `fusion`; libtnt scales it as it copies it. Returns a token for finish."""
+    return library().tnt_fusion_start(tensor, scale, fusion=fusion, tensor_id=tensor_id,
+                                      count=count)
 
 
-def fusion_finish(token, like, fusion, tensor_id, count):
-    """The reduced value of tensor `tensor_id`, shaped like `like`."""
-    return library().tnt_fusion_finish(token, like, fusion=fusion, tensor_id=tensor_id,
-                                       count=count)
+def fusion_finish(token, like, fusion, tensor_id, count, divisor=1.0):
+    """The reduced value of tensor `tensor_id` divided by `divisor` (a
+    float32 scalar; libtnt divides as it copies it out), shaped like
+    `like`."""
+    return library().tnt_fusion_finish(token, like, divisor, fusion=fusion,
+                                       tensor_id=tensor_id, count=count)
 
 
 def allreduce(tensor, group, op="sum"):

@@ -35,13 +35,6 @@ static int env_set(tnt__strvec_t *env, const char *name, size_t name_len, const 
   return tnt__strvec_pushf(env, "%.*s=%s", (int)name_len, name, value);
 }
 
-static const char *env_lookup(char *const *envp, const char *name, size_t len) {
-  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
-    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  }
-  return NULL;
-}
-
 static int compare_strings(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -76,7 +69,7 @@ int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *
     const char *arg = o->env[i];
     const char *eq = strchr(arg, '=');
     size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
-    const char *value = eq != NULL ? eq + 1 : env_lookup(envp, arg, len);
+    const char *value = eq != NULL ? eq + 1 : tnt__env_lookup(envp, arg, len);
     if (value == NULL) {
       tnt__errorf(err, err_len, "-x %s: %s is not set here; give its value with -x %s=VALUE", arg,
                   arg, arg);

@@ -20,11 +20,7 @@
 #define TNT__PROBE_TIMEOUT_S 20
 
 static const char *env_get(char *const *envp, const char *name) {
-  size_t len = strlen(name);
-  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
-    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  }
-  return NULL;
+  return tnt__env_lookup(envp, name, strlen(name));
 }
 
 static int ends_with(const char *s, const char *suffix) {

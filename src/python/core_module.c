@@ -1157,7 +1157,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
-  tnt_fusion_options_t opt = {0};
+  tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
   int wire;
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Opss:Fusion", kwlist, &tensors_obj,
                                    &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune, &order,

@@ -146,6 +146,15 @@ static int parse(const decl_t *d, const char *raw, value_t *v) {
     }
   } else {
     int w = word_index(d->words, s, n);
+    /* A choice among on, off and more also takes the words of a switch. */
+    for (size_t i = 0; w < 0 && (d->kind & CHOICE) && i < sizeof yes_words / sizeof yes_words[0];
+         ++i) {
+      if (strlen(yes_words[i]) == n && strncasecmp(s, yes_words[i], n) == 0) {
+        w = word_index(d->words, "on", 2);
+      } else if (strlen(no_words[i]) == n && strncasecmp(s, no_words[i], n) == 0) {
+        w = word_index(d->words, "off", 3);
+      }
+    }
     if (w >= 0) {
       v->word = w;
       word_at(d->words, w, v->text, sizeof v->text);
@@ -178,13 +187,15 @@ static int parse(const decl_t *d, const char *raw, value_t *v) {
   return -1;
 }
 
-/* The value of `name` in envp, or NULL. */
-static const char *env_value(char *const *envp, const char *name) {
-  size_t len = strlen(name);
+const char *tnt__env_lookup(char *const *envp, const char *name, size_t len) {
   for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
     if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
   }
   return NULL;
+}
+
+static const char *env_value(char *const *envp, const char *name) {
+  return tnt__env_lookup(envp, name, strlen(name));
 }
 
 /* Whether `name` is in the comma-separated list. */

@@ -68,6 +68,10 @@ int tnt__setting_check(tnt__setting_id_t id, const char *text);
 /* What setting `id` takes, in words ("DEBUG, INFO, WARNING or ERROR"). */
 void tnt__setting_accepts(tnt__setting_id_t id, char *out, size_t cap);
 
+/* The value of the variable whose name is the `len` bytes at `name` in
+ * `envp` (NAME=VALUE strings, NULL-terminated), or NULL. */
+const char *tnt__env_lookup(char *const *envp, const char *name, size_t len);
+
 /* Describes setting `id` (0 <= id < TNT__S_COUNT). */
 void tnt__setting_view(tnt__setting_id_t id, tnt__setting_view_t *view);
 

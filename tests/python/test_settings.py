@@ -27,13 +27,15 @@ def env_settings(monkeypatch):
 
 
 def test_values_have_python_types(env_settings):
-    env_settings(TNT_TIMEOUT_S="12.5", TNT_DATA_SHARE="off", TNT_RING_DEPTH="4",
-                 TNT_FUSION_THRESHOLD_KB="auto", TNT_TIMELINE="", TNT_LOG_LEVEL="warning")
+    env_settings(TNT_TIMEOUT_S="12.5", TNT_DATA_SHARE="0", TNT_RING_DEPTH="4",
+                 TNT_FUSION_THRESHOLD_KB="auto", TNT_TIMELINE="", TNT_LOG_LEVEL="warning",
+                 TNT_OUTPUT_ON_ALL_DEVICES="yes")
     assert settings.get("TNT_TIMEOUT_S") == 12.5
-    assert settings.get("TNT_DATA_SHARE") is False
+    assert settings.get("TNT_DATA_SHARE") == "off"
     assert settings.get("TNT_RING_DEPTH") == 4 and isinstance(settings.get("TNT_RING_DEPTH"), int)
     assert settings.get("TNT_FUSION_THRESHOLD_KB") == "auto"
     assert settings.get("TNT_TIMELINE") is None
+    assert settings.get("TNT_OUTPUT_ON_ALL_DEVICES") is True
     assert settings.get("TNT_LOG_LEVEL") == "WARNING"
     rows = {s["name"]: s for s in settings.describe()}
     assert rows["TNT_TIMEOUT_S"]["source"] == "environment"

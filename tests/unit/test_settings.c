@@ -32,7 +32,7 @@ static void test_defaults(void **state) {
   assert_int_equal(tnt__setting_word(TNT__S_STALL_WARNING_S), 0); /* auto */
   assert_true(tnt__setting_number(TNT__S_STALL_WARNING_S) < 0);
   assert_int_equal(tnt__setting_word(TNT__S_LOG_LEVEL), 1);      /* INFO */
-  assert_int_equal(tnt__setting_on(TNT__S_DATA_SHARE), 1);
+  assert_int_equal(tnt__setting_word(TNT__S_DATA_SHARE), 0); /* on */
   assert_int_equal(tnt__setting_on(TNT__S_LOG_ON_ALL_DEVICES), 0);
   char text[64];
   assert_string_equal(tnt__setting_text(TNT__S_TIMELINE, text, sizeof text), "");
@@ -57,7 +57,8 @@ static void test_values_of_every_kind(void **state) {
                    0);
   assert_true(tnt__setting_number(TNT__S_TIMEOUT_S) == 2.5);
   assert_int_equal(tnt__setting_word(TNT__S_LOG_LEVEL), 0);
-  assert_int_equal(tnt__setting_on(TNT__S_DATA_SHARE), 0);
+  assert_int_equal(tnt__setting_word(TNT__S_DATA_SHARE), 1); /* "No": a choice of on and off
+                                                                 takes a switch's words */
   assert_int_equal(tnt__setting_on(TNT__S_LOG_ON_ALL_DEVICES), 1);
   assert_true(tnt__setting_number(TNT__S_RING_DEPTH) == 7.0);
   assert_int_equal(tnt__setting_word(TNT__S_FUSION_THRESHOLD_KB), 0);
@@ -85,7 +86,9 @@ static void test_bad_values_name_what_the_setting_takes(void **state) {
       {"TNT_RING_DEPTH=2.5", "use a whole number from 1 to 1024"},
       {"TNT_RING_DEPTH=0", "use a whole number from 1 to 1024"},
       {"TNT_LOG_LEVEL=LOUD", "use DEBUG, INFO, WARNING or ERROR (default INFO)"},
-      {"TNT_DATA_SHARE=maybe", "use on or off (also 1, true, yes or 0, false, no) (default on)"},
+      {"TNT_DATA_SHARE=maybe", "use on, off or deterministic (default on)"},
+      {"TNT_OUTPUT_ON_ALL_DEVICES=maybe",
+       "use on or off (also 1, true, yes or 0, false, no) (default off)"},
       {"TNT_FUSION_THRESHOLD_KB=-1", "use a number from 0 to 1048576, or auto (default 32)"},
       {"TNT_ALLREDUCE_ALGORITHM=fast", "use auto, shm, rd, ring, mpi or hier"},
       {"TNT_SPLIT_HOSTS=0", "use a whole number from 1 to 1048576, or off"},

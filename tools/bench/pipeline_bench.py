@@ -99,6 +99,12 @@ CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_BUDGET_W = 2048, 8, 32, 2.75
 
 # ------------------------------------------------------------------ helpers
 
+def pipeline_schedule():
+    """The schedule the pipelined runs use (TNT_PIPELINE_SCHEDULE)."""
+    from tarantella import settings
+    return settings.get("TNT_PIPELINE_SCHEDULE")
+
+
 def proc_status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -339,7 +345,7 @@ def bubble(args):
         benchmark="pipeline_bubble", width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
         micro_batch=BUBBLE_MICRO, micro_batches=list(MICRO_BATCHES), steps_per_fit=steps,
         fits=reps, quick=bool(args.quick),
-        schedule=os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"), optimizer="SGD", loss="mse",
+        schedule=pipeline_schedule(), optimizer="SGD", loss="mse",
         t_stage=f"t_alone: median of {stage_reps} runs of a middle stage's forward + backward "
                 "on one micro-batch, on rank 0 alone (the other ranks asleep), right before "
                 "each fit",
@@ -442,7 +448,7 @@ def memory_worker(args):
     timer = step_timer(keras)
     model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
     doc = {"rank": rank, "stage": rank, "micro_batches": m,
-           "schedule": os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"),
+           "schedule": pipeline_schedule(),
            "rss_before_fit_kib": base_kib, "rss_after_warmup_kib": after_warmup_kib,
            "peak_warmup_kib": lifetime_hwm_warmup,
            "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,

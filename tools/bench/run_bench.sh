@@ -19,8 +19,9 @@
 #                vs data-parallel throughput on the
 #                simulated 2-host cluster at 1 Gbit/s (as root)
 #   data_share   input-bound training at 1, 2 and 4 ranks with each rank
-#                preparing only its share of the data, on and off
-#                (data_bench.py)
+#                preparing only its share of the data, on and off, beside
+#                plain Keras: a matmul map and a random augmentation
+#                (data_bench.py; --only data is short for it)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -74,6 +75,8 @@ STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_shar
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
                         [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
                         [data_share]=data_share)
+# "data" is short for data_share.
+ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
   [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
     "${STAGE_NAMES[*]})" >&2; exit 2; }
@@ -268,7 +271,7 @@ fi
 if wanted data_share; then
   args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage data_share "$(limit 900 300)" "$OUT/data_share.json" \
+  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.json" \
     "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
 fi
 
