@@ -33,6 +33,7 @@ import keras
 
 from tarantella import _keras_internals as internals
 from tarantella import log
+from tarantella import progress
 from tarantella import runtime
 from tarantella import saving
 from tarantella import settings
@@ -327,7 +328,7 @@ def distribute(callbacks):
             _backup_atomically(cb)
         _quiet(cb)
         out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
-    return out
+    return out + [progress.Reporter()]
 
 
 def wants_local_logs(callbacks):

@@ -1,0 +1,40 @@
+"""Progress reports to the launcher.
+
+``tarantella --max-restarts N`` starts a failed job again only when the
+failed attempt had got somewhere: an attempt that fails before any rank
+completed a training step fails from an error a restart would meet again
+(a bad argument, a missing file, an exception in the model's code). A rank
+records its first completed step by creating the file the launcher names in
+``TNT_PROGRESS_FILE``; ``fit`` does so through ``Reporter``, a custom training
+loop by calling ``step_completed()`` after its first step. Outside the
+launcher there is no such file and both do nothing.
+"""
+import keras
+
+from tarantella import settings
+
+_reported = False
+
+
+def step_completed():
+    """Records that this rank completed a training step (once per process;
+    later calls return at once)."""
+    global _reported
+    if _reported:
+        return
+    _reported = True
+    path = settings.get("TNT_PROGRESS_FILE")
+    if path is not None:
+        with open(path, "w") as f:
+            f.write("a training step completed\n")
+
+
+class Reporter(keras.callbacks.Callback):
+    """Calls step_completed() after every training batch of fit. It reads
+    no logs, so Keras may call it asynchronously, as it does the batch hooks
+    of its own callbacks."""
+
+    async_safe = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        step_completed()
