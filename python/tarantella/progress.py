@@ -11,6 +11,7 @@ launcher there is no such file and both do nothing.
 """
 import keras
 
+from tarantella import resume
 from tarantella import settings
 
 _reported = False
@@ -37,4 +38,5 @@ class Reporter(keras.callbacks.Callback):
     async_safe = True
 
     def on_train_batch_end(self, batch, logs=None):
-        step_completed()
+        if not resume.skipping(batch):
+            step_completed()
