@@ -34,11 +34,11 @@ from tarantella import runtime
 # The training dataset of each model's fit in progress.
 _training_data = weakref.WeakKeyDictionary()
 # In the epoch a resumed fit starts in, the batches below this index were
-# trained on before the backup (Skip); None otherwise.
+# trained on before the backup (skip_batches); None otherwise.
 _skip_below = None
 
 # float64 holds every integer up to 2**53 exactly; seed states and counts
-# stay far below it, which gather checks.
+# stay far below it, which _table checks.
 _EXACT_INTEGERS = 2 ** 53
 
 
