@@ -27,11 +27,37 @@ def final(out):
         return weights, json.load(f)
 
 
+def train(ranks, d, *args, restarts=0):
+    """Runs the worker on `ranks` ranks in directory d; returns the launcher's
+    process and the final weights and logs."""
+    d.mkdir(parents=True, exist_ok=True)
+    out = str(d / "w.npz")
+    cmd = mpirun_command(ranks, sys.executable, WORKER, str(d / "backup"), "--out", out, *args)
+    if restarts:
+        cmd.insert(1, f"--max-restarts={restarts}")
+    return run(cmd), final(out)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    d = tmp_path_factory.mktemp("uninterrupted")
-    run(mpirun_command(2, sys.executable, WORKER, str(d / "backup"), "--out", str(d / "w.npz")))
-    return final(str(d / "w.npz"))
+    return train(2, tmp_path_factory.mktemp("uninterrupted"))[1]
+
+
+def assert_same_run(got, expected):
+    (weights, summary), (expected_weights, expected_summary) = got, expected
+    assert len(weights) == len(expected_weights)
+    for w, want in zip(weights, expected_weights):
+        assert w.dtype == want.dtype and np.array_equal(w, want), \
+            f"largest difference {np.abs(w - want).max()}"
+    # The last epoch's loss and accuracy, accumulated over all its batches,
+    # match too (resumed in epoch 1 or 2, the last epoch runs in whole).
+    assert summary["last"] == expected_summary["last"]
+
+
+def assert_restarted_once(proc, rank, epoch, batch):
+    assert f"rank {rank} kills itself at epoch {epoch} batch {batch}" in proc.stdout
+    assert "attempt 1 failed" in proc.stderr and "was killed by signal 9" in proc.stderr
+    assert "attempt 2 succeeded after 1 restart(s)" in proc.stderr
 
 
 # (rank killed, epoch, batch): the last backup before the kill, and what the
@@ -46,23 +72,17 @@ KILLS = [
 
 
 @pytest.mark.parametrize("rank,epoch,batch", KILLS)
-def test_killed_and_resumed_equals_uninterrupted(tmp_path, python, uninterrupted, rank, epoch,
-                                                 batch):
-    out = str(tmp_path / "w.npz")
-    cmd = mpirun_command(2, python, WORKER, str(tmp_path / "backup"), "--out", out,
-                         "--kill-rank", str(rank), "--kill-epoch", str(epoch),
-                         "--kill-batch", str(batch))
-    cmd.insert(1, "--max-restarts=1")
-    proc = run(cmd)
-    assert f"rank {rank} kills itself at epoch {epoch} batch {batch}" in proc.stdout
-    assert "attempt 1 failed" in proc.stderr and "was killed by signal 9" in proc.stderr
-    assert "attempt 2 succeeded after 1 restart(s)" in proc.stderr
-    weights, summary = final(out)
-    expected, expected_summary = uninterrupted
-    assert len(weights) == len(expected)
-    for got, want in zip(weights, expected):
-        assert got.dtype == want.dtype and np.array_equal(got, want), \
-            f"largest difference {np.abs(got - want).max()}"
-    # The last epoch's loss and accuracy, accumulated over all its batches,
-    # match too (resumed in epoch 1 or 2, the last epoch runs in whole).
-    assert summary["last"] == expected_summary["last"]
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, epoch, batch):
+    proc, got = train(2, tmp_path, "--kill-rank", str(rank), "--kill-epoch", str(epoch),
+                      "--kill-batch", str(batch), restarts=1)
+    assert_restarted_once(proc, rank, epoch, batch)
+    assert_same_run(got, uninterrupted)
+
+
+@pytest.mark.long
+def test_middle_rank_of_three_killed_and_resumed(tmp_path):
+    _, expected = train(3, tmp_path / "uninterrupted")
+    proc, got = train(3, tmp_path / "killed", "--kill-rank", "1", "--kill-epoch", "2",
+                      "--kill-batch", "4", restarts=1)
+    assert_restarted_once(proc, 1, 2, 4)
+    assert_same_run(got, expected)
