@@ -33,14 +33,16 @@ int tnt__job_init(tnt__job_t *job, const tnt__launch_plan_t *plan, char *err, si
   return job->max_restarts > 0 ? prepare_attempt(job, 1, err, err_len) : 0;
 }
 
-void tnt__job_free(tnt__job_t *job) { tnt__command_free(&job->cmd); }
+void tnt__job_free(tnt__job_t *job) {
+  tnt__command_free(&job->cmd);
+}
 
 static int is_fault_signal(int sig) {
   return sig == SIGSEGV || sig == SIGABRT || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
 }
 
-int tnt__same_error(const tnt__rank_status_t *a, const char *a_line,
-                    const tnt__rank_status_t *b, const char *b_line) {
+int tnt__same_error(const tnt__rank_status_t *a, const char *a_line, const tnt__rank_status_t *b,
+                    const char *b_line) {
   if (!a->finished || !b->finished) return 0;
   if (a->signal != 0 || b->signal != 0) {
     if (a->signal != b->signal || !is_fault_signal(a->signal)) return 0;
@@ -116,7 +118,8 @@ int tnt__job_run(tnt__job_t *job) {
     if (stop != NULL) {
       int code = tnt__run_report(&job->plan, &a);
       if (*stop != '\0') {
-        fprintf(stderr, "tarantella: error: attempt %d of at most %d failed and is not restarted: %s\n",
+        fprintf(stderr,
+                "tarantella: error: attempt %d of at most %d failed and is not restarted: %s\n",
                 attempt, job->max_restarts + 1, stop);
       }
       return code;

@@ -27,8 +27,8 @@ typedef struct {
   tnt__command_t cmd;      /* and its command */
   const char *run_dir;     /* the job's run directory (not owned) */
   char attempt_dir[PATH_MAX];
-  int max_restarts;  /* 0: a single attempt, logging in run_dir itself */
-  double delay_s;    /* between a failed attempt and the next */
+  int max_restarts; /* 0: a single attempt, logging in run_dir itself */
+  double delay_s;   /* between a failed attempt and the next */
 } tnt__job_t;
 
 /* Prepares the first attempt of the job that plan describes (plan->run_dir
@@ -47,7 +47,7 @@ void tnt__job_free(tnt__job_t *job);
 /* Whether two failed attempts failed with the same error of the program:
  * the same exit code, or the same fault signal (SIGSEGV, SIGABRT, SIGBUS,
  * SIGFPE, SIGILL), with the same last log line. */
-int tnt__same_error(const tnt__rank_status_t *a, const char *a_line,
-                    const tnt__rank_status_t *b, const char *b_line);
+int tnt__same_error(const tnt__rank_status_t *a, const char *a_line, const tnt__rank_status_t *b,
+                    const char *b_line);
 
 #endif
