@@ -11,6 +11,7 @@ launcher there is no such file and both do nothing.
 """
 import keras
 
+from tarantella import log
 from tarantella import resume
 from tarantella import settings
 
@@ -25,9 +26,16 @@ def step_completed():
         return
     _reported = True
     path = settings.get("TNT_PROGRESS_FILE")
-    if path is not None:
+    if path is None:
+        return
+    try:
         with open(path, "w") as f:
             f.write("a training step completed\n")
+    except OSError as e:
+        # Training goes on; only a restart of this attempt is at stake.
+        log.logger.warning("cannot record the first completed step in %s (%s): with "
+                           "--max-restarts, a failure of this attempt may be taken for one "
+                           "before the first step and not be restarted", path, e.strerror)
 
 
 class Reporter(keras.callbacks.Callback):

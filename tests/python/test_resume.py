@@ -10,6 +10,7 @@ resume_worker.py trains 4 epochs of 6 steps (global batch 16 of 96 NumPy
 samples, shuffled every epoch) and backs up after every 4th step."""
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -86,3 +87,22 @@ def test_middle_rank_of_three_killed_and_resumed(tmp_path):
                       "--kill-batch", "4", restarts=1)
     assert_restarted_once(proc, 1, 2, 4)
     assert_same_run(got, expected)
+
+
+def test_progress_is_recorded_once_and_never_stops_training(tmp_path):
+    """tarantella.progress.step_completed() creates TNT_PROGRESS_FILE (the
+    launcher's sign that an attempt got somewhere) on its first call only;
+    a file that cannot be written costs a warning, not the training."""
+    code = ("from tarantella import progress\n"
+            "progress.step_completed()\n"
+            "progress.step_completed()\n"
+            "print('went on')\n")
+    path = tmp_path / "rank0.progress"
+    for target, recorded in ((path, True), (tmp_path / "missing" / "rank0.progress", False)):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, TNT_PROGRESS_FILE=str(target),
+                                       TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
+        assert proc.returncode == 0 and "went on" in proc.stdout, proc.stderr
+        assert target.exists() == recorded
+        warned = proc.stderr.count("cannot record the first completed step")
+        assert warned == (0 if recorded else 1), proc.stderr
