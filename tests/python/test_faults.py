@@ -201,7 +201,11 @@ def uninterrupted(tmp_path_factory):
 # The master renames four files per epoch: the backup's weights, the
 # backup's state (seeds and metrics), the backup's metadata, then the
 # epoch's checkpoint. Renames 9 to 12 are those of epoch 3.
-@pytest.mark.parametrize("rename", [9, 10, 11, 12])
+# Rename 9 in make test; 10, 11 and 12 (the same resume from the other files
+# of the epoch) in make test-long.
+@pytest.mark.parametrize("rename", [9, pytest.param(10, marks=pytest.mark.long),
+                                    pytest.param(11, marks=pytest.mark.long),
+                                    pytest.param(12, marks=pytest.mark.long)])
 def test_killed_while_saving_then_resumed(rename, uninterrupted, tmp_path):
     """The job dies halfway through a save of epoch 3: the previous backup
     and checkpoints stay intact, and resuming with BackupAndRestore ends

@@ -67,8 +67,8 @@ KILLS = [
     # backup after step 8 (epoch 1, batch 1): 2 batches of epoch 1 are skipped
     pytest.param(1, 1, 3, id="last-rank-mid-epoch"),
     # backup after step 12, the last batch of epoch 1: all of epoch 1 is
-    # skipped, and epoch 2 starts with the next data order
-    pytest.param(0, 2, 1, id="rank0-after-an-epochs-last-batch"),
+    # skipped, and epoch 2 starts with the next data order (make test-long)
+    pytest.param(0, 2, 1, id="rank0-after-an-epochs-last-batch", marks=pytest.mark.long),
 ]
 
 
