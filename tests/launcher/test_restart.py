@@ -24,9 +24,10 @@ def test_a_rank_that_fails_once_is_restarted(launcher, marked):
     marker, d = marked
     run_dir = os.path.join(d, "run")
     start = time.monotonic()
+    # Rank 0 sleeps in the first attempt until the launcher ends it.
     proc = run_launcher(["-n", "2", "--max-restarts", "2", "--restart-delay", "1.5", "--run-dir",
                          run_dir, "--", os.path.join(d, "rank_program.py"), "--progress",
-                         "--fail-rank", "1", "--fail-before-restart", "1", "--sleep", "1"],
+                         "--fail-rank", "1", "--sleep", "300", "--only-before-restart", "1"],
                         timeout=120)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
@@ -42,6 +43,7 @@ def test_a_rank_that_fails_once_is_restarted(launcher, marked):
                 assert f"rank {rank} attempt with TNT_RESTART_COUNT={count}" in f.read()
     # Rank 0 of the first attempt was ended, not left to finish on its own.
     assert proc.stdout.count("rank 0 done") == 1, proc.stdout
+    assert elapsed < 100, f"the job took {elapsed:.0f} s"
     assert_nothing_left(marker)
 
 
