@@ -125,3 +125,14 @@ def test_without_restarts_the_logs_stay_in_the_run_directory(launcher, marked):
         assert "rank 1 attempt with TNT_RESTART_COUNT=0" in f.read()
     assert os.path.exists(os.path.join(run_dir, "rank1.progress"))
     assert_nothing_left(marker)
+
+
+def test_dry_run_shows_the_first_attempt(launcher, tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = run_launcher(["--dry-run", "-n", "2", "--max-restarts", "2", "--run-dir", run_dir,
+                         "--", "/bin/true"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"# up to 2 restart(s), each logging in {run_dir}/attempt<K>" in proc.stdout
+    assert f"--rank-exec --run-dir {run_dir}/attempt1 --restart-count 0 " in proc.stdout
+    assert "export TNT_MAX_RESTARTS=2" in proc.stdout
+    assert not os.path.exists(run_dir)
