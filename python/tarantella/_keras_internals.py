@@ -29,6 +29,10 @@ _USED = (
     ("BackupAndRestore._weights_path", "backup", "_weights_path"),
     ("BackupAndRestore._current_epoch", "backup", "_current_epoch"),
     ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
+    # A fit resumed in mid-epoch counts the batches to its next backup from
+    # the restored one, as the interrupted fit did (BackupState.resume_at).
+    ("BackupAndRestore._batches_seen_since_last_saving", "backup",
+     "_batches_seen_since_last_saving"),
     # Where fit starts when a backup is restored.
     ("Model._initial_epoch", "model", "_initial_epoch"),
     # A pipelined step computes the loss and the metrics on the last stage,
@@ -80,6 +84,9 @@ def verify():
             _missing(what)
     import inspect
     from keras.src.backend.tensorflow import trainer  # to read fit's source only
+    from keras.src.random import seed_generator
+    if not hasattr(seed_generator, "GLOBAL_SEED_GENERATOR"):
+        _missing("seed_generator.GLOBAL_SEED_GENERATOR")
     if FIT_VALIDATION_KEYWORD not in inspect.getsource(trainer.TensorFlowTrainer.fit):
         _missing(f"fit's {FIT_VALIDATION_KEYWORD}= keyword of evaluate")
 
@@ -176,6 +183,15 @@ def optimizer_slots(optimizer, variable_lists):
     return out
 
 
+def global_seed_generator():
+    """The SeedGenerator behind keras.random calls without a seed, or None
+    when none was made (asking Keras for it would make one, drawing from
+    Python's random module)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
 def flatten_layers(model):
     """Every layer inside `model`, nested ones included (not `model` itself)."""
     return list(model._flatten_layers(include_self=False, recursive=True))
@@ -220,6 +236,21 @@ class BackupState:
     @property
     def batch(self):
         return self.callback._last_batch_seen
+
+    def batches_done(self):
+        """Batches of the epoch in progress trained on when a backup is
+        taken: all those up to the last one seen for a backup after a
+        batch; none for a backup at the end of an epoch (which the epoch
+        count then includes)."""
+        return 0 if self.callback.save_freq == "epoch" else self.callback._last_batch_seen + 1
+
+    def resume_at(self, epoch, batches_done):
+        """Makes the callback count epochs and batches from a restored
+        backup, as the fit that took it did (Keras's own restore leaves the
+        count of epochs at 0 until the first epoch ends)."""
+        self.callback._current_epoch = epoch
+        self.callback._last_batch_seen = max(batches_done - 1, 0)
+        self.callback._batches_seen_since_last_saving = 0
 
     def set_initial_epoch(self, epoch):
         self.callback.model._initial_epoch = epoch

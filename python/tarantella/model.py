@@ -47,6 +47,7 @@ from tarantella import data
 from tarantella import log
 from tarantella import metrics
 from tarantella import optimizers
+from tarantella import resume
 from tarantella import runtime
 from tarantella import saving
 from tarantella import step
@@ -453,6 +454,7 @@ class Model(keras.Model, metaclass=_ModelType):
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # Shuffling is the dataset's business (arrays were shuffled above).
+        train = resume.track_training_data(self, train)  # BackupAndRestore's data position
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                               validation_data=val, shuffle=False, **kwargs)
         if self._tnt.pipeline is not None:

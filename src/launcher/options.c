@@ -43,6 +43,12 @@ const char tnt__usage_text[] =
     "  --run-dir DIR             where every rank's log goes (default:\n"
     "                            ./tarantella-run-DATE-TIME-PID, or $TNT_RUN_DIR)\n"
     "\n"
+    "Failures:\n"
+    "  --max-restarts N          start the job again, up to N times, when an attempt\n"
+    "                            fails after a completed step (TNT_MAX_RESTARTS;\n"
+    "                            default 0); each attempt logs to DIR/attempt<K>\n"
+    "  --restart-delay S         wait S seconds before each restart (default 0)\n"
+    "\n"
     "Environment and tuning:\n"
     "  -x NAME=VALUE [N2=V2 ...] set NAME on every rank (repeatable; several\n"
     "                            assignments may follow one -x); -x NAME passes\n"
@@ -80,6 +86,8 @@ typedef enum {
   OPT_PIN_MEMORY,
   OPT_PYTHON,
   OPT_RUN_DIR,
+  OPT_MAX_RESTARTS,
+  OPT_RESTART_DELAY,
   OPT_DRY_RUN,
   OPT_SETTINGS,
   OPT_VERSION,
@@ -110,6 +118,8 @@ static const option_spec_t long_options[] = {
     {"--pin-memory-to-socket", OPT_PIN_MEMORY, 0},
     {"--python-interpreter", OPT_PYTHON, 1},
     {"--run-dir", OPT_RUN_DIR, 1},
+    {"--max-restarts", OPT_MAX_RESTARTS, 1},
+    {"--restart-delay", OPT_RESTART_DELAY, 1},
     {"--dry-run", OPT_DRY_RUN, 0},
     {"--settings", OPT_SETTINGS, 2},
     {"--version", OPT_VERSION, 0},
@@ -134,6 +144,17 @@ static int parse_count(const char *s, int *out) {
   }
   if (v < 1) return -1;
   *out = (int)v;
+  return 0;
+}
+
+/* Parses a finite number of seconds, 0 or more, and no more than a day:
+ * a longer wait between attempts is surely a typing mistake. */
+static int parse_seconds(const char *s, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (*s == '\0' || errno != 0 || *end != '\0' || !isfinite(v) || v < 0 || v > 86400) return -1;
+  *out = v;
   return 0;
 }
 
@@ -238,6 +259,17 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
         return -1;
       }
       o->run_dir = value;
+      return 0;
+    case OPT_MAX_RESTARTS:
+      if (check_setting(TNT__S_MAX_RESTARTS, arg, value, err, err_len) != 0) return -1;
+      o->max_restarts = value;
+      return 0;
+    case OPT_RESTART_DELAY:
+      if (parse_seconds(value, &o->restart_delay_s) != 0) {
+        tnt__set_error(err, err_len, "%s needs a number of seconds from 0 to 86400 (a day), not '%s'", arg,
+                       value);
+        return -1;
+      }
       return 0;
     case OPT_NO_GPU:
       o->no_gpu = 1;
