@@ -136,3 +136,17 @@ class SharedBatches(_PassThrough):
         self.global_batch = global_batch
         self.drop_remainder = drop_remainder
         super().__init__(input_dataset)
+
+
+class CountsIterators(_PassThrough):
+    """Counts the iterators made of it: a shuffle that reshuffles on each
+    iteration draws each order from the number of iterators made before
+    (resume.py)."""
+
+    def __init__(self, input_dataset):
+        self.iterators_made = 0
+        super().__init__(input_dataset)
+
+    def __iter__(self):
+        self.iterators_made += 1
+        return super().__iter__()

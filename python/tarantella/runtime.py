@@ -17,7 +17,9 @@ DEFAULT_SEED = 42
 
 
 def init(seed=None):
-    """Sets up communication among all ranks; call it first, on every rank.
+    """Sets up communication among all ranks, on every rank. Optional: the
+    first call that needs the runtime (tnt.get_size(), tnt.Model, ...)
+    initializes it; call it first to choose the seed.
 
     Started with plain ``python``, the program is a 1-rank run. ``seed``
     seeds TensorFlow, Python and NumPy identically on every rank (default
@@ -60,10 +62,10 @@ def _is_whole_number(value):
 
 
 def require_init():
+    """Initializes Tarantella (with the default seed) when the program has
+    not called tnt.init(): every call that needs the runtime starts here."""
     if not _core.is_initialized():
-        raise TarantellaError(
-            "Tarantella is not initialized: call tnt.init() at the start of the "
-            "program, before creating models or datasets")
+        init()
 
 
 def disagreements(values):

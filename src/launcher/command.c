@@ -57,6 +57,7 @@ int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *
       {"TNT_LOG_ON_ALL_DEVICES", o->log_on_all_devices ? "true" : NULL},
       {"TNT_OUTPUT_ON_ALL_DEVICES", o->output_on_all_devices ? "true" : NULL},
       {"TNT_FUSION_THRESHOLD_KB", o->fusion_threshold},
+      {"TNT_MAX_RESTARTS", o->max_restarts},
   };
   for (size_t i = 0; i < sizeof settings / sizeof settings[0]; ++i) {
     if (settings[i].value == NULL) continue;
@@ -129,6 +130,10 @@ static int push_rank_command(const tnt__launch_plan_t *plan, tnt__strvec_t *a) {
   rc |= tnt__strvec_push(a, "--rank-exec");
   rc |= tnt__strvec_push(a, "--run-dir");
   rc |= tnt__strvec_push(a, plan->run_dir);
+  if (plan->attempt > 0) {
+    rc |= tnt__strvec_push(a, "--restart-count");
+    rc |= tnt__strvec_pushf(a, "%d", plan->attempt - 1);
+  }
   if (plan->gpus != NULL) {
     rc |= tnt__strvec_push(a, "--gpus");
     rc |= tnt__strvec_push(a, plan->gpus);

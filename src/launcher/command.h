@@ -24,7 +24,8 @@ typedef struct {
   tnt__mpi_flavor_t flavor;
   const char *mpirun;           /* the MPI launcher to execute */
   const char *self;             /* this program's absolute path, run as each rank's wrapper */
-  const char *run_dir;          /* absolute path of the run directory */
+  const char *run_dir;          /* absolute path of the directory of the rank logs */
+  int attempt;                  /* with restarts, the attempt (1, 2, ...); 0 without */
   const char *workdir;          /* absolute working directory of every rank */
   int is_root;                  /* the launcher runs as root */
   long cores;                   /* processors of this host */

@@ -43,8 +43,15 @@ const char tnt__usage_text[] =
     "  --run-dir DIR             where every rank's log goes (default:\n"
     "                            ./tarantella-run-DATE-TIME-PID, or $TNT_RUN_DIR)\n"
     "\n"
+    "Failures:\n"
+    "  --max-restarts N          start the job again, up to N times, when an attempt\n"
+    "                            fails after a completed step (TNT_MAX_RESTARTS;\n"
+    "                            default 0); each attempt logs to DIR/attempt<K>\n"
+    "  --restart-delay S         wait S seconds before each restart (default 0)\n"
+    "\n"
     "Environment and tuning:\n"
-    "  -x NAME=VALUE             set NAME on every rank (repeatable); -x NAME passes\n"
+    "  -x NAME=VALUE [N2=V2 ...] set NAME on every rank (repeatable; several\n"
+    "                            assignments may follow one -x); -x NAME passes\n"
     "                            on its current value\n"
     "  --fusion-threshold KB     tensor fusion threshold in KB (TNT_FUSION_THRESHOLD_KB)\n"
     "  --pin-to-socket           bind each rank of a host to its own NUMA node\n"
@@ -79,6 +86,8 @@ typedef enum {
   OPT_PIN_MEMORY,
   OPT_PYTHON,
   OPT_RUN_DIR,
+  OPT_MAX_RESTARTS,
+  OPT_RESTART_DELAY,
   OPT_DRY_RUN,
   OPT_SETTINGS,
   OPT_VERSION,
@@ -109,6 +118,8 @@ static const option_spec_t long_options[] = {
     {"--pin-memory-to-socket", OPT_PIN_MEMORY, 0},
     {"--python-interpreter", OPT_PYTHON, 1},
     {"--run-dir", OPT_RUN_DIR, 1},
+    {"--max-restarts", OPT_MAX_RESTARTS, 1},
+    {"--restart-delay", OPT_RESTART_DELAY, 1},
     {"--dry-run", OPT_DRY_RUN, 0},
     {"--settings", OPT_SETTINGS, 2},
     {"--version", OPT_VERSION, 0},
@@ -133,6 +144,17 @@ static int parse_count(const char *s, int *out) {
   }
   if (v < 1) return -1;
   *out = (int)v;
+  return 0;
+}
+
+/* Parses a finite number of seconds, 0 or more, and no more than a day:
+ * a longer wait between attempts is surely a typing mistake. */
+static int parse_seconds(const char *s, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (*s == '\0' || errno != 0 || *end != '\0' || !isfinite(v) || v < 0 || v > 86400) return -1;
+  *out = v;
   return 0;
 }
 
@@ -238,6 +260,17 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       }
       o->run_dir = value;
       return 0;
+    case OPT_MAX_RESTARTS:
+      if (check_setting(TNT__S_MAX_RESTARTS, arg, value, err, err_len) != 0) return -1;
+      o->max_restarts = value;
+      return 0;
+    case OPT_RESTART_DELAY:
+      if (parse_seconds(value, &o->restart_delay_s) != 0) {
+        tnt__set_error(err, err_len, "%s needs a number of seconds from 0 to 86400 (a day), not '%s'", arg,
+                       value);
+        return -1;
+      }
+      return 0;
     case OPT_NO_GPU:
       o->no_gpu = 1;
       return 0;
@@ -321,6 +354,12 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
       value = argv[++i];
     }
     if (apply_option(opts, spec, arg, value, err, err_len) != 0) goto out;
+    /* "-x A=1 B=2": the assignments that follow one -x (NAME=VALUE only, so
+     * that a program named before a forgotten '--' is still reported). */
+    while (spec->id == OPT_ENV && i + 1 < argc && argv[i + 1][0] != '-' &&
+           strchr(argv[i + 1], '=') != NULL) {
+      if (apply_option(opts, spec, arg, argv[++i], err, err_len) != 0) goto out;
+    }
   }
   if (opts->settings) {
     result = TNT__PARSE_SETTINGS;

@@ -31,6 +31,8 @@ typedef struct {
   int pin_memory_to_socket;     /* --pin-memory-to-socket */
   const char *python;           /* --python-interpreter; NULL for the default */
   const char *run_dir;          /* --run-dir; NULL for the default */
+  const char *max_restarts;     /* --max-restarts as given (validated); NULL if not given */
+  double restart_delay_s;       /* --restart-delay; 0 when not given */
   int dry_run;                  /* --dry-run */
   int settings;                 /* --settings: 1; --settings=markdown: 2; else 0 */
   const char **env;             /* -x arguments, "NAME=VALUE" or "NAME"; owned by the options */

@@ -57,6 +57,8 @@ int tnt__rank_options_parse(int argc, char *const argv[], tnt__rank_options_t *o
     } else if (strcmp(a, "--cpu") == 0) {
       o->gpus = NULL;
       have_devices = 1;
+    } else if (strcmp(a, "--restart-count") == 0 && i + 1 < argc) {
+      o->restart_count = argv[++i];
     } else if (strcmp(a, "--output-on-all-devices") == 0) {
       o->output_on_all_devices = 1;
     } else if (strcmp(a, "--pin-to-socket") == 0) {
@@ -416,6 +418,12 @@ int tnt__rank_main(int argc, char *argv[]) {
   /* Python buffers a pipe's output in large blocks; unbuffered, the log
    * holds everything up to the moment a rank fails. */
   setenv("PYTHONUNBUFFERED", "1", 0);
+  /* Which attempt of the job this is (0 for the first), and where the
+   * program records its first completed step (status.h). */
+  setenv("TNT_RESTART_COUNT", o.restart_count != NULL ? o.restart_count : "0", 1);
+  char progress_path[4200];
+  tnt__progress_path(o.run_dir, rank, progress_path, sizeof progress_path);
+  setenv("TNT_PROGRESS_FILE", progress_path, 1);
   if (o.pin_to_socket && pin_to_node(&o, local_rank, err, sizeof err) != 0) goto out;
 
   if (tnt__status_write(o.run_dir, &status) != 0) {

@@ -306,6 +306,15 @@ def test_x_variables(launcher, prog):
         assert words[words.index(name) - 1] == "-x"
 
 
+def test_several_assignments_after_one_x(launcher, prog):
+    """The original's documented form: several NAME=VALUE after one -x."""
+    words, exports, _, _ = dry(["-x", "DATASET=/scratch/data", "TF_CPP_MIN_LOG_LEVEL=1",
+                                "--", prog], env=base_env())
+    assert exports["DATASET"] == "/scratch/data"
+    assert exports["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    assert words[words.index(prog):] == [prog]
+
+
 def test_pinning(launcher, prog, fake_sys):
     env = base_env(TNT_SYS_ROOT=fake_sys(numa_nodes=2))
     words, *_ = dry(["--pin-to-socket", "-n", "2", "--", prog], env=env)

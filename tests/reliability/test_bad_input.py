@@ -138,6 +138,10 @@ CASES = [
     *[L(f"--fusion-threshold '{v}'", "takes a number from 0 to 1048576, or auto", "--fusion-threshold", v,
         *PROG, files=PROG_FILE)
       for v in ["-1", "-0.5", "abc", "12kb", "nan", "inf", "0x20", ""]],
+    *[L(f"--max-restarts '{v}'", "--max-restarts takes a whole number from 0 to 1000000",
+        "--max-restarts", v, *PROG, files=PROG_FILE) for v in ["-1", "many", "1.5"]],
+    *[L(f"--restart-delay '{v}'", "--restart-delay needs a number of seconds from 0 to 86400",
+        "--restart-delay", v, *PROG, files=PROG_FILE) for v in ["-5", "soon", "1e9"]],
     L("--pin-to-socket -n 2 on 1 NUMA node", "1 NUMA node(s) for 2 ranks per host",
       "--pin-to-socket", "-n", "2", *PROG, files=PROG_FILE + NUMA1,
       env=(("TNT_SYS_ROOT", "{tmp}/sys"),)),
@@ -210,6 +214,8 @@ CASES = [
     E("TNT_TF_OPS_LIBRARY", "/no/such/ops.so", "TNT_TF_OPS_LIBRARY=/no/such/ops.so: no such "
       "file; unset it", exit=1, args=("--no-gpu", "-n", "2", "--", "{tmp}/fit.py"),
       files=(("fit.py", INIT + FIT),), timeout=150),
+    E("TNT_MAX_RESTARTS", "lots", "TNT_MAX_RESTARTS=lots is not a value TNT_MAX_RESTARTS takes: "
+      "use a whole number from 0 to 1000000 (default 0)", args=PROG, files=PROG_FILE),
     E("TNT_MPIRUN", "/bin/true", "neither Open MPI", exit=LAUNCHER_ERROR, args=PROG,
       files=PROG_FILE),
     E("TNT_MPIRUN", "/no/mpirun", "TNT_MPIRUN=/no/mpirun: no such executable",
@@ -217,10 +223,6 @@ CASES = [
     E("TNT_RUN_DIR", "/proc/nope", "cannot create the run directory /proc/nope", exit=1,
       args=PROG, files=PROG_FILE),
     # ------------------------------------------------------------ Python API
-    P("Python API", "tnt.Model before tnt.init()", "tnt.Model(make_model())", "TarantellaError",
-      "call tnt.init() at the start of the program", init=False),
-    P("Python API", "tnt.get_rank() before tnt.init()", "tnt.get_rank()", "TarantellaError",
-      "call tnt.init()", init=False),
     P("Python API", "tnt.init(seed='abc')", "tnt.init(seed='abc')", "TarantellaError",
       "the seed must be an integer", init=False),
     P("Python API", "tnt.Model('resnet')", "tnt.Model('resnet')", "TypeError",
