@@ -656,8 +656,9 @@ static void test_scaled(tnt_group_t *world) {
       tnt__copy_scaled(xs, info[t].dtype, x, info[t].dtype, n, weight, 0);
       MT_OK(tnt_fusion_start(plain, info[t].id, xs));
       MT_OK(tnt_fusion_start_scaled(scaled, info[t].id, x, weight));
-      MT_OK(tnt_fusion_finish(plain, info[t].id, want, -1));
-      tnt__copy_scaled(want, info[t].dtype, want, info[t].dtype, n, total, 1);
+      /* xs is free again: the start copied it. */
+      MT_OK(tnt_fusion_finish(plain, info[t].id, xs, -1));
+      tnt__copy_scaled(want, info[t].dtype, xs, info[t].dtype, n, total, 1);
       MT_OK(tnt_fusion_finish_scaled(scaled, info[t].id, got, total, -1));
       if (memcmp(got, want, n * esz) != 0) {
         mt_fail(-1, "tensor %d (%s): scaled in libtnt differs from scaled by the caller", t,
