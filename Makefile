@@ -3,7 +3,7 @@
 #               (with the tarantella launcher)
 #   make test   install what is missing, build, install, run every test suite
 #   make test-long  install, then the long tests make test leaves out (the
-#               60 random kill trials of tests/python/test_faults.py)
+#               tests marked `long`: random kill trials, soak, 4-rank training)
 #   make bench  install, run the benchmark suite, write bench/results/summary.md
 #               (make bench QUICK=1: a short version)
 # All are safe to run again; they rebuild only what changed.

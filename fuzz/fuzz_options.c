@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "options.h"
+#include "util/settings.h"
 
 /* More arguments than any real command line has, and few enough to keep
  * every input fast. */
@@ -27,7 +28,11 @@ static void check_options(const tnt__options_t *o, char **argv, int argc) {
   }
   if (o->program_argv[0][0] == '\0') abort();
   if (o->nranks < 0 || o->n_per_node < 0 || (o->nranks > 0 && o->n_per_node > 0)) abort();
-  if (o->fusion_threshold != NULL && !(o->fusion_threshold_kb >= 0)) abort();
+  if (o->fusion_threshold != NULL &&
+      tnt__setting_check(TNT__S_FUSION_THRESHOLD_KB, o->fusion_threshold) != 0) {
+    abort();
+  }
+  if (o->log_level != NULL && tnt__setting_check(TNT__S_LOG_LEVEL, o->log_level) != 0) abort();
   if (o->pin_memory_to_socket && !o->pin_to_socket) abort();
   for (int i = 0; i < o->num_env; ++i) {
     if (!tnt__env_assignment_valid(o->env[i], 1)) abort();

@@ -9,8 +9,9 @@
 #      installed into a fresh virtual environment (tests/packaging)
 #   6. the bad-input matrix (tests/reliability/test_bad_input.py)
 # With --long (`make test-long`) it runs only the long tests instead: the
-# Python tests marked `long` (the 60 random kill trials of
-# tests/python/test_faults.py), which `make test` leaves out.
+# Python tests marked `long` (the 60 random kill trials and two of the
+# kills while saving in tests/python/test_faults.py, the soak test, and
+# training on 4 ranks against serial Keras), which `make test` leaves out.
 #
 # The summary line is `N passed, M failed, K skipped`:
 #   - ctest: a test ctest reports as "Skipped" (SKIP_RETURN_CODE) or

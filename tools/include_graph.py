@@ -25,7 +25,7 @@ def read_graph(src):
     graph = {}
     for layer in LAYERS:
         for name in sorted(os.listdir(os.path.join(src, layer))):
-            if not name.endswith((".c", ".h")):
+            if not name.endswith((".c", ".h", ".def")):  # .def: X-macro lists
                 continue
             path = f"{layer}/{name}"
             with open(os.path.join(src, path), encoding="utf-8") as f:

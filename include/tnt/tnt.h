@@ -266,10 +266,16 @@ typedef enum tnt_fusion_overlap {
 } tnt_fusion_overlap_t;
 
 /*
- * How a fusion set is planned and reduced. Zero-initialized options (or a
- * NULL pointer) mean: one tensor per bucket, TNT_SUM, no compression.
+ * How a fusion set is planned and reduced. Options with only `size` set
+ * (TNT_FUSION_OPTIONS_INIT), or a NULL pointer, mean: one tensor per bucket,
+ * TNT_SUM, no compression.
  */
 typedef struct tnt_fusion_options {
+  /* sizeof(tnt_fusion_options_t) as the caller was compiled: libtnt reads
+   * only that many bytes, so a caller built against an older tnt.h (a
+   * shorter struct) gets the defaults for the fields it lacks, and a size
+   * of 0 or larger than libtnt's struct is TNT_ERR_INVALID_ARG. */
+  size_t size;
   /* A bucket closes once it holds this many bytes of its tensors (counted
    * in their own dtype); 0: one tensor per bucket. */
   size_t threshold_bytes;
@@ -318,6 +324,10 @@ typedef struct tnt_fusion_options {
   tnt_fusion_overlap_t overlap;
 } tnt_fusion_options_t;
 
+/* Options with every field at its default; set fields after it:
+ *   tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;  opt.op = TNT_AVERAGE; */
+#define TNT_FUSION_OPTIONS_INIT {.size = sizeof(tnt_fusion_options_t)}
+
 /*
  * Plans fusion buckets for `tensors[0..n-1]`, given in the order in which
  * they are expected to become ready (backprop order), as `options` say
@@ -339,6 +349,21 @@ TNT_API tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *
  * and copies the reduced tensor to `out`. After every member of a bucket
  * has finished, the bucket is ready for the next round of starts. */
 TNT_API tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
+
+/* As tnt_fusion_start and tnt_fusion_finish, scaling the data where libtnt
+ * copies it anyway: start multiplies every element by `scale` on its way
+ * into the bucket, finish divides every element of the result by `divisor`
+ * on its way out (Horovod's prescale and postscale). Both compute in the
+ * tensor's dtype as TensorFlow's Mul and RealDiv do, after converting the
+ * factor to it (float16 and bfloat16 in float, rounded once; float32
+ * tensors that travel in 16 bits are scaled in float32 before narrowing
+ * and after widening), so `g * n` and `sum / total` give the same bits as
+ * TensorFlow would. Integer tensors multiply and divide as integers (a
+ * divisor of 0 is TNT_ERR_INVALID_ARG). */
+TNT_API tnt_status_t tnt_fusion_start_scaled(tnt_fusion_t *f, uint64_t id, const void *data,
+                                             double scale);
+TNT_API tnt_status_t tnt_fusion_finish_scaled(tnt_fusion_t *f, uint64_t id, void *out,
+                                              double divisor, double timeout_s);
 
 /* A process-wide number for `f` (> 0), so that code which can only carry
  * integers (graph attributes) can name it; tnt_fusion_lookup turns it back
@@ -363,10 +388,52 @@ TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
  * `info` (may be NULL); 0 when it is not (or f is NULL). */
 TNT_API int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info);
 
+/* ---------------------------------------------------------------- settings */
+
+/*
+ * Every TNT_* environment setting of Tarantella (libtnt's, the Keras
+ * layer's and the launcher's) is declared once in libtnt's registry, with
+ * its kind, default, accepted values and a line of help. The environment is
+ * read in one place: tnt_settings_load, which tnt_context_create calls, so
+ * a context (and the groups created in it) uses the settings in force when
+ * it was created. A bad value fails that call with TNT_ERR_INVALID_ARG and
+ * a message (tnt_last_error) that names the setting and lists what it
+ * accepts; the setting keeps its default meanwhile.
+ */
+
+typedef enum tnt_setting_source {
+  TNT_SETTING_DEFAULT = 0,      /* unset or empty */
+  TNT_SETTING_ENVIRONMENT = 1,  /* from the environment */
+  TNT_SETTING_COMMAND_LINE = 2, /* from an option of the `tarantella` launcher */
+} tnt_setting_source_t;
+
+typedef struct tnt_setting_info {
+  const char *name;          /* "TNT_TIMEOUT_S" */
+  const char *kind;          /* "switch", "number", "integer", "choice" or "text" */
+  const char *default_value; /* as a user would write it */
+  const char *words;         /* "|"-separated words it takes, or NULL */
+  const char *user;          /* who reads it: "libtnt", "python" or "launcher" */
+  const char *help;          /* one line */
+  const char *value;         /* the value in force, canonical ("on", "30", "auto", a path) */
+  const char *error;         /* why the environment's value was rejected, or NULL */
+  tnt_setting_source_t source;
+} tnt_setting_info_t;
+
+/* Reads every setting from the process environment. TNT_ERR_INVALID_ARG
+ * (with tnt_last_error naming the first bad one) when a value is invalid. */
+TNT_API tnt_status_t tnt_settings_load(void);
+/* The number of settings. */
+TNT_API size_t tnt_settings_count(void);
+/* Describes the `index`-th setting (0 <= index < tnt_settings_count()) and
+ * its value as of the last load (the process environment when none ran
+ * yet). The strings stay valid until the next tnt_settings_load.
+ * TNT_ERR_INVALID_ARG past the last one or for a NULL info. */
+TNT_API tnt_status_t tnt_setting_info(size_t index, tnt_setting_info_t *info);
+
 /* ---------------------------------------------------------------- timeline */
 
 /*
- * With TNT_TIMELINE=PATH in the environment when tnt_context_create runs,
+ * With the setting TNT_TIMELINE=PATH when tnt_context_create runs,
  * every rank writes a Chrome trace (the JSON array format of the Trace
  * Event Format, for ui.perfetto.dev or chrome://tracing) of its
  * communication: each fusion tensor started, each bucket's allreduce on the
@@ -399,10 +466,10 @@ TNT_API tnt_status_t tnt_timeline_span(const char *name, const char *category, d
 
 /* Name of the allreduce algorithm that `g` uses for `bytes` ("shm", "ring",
  * "rd", "mpi", "hier"). Each group chooses its algorithms once, when it is created
- * (the world group: in tnt_context_create): by message size, or as
- * TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
- * TNT_ALLGATHER_ALGORITHM in the environment at that moment say (a name,
- * or "auto"). Changing them later does not change existing groups. */
+ * (the world group: in tnt_context_create): by message size, or as the
+ * settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM and
+ * TNT_ALLGATHER_ALGORITHM of the last tnt_settings_load say (a name, or
+ * "auto"). Changing them later does not change existing groups. */
 TNT_API const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes);
 
 /* The `index`-th (from 0) algorithm that libtnt has for `collective`

@@ -2,8 +2,9 @@
 
 Keras offers no public hook for these; each use says why it is needed.
 ``verify()`` checks that all of them still exist and fails naming the Keras
-version when one has changed (tests/python/test_keras_internals.py runs it,
-and tnt.init() runs it too).
+version when one has changed (tnt.init() runs it, and so does
+tests/python/test_keras_native.py::
+test_keras_internals_exist_and_a_missing_one_names_the_version).
 """
 import keras
 
@@ -28,6 +29,10 @@ _USED = (
     ("BackupAndRestore._weights_path", "backup", "_weights_path"),
     ("BackupAndRestore._current_epoch", "backup", "_current_epoch"),
     ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
+    # A fit resumed in mid-epoch counts the batches to its next backup from
+    # the restored one, as the interrupted fit did (BackupState.resume_at).
+    ("BackupAndRestore._batches_seen_since_last_saving", "backup",
+     "_batches_seen_since_last_saving"),
     # Where fit starts when a backup is restored.
     ("Model._initial_epoch", "model", "_initial_epoch"),
     # A pipelined step computes the loss and the metrics on the last stage,
@@ -37,6 +42,15 @@ _USED = (
     ("Trainer._compile_loss", "compiled", "_compile_loss"),
     ("Trainer._compile_metrics", "compiled", "_compile_metrics"),
     ("Trainer._loss_tracker", "compiled", "_loss_tracker"),
+    # tnt.Model(m) is a second model over m's layers and variables (twin()):
+    # a copy of m's attributes with a tracker of its own, so that what the
+    # distributed model tracks later (its optimizer, metrics) stays out of m.
+    ("Layer._tracker", "model", "_tracker"),
+    ("Layer._initialize_tracker", "model", "_initialize_tracker"),
+    ("Tracker.config", "tracker", "config"),
+    ("Tracker.add_to_store", "tracker", "add_to_store"),
+    ("Tracker.locked", "tracker", "locked"),
+    ("Tracker._lock_violation_msg", "tracker", "_lock_violation_msg"),
 )
 
 
@@ -52,6 +66,16 @@ def verify():
     bn.build((None, 2))
     instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
                  "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
+    instances["tracker"] = instances["model"]._tracker
+    if set(instances["tracker"].config) != set(_TRACKED):
+        _missing(f"the tracker's lists {_TRACKED}")
+    fresh = keras.layers.Dense(1)
+    for name in _OWN_WRAPPERS:
+        if name not in vars(fresh):
+            _missing(f"Layer.__new__'s per-instance {name} wrapper")
+    from keras.src.saving import object_registration
+    if not isinstance(getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None), dict):
+        _missing("object_registration.GLOBAL_CUSTOM_NAMES")
     instances["compiled"] = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     instances["compiled"].compile(optimizer="sgd", loss="mse", metrics=["mae"])
     for what, owner, attribute in _USED:
@@ -60,6 +84,9 @@ def verify():
             _missing(what)
     import inspect
     from keras.src.backend.tensorflow import trainer  # to read fit's source only
+    from keras.src.random import seed_generator
+    if not hasattr(seed_generator, "GLOBAL_SEED_GENERATOR"):
+        _missing("seed_generator.GLOBAL_SEED_GENERATOR")
     if FIT_VALIDATION_KEYWORD not in inspect.getsource(trainer.TensorFlowTrainer.fit):
         _missing(f"fit's {FIT_VALIDATION_KEYWORD}= keyword of evaluate")
 
@@ -69,6 +96,55 @@ def _missing(what):
         f"Tarantella relies on the Keras internal {what}, which Keras {keras.__version__} does "
         "not have; use the Keras version Tarantella was tested with (3.15) or update "
         "tarantella/_keras_internals.py")
+
+
+# The tracker's lists; each is also the layer attribute "_" + its name,
+# except where a class keeps a list of its own under that name (Sequential's
+# _layers), which the twin shares.
+_TRACKED = ("trainable_variables", "non_trainable_variables", "layers", "metrics",
+            "seed_generators")
+# Methods that Layer.__new__ wraps per instance, in closures over that instance.
+_OWN_WRAPPERS = ("build", "quantize")
+
+
+def _tracked_list(layer, name):
+    return layer._tracker.config[name][1]
+
+
+def twin(model, cls):
+    """A new instance of `cls` (a subclass of type(model)) that shares
+    `model`'s layers, variables and every other attribute, but tracks on
+    its own: what is set on the twin later (an optimizer, compiled metrics)
+    does not reach `model`. Keras has no public way to make a second model
+    over the same layers that keeps the model's own class (a subclassed
+    model's call() reads its attributes)."""
+    new = cls.__new__(cls)  # Layer.__new__: the build wrapper of `new` itself
+    own = {name: vars(new)[name] for name in _OWN_WRAPPERS}
+    state = dict(vars(model))
+    old = state.pop("_tracker")
+    vars(new).update(state)
+    new._initialize_tracker()
+    for name in _TRACKED:
+        for value in _tracked_list(model, name):
+            new._tracker.add_to_store(name, value)
+        own_list = state.get("_" + name)
+        if own_list is not None and own_list is not _tracked_list(model, name):
+            vars(new)["_" + name] = own_list  # the class's own list, shared
+    if old.locked:
+        new._tracker.lock(old._lock_violation_msg)
+    vars(new).update(own)
+    return new
+
+
+def serialize_as(cls, base):
+    """Makes Keras serialize instances of `cls` (a subclass of `base` that
+    carries its name) under the name registered for `base`
+    (register_keras_serializable), so that they load as `base`. Keras maps
+    classes to registered names in a dict that has no public setter."""
+    from keras.src.saving import object_registration
+    name = keras.saving.get_registered_name(base)
+    if name != base.__name__:
+        object_registration.GLOBAL_CUSTOM_NAMES[cls] = name
 
 
 def compiled_loss(model, y, y_pred, sample_weight):
@@ -105,6 +181,15 @@ def optimizer_slots(optimizer, variable_lists):
                 out[s].append(ov)
                 break
     return out
+
+
+def global_seed_generator():
+    """The SeedGenerator behind keras.random calls without a seed, or None
+    when none was made (asking Keras for it would make one, drawing from
+    Python's random module)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
 
 
 def flatten_layers(model):
@@ -151,6 +236,21 @@ class BackupState:
     @property
     def batch(self):
         return self.callback._last_batch_seen
+
+    def batches_done(self):
+        """Batches of the epoch in progress trained on when a backup is
+        taken: all those up to the last one seen for a backup after a
+        batch; none for a backup at the end of an epoch (which the epoch
+        count then includes)."""
+        return 0 if self.callback.save_freq == "epoch" else self.callback._last_batch_seen + 1
+
+    def resume_at(self, epoch, batches_done):
+        """Makes the callback count epochs and batches from a restored
+        backup, as the fit that took it did (Keras's own restore leaves the
+        count of epochs at 0 until the first epoch ends)."""
+        self.callback._current_epoch = epoch
+        self.callback._last_batch_seen = max(batches_done - 1, 0)
+        self.callback._batches_seen_since_last_saving = 0
 
     def set_initial_epoch(self, epoch):
         self.callback.model._initial_epoch = epoch

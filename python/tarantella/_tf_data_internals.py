@@ -68,21 +68,45 @@ def stateful_ops(map_dataset):
                    if op.op_def.is_stateful and op.type not in HARMLESS_STATEFUL})
 
 
-def remap(map_dataset, dataset):
-    """`dataset` mapped with the function of `map_dataset`, with its
-    parallelism, always in order (deterministic)."""
+def map_function(map_dataset):
+    """(the traced function of a map, the structure of its input, that of
+    its output): the function takes and returns flat lists of tensors."""
     wrapper = map_dataset._map_func
+    return wrapper.function, wrapper._input_structure, wrapper.output_structure
 
-    def call(*args):
-        element = args[0] if len(args) == 1 else args
-        flat = structure.to_tensor_list(wrapper._input_structure, element)
-        return structure.from_compatible_tensor_list(wrapper.output_structure,
-                                                     wrapper.function(*flat))
+
+def to_tensor_list(element_structure, element):
+    return structure.to_tensor_list(element_structure, element)
+
+
+def from_tensor_list(element_structure, tensors):
+    return structure.from_compatible_tensor_list(element_structure, tensors)
+
+
+def map_call(map_dataset):
+    """The function of a map, on one element (a tuple for several
+    components) as the map gives it."""
+    function, input_structure, output_structure = map_function(map_dataset)
+
+    def call(element):
+        return from_tensor_list(output_structure,
+                                function(*to_tensor_list(input_structure, element)))
+    return call
+
+
+def remap(map_dataset, dataset, call=None):
+    """`dataset` mapped with `call` (by default the function of
+    `map_dataset`; it takes one element), with the parallelism of
+    `map_dataset`, always in order (deterministic)."""
+    call = call or map_call(map_dataset)
+
+    def one(*args):
+        return call(args[0] if len(args) == 1 else args)
 
     parallel = getattr(map_dataset, "_num_parallel_calls", None)
     if parallel is None:
-        return dataset.map(call)
-    return dataset.map(call, num_parallel_calls=int(tf.get_static_value(parallel)),
+        return dataset.map(one)
+    return dataset.map(one, num_parallel_calls=int(tf.get_static_value(parallel)),
                        deterministic=True)
 
 
@@ -112,3 +136,17 @@ class SharedBatches(_PassThrough):
         self.global_batch = global_batch
         self.drop_remainder = drop_remainder
         super().__init__(input_dataset)
+
+
+class CountsIterators(_PassThrough):
+    """Counts the iterators made of it: a shuffle that reshuffles on each
+    iteration draws each order from the number of iterators made before
+    (resume.py)."""
+
+    def __init__(self, input_dataset):
+        self.iterators_made = 0
+        super().__init__(input_dataset)
+
+    def __iter__(self):
+        self.iterators_made += 1
+        return super().__iter__()

@@ -30,11 +30,15 @@ import json
 import os
 
 import keras
+import numpy as np
 
 from tarantella import _keras_internals as internals
 from tarantella import log
+from tarantella import progress
+from tarantella import resume
 from tarantella import runtime
 from tarantella import saving
+from tarantella import settings
 
 LOCAL_PREFIX = "tnt_local/"
 
@@ -104,6 +108,9 @@ def _hook(name):
         args = list(args)
         logs = kwargs.pop("logs") if "logs" in kwargs else (
             args.pop() if len(args) > leading else None)
+        # Batches a resumed fit goes past untrained are no batches to callbacks.
+        if name in _ALIASES and resume.skipping(args[0]):
+            return
         self._forward(name, args, logs)
     method.__name__ = name
     return method
@@ -231,15 +238,19 @@ def _quiet(callback):
 def _backup_atomically(callback):
     """Makes a BackupAndRestore write on the master only, and so that a job
     killed at any moment leaves a consistent backup: the weights go to a
-    new file named by epoch and batch (through a temporary file), then the
-    metadata that names that file replaces the previous metadata in one
-    rename, and only then the previous weights file is deleted. Every rank
-    restores the weights the metadata names. With double_checkpoint=True
-    the previous weights file is kept and named in the metadata too, and a
-    restore that cannot read the latest weights (an I/O error) restores the
-    previous ones, as Keras's own BackupAndRestore does."""
+    new file named by epoch and batch (through a temporary file), and so
+    does the state the weights leave out (resume.py: every rank's random
+    seeds and metric accumulators); then the metadata that names these files
+    replaces the previous metadata in one rename, and only then the previous
+    files are deleted. Every rank restores the backup the metadata names
+    and goes on from the batch after it (resume.py). With
+    double_checkpoint=True the previous backup is kept and named in the
+    metadata too, and a restore that cannot read the latest weights (an
+    I/O error) restores the previous ones, as Keras's own BackupAndRestore
+    does."""
     backup = internals.BackupState(callback)
     model_of = lambda: callback.model  # noqa: E731
+    pending = {}  # the restored backup's position and state, until its epoch begins
 
     def metadata():
         try:
@@ -248,6 +259,19 @@ def _backup_atomically(callback):
         except (OSError, ValueError):
             return {}
 
+    def restore_position(meta, prefix):
+        """After the weights of the backup that meta names (prefix "" for
+        the latest, "previous_" for the one before) were loaded."""
+        state = meta.get(f"tnt_{prefix}state")
+        if state is None:
+            return
+        epoch = meta["epoch"] if not prefix else meta.get("tnt_previous_epoch", 0)
+        batches = meta.get(f"tnt_{prefix}batches_done", 0)
+        with np.load(os.path.join(callback.backup_dir, state)) as tables:
+            pending.update(tables=dict(tables), batches=batches)
+        backup.resume_at(epoch, batches)
+        resume.replay_iterators(model_of(), meta.get(f"tnt_{prefix}iterators", 0), batches)
+
     def load():
         meta = metadata()
         name = meta.get("tnt_weights")
@@ -255,7 +279,8 @@ def _backup_atomically(callback):
             return backup.keras_load()
         backup.weights_path = os.path.join(callback.backup_dir, name)
         try:
-            return backup.keras_load()
+            backup.keras_load()
+            restore_position(meta, "")
         except (OSError, runtime.TarantellaError) as e:
             # tnt.Model.load_weights reports an unreadable file as a
             # TarantellaError caused by the OSError.
@@ -268,24 +293,56 @@ def _backup_atomically(callback):
             backup.weights_path = os.path.join(callback.backup_dir, previous)
             backup.keras_load()
             backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
+            restore_position(meta, "previous_")
+
+    def on_epoch_begin(epoch, logs=None):
+        if not pending:
+            return
+        tables = pending.pop("tables")
+        if not resume.restore_seeds(model_of(), tables):
+            log.logger.info("BackupAndRestore: the backup was taken on %d ranks: training goes "
+                            "on from it with fresh random seeds and metrics",
+                            len(tables["seeds"]))
+        resume.skip_batches(model_of(), pending.pop("batches"), tables["metrics"])
+
+    keras_epoch_end = callback.on_epoch_end
+
+    def on_epoch_end(epoch, logs=None):
+        resume.end_of_epoch()
+        keras_epoch_end(epoch, logs)
 
     def save():
+        tables = resume.gather(model_of())  # collective: every rank saves
+        if not runtime.is_master_rank():
+            return
         os.makedirs(callback.backup_dir, exist_ok=True)
         old = metadata()
-        name = f"epoch{backup.epoch}-batch{backup.batch}.weights.h5"
+        base = f"epoch{backup.epoch}-batch{backup.batch}"
+        name, state = f"{base}.weights.h5", f"{base}.state.npz"
         with _saves_of_this_rank(model_of()):
             model_of().save_weights(os.path.join(callback.backup_dir, name))
-        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name}
+
+        def write_state(path):
+            with open(path, "wb") as f:
+                np.savez(f, **tables)
+        saving.write_atomically(os.path.join(callback.backup_dir, state), write_state)
+        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name,
+                "tnt_state": state, "tnt_batches_done": backup.batches_done(),
+                "tnt_iterators": resume.iterators_made(model_of())}
         if callback.double_checkpoint and old.get("tnt_weights") not in (None, name):
-            meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0))
+            meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0),
+                        tnt_previous_state=old.get("tnt_state"),
+                        tnt_previous_batches_done=old.get("tnt_batches_done", 0),
+                        tnt_previous_iterators=old.get("tnt_iterators", 0))
         text = json.dumps(meta)
 
         def write_meta(path):
             with open(path, "w") as f:
                 f.write(text)
         saving.write_atomically(backup.metadata_path, write_meta)
-        keep = {name, meta.get("tnt_previous")}
-        for stale in (old.get("tnt_weights"), old.get("tnt_previous")):
+        keep = {name, state, meta.get("tnt_previous"), meta.get("tnt_previous_state")}
+        for key in ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state"):
+            stale = old.get(key)
             if stale is not None and stale not in keep:
                 try:
                     os.remove(os.path.join(callback.backup_dir, stale))
@@ -293,10 +350,10 @@ def _backup_atomically(callback):
                     pass
 
     backup.keras_load_hook(load)
-    if runtime.is_master_rank():
-        backup.keras_save_hook(save)
-    else:
-        backup.keras_save_hook(lambda *args, **kwargs: None)
+    backup.keras_save_hook(save)
+    callback.on_epoch_begin = on_epoch_begin
+    callback.on_epoch_end = on_epoch_end
+    if not runtime.is_master_rank():
         callback.on_train_end = lambda logs=None: None
 
 
@@ -314,8 +371,8 @@ def distribute(callbacks):
             continue
         if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger,
                            keras.callbacks.TensorBoard)):
-            on_all = isinstance(cb, keras.callbacks.TensorBoard) and log._truthy(
-                os.environ.get("TNT_TENSORBOARD_ON_ALL_DEVICES", "false"))
+            on_all = (isinstance(cb, keras.callbacks.TensorBoard)
+                      and settings.get("TNT_TENSORBOARD_ON_ALL_DEVICES"))
             if on_all:
                 cb.log_dir = os.path.join(cb.log_dir, f"rank_{runtime.get_rank()}")
                 out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
@@ -325,8 +382,16 @@ def distribute(callbacks):
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             _backup_atomically(cb)
         _quiet(cb)
-        out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
-    return out
+        if isinstance(cb, _FOUND_BY_TYPE):
+            out.append(cb)  # Keras looks for it by its type (else it adds its own)
+        else:
+            out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
+    return out + [progress.Reporter()]
+
+
+# The callbacks that Keras's CallbackList looks for by type, adding one of
+# its own when the list has none: they are given to Keras as they are.
+_FOUND_BY_TYPE = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
 
 
 def wants_local_logs(callbacks):
@@ -334,7 +399,12 @@ def wants_local_logs(callbacks):
     return any(isinstance(cb, _WithLogs) and not cb.aggregate_logs for cb in callbacks)
 
 
-def progress_bar_without_local_logs():
-    """A progress bar that shows the global logs only."""
-    bar = keras.callbacks.ProgbarLogger()
-    return forwarding(_Forwarding, bar, _forwarded_hooks(bar))
+def without_local_logs_in_progress_bars(callbacks):
+    """`callbacks` (from distribute) with the user's progress bars made to
+    show the global logs only, and one such bar added when there is none."""
+    out = [forwarding(_Forwarding, cb, _forwarded_hooks(cb))
+           if isinstance(cb, keras.callbacks.ProgbarLogger) else cb for cb in callbacks]
+    if not any(isinstance(cb, keras.callbacks.ProgbarLogger) for cb in callbacks):
+        bar = keras.callbacks.ProgbarLogger()
+        out.append(forwarding(_Forwarding, bar, _forwarded_hooks(bar)))
+    return out

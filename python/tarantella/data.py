@@ -11,19 +11,27 @@ Each rank prepares only its share: where the maps between the dataset's
 source and its batch are element-wise and deterministic (or the user marked
 the place with ``shard_here()``), a rank selects its rows of every global
 batch before those maps and batches them alone, so it maps about 1/P of the
-samples. ``TNT_DATA_SHARE=0`` turns this off; where it is not safe, every
-rank runs the whole pipeline and keeps its slice, and the log says why.
+samples. Maps that draw random numbers are shared too: their random ops
+are rewritten to draw from (seed, epoch, sample index) (_stateless.py), so
+that every number of ranks sees the same samples. ``TNT_DATA_SHARE=0``
+turns sharing off, ``TNT_DATA_SHARE=deterministic`` shares deterministic
+maps only (random maps keep their streams, and every rank runs them whole);
+where sharing is not safe, every rank runs the whole pipeline and keeps its
+slice, and the log says why.
 """
 import logging
+import os
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _stateless
 from tarantella import _tf_data_internals as tfdi
 from tarantella import log
 from tarantella import runtime
+from tarantella import settings
 
 
 class BatchInfo:
@@ -121,13 +129,12 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
         log.logger.info("%s: global batch size %d, %s %s", what, info.size,
                         "micro-batch sizes" if parts is None else "shares of the replicas",
                         micro_batch_sizes(info.size, size))
-    dataset = without_autotune_stalls(dataset)
-    if size == 1:
-        return dataset
+    if size > 1:
+        dataset = for_ranks(dataset)
     shared = share(dataset, part, size, what, given)
-    if shared is not None:
-        return shared
-    return dataset.map(_slicer(part, size))
+    if shared is None and size == 1:
+        return dataset
+    return _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
 
 
 def shard_here():
@@ -156,15 +163,25 @@ def _report(dataset, what, message, *args, level=logging.INFO):
     log.logger.log(level, "%s dataset: " + message, what, *args)
 
 
+def share_mode():
+    """TNT_DATA_SHARE: "on" (the default), "deterministic" (random maps are
+    not shared) or "off"."""
+    return settings.get("TNT_DATA_SHARE")
+
+
 class _Plan:
     """How a rank's share is built: `base` (the chain up to the selection,
     run as it is), `moved` (the maps and prefetches that follow the
-    selection, in order), the batch's size and drop_remainder, and `after`
-    (the prefetches after the batch, in order)."""
+    selection, in order), the batch's size and drop_remainder, `after`
+    (the prefetches after the batch, in order), `random` (the maps of
+    `moved` whose random ops were rewritten: id(map) -> _stateless.Rewritten)
+    and `given` (the dataset the user gave, whose sample keys they draw
+    from; set when built)."""
 
-    def __init__(self, base, moved, batch_size, drop, after):
+    def __init__(self, base, moved, batch_size, drop, after, random):
         self.base, self.moved, self.after = base, moved, after
-        self.batch_size, self.drop = batch_size, drop
+        self.batch_size, self.drop, self.random = batch_size, drop, random
+        self.given = None
 
 
 def _find_mark(dataset):
@@ -176,8 +193,10 @@ def _find_mark(dataset):
     return None
 
 
-def _plan(dataset):
-    """(a _Plan, None) where sharing is safe, else (None, the reason)."""
+def _plan(dataset, rewrite_random=True):
+    """(a _Plan, None) where sharing is safe, else (None, the reason).
+    With `rewrite_random`, maps whose stateful ops are random draws are
+    shared with those draws rewritten (_stateless.rewrite)."""
     after, ds = [], dataset
     while tfdi.kind(ds) in tfdi.PREFETCH | tfdi.OPTIONS:
         after.append(ds)
@@ -193,13 +212,20 @@ def _plan(dataset):
         return None, "its batch size or drop_remainder is not a constant"
     mark = _find_mark(tfdi.input_of(ds))
     moved, ds = [], tfdi.input_of(ds)
-    reason = None
+    reason, random = None, {}
     while ds is not mark:
         name = tfdi.kind(ds)
-        if name in tfdi.MAP and mark is None and tfdi.stateful_ops(ds):
-            reason = (f"a map holds stateful ops ({', '.join(tfdi.stateful_ops(ds))}) whose "
-                      "results depend on the samples mapped before; tnt.data.shard_here() "
-                      "marks where sharing may start")
+        stateful = tfdi.stateful_ops(ds) if name in tfdi.MAP else []
+        if stateful and rewrite_random:
+            rewritten, stateful = _stateless.rewrite(ds, len(moved))
+            if rewritten is not None:
+                random[id(ds)] = rewritten
+        if stateful and mark is None:
+            reason = (f"a map holds stateful ops ({', '.join(stateful)}) whose results depend "
+                      "on the samples mapped before: draw random numbers with "
+                      "tf.random.stateless_* or tf.image.stateless_random_*, or, where the "
+                      "results do not depend on the order, mark where sharing may start with "
+                      "tnt.data.shard_here()")
         elif name not in tfdi.MAP | tfdi.PREFETCH | tfdi.OPTIONS:
             reason = f"no map comes between {tfdi.describe(ds)} and the batch"
         if reason is not None:
@@ -217,7 +243,7 @@ def _plan(dataset):
         return None, reason or "no map comes between tnt.data.shard_here() and the batch"
     moved.reverse()
     after.reverse()
-    return _Plan(ds, moved, batch_size, drop, after), None
+    return _Plan(ds, moved, batch_size, drop, after, random), None
 
 
 def _has_map(dataset):
@@ -252,6 +278,8 @@ def _selector(part, size, batch_size, count):
 def _rows(base, part, size, batch_size, drop, count):
     """This rank's rows of every global batch that `base` batched by
     `batch_size` gives, one row after the other."""
+    if size == 1:
+        return base
     specs = tf.nest.flatten(base.element_spec)
     if all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
         # Samples of one shape: cut the global batches as the batch does and
@@ -264,35 +292,105 @@ def _rows(base, part, size, batch_size, drop, count):
         lambda _, sample: sample)
 
 
+# Per dataset given by the user: the stream of per-sample keys its shares
+# draw from (kept, so that an epoch of a later fit draws other numbers).
+_keys = weakref.WeakKeyDictionary()
+
+
+def _sample_keys(given):
+    """An endless dataset of int64 keys, another sequence at every iteration
+    (epoch) and the same on every rank: zipped with the samples before the
+    selection, the k-th sample of an epoch gets the k-th key whatever the
+    number of ranks. Its seed: the global one (tnt.init), with this op seed."""
+    try:
+        keys = _keys.get(given)
+    except TypeError:
+        keys = None
+    if keys is None:
+        keys = tf.data.Dataset.random(seed=_SAMPLE_KEY_SEED, rerandomize_each_iteration=True)
+        try:
+            _keys[given] = keys
+        except TypeError:
+            pass
+    return keys
+
+
+_SAMPLE_KEY_SEED = 27182818  # an op seed, next to the global seed
+
+
+def _share_rows(plan, part, size, count):
+    """This rank's rows of every global batch, mapped by the plan's maps;
+    random maps draw from (seed, the row's key). The key goes along with
+    each row up to the last random map, which drops it (a map of its own
+    for that would cost each row a function call)."""
+    base = plan.base
+    if plan.random:
+        base = tf.data.Dataset.zip((_sample_keys(plan.given), base))
+    mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
+    last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
+    for k, step in enumerate(plan.moved):
+        if tfdi.kind(step) in tfdi.PREFETCH:
+            mine = tfdi.reprefetch(step, mine)
+        elif k > last:
+            mine = tfdi.remap(step, mine)
+        elif id(step) in plan.random:
+            draw = plan.random[id(step)].call
+            mine = tfdi.remap(step, mine, lambda e, draw=draw, keep=k < last:
+                              (e[0], draw(e[1], e[0])) if keep else draw(e[1], e[0]))
+        else:
+            call = tfdi.map_call(step)
+            mine = tfdi.remap(step, mine, lambda e, call=call: (e[0], call(e[1])))
+    return mine
+
+
 def share(dataset, part, size, what="training", given=None):
     """This rank's micro-batches of the batched `dataset`, built so that the
     maps before the batch see only this rank's rows; None where that is off
     or not safe (then the log says why, once per dataset `given` by the
-    user, `dataset` by default)."""
+    user, `dataset` by default), and on 1 rank where no map draws random
+    numbers (the dataset is then the rank's share as it is)."""
     given = dataset if given is None else given
-    if not log.env_flag("TNT_DATA_SHARE", True):
+    mode = share_mode()
+    if mode == "off":
         return None
-    plan, reason = _plan(dataset)
+    plan, reason = _plan(dataset, rewrite_random=mode == "on")
     count = None
     if plan is not None:
         count = tf.get_static_value(plan.base.cardinality())
         if count is None or count == tf.data.UNKNOWN_CARDINALITY:
-            plan, reason = None, "the number of samples before the maps is unknown"
+            plan, reason = None, ("the number of samples before the maps is unknown (a Python "
+                                  "generator or a filter upstream): state it with dataset.apply("
+                                  "tf.data.experimental.assert_cardinality(n)) before the maps")
     if plan is not None and not plan.drop and count >= 0 and 0 < count % plan.batch_size < size:
-        plan, reason = None, (f"its last global batch holds {count % plan.batch_size} "
-                              f"samples, fewer than the {size} ranks")
+        reason = (f"its last global batch holds {count % plan.batch_size} samples, fewer than "
+                  f"the {size} ranks")
+        if plan.random:
+            # Every rank maps the whole global batches, with the draws of 1 rank.
+            _report(given, what, "every rank runs the whole input pipeline: %s%s", reason,
+                    _random_note(plan))
+            return _build(plan, 0, 1, int(count), given, dataset).map(_slicer(part, size))
+        plan = None
     if plan is None:
-        # A pipeline without any map has nothing worth sharing: said in DEBUG only.
-        _report(given, what, "every rank runs the whole input pipeline: %s", reason,
-                level=logging.INFO if _has_map(dataset) else logging.DEBUG)
+        if size > 1:
+            # A pipeline without any map has nothing worth sharing: said in DEBUG only.
+            _report(given, what, "every rank runs the whole input pipeline: %s", reason,
+                    level=logging.INFO if _has_map(dataset) else logging.DEBUG)
         return None
-    count = int(count)
-    mine = _rows(plan.base, part, size, plan.batch_size, plan.drop, count)
-    for step in plan.moved:
-        if tfdi.kind(step) in tfdi.MAP:
-            mine = tfdi.remap(step, mine)
-        elif tfdi.kind(step) in tfdi.PREFETCH:
-            mine = tfdi.reprefetch(step, mine)
+    if size == 1 and not plan.random:
+        return None
+    maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
+    if size > 1:
+        _report(given, what, "each rank maps only its share of the samples: its rows of every "
+                "global batch are selected before %d map(s)%s", maps, _random_note(plan))
+    else:
+        _report(given, what, "%s", _random_note(plan).lstrip("; "))
+    return _build(plan, part, size, int(count), given, dataset)
+
+
+def _build(plan, part, size, count, given, dataset):
+    """The micro-batches of `part` of `size` that `plan` gives (see share)."""
+    plan.given = given
+    mine = _share_rows(plan, part, size, count)
     mine = mine.batch(micro_batch_sizes(plan.batch_size, size)[part])
     if count >= 0:
         batches = count // plan.batch_size if plan.drop else -(-count // plan.batch_size)
@@ -300,25 +398,72 @@ def share(dataset, part, size, what="training", given=None):
     for step in plan.after:
         if tfdi.kind(step) in tfdi.PREFETCH:
             mine = tfdi.reprefetch(step, mine)
-    maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
-    _report(given, what, "each rank maps only its share of the samples: its rows of every "
-            "global batch are selected before %d map(s)", maps)
     mine = tfdi.SharedBatches(mine, plan.batch_size, plan.drop)
     return mine.with_options(dataset.options())
 
 
-def without_autotune_stalls(dataset):
-    """`dataset` with tf.data's autotuning off, unless its options say
-    otherwise. TensorFlow 2.21 destroys an iterator only after the iterator's
-    autotuning thread wakes up from a sleep that grows to a minute, and Keras
-    drops an iterator every epoch: the program stands still for seconds (17 s
-    an epoch for the quick start), on each rank at another time. Without
-    autotuning, AUTOTUNE parallelism means one call per core."""
-    if dataset.options().autotune.enabled is not None:
-        return dataset
+def _random_note(plan):
+    if not plan.random:
+        return ""
+    return (f"; the random ops of {len(plan.random)} map(s) draw from (seed, epoch, sample "
+            "index), so that any number of ranks sees the same augmented samples (serial Keras "
+            "draws other random numbers: the two agree in distribution only; "
+            "TNT_DATA_SHARE=deterministic keeps the random streams unshared)")
+
+
+def for_ranks(dataset):
+    """`dataset` as ranks that train together need it: without tf.data's
+    autotuning, unless the dataset's options ask for it, and with the
+    parallelism of this rank's share of the host's cores.
+
+    Autotuning: TensorFlow 2.21 destroys an autotuned iterator only when the
+    iterator's tuning thread wakes from a sleep that grows to a minute, and
+    Keras drops an iterator at every epoch's start: each rank then stands
+    still for seconds (2 to 17 s an epoch measured on the quick start), at
+    another moment than the others, which wait for it. Keeping one iterator
+    through all epochs instead moved the wait to the end of fit (over 30 s
+    there, once in two runs) and changed the order of reshuffled epochs
+    against serial Keras. Without autotuning, AUTOTUNE map parallelism is the
+    size of the dataset's thread pool, which the share below sets, and
+    ``prefetch(AUTOTUNE)`` grows its buffer by itself.
+
+    Cores: ranks on one host would otherwise each size tf.data's parallelism
+    to all of the host's cores and oversubscribe them. A rank whose
+    affinity the launcher narrowed gets the cores it may run on. Options
+    that the dataset sets itself win."""
+    given = dataset.options()
     options = tf.data.Options()
-    options.autotune.enabled = False
+    if given.autotune.enabled is None:
+        options.autotune.enabled = False
+    share = core_share()
+    if share is not None:
+        if given.autotune.cpu_budget is None:
+            options.autotune.cpu_budget = share
+        if given.threading.private_threadpool_size is None:
+            options.threading.private_threadpool_size = share
     return dataset.with_options(options)
+
+
+def core_share():
+    """The cores this rank may use for its input: its share of the host's
+    cores, or the cores of its affinity where the launcher narrowed it; None
+    where the rank has the host to itself."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < (os.cpu_count() or cores):
+        return cores
+    local = _core.local_size() if _core.is_initialized() else 1
+    return max(1, cores // local) if local > 1 else None
+
+
+def _prefetched(dataset):
+    """`dataset` with a prefetch at its end, as tf.data's autotuning would
+    inject (whose buffer grows by itself even without autotuning)."""
+    ds = dataset
+    while tfdi.kind(ds) in tfdi.OPTIONS or isinstance(ds, tfdi.SharedBatches):
+        ds = tfdi.input_of(ds)
+    if tfdi.kind(ds) in tfdi.PREFETCH:
+        return dataset
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):

@@ -1,10 +1,14 @@
 """Gradient averaging inside the training step, through fusion buckets.
 
-Each rank scales its gradients by its sample count n_r and the fused
+Each rank's gradients are scaled by its sample count n_r and the fused
 allreduce sums them together with the counts; dividing by the summed count
 N gives sum_r n_r * g_r / N, the gradient of the mean loss over the global
-batch, also when micro-batches differ in size. The count travels as the
-first tensor of the fusion set, so its bucket is reduced first.
+batch, also when micro-batches differ in size. libtnt does the scaling
+where it copies the data anyway (into the fusion bucket, and out of it), so
+the step makes no extra pass over the gradients; it computes as
+TensorFlow's Mul and RealDiv would, so the bits are the same. The count
+travels as the first tensor of the fusion set, so its bucket is reduced
+first.
 
 Tensors are handed to the fusion set in backprop order (the reverse of the
 variable order), each by its own start op as soon as its gradient exists;
@@ -52,7 +56,7 @@ class GradientReducer:
             tune = kb == "auto"
             threshold = 0 if tune else int(kb * 1024)
             wire = runtime.compression()
-            overlap = {"on": "on", "off": "off", "auto": "tune"}[runtime.overlap()]
+            overlap = runtime.overlap()
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
                                   tune_threshold=tune, order=runtime.fusion_order(),
                                   overlap=overlap)
@@ -95,14 +99,11 @@ class GradientReducer:
         with tf.control_dependencies(list(after)):
             n = tf.reshape(local_count, [1])
             tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
-            scaled = {}
             for i, numel, _ in signature:
-                scaled[i] = dense[i] * tf.cast(n[0], dense[i].dtype)
-                tokens[i] = ops.fusion_start(scaled[i], h, i, numel)
+                tokens[i] = ops.fusion_start(dense[i], h, i, numel, scale=n[0])
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             total = ops.fusion_finish(tokens[count_id], n, h, count_id, 1)[0]
             out = list(dense)
             for i, numel, _ in signature:
-                summed = ops.fusion_finish(tokens[i], scaled[i], h, i, numel)
-                out[i] = summed / tf.cast(total, dense[i].dtype)
+                out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
         return out

@@ -1,11 +1,12 @@
 """tnt.Model: a Keras model trained on all ranks.
 
-``tnt.Model(keras_model)`` returns the same model, made distributed: its
-class becomes a subclass of its own class (subclass.py) with the methods
-below in front, so the result *is* a keras.Model (and still a Functional,
-a Sequential or the user's own subclass) and everything Keras offers works
-on it. Only what distribution needs changes, through Keras's public
-extension points:
+``tnt.Model(keras_model)`` returns a new model over the same layers and
+weights (distributed(), the one place where distributed models are made):
+its class is a subclass of keras_model's own class (subclass.py) with the
+methods below in front, so the result *is* a keras.Model (and still a
+Functional, a Sequential or the user's own subclass) and everything Keras
+offers works on it, while keras_model itself is left as it was. Only what
+distribution needs changes, through Keras's public extension points:
 
 * ``train_step`` runs the model's own step (Keras's, or an overridden one)
   inside a Tarantella step (step.py): every distributed optimizer averages
@@ -46,6 +47,7 @@ from tarantella import data
 from tarantella import log
 from tarantella import metrics
 from tarantella import optimizers
+from tarantella import resume
 from tarantella import runtime
 from tarantella import saving
 from tarantella import step
@@ -77,79 +79,109 @@ class _State:
         self.pipeline = None  # a pipeline.stage.Pipeline when pipelined
 
 
-class Model(keras.Model):
+def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None,
+               num_stages=None, *, num_pipeline_stages=None):
+    """tnt.Model's arguments; `num_pipeline_stages` is the original
+    Tarantella's name for the micro-batches of a pipeline."""
+    if num_pipeline_stages is not None:
+        if num_micro_batches is not None:
+            raise runtime.TarantellaError(
+                "num_pipeline_stages and num_micro_batches were both given; they are the same "
+                "setting (micro-batches per global batch): give num_micro_batches only")
+        log.logger.info("num_pipeline_stages=%s taken as num_micro_batches (its meaning in "
+                        "earlier Tarantella versions)", num_pipeline_stages)
+        num_micro_batches = num_pipeline_stages
+    return model, parallel_strategy, num_micro_batches, num_stages
+
+
+class _ModelType(type(keras.Model)):
+    """Calling tnt.Model distributes a model (distributed()). Calling the
+    class of a distributed model, as Keras does when it rebuilds a model
+    of that class (clone_model), builds a model of the original class and
+    distributes it."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls is Model:
+            try:
+                arguments = _arguments(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(
+                    f"{e}: tnt.Model takes (model, parallel_strategy=ParallelStrategy.DATA, "
+                    "num_micro_batches=None, num_stages=None)") from None
+            return distributed(*arguments)
+        return distributed(cls._tnt_base(*args, **kwargs))
+
+
+def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
+                num_stages=None):
+    """The one place where distributed models are made: a new model of
+    `model`'s class with tnt.Model's methods in front, over `model`'s
+    layers and variables (`model` itself is left as it is); see Model."""
+    runtime.require_init()
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
+    if not isinstance(strategy, ParallelStrategy):
+        raise runtime.TarantellaError(
+            f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
+            "ParallelStrategy.DATA, PIPELINING or ALL")
+    pipelined = ParallelStrategy.PIPELINING in strategy
+    for name, value in (("num_micro_batches", num_micro_batches), ("num_stages", num_stages)):
+        if value is not None and not pipelined:
+            raise runtime.TarantellaError(
+                f"{name} applies to pipelined models only: pass "
+                "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
+    base = subclass.base_class(model)
+    wrapped = internals.twin(model, subclass.mixin_class(Model, base))
+    wrapped._tnt = _State()
+    if pipelined and pipeline_stage.is_one_stage(wrapped, strategy, num_stages):
+        pipelined = False
+    if pipelined:
+        wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
+                                                        num_stages)
+        wrapped._tnt.resources = wrapped._tnt.pipeline.resources()
+    else:
+        batch_norm.synchronize(wrapped)
+    if wrapped.compiled:
+        # A model compiled before (or loaded compiled): distributed as
+        # compile would, with the optimizer it holds.
+        wrapped._tnt_compiled()
+    return wrapped
+
+
+class Model(keras.Model, metaclass=_ModelType):
     """``tnt.Model(model, parallel_strategy=ParallelStrategy.DATA,
-    num_micro_batches=None, num_stages=None)``: `model` (a keras.Model) made
-    to train on all ranks; returns `model` itself, now also an instance of
-    tnt.Model.
+    num_micro_batches=None, num_stages=None)``: a keras.Model that trains
+    `model` on all ranks. It is a new model of `model`'s own class (a
+    Functional, a Sequential or the user's subclass, with the methods below
+    in front) over the same layers and weights; `model` itself stays a
+    plain Keras model. A model can be distributed any number of times.
 
     With PIPELINING or ALL, `model` (functional or Sequential) is cut at its
     SplitLayers into K stages, or by Tarantella into `num_stages` balanced
     stages; PIPELINING needs K ranks, ALL a multiple of K (replicas of the
     pipeline). `num_micro_batches` (default 2 K) splits each replica's share
-    of a global batch."""
-
-    def __new__(cls, *args, **kwargs):
-        if cls is not Model:
-            # Keras rebuilding an instance of a distributed class (e.g.
-            # from_config of the class): build the original, distribute it.
-            return Model(cls._tnt_base(*args, **kwargs))
-        model = args[0] if args else kwargs.pop("model", None)
-        strategy = kwargs.pop("parallel_strategy", ParallelStrategy.DATA)
-        num_micro_batches = kwargs.pop("num_micro_batches", None)
-        num_stages = kwargs.pop("num_stages", None)
-        if kwargs or len(args) > 1:
-            raise TypeError(f"tnt.Model takes a model, parallel_strategy, num_micro_batches and "
-                            f"num_stages; got also {sorted(kwargs) or args[1:]}")
-        runtime.require_init()
-        if not isinstance(model, keras.Model):
-            raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
-        if not isinstance(strategy, ParallelStrategy):
-            raise runtime.TarantellaError(
-                f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
-                "ParallelStrategy.DATA, PIPELINING or ALL")
-        pipelined = ParallelStrategy.PIPELINING in strategy
-        for name, value in (("num_micro_batches", num_micro_batches), ("num_stages", num_stages)):
-            if value is not None and not pipelined:
-                raise runtime.TarantellaError(
-                    f"{name} applies to pipelined models only: pass "
-                    "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
-        if isinstance(model, Model):
-            if pipelined and model._tnt.pipeline is None:
-                raise runtime.TarantellaError(
-                    f"model '{model.name}' is a data-parallel tnt.Model already; pipeline the "
-                    "original Keras model instead")
-            return model
-        pipeline = (pipeline_stage.Pipeline(model, strategy, num_micro_batches, num_stages)
-                    if pipelined else None)
-        subclass.add_mixin(model, Model)
-        model._tnt = _State()
-        if pipeline is not None:
-            model._tnt.pipeline = pipeline
-            model._tnt.resources = pipeline.resources()
-        else:
-            batch_norm.synchronize(model)
-        if model.compiled:
-            # A model loaded compiled: distribute it as compile would.
-            model._tnt_compiled()
-        return model
-
-    def __init__(self, *args, **kwargs):
-        """The model is complete already (see __new__)."""
+    of a global batch. A model without cuts is one stage: under ALL it is
+    trained data-parallel, under PIPELINING on one rank."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         """A tnt.Model with the architecture in `config` (get_config())."""
         if cls is not Model:
-            return Model(cls._tnt_base.from_config(config, custom_objects=custom_objects))
+            return distributed(cls._tnt_base.from_config(config, custom_objects=custom_objects))
         runtime.require_init()
         if "class_name" in config and "config" in config:
             km = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
         elif "input_layers" in config:
             km = keras.Model.from_config(config, custom_objects=custom_objects)
-        else:
+        elif "layers" in config:
             km = keras.Sequential.from_config(config, custom_objects=custom_objects)
-        return Model(km)
+        else:
+            raise runtime.TarantellaError(
+                "tnt.Model.from_config was given the config of a subclassed model, which does "
+                "not name the model's class: call the class's own from_config "
+                "(type(model).from_config(config)), or give keras.saving."
+                "serialize_keras_object(model)")
+        return distributed(km)
 
     # ---------------------------------------------------------------- steps
 
@@ -275,7 +307,7 @@ class Model(keras.Model):
         """The model and its optimizer with their original classes, for
         writers that record them."""
         return subclass.original_classes(
-            [self, self.optimizer] + [layer for layer in batch_norm.layers(self)])
+            [self, getattr(self, "optimizer", None)] + batch_norm.layers(self))
 
     def save(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the whole model from the master rank (every rank with
@@ -422,6 +454,7 @@ class Model(keras.Model):
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # Shuffling is the dataset's business (arrays were shuffled above).
+        train = resume.track_training_data(self, train)  # BackupAndRestore's data position
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                               validation_data=val, shuffle=False, **kwargs)
         if self._tnt.pipeline is not None:
@@ -452,7 +485,7 @@ class Model(keras.Model):
             self.test_function = None
         verbose = self._tnt_verbose(verbose)
         if with_local and verbose != 0:
-            cbs.append(tnt_callbacks.progress_bar_without_local_logs())
+            cbs = tnt_callbacks.without_local_logs_in_progress_bars(cbs)
             verbose = 0
         return cbs, verbose
 
@@ -500,6 +533,9 @@ class Model(keras.Model):
             if size > 1 and tnt_distribute_dataset:
                 log.logger.info("prediction: the dataset's batch size is unknown; every rank "
                                 "predicts all of it")
+            if size == 1 and tnt_distribute_dataset and info.size is not None and not micro_done:
+                # Random maps draw as they do on any number of ranks.
+                ds = data.distribute(ds, None, "prediction")
             self._tnt_prepare(None)
             return super().predict(ds, verbose=verbose, **kwargs)
         dist = ds if micro_done else data.distribute(ds, None, "prediction")
@@ -513,3 +549,16 @@ class Model(keras.Model):
         if runtime.is_master_rank() or runtime.output_on_all_devices():
             return super().summary(*args, **kwargs)
         return None
+
+
+class _SequentialType(_ModelType):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, Model) and isinstance(obj, keras.Sequential)
+
+
+class Sequential(Model, metaclass=_SequentialType):
+    """``tnt.Sequential(layers=None, name=None, trainable=True)``: a
+    keras.Sequential model, distributed (data parallelism) as tnt.Model
+    does; ``tnt.Sequential.from_config(config)`` likewise."""
+
+    _tnt_base = keras.Sequential

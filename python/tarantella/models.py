@@ -12,6 +12,7 @@ import keras
 from tarantella import runtime
 from tarantella import saving
 from tarantella.model import Model
+from tarantella.pipeline.layout import ParallelStrategy
 
 def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
     """Saves a tnt.Model or a keras.Model like tnt.Model.save."""
@@ -22,9 +23,12 @@ def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kw
                            lambda path: model.save(path, overwrite=True, **kwargs))
 
 
-def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
+def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
+               parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None, num_stages=None):
     """A tnt.Model from a file written by save; compiled if it was saved
-    compiled (and compile=True)."""
+    compiled (and compile=True), distributed as tnt.Model(model,
+    parallel_strategy, num_micro_batches, num_stages) does (a file's
+    SplitLayers are its cuts)."""
     runtime.require_init()
     path = os.fspath(filepath)
     if not os.path.exists(path):
@@ -34,7 +38,8 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
             f"{path} is not a .keras file written by save() (it is not a zip archive): the "
             "file is damaged, or of another kind")
     return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
-                                         compile=compile, safe_mode=safe_mode))
+                                         compile=compile, safe_mode=safe_mode),
+                 parallel_strategy, num_micro_batches, num_stages)
 
 
 def model_from_config(config, custom_objects=None):

@@ -3,6 +3,8 @@ import os
 
 import tensorflow as tf
 
+from tarantella import settings
+
 _library = None
 
 
@@ -10,7 +12,7 @@ def library():
     """The loaded op library (``libtnt_tf_ops.so`` next to this package)."""
     global _library
     if _library is None:
-        override = os.environ.get("TNT_TF_OPS_LIBRARY")
+        override = settings.get("TNT_TF_OPS_LIBRARY")
         path = override or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "libtnt_tf_ops.so")
         if override and not os.path.exists(path):
@@ -25,15 +27,19 @@ def library():
     return _library
 
 
-def fusion_start(tensor, fusion, tensor_id, count):
-    """Hands `tensor` to fusion set `fusion`; returns a token for finish."""
-    return library().tnt_fusion_start(tensor, fusion=fusion, tensor_id=tensor_id, count=count)
+def fusion_start(tensor, fusion, tensor_id, count, scale=1.0):
+    """Hands `tensor` times `scale` (a float32 scalar) to fusion set
+    `fusion`; libtnt scales it as it copies it. Returns a token for finish."""
+    return library().tnt_fusion_start(tensor, scale, fusion=fusion, tensor_id=tensor_id,
+                                      count=count)
 
 
-def fusion_finish(token, like, fusion, tensor_id, count):
-    """The reduced value of tensor `tensor_id`, shaped like `like`."""
-    return library().tnt_fusion_finish(token, like, fusion=fusion, tensor_id=tensor_id,
-                                       count=count)
+def fusion_finish(token, like, fusion, tensor_id, count, divisor=1.0):
+    """The reduced value of tensor `tensor_id` divided by `divisor` (a
+    float32 scalar; libtnt divides as it copies it out), shaped like
+    `like`."""
+    return library().tnt_fusion_finish(token, like, divisor, fusion=fusion,
+                                       tensor_id=tensor_id, count=count)
 
 
 def allreduce(tensor, group, op="sum"):

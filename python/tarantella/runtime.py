@@ -1,30 +1,25 @@
 """Process-wide state: the communication context, ranks and settings."""
-import os
 import random
 
 import tensorflow as tf
 
 from tarantella import _core
 from tarantella import _keras_internals
+from tarantella.errors import TarantellaError
 from tarantella import log
+from tarantella import settings
 
 MASTER_RANK = 0
-
-# Default threshold of tensor fusion in KiB, from the fusion threshold sweep
-# (docs/performance.md); TNT_FUSION_THRESHOLD_KB overrides it.
-DEFAULT_FUSION_THRESHOLD_KB = 32
 
 # Seed given to TensorFlow when the user has not seeded it, so that
 # `shuffle()` without a seed permutes identically on every rank.
 DEFAULT_SEED = 42
 
 
-class TarantellaError(RuntimeError):
-    """A misuse of Tarantella: the message says what to change."""
-
-
 def init(seed=None):
-    """Sets up communication among all ranks; call it first, on every rank.
+    """Sets up communication among all ranks, on every rank. Optional: the
+    first call that needs the runtime (tnt.get_size(), tnt.Model, ...)
+    initializes it; call it first to choose the seed.
 
     Started with plain ``python``, the program is a 1-rank run. ``seed``
     seeds TensorFlow, Python and NumPy identically on every rank (default
@@ -36,6 +31,7 @@ def init(seed=None):
         raise TarantellaError(f"tnt.init(seed={seed!r}): the seed must be an integer, "
                               "or None for the default")
     _require_tensorflow_backend()
+    settings.load()  # a bad setting fails here, naming what it takes
     _core.init()
     log.configure(_core.rank(), _core.size())
     import numpy as np
@@ -44,9 +40,6 @@ def init(seed=None):
     tf.random.set_seed(s)
     random.seed(s)
     np.random.seed(s)
-    threshold_kb()  # validate the environment early
-    compression()
-    fusion_order()
     log.logger.debug("initialized: rank %d of %d, local rank %d of %d",
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
 
@@ -69,10 +62,10 @@ def _is_whole_number(value):
 
 
 def require_init():
+    """Initializes Tarantella (with the default seed) when the program has
+    not called tnt.init(): every call that needs the runtime starts here."""
     if not _core.is_initialized():
-        raise TarantellaError(
-            "Tarantella is not initialized: call tnt.init() at the start of the "
-            "program, before creating models or datasets")
+        init()
 
 
 def disagreements(values):
@@ -222,78 +215,36 @@ def is_master_rank():
 
 
 def threshold_kb():
-    """The fusion threshold in KiB from TNT_FUSION_THRESHOLD_KB, or the
-    default; "auto" when the fusion sets tune it themselves."""
-    raw = os.environ.get("TNT_FUSION_THRESHOLD_KB")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_FUSION_THRESHOLD_KB
-    if raw.strip().lower() == "auto":
-        return "auto"
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):  # also rejects nan
-        raise TarantellaError(
-            f"TNT_FUSION_THRESHOLD_KB={raw!r} is not a non-negative number of KiB "
-            f"(e.g. {DEFAULT_FUSION_THRESHOLD_KB}) or auto (tuned in the first steps); fix or "
-            "unset it")
-    return value
+    """The fusion threshold in KiB (TNT_FUSION_THRESHOLD_KB), or "auto" when
+    the fusion sets tune it themselves."""
+    return settings.get("TNT_FUSION_THRESHOLD_KB")
 
 
-# TNT_COMPRESSION values: the dtype gradients travel in (None: float32).
+# TNT_COMPRESSION's words: the dtype gradients travel in (None: float32).
 _COMPRESSIONS = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
 
 
 def compression():
-    """The dtype that float32 gradients travel in, from TNT_COMPRESSION:
-    'float16' for fp16, 'bfloat16' for bf16, None (uncompressed) for none or
-    when unset. Each step of the reduction adds in float32."""
-    raw = os.environ.get("TNT_COMPRESSION")
-    key = "none" if raw is None or raw.strip() == "" else raw.strip().lower()
-    if key not in _COMPRESSIONS:
-        raise TarantellaError(
-            f"TNT_COMPRESSION={raw!r} is not a gradient compression Tarantella knows: use "
-            "fp16 or bf16 (gradients travel in 16 bits), or none (the default); fix or unset it")
-    return _COMPRESSIONS[key]
+    """The dtype that float32 gradients travel in (TNT_COMPRESSION):
+    'float16', 'bfloat16', or None (uncompressed). Each step of the
+    reduction adds in float32."""
+    return _COMPRESSIONS[settings.get("TNT_COMPRESSION")]
 
 
 def fusion_order():
-    """The order in which gradients fill their fusion buckets, from
-    TNT_FUSION_ORDER: 'list' (backprop order, the default) or 'readiness'
-    (the order in which the master's gradients became ready in the first
-    step)."""
-    raw = os.environ.get("TNT_FUSION_ORDER")
-    value = "list" if raw is None or raw.strip() == "" else raw.strip().lower()
-    if value not in ("list", "readiness"):
-        raise TarantellaError(
-            f"TNT_FUSION_ORDER={raw!r} is not a fusion order Tarantella knows: use list (the "
-            "backprop order, the default) or readiness (the order measured in the first step); "
-            "fix or unset it")
-    return value
+    """The order in which gradients fill their fusion buckets
+    (TNT_FUSION_ORDER): 'list' (backprop order) or 'readiness' (the order in
+    which the master's gradients became ready in the first step)."""
+    return settings.get("TNT_FUSION_ORDER")
 
 
 def overlap():
-    """When gradients are reduced (TNT_OVERLAP): "auto" (the default) times
-    on and off in the first steps and keeps the faster, the same on every
-    rank; "on" (1, true, yes) reduces each fusion bucket as soon as backprop
-    has given its gradients, overlapping communication with the rest of
-    backprop; "off" (0, false, no) reduces the buckets once every gradient of
-    the step is computed, so that communication takes no CPU from backprop
-    (faster where ranks have no core to spare)."""
-    raw = os.environ.get("TNT_OVERLAP")
-    value = "" if raw is None else raw.strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    if value in log.TRUE_WORDS:
-        return "on"
-    if value in log.FALSE_WORDS:
-        return "off"
-    raise TarantellaError(
-        f"TNT_OVERLAP={raw!r} is not an overlap setting Tarantella knows: use auto (the "
-        "default: the faster of on and off, timed in the first steps), 1 (on) or 0 (off); "
-        "fix or unset it")
+    """When gradients are reduced (TNT_OVERLAP): "on" as soon as backprop
+    has given each fusion bucket's gradients, "off" once every gradient of
+    the step is computed (no CPU taken from backprop), "auto" the faster of
+    the two, timed in the first steps, the same on every rank."""
+    return settings.get("TNT_OVERLAP")
 
 
 def output_on_all_devices():
-    return log.env_flag("TNT_OUTPUT_ON_ALL_DEVICES")
+    return settings.get("TNT_OUTPUT_ON_ALL_DEVICES")

@@ -9,6 +9,8 @@ original class and plain Keras loads what Tarantella saves.
 """
 import contextlib
 
+from tarantella import _keras_internals
+
 _CLASSES = {}
 
 
@@ -21,6 +23,7 @@ def mixin_class(mixin, base):
             "__module__": base.__module__, "__qualname__": base.__qualname__,
             "__doc__": base.__doc__, "_tnt_base": base})
         _CLASSES[key] = cls
+        _keras_internals.serialize_as(cls, base)
     return cls
 
 

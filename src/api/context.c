@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "util/env.h"
+#include "util/settings.h"
 #include "util/timeline.h"
 
 struct tnt_context {
@@ -101,8 +101,21 @@ int tnt__context_size(const tnt_context_t *ctx) {
 
 /* ------------------------------------------------------------ life cycle */
 
+/* Reads the settings a new context runs with; a bad value is an error
+ * that names it and lists what it takes. */
+static tnt_status_t load_settings(void) {
+  char err[512];
+  if (tnt__settings_read(NULL, err, sizeof err) == 0) return TNT_OK;
+  TNT_LOG_ERROR("%s", err);
+  return TNT_ERR_INVALID_ARG;
+}
+
 tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_config_t *config,
                                                 tnt_context_t **out) {
+  if (load_settings() < 0) {
+    t->ops->destroy(t);
+    return TNT_ERR_INVALID_ARG;
+  }
   tnt_context_t *ctx = calloc(1, sizeof *ctx);
   if (ctx == NULL) {
     t->ops->destroy(t);
@@ -114,7 +127,7 @@ tnt_status_t tnt__context_create_with_transport(tnt__transport_t *t, const tnt_c
   ctx->size = t->size;
   const double timeout = config != NULL && config->timeout_s > 0
                              ? config->timeout_s
-                             : tnt__env_double("TNT_TIMEOUT_S", 30.0);
+                             : tnt__setting_number(TNT__S_TIMEOUT_S);
   tnt__comm_t *comm = NULL;
   tnt_status_t st = tnt__comm_create(t, &comm);
   if (st < 0) goto fail;
@@ -142,6 +155,7 @@ fail:
 
 static tnt_status_t context_create(const tnt_config_t *config, tnt_context_t **out) {
   if (out == NULL) return tnt__api_invalid("tnt_context_create", "the output must not be NULL");
+  TNT_CHECK(load_settings()); /* before MPI starts: a bad setting fails at once */
   int initialized = 0, provided = 0, owns = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {

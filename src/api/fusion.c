@@ -199,7 +199,20 @@ static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t thresho
 static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tensors, size_t n,
                                   const tnt_fusion_options_t *options, tnt_fusion_t **out) {
   static const char call[] = "tnt_fusion_create";
-  const tnt_fusion_options_t opt = options != NULL ? *options : (tnt_fusion_options_t){0};
+  /* Only the first `size` bytes are the caller's: a caller built against
+   * an older tnt.h has a shorter struct, whose missing fields keep their
+   * zero defaults. */
+  tnt_fusion_options_t opt = {.size = sizeof opt};
+  if (options != NULL) {
+    if (options->size < sizeof options->size || options->size > sizeof opt) {
+      return tnt__api_invalid(call,
+                              "options.size is %zu: set it to sizeof(tnt_fusion_options_t) (%zu "
+                              "in this libtnt), e.g. with TNT_FUSION_OPTIONS_INIT; a larger size "
+                              "means a tnt.h newer than this libtnt",
+                              options->size, sizeof opt);
+    }
+    memcpy(&opt, options, options->size);
+  }
   if (g == NULL || out == NULL || (tensors == NULL && n > 0)) {
     return tnt__api_invalid(call, "need a group, a tensor list and an output");
   }
@@ -397,7 +410,7 @@ static tnt_status_t take_order(tnt_fusion_t *f) {
   free(pairs);
   f->perm = perm;
   if (tnt_group_rank(f->g) == 0 && n > 0) {
-    TNT_LOG_INFO(
+    TNT_LOG_DEBUG(
         "fusion: %zu tensors fill their buckets in the order the master started them "
         "(first tensor id %llu, last %llu)",
         n, (unsigned long long)f->tensors[perm[0]].id,
@@ -431,7 +444,7 @@ static void log_tuned(const tnt_fusion_t *f) {
     snprintf(chosen + len2, sizeof chosen - len2, "%soverlap %s", len2 ? ", " : "",
              f->hold ? "off" : "on");
   }
-  TNT_LOG_INFO("fusion: tuned %s for %zu tensors (%zu bucket%s); fastest round with each: %s",
+  TNT_LOG_DEBUG("fusion: tuned %s for %zu tensors (%zu bucket%s); fastest round with each: %s",
                chosen, f->plan.ntensors, f->plan.nbuckets, f->plan.nbuckets == 1 ? "" : "s", times);
 }
 
@@ -547,7 +560,7 @@ static tnt_status_t wait_for_round(tnt_fusion_t *f, size_t i, const char *call) 
   return f->broken;
 }
 
-static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
+static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data, double scale) {
   static const char call[] = "tnt_fusion_start";
   if (f == NULL) return tnt__api_invalid(call, "the fusion set is NULL");
   const long i = find_tensor(f, id, call);
@@ -586,7 +599,9 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
 
   /* Members occupy disjoint parts of the bucket, which no allreduce uses
    * until every member has started: the copy needs no lock. */
-  if (bk->wire != t->dtype) {
+  if (scale != 1.0) {
+    tnt__copy_scaled(part, bk->wire, data, t->dtype, t->count, scale, 0);
+  } else if (bk->wire != t->dtype) {
     tnt__narrow((uint16_t *)(void *)part, data, t->count, bk->wire);
   } else {
     memcpy(part, data, t->count * esz);
@@ -612,7 +627,13 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data)
 
 tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data) {
   tnt__error_clear();
-  return tnt__api_end("tnt_fusion_start", ctx_of(f), fusion_start(f, id, data));
+  return tnt__api_end("tnt_fusion_start", ctx_of(f), fusion_start(f, id, data, 1.0));
+}
+
+tnt_status_t tnt_fusion_start_scaled(tnt_fusion_t *f, uint64_t id, const void *data,
+                                     double scale) {
+  tnt__error_clear();
+  return tnt__api_end("tnt_fusion_start_scaled", ctx_of(f), fusion_start(f, id, data, scale));
 }
 
 /* Names what keeps bucket b from being submitted on this rank: its members
@@ -651,12 +672,17 @@ static void log_missing(const tnt_fusion_t *f, size_t b, tnt__log_level_t level,
   }
 }
 
-static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
+static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double divisor,
+                                  double timeout_s) {
   static const char call[] = "tnt_fusion_finish";
   if (f == NULL) return tnt__api_invalid(call, "the fusion set is NULL");
   const long i = find_tensor(f, id, call);
   if (i < 0) return TNT_ERR_INVALID_ARG;
   const tnt_tensor_info_t *t = &f->tensors[i];
+  if ((t->dtype == TNT_INT32 || t->dtype == TNT_INT64) && (long long)divisor == 0) {
+    return tnt__api_invalid(call, "tensor %llu: an integer tensor cannot be divided by %g",
+                            (unsigned long long)id, divisor);
+  }
   if (out == NULL && t->count > 0) {
     return tnt__api_invalid(call, "tensor %llu: out is NULL with count %zu > 0",
                             (unsigned long long)id, t->count);
@@ -703,7 +729,9 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
   TNT_CHECK(tnt__request_wait(req, TNT__MAX(0.0, deadline - tnt__now())));
   const size_t esz = tnt__dtype_size(bk->wire);
   const uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
-  if (bk->wire != t->dtype) {
+  if (divisor != 1.0) {
+    tnt__copy_scaled(out, t->dtype, part, bk->wire, t->count, divisor, 1);
+  } else if (bk->wire != t->dtype) {
     tnt__widen(out, (const uint16_t *)(const void *)part, t->count, bk->wire);
   } else {
     memcpy(out, part, t->count * esz);
@@ -723,7 +751,14 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
 
 tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s) {
   tnt__error_clear();
-  return tnt__api_end("tnt_fusion_finish", ctx_of(f), fusion_finish(f, id, out, timeout_s));
+  return tnt__api_end("tnt_fusion_finish", ctx_of(f), fusion_finish(f, id, out, 1.0, timeout_s));
+}
+
+tnt_status_t tnt_fusion_finish_scaled(tnt_fusion_t *f, uint64_t id, void *out, double divisor,
+                                      double timeout_s) {
+  tnt__error_clear();
+  return tnt__api_end("tnt_fusion_finish_scaled", ctx_of(f),
+                      fusion_finish(f, id, out, divisor, timeout_s));
 }
 
 tnt_group_t *tnt_fusion_group(const tnt_fusion_t *f) {

@@ -6,7 +6,8 @@
  * hierarchical (shared memory within hosts, the pipelined ring among one
  * leader per host) when hosts are alike and hold several ranks each,
  * otherwise recursive doubling up to TNT__RD_MAX_BYTES and the pipelined
- * ring above.
+ * ring above. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
+ * and TNT_ALLGATHER_ALGORITHM force one.
  *
  * A communicator resolves its choice once, when it is created
  * (tnt__algo_resolve): the collectives themselves only look it up, and
@@ -18,7 +19,7 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "util/env.h"
+#include "util/settings.h"
 #include "util/log.h"
 
 #define TNT__RD_MAX_BYTES (64u * 1024u)
@@ -33,8 +34,10 @@ static const tnt__algo_t *const allgatherv_algos[] = {&tnt__allgatherv_shm,
 
 static const tnt__algo_t *const *const tables[TNT__ALGO_TABLE_COUNT] = {
     allreduce_algos, broadcast_algos, allgatherv_algos};
-static const char *const env_names[TNT__ALGO_TABLE_COUNT] = {
-    "TNT_ALLREDUCE_ALGORITHM", "TNT_BROADCAST_ALGORITHM", "TNT_ALLGATHER_ALGORITHM"};
+/* The setting that forces each table's algorithm: its words are "auto" and
+ * the table's names, in the table's order (checked by a unit test). */
+static const tnt__setting_id_t settings[TNT__ALGO_TABLE_COUNT] = {
+    TNT__S_ALLREDUCE_ALGORITHM, TNT__S_BROADCAST_ALGORITHM, TNT__S_ALLGATHER_ALGORITHM};
 
 const tnt__algo_t *tnt__algo_find(tnt__coll_kind_t kind, const char *name) {
   if ((unsigned)kind >= TNT__ALGO_TABLE_COUNT || name == NULL) return NULL;
@@ -69,18 +72,21 @@ void tnt__algo_resolve(tnt__comm_t *c) {
   for (int k = 0; k < TNT__ALGO_TABLE_COUNT; ++k) {
     const tnt__coll_kind_t kind = (tnt__coll_kind_t)k;
     c->algos[k] = by_size(c, kind);
-    const char *forced = getenv(env_names[k]);
-    if (forced == NULL || *forced == '\0' || strcmp(forced, "auto") == 0) continue;
-    const tnt__algo_t *a = tnt__algo_find(kind, forced);
-    if (a != NULL && a->usable(c)) {
+    const int word = tnt__setting_word(settings[k]);
+    if (word <= 0) continue; /* auto */
+    const tnt__algo_t *a = tnt__algo_at(kind, word - 1);
+    if (a->usable(c)) {
       c->algos[k] = (tnt__algo_choice_t){a, a, SIZE_MAX};
       continue;
     }
     /* Warn once per process and kind: every group would repeat it. */
     static _Atomic int warned[TNT__ALGO_TABLE_COUNT];
     if (!atomic_exchange(&warned[k], 1)) {
-      TNT_LOG_WARN("%s=%s %s; choosing by message size instead", env_names[k], forced,
-                   a == NULL ? "names no such algorithm" : "cannot serve this group");
+      tnt__setting_view_t v;
+      tnt__setting_view(settings[k], &v);
+      TNT_LOG_WARN("%s=%s cannot serve a group of %d ranks on %d host(s); choosing by message "
+                   "size instead",
+                   v.name, v.value, c->size, c->num_hosts);
     }
   }
 }

@@ -9,49 +9,24 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
-#include "util/env.h"
+#include "util/settings.h"
 #include "util/log.h"
 #include "util/types.h"
 
-/* Largest shared-memory slot: each rank maps two per communicator. */
-#define TNT__SHM_SLOT_MAX_KB (1024.0 * 1024.0)
-
-/* Groups that span hosts use larger slots: a slot is one round of the
- * hierarchical allreduce, and fewer, longer rounds keep the host's share of
- * each collective short next to the time on the network. */
-static size_t slot_bytes_from_env(int num_hosts) {
-  const double fallback = num_hosts > 1 ? 4096.0 : 256.0;
-  double kb = tnt__env_double("TNT_SHM_SLOT_KB", fallback);
-  if (kb > TNT__SHM_SLOT_MAX_KB) {
-    TNT_LOG_WARN("ignoring TNT_SHM_SLOT_KB=%g: at most %.0f (1 GiB per slot); using %.0f", kb,
-                 TNT__SHM_SLOT_MAX_KB, fallback);
-    kb = fallback;
-  }
+/* Groups that span hosts use larger slots by default: a slot is one round
+ * of the hierarchical allreduce, and fewer, longer rounds keep the host's
+ * share of each collective short next to the time on the network. */
+static size_t slot_bytes_from_settings(int num_hosts) {
+  double kb = tnt__setting_number(TNT__S_SHM_SLOT_KB);
+  if (kb < 0) kb = num_hosts > 1 ? 4096.0 : 256.0; /* auto */
   size_t bytes = (size_t)(kb * 1024.0);
   bytes = (bytes + 63u) & ~(size_t)63u; /* whole cache lines */
   return bytes < 64 ? 64 : bytes;
 }
 
-/* Largest ring segment and depth: beyond them the ring holds more buffers
- * than any link can keep busy. */
-#define TNT__RING_SEGMENT_MAX_KB (64.0 * 1024.0)
-#define TNT__RING_DEPTH_MAX 1024.0
-
-static tnt__ring_cfg_t ring_cfg_from_env(void) {
-  double kb = tnt__env_double("TNT_RING_SEGMENT_KB", 32.0);
-  if (kb > TNT__RING_SEGMENT_MAX_KB) {
-    TNT_LOG_WARN("ignoring TNT_RING_SEGMENT_KB=%g: at most %.0f; using 32", kb,
-                 TNT__RING_SEGMENT_MAX_KB);
-    kb = 32.0;
-  }
-  double depth = tnt__env_double("TNT_RING_DEPTH", 32.0);
-  if (depth > TNT__RING_DEPTH_MAX || depth < 1.0) {
-    TNT_LOG_WARN("ignoring TNT_RING_DEPTH=%g: it counts segments in flight, 1 to %.0f; using 32",
-                 depth, TNT__RING_DEPTH_MAX);
-    depth = 32.0;
-  }
-  size_t bytes = (size_t)(kb * 1024.0);
-  return (tnt__ring_cfg_t){bytes < 64 ? 64 : bytes, (int)depth};
+static tnt__ring_cfg_t ring_cfg_from_settings(void) {
+  size_t bytes = (size_t)(tnt__setting_number(TNT__S_RING_SEGMENT_KB) * 1024.0);
+  return (tnt__ring_cfg_t){bytes < 64 ? 64 : bytes, (int)tnt__setting_number(TNT__S_RING_DEPTH)};
 }
 
 tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
@@ -66,7 +41,7 @@ tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
   c->rank = t->rank;
   c->size = t->size;
   c->num_hosts = t->num_hosts;
-  c->ring = ring_cfg_from_env();
+  c->ring = ring_cfg_from_settings();
   list = malloc((size_t)t->size * sizeof(int));
   count_on = calloc((size_t)t->num_hosts, sizeof(int));
   if (list == NULL || count_on == NULL) {
@@ -99,7 +74,7 @@ tnt_status_t tnt__comm_create(tnt__transport_t *t, tnt__comm_t **out) {
   }
 
   if (c->node->ops->shm_alloc != NULL) {
-    c->shm_slot_bytes = slot_bytes_from_env(t->num_hosts);
+    c->shm_slot_bytes = slot_bytes_from_settings(t->num_hosts);
     st = c->node->ops->shm_alloc(c->node, TNT__SHM_CTRL_BYTES + 2 * c->shm_slot_bytes, &c->shm);
     if (st == TNT_ERR_UNSUPPORTED) {
       TNT_LOG_INFO("shared memory is not available; using network algorithms on this host");

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "proc.h"
+#include "util/settings.h"
 
 int tnt__env_name_exported(const char *name, size_t len) {
   static const char *const exact[] = {"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"};
@@ -34,23 +35,15 @@ static int env_set(tnt__strvec_t *env, const char *name, size_t name_len, const 
   return tnt__strvec_pushf(env, "%.*s=%s", (int)name_len, name, value);
 }
 
-static const char *env_lookup(char *const *envp, const char *name, size_t len) {
-  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
-    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  }
-  return NULL;
-}
-
 static int compare_strings(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The environment of the ranks, by the rules in the header. */
-static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *err,
+int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *env, char *err,
                      size_t err_len) {
   int rc = -1;
-  const tnt__options_t *o = plan->opts;
-  for (char *const *e = plan->envp; e != NULL && *e != NULL; ++e) {
+  tnt__strvec_t from_cli = {0};
+  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
     const char *eq = strchr(*e, '=');
     if (eq == NULL || !tnt__env_name_exported(*e, (size_t)(eq - *e))) continue;
     if (env_set(env, *e, (size_t)(eq - *e), eq + 1) != 0) goto nomem;
@@ -64,10 +57,12 @@ static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *e
       {"TNT_LOG_ON_ALL_DEVICES", o->log_on_all_devices ? "true" : NULL},
       {"TNT_OUTPUT_ON_ALL_DEVICES", o->output_on_all_devices ? "true" : NULL},
       {"TNT_FUSION_THRESHOLD_KB", o->fusion_threshold},
+      {"TNT_MAX_RESTARTS", o->max_restarts},
   };
   for (size_t i = 0; i < sizeof settings / sizeof settings[0]; ++i) {
     if (settings[i].value == NULL) continue;
-    if (env_set(env, settings[i].name, strlen(settings[i].name), settings[i].value) != 0) {
+    if (env_set(env, settings[i].name, strlen(settings[i].name), settings[i].value) != 0 ||
+        tnt__strvec_pushf(&from_cli, "%s", settings[i].name) != 0) {
       goto nomem;
     }
   }
@@ -75,20 +70,40 @@ static int build_env(const tnt__launch_plan_t *plan, tnt__strvec_t *env, char *e
     const char *arg = o->env[i];
     const char *eq = strchr(arg, '=');
     size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
-    const char *value = eq != NULL ? eq + 1 : env_lookup(plan->envp, arg, len);
+    const char *value = eq != NULL ? eq + 1 : tnt__env_lookup(envp, arg, len);
     if (value == NULL) {
       tnt__errorf(err, err_len, "-x %s: %s is not set here; give its value with -x %s=VALUE", arg,
                   arg, arg);
       goto out;
     }
     if (env_set(env, arg, len, value) != 0) goto nomem;
+    if (eq != NULL && tnt__strvec_pushf(&from_cli, "%.*s", (int)len, arg) != 0) goto nomem;
+  }
+  /* The ranks report these settings as given on the command line. */
+  if (from_cli.count > 0) {
+    size_t total = 1;
+    for (size_t i = 0; i < from_cli.count; ++i) total += strlen(from_cli.items[i]) + 1;
+    char *list = calloc(1, total);
+    if (list == NULL) goto nomem;
+    for (size_t i = 0; i < from_cli.count; ++i) {
+      if (i > 0) strcat(list, ",");
+      strcat(list, from_cli.items[i]);
+    }
+    int failed = env_set(env, "TNT_COMMAND_LINE_SETTINGS", strlen("TNT_COMMAND_LINE_SETTINGS"),
+                         list);
+    free(list);
+    if (failed) goto nomem;
   }
   if (env->count > 0) qsort(env->items, env->count, sizeof *env->items, compare_strings);
+  /* A bad setting fails here, before anything starts, as it would on every rank. */
+  static char *const no_env[] = {NULL};
+  if (tnt__settings_read(env->count > 0 ? env->items : no_env, err, err_len) != 0) goto out;
   rc = 0;
   goto out;
 nomem:
   tnt__errorf(err, err_len, "out of memory");
 out:
+  tnt__strvec_free(&from_cli);
   return rc;
 }
 
@@ -115,6 +130,10 @@ static int push_rank_command(const tnt__launch_plan_t *plan, tnt__strvec_t *a) {
   rc |= tnt__strvec_push(a, "--rank-exec");
   rc |= tnt__strvec_push(a, "--run-dir");
   rc |= tnt__strvec_push(a, plan->run_dir);
+  if (plan->attempt > 0) {
+    rc |= tnt__strvec_push(a, "--restart-count");
+    rc |= tnt__strvec_pushf(a, "%d", plan->attempt - 1);
+  }
   if (plan->gpus != NULL) {
     rc |= tnt__strvec_push(a, "--gpus");
     rc |= tnt__strvec_push(a, plan->gpus);
@@ -193,7 +212,7 @@ int tnt__command_build(const tnt__launch_plan_t *plan, tnt__command_t *cmd, char
   int rc = -1;
   char *hosts = NULL;
   memset(cmd, 0, sizeof *cmd);
-  if (build_env(plan, &cmd->env, err, err_len) != 0) goto out;
+  if (tnt__command_env(plan->opts, plan->envp, &cmd->env, err, err_len) != 0) goto out;
   if (plan->hosts != NULL) {
     hosts = host_list(plan);
     if (hosts == NULL) goto nomem;

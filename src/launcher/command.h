@@ -24,7 +24,8 @@ typedef struct {
   tnt__mpi_flavor_t flavor;
   const char *mpirun;           /* the MPI launcher to execute */
   const char *self;             /* this program's absolute path, run as each rank's wrapper */
-  const char *run_dir;          /* absolute path of the run directory */
+  const char *run_dir;          /* absolute path of the directory of the rank logs */
+  int attempt;                  /* with restarts, the attempt (1, 2, ...); 0 without */
   const char *workdir;          /* absolute working directory of every rank */
   int is_root;                  /* the launcher runs as root */
   long cores;                   /* processors of this host */
@@ -49,12 +50,21 @@ typedef struct {
  * launcher's TNT_* and TF_* variables, PATH, PYTHONPATH and
  * LD_LIBRARY_PATH; then what the options set (TNT_LOG_LEVEL, ...); then the
  * -x variables, later ones winning. Returns 0, or -1 with a message in err
- * (a -x NAME whose NAME is not set, or no memory).
+ * (a -x NAME whose NAME is not set, a setting with a bad value, or no
+ * memory).
  */
 int tnt__command_build(const tnt__launch_plan_t *plan, tnt__command_t *cmd, char *err,
                        size_t err_len);
 
 void tnt__command_free(tnt__command_t *cmd);
+
+/* The environment exported to every rank (as tnt__command_build makes it,
+ * sorted by name) into env, which the caller frees. The TNT_* settings in
+ * it are checked by the settings registry, which then holds them; the names
+ * that the options and -x gave are listed in TNT_COMMAND_LINE_SETTINGS.
+ * Returns 0, or -1 with a message in err. */
+int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *env, char *err,
+                     size_t err_len);
 
 /* Writes the command as a shell script: one export per variable, then the
  * command line, every word quoted where needed. Returns 0, or -1 on a

@@ -17,23 +17,27 @@ static int host_char(char c) {
 
 /* The arrays hold 8 names, then grow by doubling whenever they are full:
  * at 8, 16, 32, ... names. */
-int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line) {
+int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line, char *err,
+                      size_t err_len) {
   const int n = list->count;
   if (n == 0 || (n >= 8 && (n & (n - 1)) == 0)) {
     int cap = n == 0 ? 8 : n * 2;
     char **names = realloc(list->names, (size_t)cap * sizeof *names);
-    if (names == NULL) return -1;
+    if (names == NULL) goto no_memory;
     list->names = names;
     int *lines = realloc(list->lines, (size_t)cap * sizeof *lines);
-    if (lines == NULL) return -1;
+    if (lines == NULL) goto no_memory;
     list->lines = lines;
   }
   char *copy = strndup(name, len);
-  if (copy == NULL) return -1;
+  if (copy == NULL) goto no_memory;
   list->names[list->count] = copy;
   list->lines[list->count] = line;
   list->count++;
   return 0;
+no_memory:
+  tnt__set_error(err, err_len, "out of memory");
+  return -1;
 }
 
 int tnt__host_name_check(const char *name, size_t len, char *err, size_t err_len) {
@@ -100,8 +104,9 @@ static int compare_entries(const void *a, const void *b) {
 }
 
 /* The duplicate whose second mention comes first, so that a message points
- * at the earliest line to fix. */
-int tnt__hostlist_find_duplicate(const tnt__hostlist_t *list, int *first, int *second) {
+ * at the earliest line to fix: 1 with the two indexes, 0 when every name is
+ * unique, -1 without memory. */
+static int find_duplicate(const tnt__hostlist_t *list, int *first, int *second) {
   int found = 0;
   sort_entry_t *order = malloc((size_t)list->count * sizeof *order);
   if (order == NULL) return -1;
@@ -148,10 +153,7 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
         goto out;
       }
       if (check_name(buf + a, b - a, line, err, err_len) != 0) goto out;
-      if (tnt__hostlist_add(out, buf + a, b - a, line) != 0) {
-        tnt__set_error(err, err_len, "out of memory");
-        goto out;
-      }
+      if (tnt__hostlist_add(out, buf + a, b - a, line, err, err_len) != 0) goto out;
     }
     pos = end + 1;
   }
@@ -159,23 +161,29 @@ int tnt__hostfile_parse(const char *buf, size_t len, tnt__hostlist_t *out, char 
     tnt__set_error(err, err_len, "no host names in it (one name per line; '#' starts a comment)");
     goto out;
   }
-  int first = 0, second = 0;
-  int dup = tnt__hostlist_find_duplicate(out, &first, &second);
-  if (dup < 0) {
-    tnt__set_error(err, err_len, "out of memory");
-    goto out;
-  }
-  if (dup > 0) {
-    tnt__set_error(err, err_len,
-                   "line %d: host '%s' is already listed on line %d; every host must appear once "
-                   "(use --n-per-node for several ranks per host)",
-                   out->lines[second], out->names[second], out->lines[first]);
-    goto out;
-  }
   rc = 0;
 out:
-  if (rc != 0) tnt__hostlist_free(out);
-  return rc;
+  return tnt__hostlist_finish(out, rc, 1, err, err_len);
+}
+
+int tnt__hostlist_finish(tnt__hostlist_t *list, int rc, int by_line, char *err, size_t err_len) {
+  if (rc == 0) {
+    int first = 0, second = 0;
+    const int dup = find_duplicate(list, &first, &second);
+    if (dup == 0) return 0;
+    if (dup < 0) {
+      tnt__set_error(err, err_len, "out of memory");
+    } else if (by_line) {
+      tnt__set_error(err, err_len,
+                     "line %d: host '%s' is already listed on line %d; every host must appear "
+                     "once (use --n-per-node for several ranks per host)",
+                     list->lines[second], list->names[second], list->lines[first]);
+    } else {
+      tnt__set_error(err, err_len, "host '%s' is listed twice", list->names[second]);
+    }
+  }
+  tnt__hostlist_free(list);
+  return -1;
 }
 
 int tnt__host_is_local(const char *name, const char *local_name) {

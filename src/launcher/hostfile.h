@@ -45,13 +45,20 @@ int tnt__hostlist_check_local(const tnt__hostlist_t *list, const char *local_nam
 int tnt__host_name_check(const char *name, size_t len, char *err, size_t err_len);
 
 /* Appends a copy of name[0..len) from the given line. Returns 0, or -1
- * without memory. */
-int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line);
+ * with "out of memory" in err. */
+int tnt__hostlist_add(tnt__hostlist_t *list, const char *name, size_t len, int line, char *err,
+                      size_t err_len);
 
-/* Finds the repeated name whose second mention comes first (names compare
- * without regard to case, as DNS does). Returns 1 with the two indexes,
- * 0 when every name is unique, -1 without memory. */
-int tnt__hostlist_find_duplicate(const tnt__hostlist_t *list, int *first, int *second);
+/*
+ * The end of every parser that fills list: returns 0 when the parse
+ * succeeded (rc 0) and no name repeats (names compare without regard to
+ * case, as DNS does). Otherwise empties list and returns -1, with err
+ * naming the repeated name whose second mention comes first: with the
+ * lines of both mentions when by_line ("line 4: host 'b' is already
+ * listed on line 2; ..."), else "host 'b' is listed twice". A failed parse
+ * (rc != 0) has written err already.
+ */
+int tnt__hostlist_finish(tnt__hostlist_t *list, int rc, int by_line, char *err, size_t err_len);
 
 /* Whether name refers to the host the launcher runs on (see above). */
 int tnt__host_is_local(const char *name, const char *local_name);

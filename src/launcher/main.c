@@ -14,7 +14,9 @@
 #include "options.h"
 #include "plan.h"
 #include "rank.h"
+#include "restart.h"
 #include "run.h"
+#include "util/settings.h"
 
 #ifndef TNT_VERSION
 #define TNT_VERSION "unknown"
@@ -25,12 +27,40 @@
 
 extern char **environ;
 
-static void print_dry_run(const tnt__plan_storage_t *ps, const tnt__command_t *cmd) {
+/* --settings: every setting as the ranks would get it; --settings=markdown:
+ * the table of the README, generated from the registry. */
+static int print_settings(const tnt__options_t *opts, char *err, size_t err_len) {
+  tnt__strvec_t env = {0};
+  int rc = tnt__command_env(opts, environ, &env, err, err_len);
+  tnt__strvec_free(&env);
+  if (rc != 0) return rc;
+  static const char *const sources[] = {"default", "environment", "command line"};
+  if (opts->settings == 2) printf("| setting | takes | default | what it does |\n|---|---|---|---|\n");
+  for (int i = 0; i < TNT__S_COUNT; ++i) {
+    tnt__setting_view_t v;
+    tnt__setting_view((tnt__setting_id_t)i, &v);
+    if (opts->settings == 2) {
+      char takes[256] = "a path or a program";
+      if (strcmp(v.kind, "text") != 0) tnt__setting_accepts((tnt__setting_id_t)i, takes, sizeof takes);
+      printf("| `%s` | %s | %s%s%s | %s |\n", v.name, takes, *v.default_value ? "`" : "",
+             *v.default_value ? v.default_value : "unset", *v.default_value ? "`" : "", v.help);
+    } else {
+      printf("%-32s %-24s %s\n", v.name, *v.value ? v.value : "(unset)", sources[v.source]);
+    }
+  }
+  return 0;
+}
+
+static void print_dry_run(const tnt__plan_storage_t *ps, const tnt__job_t *job) {
   printf("# tarantella --dry-run: what would run (nothing was started)\n");
   printf("# %s\n", ps->summary);
   if (ps->hosts_from[0] != '\0') printf("# hosts from %s\n", ps->hosts_from);
-  printf("# logs: %s/rank<R>.log\n", ps->run_dir);
-  if (tnt__command_print(cmd, stdout) != 0) perror("tarantella: writing the dry run");
+  printf("# logs: %s/rank<R>.log\n", job->plan.run_dir);
+  if (job->max_restarts > 0) {
+    printf("# up to %d restart(s), each logging in %s/attempt<K>\n", job->max_restarts,
+           ps->run_dir);
+  }
+  if (tnt__command_print(&job->cmd, stdout) != 0) perror("tarantella: writing the dry run");
 }
 
 int main(int argc, char *argv[]) {
@@ -39,9 +69,9 @@ int main(int argc, char *argv[]) {
   char err[1024] = "";
   tnt__options_t opts;
   tnt__plan_storage_t ps;
-  tnt__command_t cmd;
+  tnt__job_t job;
   memset(&ps, 0, sizeof ps);
-  memset(&cmd, 0, sizeof cmd);
+  memset(&job, 0, sizeof job);
   tnt__parse_result_t parsed = tnt__options_parse(argc, argv, &opts, err, sizeof err);
   if (parsed == TNT__PARSE_HELP) {
     fputs(tnt__usage_text, stdout);
@@ -53,6 +83,14 @@ int main(int argc, char *argv[]) {
     status = 0;
     goto out;
   }
+  if (parsed == TNT__PARSE_SETTINGS) {
+    if (print_settings(&opts, err, sizeof err) == 0) {
+      status = 0;
+      goto out;
+    }
+    fprintf(stderr, "tarantella: error: %s\n", err);
+    goto out;
+  }
   if (parsed != TNT__PARSE_RUN) {
     fprintf(stderr,
             "tarantella: error: %s\nUsage: tarantella [options] -- PROGRAM [ARGS...] "
@@ -61,20 +99,20 @@ int main(int argc, char *argv[]) {
     goto out;
   }
   if (tnt__plan_make(&opts, environ, &ps, err, sizeof err) != 0 ||
-      tnt__command_build(&ps.plan, &cmd, err, sizeof err) != 0) {
+      tnt__job_init(&job, &ps.plan, err, sizeof err) != 0) {
     fprintf(stderr, "tarantella: error: %s\n", err);
     goto out;
   }
   if (opts.dry_run) {
-    print_dry_run(&ps, &cmd);
+    print_dry_run(&ps, &job);
     status = 0;
     goto out;
   }
   if (ps.hosts_from[0] != '\0') fprintf(stderr, "tarantella: hosts from %s\n", ps.hosts_from);
-  fprintf(stderr, "tarantella: %s; logs in %s\n", ps.summary, ps.run_dir);
-  status = tnt__run(&ps.plan, &cmd);
+  fprintf(stderr, "tarantella: %s; logs in %s\n", ps.summary, job.plan.run_dir);
+  status = tnt__job_run(&job);
 out:
-  tnt__command_free(&cmd);
+  tnt__job_free(&job);
   tnt__plan_free(&ps);
   tnt__options_free(&opts);
   return status;

@@ -6,6 +6,7 @@
  */
 #include "options.h"
 #include "strvec.h"
+#include "util/settings.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -42,8 +43,15 @@ const char tnt__usage_text[] =
     "  --run-dir DIR             where every rank's log goes (default:\n"
     "                            ./tarantella-run-DATE-TIME-PID, or $TNT_RUN_DIR)\n"
     "\n"
+    "Failures:\n"
+    "  --max-restarts N          start the job again, up to N times, when an attempt\n"
+    "                            fails after a completed step (TNT_MAX_RESTARTS;\n"
+    "                            default 0); each attempt logs to DIR/attempt<K>\n"
+    "  --restart-delay S         wait S seconds before each restart (default 0)\n"
+    "\n"
     "Environment and tuning:\n"
-    "  -x NAME=VALUE             set NAME on every rank (repeatable); -x NAME passes\n"
+    "  -x NAME=VALUE [N2=V2 ...] set NAME on every rank (repeatable; several\n"
+    "                            assignments may follow one -x); -x NAME passes\n"
     "                            on its current value\n"
     "  --fusion-threshold KB     tensor fusion threshold in KB (TNT_FUSION_THRESHOLD_KB)\n"
     "  --pin-to-socket           bind each rank of a host to its own NUMA node\n"
@@ -52,6 +60,9 @@ const char tnt__usage_text[] =
     "\n"
     "Other:\n"
     "  --dry-run                 print the command and environment; run nothing\n"
+    "  --settings                print every TNT_* setting the ranks would run with,\n"
+    "                            its value and where it comes from (--settings=markdown:\n"
+    "                            as a Markdown table); run nothing\n"
     "  --version                 print the version\n"
     "  -h, --help                print this help\n"
     "\n"
@@ -75,7 +86,10 @@ typedef enum {
   OPT_PIN_MEMORY,
   OPT_PYTHON,
   OPT_RUN_DIR,
+  OPT_MAX_RESTARTS,
+  OPT_RESTART_DELAY,
   OPT_DRY_RUN,
+  OPT_SETTINGS,
   OPT_VERSION,
   OPT_HELP
 } option_id_t;
@@ -83,7 +97,7 @@ typedef enum {
 typedef struct {
   const char *name;
   option_id_t id;
-  int takes_value;
+  int takes_value; /* 1: a value; 2: an optional value, attached (--name=value) */
 } option_spec_t;
 
 /* Long options also accept --name=value. Single-dash names take their
@@ -104,7 +118,10 @@ static const option_spec_t long_options[] = {
     {"--pin-memory-to-socket", OPT_PIN_MEMORY, 0},
     {"--python-interpreter", OPT_PYTHON, 1},
     {"--run-dir", OPT_RUN_DIR, 1},
+    {"--max-restarts", OPT_MAX_RESTARTS, 1},
+    {"--restart-delay", OPT_RESTART_DELAY, 1},
     {"--dry-run", OPT_DRY_RUN, 0},
+    {"--settings", OPT_SETTINGS, 2},
     {"--version", OPT_VERSION, 0},
     {"--help", OPT_HELP, 0},
 };
@@ -130,16 +147,13 @@ static int parse_count(const char *s, int *out) {
   return 0;
 }
 
-/* Parses a finite, non-negative decimal number (no hex, inf or nan). */
-static int parse_threshold(const char *s, double *out) {
-  if (*s == '\0') return -1;
-  for (const char *p = s; *p != '\0'; ++p) {
-    if (strchr("0123456789.eE+-", *p) == NULL) return -1;
-  }
+/* Parses a finite number of seconds, 0 or more, and no more than a day:
+ * a longer wait between attempts is surely a typing mistake. */
+static int parse_seconds(const char *s, double *out) {
   char *end = NULL;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno != 0 || end == s || *end != '\0' || !isfinite(v)) return -1;
+  if (*s == '\0' || errno != 0 || *end != '\0' || !isfinite(v) || v < 0 || v > 86400) return -1;
   *out = v;
   return 0;
 }
@@ -152,12 +166,15 @@ int tnt__env_assignment_valid(const char *arg, int allow_bare_name) {
   return *p == '\0' && allow_bare_name;
 }
 
-static const char *canonical_log_level(const char *s) {
-  static const char *const levels[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
-  for (size_t i = 0; i < sizeof levels / sizeof levels[0]; ++i) {
-    if (strcasecmp(s, levels[i]) == 0) return levels[i];
-  }
-  return NULL;
+/* Checks the value of an option that gives a setting by the registry's
+ * rules. Returns 0, or -1 with err saying what the option takes. */
+static int check_setting(tnt__setting_id_t id, const char *arg, const char *value, char *err,
+                         size_t err_len) {
+  if (*value != '\0' && tnt__setting_check(id, value) == 0) return 0;
+  char accepts[256];
+  tnt__setting_accepts(id, accepts, sizeof accepts);
+  tnt__set_error(err, err_len, "%s takes %s, not '%s'", arg, accepts, value);
+  return -1;
 }
 
 /* Finds the option an argument names. *value is set to the attached value
@@ -212,11 +229,8 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       o->hostfile = value;
       return 0;
     case OPT_LOG_LEVEL:
-      o->log_level = canonical_log_level(value);
-      if (o->log_level == NULL) {
-        tnt__set_error(err, err_len, "%s must be DEBUG, INFO, WARNING or ERROR, not '%s'", arg, value);
-        return -1;
-      }
+      if (check_setting(TNT__S_LOG_LEVEL, arg, value, err, err_len) != 0) return -1;
+      o->log_level = value;
       return 0;
     case OPT_ENV:
       if (!tnt__env_assignment_valid(value, 1)) {
@@ -229,11 +243,7 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       o->env[o->num_env++] = value;
       return 0;
     case OPT_FUSION:
-      if (parse_threshold(value, &o->fusion_threshold_kb) != 0 || o->fusion_threshold_kb < 0) {
-        tnt__set_error(err, err_len, "%s needs a non-negative number of KB (e.g. 32), not '%s'", arg,
-                  value);
-        return -1;
-      }
+      if (check_setting(TNT__S_FUSION_THRESHOLD_KB, arg, value, err, err_len) != 0) return -1;
       o->fusion_threshold = value;
       return 0;
     case OPT_PYTHON:
@@ -249,6 +259,17 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
         return -1;
       }
       o->run_dir = value;
+      return 0;
+    case OPT_MAX_RESTARTS:
+      if (check_setting(TNT__S_MAX_RESTARTS, arg, value, err, err_len) != 0) return -1;
+      o->max_restarts = value;
+      return 0;
+    case OPT_RESTART_DELAY:
+      if (parse_seconds(value, &o->restart_delay_s) != 0) {
+        tnt__set_error(err, err_len, "%s needs a number of seconds from 0 to 86400 (a day), not '%s'", arg,
+                       value);
+        return -1;
+      }
       return 0;
     case OPT_NO_GPU:
       o->no_gpu = 1;
@@ -268,6 +289,13 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
       return 0;
     case OPT_DRY_RUN:
       o->dry_run = 1;
+      return 0;
+    case OPT_SETTINGS:
+      if (value != NULL && strcmp(value, "markdown") != 0) {
+        tnt__set_error(err, err_len, "%s takes no value or =markdown, not '%s'", arg, value);
+        return -1;
+      }
+      o->settings = value != NULL ? 2 : 1;
       return 0;
     case OPT_VERSION:
     case OPT_HELP:
@@ -312,11 +340,11 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
       result = TNT__PARSE_VERSION;
       goto out;
     }
-    if (!spec->takes_value && value != NULL) {
+    if (spec->takes_value == 0 && value != NULL) {
       tnt__set_error(err, err_len, "option %s takes no value", spec->name);
       goto out;
     }
-    if (spec->takes_value && value == NULL) {
+    if (spec->takes_value == 1 && value == NULL) {
       /* A following option or '--' means the value was forgotten; taking
        * it as the value would only give a more confusing error later. */
       if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
@@ -326,6 +354,16 @@ tnt__parse_result_t tnt__options_parse(int argc, char *const argv[], tnt__option
       value = argv[++i];
     }
     if (apply_option(opts, spec, arg, value, err, err_len) != 0) goto out;
+    /* "-x A=1 B=2": the assignments that follow one -x (NAME=VALUE only, so
+     * that a program named before a forgotten '--' is still reported). */
+    while (spec->id == OPT_ENV && i + 1 < argc && argv[i + 1][0] != '-' &&
+           strchr(argv[i + 1], '=') != NULL) {
+      if (apply_option(opts, spec, arg, argv[++i], err, err_len) != 0) goto out;
+    }
+  }
+  if (opts->settings) {
+    result = TNT__PARSE_SETTINGS;
+    goto out;
   }
   if (i >= argc) {
     tnt__set_error(err, err_len, "missing '--' and PROGRAM: tarantella [options] -- PROGRAM [ARGS...]");

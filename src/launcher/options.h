@@ -14,6 +14,7 @@ typedef enum {
   TNT__PARSE_RUN = 0,     /* start (or, with --dry-run, show) a run */
   TNT__PARSE_HELP = 1,    /* --help was given */
   TNT__PARSE_VERSION = 2, /* --version was given */
+  TNT__PARSE_SETTINGS = 3, /* --settings was given, without a program */
   TNT__PARSE_ERROR = -1   /* the message says what is wrong */
 } tnt__parse_result_t;
 
@@ -22,16 +23,18 @@ typedef struct {
   int n_per_node;               /* --n-per-node and its aliases; 0 when not given */
   const char *hostfile;         /* --hostfile; NULL for a run on this host only */
   int no_gpu;                   /* --no-gpu */
-  const char *log_level;        /* --log-level, upper case (a static string); NULL if not given */
+  const char *log_level;        /* --log-level as given (validated); NULL if not given */
   int log_on_all_devices;       /* --log-on-all-devices */
   int output_on_all_devices;    /* --output-on-all-devices */
   const char *fusion_threshold; /* --fusion-threshold as given (validated); NULL if not given */
-  double fusion_threshold_kb;   /* its value */
   int pin_to_socket;            /* --pin-to-socket (implied by --pin-memory-to-socket) */
   int pin_memory_to_socket;     /* --pin-memory-to-socket */
   const char *python;           /* --python-interpreter; NULL for the default */
   const char *run_dir;          /* --run-dir; NULL for the default */
+  const char *max_restarts;     /* --max-restarts as given (validated); NULL if not given */
+  double restart_delay_s;       /* --restart-delay; 0 when not given */
   int dry_run;                  /* --dry-run */
+  int settings;                 /* --settings: 1; --settings=markdown: 2; else 0 */
   const char **env;             /* -x arguments, "NAME=VALUE" or "NAME"; owned by the options */
   int num_env;
   char *const *program_argv; /* PROGRAM and its arguments (points into argv) */

@@ -12,6 +12,7 @@
 #include "gpus.h"
 #include "proc.h"
 #include "slurm.h"
+#include "util/settings.h"
 
 /* The largest hostfile read; a cluster's list is a few hundred KB at most. */
 #define TNT__HOSTFILE_MAX ((size_t)16 << 20)
@@ -19,11 +20,7 @@
 #define TNT__PROBE_TIMEOUT_S 20
 
 static const char *env_get(char *const *envp, const char *name) {
-  size_t len = strlen(name);
-  for (char *const *e = envp; e != NULL && *e != NULL; ++e) {
-    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  }
-  return NULL;
+  return tnt__env_lookup(envp, name, strlen(name));
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -168,8 +165,8 @@ static int detect_flavor(const char *mpirun, tnt__mpi_flavor_t *flavor) {
 
 static int resolve_mpi(char *const *envp, tnt__plan_storage_t *ps, char *err, size_t err_len) {
   const char *path = env_get(envp, "PATH");
-  const char *forced = env_get(envp, "TNT_MPIRUN");
-  if (forced != NULL && *forced != '\0') {
+  char forced[1024];
+  if (*tnt__setting_text(TNT__S_MPIRUN, forced, sizeof forced) != '\0') {
     if (tnt__which(forced, path, ps->mpirun, sizeof ps->mpirun) != 0) {
       tnt__errorf(err, err_len, "TNT_MPIRUN=%s: no such executable", forced);
       return -1;
@@ -312,8 +309,8 @@ static int load_slurm(const tnt__options_t *opts, char *const *envp, const char 
 static int decide_ranks(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
                         char *err, size_t err_len) {
   tnt__launch_plan_t *p = &ps->plan;
-  const char *root = env_get(envp, "TNT_SYS_ROOT");
-  if (root == NULL) root = "";
+  char root[1024];
+  tnt__setting_text(TNT__S_SYS_ROOT, root, sizeof root);
   int gpus = 0;
   if (!opts->no_gpu) {
     gpus = tnt__gpus_detect(root, env_get(envp, "CUDA_VISIBLE_DEVICES"), ps->gpus, sizeof ps->gpus);
@@ -367,13 +364,16 @@ static int decide_ranks(const tnt__options_t *opts, char *const *envp, tnt__plan
   return 0;
 }
 
-static int decide_dirs(const tnt__options_t *opts, char *const *envp, tnt__plan_storage_t *ps,
+static int decide_dirs(const tnt__options_t *opts, tnt__plan_storage_t *ps,
                        char *err, size_t err_len) {
   if (getcwd(ps->workdir, sizeof ps->workdir) == NULL) {
     tnt__errorf(err, err_len, "cannot tell the working directory: %s", strerror(errno));
     return -1;
   }
-  const char *dir = opts->run_dir != NULL ? opts->run_dir : env_get(envp, "TNT_RUN_DIR");
+  char from_settings[1024];
+  const char *dir = opts->run_dir != NULL
+                        ? opts->run_dir
+                        : tnt__setting_text(TNT__S_RUN_DIR, from_settings, sizeof from_settings);
   char name[128];
   if (dir == NULL || *dir == '\0') {
     time_t now = time(NULL);
@@ -399,6 +399,8 @@ int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_stor
   tnt__launch_plan_t *p = &ps->plan;
   p->opts = opts;
   p->envp = envp;
+  /* The launcher's own settings, and a bad value of any, before anything starts. */
+  if (tnt__settings_read(envp, err, err_len) != 0) goto out;
   int is_python = 0;
   if (resolve_program(opts->program_argv[0], envp, ps, &is_python, err, err_len) != 0) {
     goto out;
@@ -411,7 +413,7 @@ int tnt__plan_make(const tnt__options_t *opts, char *const *envp, tnt__plan_stor
     if (load_slurm(opts, envp, slurm_nodes, ps, err, err_len) != 0) goto out;
   }
   if (decide_ranks(opts, envp, ps, err, err_len) != 0) goto out;
-  if (decide_dirs(opts, envp, ps, err, err_len) != 0) goto out;
+  if (decide_dirs(opts, ps, err, err_len) != 0) goto out;
   if (resolve_mpi(envp, ps, err, err_len) != 0) goto out;
   ssize_t n = readlink("/proc/self/exe", ps->self, sizeof ps->self - 1);
   if (n <= 0) {

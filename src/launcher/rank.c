@@ -29,6 +29,7 @@
 #include "gpus.h"
 #include "proc.h"
 #include "status.h"
+#include "util/settings.h"
 
 /* Seconds a program has to end after it was asked to, before it is killed. */
 #define TNT__RANK_KILL_GRACE_S 5.0
@@ -56,6 +57,8 @@ int tnt__rank_options_parse(int argc, char *const argv[], tnt__rank_options_t *o
     } else if (strcmp(a, "--cpu") == 0) {
       o->gpus = NULL;
       have_devices = 1;
+    } else if (strcmp(a, "--restart-count") == 0 && i + 1 < argc) {
+      o->restart_count = argv[++i];
     } else if (strcmp(a, "--output-on-all-devices") == 0) {
       o->output_on_all_devices = 1;
     } else if (strcmp(a, "--pin-to-socket") == 0) {
@@ -220,7 +223,8 @@ static int copy_output(output_t *out, int fd, stream_t *s) {
 
 /* Pins this process (and so the program it starts) to a NUMA node. */
 static int pin_to_node(const tnt__rank_options_t *o, int node, char *err, size_t err_len) {
-  const char *root = getenv("TNT_SYS_ROOT") != NULL ? getenv("TNT_SYS_ROOT") : "";
+  char root[1024];
+  tnt__setting_text(TNT__S_SYS_ROOT, root, sizeof root);
   cpu_set_t cpus;
   if (tnt__numa_node_cpus(root, node, &cpus) != 0) {
     tnt__errorf(err, err_len,
@@ -414,6 +418,12 @@ int tnt__rank_main(int argc, char *argv[]) {
   /* Python buffers a pipe's output in large blocks; unbuffered, the log
    * holds everything up to the moment a rank fails. */
   setenv("PYTHONUNBUFFERED", "1", 0);
+  /* Which attempt of the job this is (0 for the first), and where the
+   * program records its first completed step (status.h). */
+  setenv("TNT_RESTART_COUNT", o.restart_count != NULL ? o.restart_count : "0", 1);
+  char progress_path[4200];
+  tnt__progress_path(o.run_dir, rank, progress_path, sizeof progress_path);
+  setenv("TNT_PROGRESS_FILE", progress_path, 1);
   if (o.pin_to_socket && pin_to_node(&o, local_rank, err, sizeof err) != 0) goto out;
 
   if (tnt__status_write(o.run_dir, &status) != 0) {

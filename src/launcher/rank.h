@@ -2,7 +2,9 @@
  * Rank mode: `tarantella --rank-exec [options] -- PROGRAM [ARGS...]`, the
  * command the MPI launcher starts for every rank. It gives the rank its GPU
  * (CUDA_VISIBLE_DEVICES by local rank), pins it to its NUMA node when asked,
- * runs the program with its output captured into <run dir>/rank<R>.log
+ * tells the program its restart count (TNT_RESTART_COUNT) and where to
+ * record its first completed step (TNT_PROGRESS_FILE), runs the program
+ * with its output captured into <run dir>/rank<R>.log
  * (and shown on the terminal for rank 0, or every rank with
  * --output-on-all-devices), ends the program when the rank is told to end,
  * and records how it ended in <run dir>/rank<R>.status.
@@ -15,6 +17,7 @@
 typedef struct {
   const char *run_dir;
   const char *gpus; /* comma-separated GPU names; NULL for a CPU rank */
+  const char *restart_count; /* the attempt's restart count; NULL: 0 (no restarts) */
   int output_on_all_devices;
   int pin_to_socket;
   int pin_memory_to_socket;

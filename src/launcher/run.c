@@ -6,7 +6,7 @@
  * after mpirun has ended it ends and reaps whatever is left. While the job
  * runs it watches the rank status files: once a rank has failed, the MPI
  * launcher normally ends the job within a second or two, and the launcher
- * ends it itself if that has not happened after TNT__ABORT_GRACE_S.
+ * ends it itself if that has not happened after TNT_ABORT_GRACE_S.
  */
 #include "run.h"
 
@@ -24,23 +24,16 @@
 
 #include "proc.h"
 #include "status.h"
+#include "util/settings.h"
 
-/* Seconds the MPI launcher has to end the job after a rank failed or an
- * interrupt, before the launcher terminates it, and then kills it. */
-#define TNT__ABORT_GRACE_S 10.0
+/* After a rank failed or an interrupt, the MPI launcher has
+ * TNT_ABORT_GRACE_S seconds to end the job before the launcher terminates
+ * it, and then TNT__KILL_GRACE_S before it kills it. */
 #define TNT__KILL_GRACE_S 5.0
 /* How often the status files are checked while the job runs. */
 #define TNT__STATUS_POLL_S 0.5
 /* Lines of a failed rank's log shown in the report. */
 #define TNT__LOG_TAIL_LINES 12
-
-static double seconds_from_env(const char *name, double fallback) {
-  const char *v = getenv(name);
-  if (v == NULL || *v == '\0') return fallback;
-  char *end = NULL;
-  double x = strtod(v, &end);
-  return (end != v && *end == '\0' && x >= 0) ? x : fallback;
-}
 
 /* The child side of fork: becomes the MPI launcher. Never returns. */
 static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t launcher) {
@@ -205,20 +198,47 @@ static int report_mpi_failure(const tnt__launch_plan_t *plan, int mpi_status) {
   return mpi_status > 0 && mpi_status < 256 ? mpi_status : 1;
 }
 
-/* Says what happened and returns the launcher's exit status. */
-static int report(const tnt__launch_plan_t *plan, int mpi_status, int interrupted) {
+int tnt__run_report(const tnt__launch_plan_t *plan, const tnt__attempt_t *a) {
   int code = 0;
-  tnt__rank_status_t first;
-  int failed_rank = first_failure(plan, &first);
-  if (interrupted) {
-    fprintf(stderr, "tarantella: interrupted (%s); every rank was ended\n", strsignal(interrupted));
-    code = 128 + interrupted;
-  } else if (failed_rank >= 0) {
-    code = report_failure(plan, failed_rank, &first);
-  } else if (mpi_status != 0) {
-    code = report_mpi_failure(plan, mpi_status);
+  if (a->start_failed) {
+    code = 1;
+  } else if (a->interrupted) {
+    fprintf(stderr, "tarantella: interrupted (%s); every rank was ended\n", strsignal(a->interrupted));
+    code = 128 + a->interrupted;
+  } else if (a->failed_rank >= 0) {
+    code = report_failure(plan, a->failed_rank, &a->first);
+  } else if (a->mpi_status != 0) {
+    code = report_mpi_failure(plan, a->mpi_status);
   }
   return code;
+}
+
+int tnt__attempt_failed(const tnt__attempt_t *a) {
+  return a->start_failed || a->interrupted || a->failed_rank >= 0 || a->mpi_status != 0;
+}
+
+void tnt__attempt_describe(const tnt__launch_plan_t *plan, const tnt__attempt_t *a, char *buf,
+                           size_t len) {
+  char how[256];
+  if (a->failed_rank >= 0) {
+    tnt__status_describe(&a->first, how, sizeof how);
+    snprintf(buf, len, "rank %d on host %s %s (log: %s/rank%d.log)", a->failed_rank,
+             a->first.host, how, plan->run_dir, a->failed_rank);
+    return;
+  }
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (tnt__status_read(plan->run_dir, r, &s) != 0) {
+      snprintf(buf, len, "rank %d never started (log: %s/rank%d.log)", r, plan->run_dir, r);
+      return;
+    }
+    if (!s.finished) {
+      snprintf(buf, len, "rank %d on host %s ended without reporting how (log: %s/rank%d.log)", r,
+               s.host, plan->run_dir, r);
+      return;
+    }
+  }
+  snprintf(buf, len, "%s exited with status %d", plan->mpirun, a->mpi_status);
 }
 
 /* Sends sig to the MPI launcher's process group. */
@@ -226,8 +246,11 @@ static void signal_group(pid_t pgid, int sig) {
   if (kill(-pgid, sig) != 0 && errno == ESRCH) kill(pgid, sig);
 }
 
-int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
-  int exit_code = 1;
+void tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd, tnt__attempt_t *a) {
+  memset(a, 0, sizeof *a);
+  a->failed_rank = -1;
+  a->mpi_status = -1;
+  a->start_failed = 1;
   sigset_t watched, old_mask;
   sigemptyset(&watched);
   sigaddset(&watched, SIGCHLD);
@@ -241,13 +264,9 @@ int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
             strerror(errno));
     goto out;
   }
-  /* Status files of an earlier run in the same directory would be taken
-   * for this run's. */
-  for (int r = 0; r < plan->total; ++r) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/rank%d.status", plan->run_dir, r);
-    unlink(path);
-  }
+  /* Status and progress files of an earlier run in the same directory
+   * would be taken for this run's. */
+  for (int r = 0; r < plan->total; ++r) tnt__status_remove(plan->run_dir, r);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   fflush(NULL);
   pid_t self = getpid();
@@ -258,8 +277,9 @@ int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
   }
   if (mpi == 0) exec_mpi(cmd, &old_mask, self);
   setpgid(mpi, mpi);
+  a->start_failed = 0;
 
-  double abort_grace = seconds_from_env("TNT_ABORT_GRACE_S", TNT__ABORT_GRACE_S);
+  double abort_grace = tnt__setting_number(TNT__S_ABORT_GRACE_S);
   int interrupted = 0, mpi_status = -1;
   double term_at = 0, kill_at = 0, next_poll = tnt__clock() + TNT__STATUS_POLL_S;
   int failure_seen = 0;
@@ -308,8 +328,10 @@ int tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd) {
   /* Whatever is left of the MPI launcher's group goes with it. */
   kill(-mpi, SIGKILL);
   end_leftovers();
-  exit_code = report(plan, mpi_status, interrupted);
+  a->interrupted = interrupted;
+  a->mpi_status = mpi_status;
+  a->failed_rank = first_failure(plan, &a->first);
+  a->progressed = tnt__status_progressed(plan->run_dir, plan->total);
 out:
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
-  return exit_code;
 }

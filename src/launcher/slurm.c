@@ -112,11 +112,7 @@ static int expand(const char *item, const char *p, const char *end, char *name, 
       tnt__set_error(err, err_len, "'%.*s': %s", (int)(end - item), item, msg);
       return -1;
     }
-    if (tnt__hostlist_add(out, name, used, out->count + 1) != 0) {
-      tnt__set_error(err, err_len, "out of memory");
-      return -1;
-    }
-    return 0;
+    return tnt__hostlist_add(out, name, used, out->count + 1, err, err_len);
   }
   const char *close = memchr(open, ']', (size_t)(end - open));
   for (const char *q = open + 1;; ++q) {
@@ -181,20 +177,9 @@ int tnt__slurm_hostlist_parse(const char *text, tnt__hostlist_t *out, char *err,
     p = end;
     if (*p == '\0') break;
   }
-  int first = 0, second = 0;
-  int dup = tnt__hostlist_find_duplicate(out, &first, &second);
-  if (dup < 0) {
-    tnt__set_error(err, err_len, "out of memory");
-    goto out;
-  }
-  if (dup > 0) {
-    tnt__set_error(err, err_len, "host '%s' is listed twice", out->names[second]);
-    goto out;
-  }
   rc = 0;
 out:
-  if (rc != 0) tnt__hostlist_free(out);
-  return rc;
+  return tnt__hostlist_finish(out, rc, 0, err, err_len);
 }
 
 int tnt__slurm_tasks_parse(const char *text, int *nodes, int *min, int *max, char *err,

@@ -97,6 +97,27 @@ int tnt__status_read(const char *run_dir, int rank, tnt__rank_status_t *s) {
   return rc;
 }
 
+void tnt__progress_path(const char *run_dir, int rank, char *buf, size_t len) {
+  snprintf(buf, len, "%s/rank%d.progress", run_dir, rank);
+}
+
+void tnt__status_remove(const char *run_dir, int rank) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rank%d.status", run_dir, rank);
+  unlink(path);
+  tnt__progress_path(run_dir, rank, path, sizeof path);
+  unlink(path);
+}
+
+int tnt__status_progressed(const char *run_dir, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    char path[4200];
+    tnt__progress_path(run_dir, r, path, sizeof path);
+    if (access(path, F_OK) == 0) return 1;
+  }
+  return 0;
+}
+
 int tnt__status_failed(const tnt__rank_status_t *s) {
   return s->finished && (s->exit_code != 0 || s->signal != 0);
 }

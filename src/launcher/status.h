@@ -4,7 +4,9 @@
  * them during the run (to notice a failure early) and after it (to say
  * which rank failed, on which host, and where its log is). Files on a
  * shared run directory work across hosts, and they say more than the MPI
- * launcher's exit code.
+ * launcher's exit code. The program itself creates <run dir>/rank<R>.progress
+ * once it completed a training step, which tells the launcher that a
+ * failed attempt had got somewhere and is worth restarting.
  */
 #ifndef TNT_LAUNCHER_STATUS_H
 #define TNT_LAUNCHER_STATUS_H
@@ -35,6 +37,16 @@ int tnt__status_write(const char *run_dir, const tnt__rank_status_t *s);
 
 /* Reads rank's status. Returns 0, or -1 when there is none (yet). */
 int tnt__status_read(const char *run_dir, int rank, tnt__rank_status_t *s);
+
+/* Removes rank's status and progress files, left by an earlier run. */
+void tnt__status_remove(const char *run_dir, int rank);
+
+/* The file in which rank's program records that it completed a step (the
+ * wrapper passes its path on as TNT_PROGRESS_FILE). */
+void tnt__progress_path(const char *run_dir, int rank, char *buf, size_t len);
+
+/* Whether any of the first `ranks` ranks recorded a completed step. */
+int tnt__status_progressed(const char *run_dir, int ranks);
 
 /* Whether the status records a failure: a non-zero exit or a signal. */
 int tnt__status_failed(const tnt__rank_status_t *s);

@@ -415,11 +415,19 @@ static int overlaps(const tensor_t *a, const tensor_t *b) {
   return pa < pb + b->view.len && pb < pa + a->view.len;
 }
 
-/* Acquires the input `in_name` and the writable output `out_name` of `call`
- * and checks that they hold the same dtype. On failure raises; the caller
- * releases both. */
-static int get_in_out(const char *call, const char *in_name, PyObject *in_obj, const char *out_name,
-                      PyObject *out_obj, int dtype, tensor_t *in, tensor_t *out) {
+/*
+ * Acquires the buffers of the collective `call`, as every collective takes
+ * them. With `out_obj` NULL the call works in place: the input `in_name`
+ * is acquired writable and `out` (which may be NULL) is left alone.
+ * Otherwise the input is read and the output `out_name` written: it must
+ * hold the input's dtype and lie apart from it, or, with `same_allowed`,
+ * be the input itself. `dtype` as for get_tensor. On failure raises; the
+ * caller releases both either way.
+ */
+static int get_buffers(const char *call, const char *in_name, PyObject *in_obj,
+                       const char *out_name, PyObject *out_obj, int same_allowed, int dtype,
+                       tensor_t *in, tensor_t *out) {
+  if (out_obj == NULL) return get_tensor(call, in_name, in_obj, 1, dtype, in);
   if (get_tensor(call, in_name, in_obj, 0, dtype, in) < 0) return -1;
   if (get_tensor(call, out_name, out_obj, 1, dtype, out) < 0) return -1;
   if (out->dtype != in->dtype) {
@@ -428,7 +436,16 @@ static int get_in_out(const char *call, const char *in_name, PyObject *in_obj, c
                  in_name);
     return -1;
   }
-  return 0;
+  if (!overlaps(in, out) || (same_allowed && in->view.buf == out->view.buf)) return 0;
+  if (same_allowed) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %s partly overlaps %s; pass the same array (in place) or separate arrays",
+                 call, out_name, in_name);
+  } else {
+    PyErr_Format(PyExc_ValueError, "%s: %s and %s overlap; pass separate arrays", call, in_name,
+                 out_name);
+  }
+  return -1;
 }
 
 /* --------------------------------------------------------- context calls */
@@ -457,7 +474,7 @@ PyDoc_STRVAR(init_doc,
              "Starts communication: initializes MPI (unless it already is) and creates the\n"
              "process's libtnt context over all ranks. Every rank must call it. A second\n"
              "call is a no-op. timeout_s bounds every wait for a peer, in seconds; None\n"
-             "takes TNT_TIMEOUT_S from the environment, or 30 s. The context is finalized\n"
+             "takes the setting TNT_TIMEOUT_S (default 30 s). The context is finalized\n"
              "at interpreter exit, or earlier by finalize(). MPI cannot be started twice\n"
              "in one process, so init() cannot be called again after finalize() or after\n"
              "a failed init().");
@@ -482,6 +499,11 @@ static PyObject *core_init(PyObject *module, PyObject *args, PyObject *kwargs) {
                    timeout_obj);
       return NULL;
     }
+  }
+  /* A bad setting is the user's to fix, and init() can then be called again. */
+  if (tnt_settings_load() < 0) {
+    PyErr_SetString(TntInvalidArgumentError, tnt_last_error());
+    return NULL;
   }
   /* Registered first, so that a context is never left without its hook. */
   if (register_atexit(module) < 0) return NULL;
@@ -593,6 +615,16 @@ TNT_WORLD_GETTER(local_rank, tnt_group_local_rank)
 TNT_WORLD_GETTER(local_size, tnt_group_local_size)
 TNT_WORLD_GETTER(num_hosts, tnt_group_num_hosts)
 TNT_WORLD_GETTER(world_handle, tnt_group_handle)
+
+PyDoc_STRVAR(timeout_doc,
+             "timeout()\n--\n\n"
+             "Seconds any wait for a peer lasts before it fails (the context's timeout).");
+
+static PyObject *core_timeout(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  if (require_context("timeout") < 0) return NULL;
+  return PyFloat_FromDouble(tnt_context_timeout(g_ctx));
+}
 
 PyDoc_STRVAR(abort_doc,
              "abort(exit_code)\n--\n\n"
@@ -716,24 +748,16 @@ static PyObject *core_allreduce(PyObject *module, PyObject *args, PyObject *kwar
   tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
   if (g == NULL || parse_op(call, op_obj, TNT_SUM, &op) < 0) return NULL;
   const int in_place = out_obj == Py_None;
-  if (in_place) {
-    if (get_tensor(call, "buf", buf_obj, 1, dtype, &in) < 0) goto done;
-  } else {
-    if (get_in_out(call, "buf", buf_obj, "out", out_obj, dtype, &in, &out) < 0) goto done;
-    if (out.count != in.count) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: out has %zu elements but buf has %zu; pass an out of buf's size "
-                   "(e.g. numpy.empty_like(buf))",
-                   call, out.count, in.count);
-      goto done;
-    }
-    if (overlaps(&in, &out) && in.view.buf != out.view.buf) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: out partly overlaps buf; pass the same array (in place) or separate "
-                   "arrays",
-                   call);
-      goto done;
-    }
+  if (get_buffers(call, "buf", buf_obj, "out", in_place ? NULL : out_obj, 1, dtype, &in, &out) <
+      0) {
+    goto done;
+  }
+  if (!in_place && out.count != in.count) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: out has %zu elements but buf has %zu; pass an out of buf's size "
+                 "(e.g. numpy.empty_like(buf))",
+                 call, out.count, in.count);
+    goto done;
   }
   void *dst = in_place ? in.view.buf : out.view.buf;
   tnt_status_t st;
@@ -770,24 +794,13 @@ static PyObject *core_broadcast(PyObject *module, PyObject *args, PyObject *kwar
    * buffer must be writable on the root too, so that every rank accepts or
    * rejects the same arguments and none is left waiting for a rank that
    * raised. */
-  if (get_tensor(call, "buf", buf_obj, 1, dtype, &buf) < 0) goto done;
+  if (get_buffers(call, "buf", buf_obj, NULL, NULL, 0, dtype, &buf, NULL) < 0) goto done;
   tnt_status_t st;
   TNT_WITHOUT_GIL(st = tnt_broadcast(g, buf.view.buf, buf.count, buf.dtype, root));
   result = result_of(call, st, NULL, buf_obj);
 done:
   release_tensor(&buf);
   return result;
-}
-
-/* Acquires send and recv for allgather(v) and checks that they agree. */
-static int get_gather_pair(const char *call, PyObject *send_obj, PyObject *recv_obj, int dtype,
-                           tensor_t *send, tensor_t *recv) {
-  if (get_in_out(call, "send", send_obj, "recv", recv_obj, dtype, send, recv) < 0) return -1;
-  if (overlaps(send, recv)) {
-    PyErr_Format(PyExc_ValueError, "%s: send and recv overlap; pass separate arrays", call);
-    return -1;
-  }
-  return 0;
 }
 
 PyDoc_STRVAR(allgather_doc,
@@ -810,7 +823,9 @@ static PyObject *core_allgather(PyObject *module, PyObject *args, PyObject *kwar
   }
   tnt_group_t *g = collective_head(call, dtype_obj, group_obj, &dtype);
   if (g == NULL) return NULL;
-  if (get_gather_pair(call, send_obj, recv_obj, dtype, &send, &recv) < 0) goto done;
+  if (get_buffers(call, "send", send_obj, "recv", recv_obj, 0, dtype, &send, &recv) < 0) {
+    goto done;
+  }
   const size_t size = (size_t)tnt_group_size(g);
   if (recv.count / size != send.count || recv.count % size != 0) {
     PyErr_Format(PyExc_ValueError,
@@ -897,7 +912,9 @@ static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwa
     displs[r] = total;
     total += counts[r];
   }
-  if (get_gather_pair(call, send_obj, recv_obj, dtype, &send, &recv) < 0) goto done;
+  if (get_buffers(call, "send", send_obj, "recv", recv_obj, 0, dtype, &send, &recv) < 0) {
+    goto done;
+  }
   if (counts[me] != send.count) {
     PyErr_Format(PyExc_ValueError,
                  "%s: counts[%d] is %zu but this rank's send has %zu elements; counts[r] must "
@@ -938,6 +955,64 @@ static PyObject *core_barrier(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 }
 
 /* ---------------------------------------------------------------- timeline */
+
+PyDoc_STRVAR(settings_load_doc,
+             "settings_load()\n--\n\n"
+             "Reads every TNT_* setting from the environment (init() does it too).\n"
+             "Raises TntInvalidArgumentError, whose message names the setting and lists\n"
+             "what it takes, when a value is invalid.");
+
+static PyObject *core_settings_load(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  if (tnt_settings_load() < 0) {
+    PyErr_SetString(TntInvalidArgumentError, tnt_last_error());
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(settings_doc,
+             "settings()\n--\n\n"
+             "Every setting as of the last settings_load() (or the environment, when none\n"
+             "ran yet): a tuple of dicts with the keys name, kind (switch, number,\n"
+             "integer, choice or text), default, words (a tuple of the words it takes),\n"
+             "user (libtnt, python or launcher), help, value (canonical text; '' when a\n"
+             "text is unset), source (default, environment or command line) and error\n"
+             "(None, or why the environment's value was rejected).");
+
+static PyObject *core_settings(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+  (void)module;
+  static const char *const sources[] = {"default", "environment", "command line"};
+  const size_t n = tnt_settings_count();
+  PyObject *all = PyTuple_New((Py_ssize_t)n);
+  for (size_t i = 0; all != NULL && i < n; ++i) {
+    tnt_setting_info_t s;
+    tnt_setting_info(i, &s);
+    PyObject *words = s.words != NULL ? PyUnicode_FromString(s.words) : PyUnicode_FromString("");
+    PyObject *word_tuple = NULL;
+    if (words != NULL) {
+      PyObject *sep = PyUnicode_FromString("|");
+      PyObject *list = sep != NULL && s.words != NULL ? PyUnicode_Split(words, sep, -1)
+                                                      : PyList_New(0);
+      Py_XDECREF(sep);
+      word_tuple = list != NULL ? PyList_AsTuple(list) : NULL;
+      Py_XDECREF(list);
+      Py_DECREF(words);
+    }
+    PyObject *d = word_tuple == NULL ? NULL
+                                     : Py_BuildValue("{s:s,s:s,s:s,s:N,s:s,s:s,s:s,s:s,s:z}", "name",
+                                                     s.name, "kind", s.kind, "default",
+                                                     s.default_value, "words", word_tuple, "user",
+                                                     s.user, "help", s.help, "value", s.value,
+                                                     "source", sources[s.source], "error", s.error);
+    if (d == NULL) {
+      Py_CLEAR(all);
+      break;
+    }
+    PyTuple_SET_ITEM(all, (Py_ssize_t)i, d);
+  }
+  return all;
+}
 
 PyDoc_STRVAR(timeline_enabled_doc,
              "timeline_enabled()\n--\n\n"
@@ -1082,7 +1157,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
-  tnt_fusion_options_t opt = {0};
+  tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
   int wire;
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Opss:Fusion", kwlist, &tensors_obj,
                                    &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune, &order,
@@ -1091,10 +1166,10 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   }
   if (strcmp(overlap, "off") == 0) {
     opt.overlap = TNT_FUSION_OVERLAP_OFF;
-  } else if (strcmp(overlap, "tune") == 0) {
+  } else if (strcmp(overlap, "auto") == 0) {
     opt.overlap = TNT_FUSION_OVERLAP_TUNE;
   } else if (strcmp(overlap, "on") != 0) {
-    PyErr_Format(PyExc_ValueError, "%s: overlap '%s': use 'on', 'off' or 'tune'", call, overlap);
+    PyErr_Format(PyExc_ValueError, "%s: overlap '%s': use 'on', 'off' or 'auto'", call, overlap);
     return NULL;
   }
   opt.tune_threshold = tune;
@@ -1401,7 +1476,7 @@ PyDoc_STRVAR(fusion_doc,
              "ignores threshold_bytes: the set tries 32 KiB to 8 MiB in its first rounds\n"
              "and keeps the master's fastest; order='readiness' fills the buckets in the\n"
              "order the master started the tensors in the first round; overlap='off'\n"
-             "reduces no bucket before every tensor has started the round, 'tune' keeps\n"
+             "reduces no bucket before every tensor has started the round, 'auto' keeps\n"
              "the faster of on and off, timed in the first rounds (see tnt_fusion_options_t\n"
              "in tnt.h).");
 
@@ -1434,6 +1509,7 @@ static PyMethodDef core_methods[] = {
     {"local_rank", (PyCFunction)core_local_rank, METH_NOARGS, local_rank_doc},
     {"local_size", (PyCFunction)core_local_size, METH_NOARGS, local_size_doc},
     {"num_hosts", (PyCFunction)core_num_hosts, METH_NOARGS, num_hosts_doc},
+    {"timeout", (PyCFunction)core_timeout, METH_NOARGS, timeout_doc},
     {"world_handle", (PyCFunction)core_world_handle, METH_NOARGS, world_handle_doc},
     {"create_group", (PyCFunction)core_create_group, METH_O, create_group_doc},
     {"allreduce", TNT_PYFN(core_allreduce), METH_VARARGS | METH_KEYWORDS, allreduce_doc},
@@ -1441,6 +1517,8 @@ static PyMethodDef core_methods[] = {
     {"allgather", TNT_PYFN(core_allgather), METH_VARARGS | METH_KEYWORDS, allgather_doc},
     {"allgatherv", TNT_PYFN(core_allgatherv), METH_VARARGS | METH_KEYWORDS, allgatherv_doc},
     {"barrier", (PyCFunction)core_barrier, METH_NOARGS, barrier_doc},
+    {"settings_load", (PyCFunction)core_settings_load, METH_NOARGS, settings_load_doc},
+    {"settings", (PyCFunction)core_settings, METH_NOARGS, settings_doc},
     {"abort", TNT_PYFN(core_abort), METH_VARARGS | METH_KEYWORDS, abort_doc},
     {"timeline_enabled", (PyCFunction)core_timeline_enabled, METH_NOARGS, timeline_enabled_doc},
     {"timeline_begin", TNT_PYFN(core_timeline_begin), METH_VARARGS | METH_KEYWORDS,

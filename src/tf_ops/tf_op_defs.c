@@ -114,8 +114,11 @@ static void define(const char *name, const char *const *inputs, const char *cons
 
 void tnt_tf__register_op_defs(TF_Status *status) {
   static const char *const tensor_in[] = {"tensor: T", NULL};
+  /* scale: the start multiplies the tensor by it, the finish divides the
+   * result by it (float32 scalars; 1 leaves the data as it is). */
+  static const char *const start_in[] = {"tensor: T", "scale: float", NULL};
   static const char *const token_out[] = {"token: int64", NULL};
-  static const char *const finish_in[] = {"token: int64", "like: T", NULL};
+  static const char *const finish_in[] = {"token: int64", "like: T", "scale: float", NULL};
   static const char *const tensor_out[] = {"output: T", NULL};
   static const char *const fusion_attrs[] = {TNT_TF_TYPE_ATTR, "fusion: int", "tensor_id: int >= 0",
                                              "count: int >= 0", NULL};
@@ -125,7 +128,7 @@ void tnt_tf__register_op_defs(TF_Status *status) {
                                                 NULL};
 
   TF_SetStatus(status, TF_OK, "");
-  define("TntFusionStart", tensor_in, token_out, fusion_attrs, token_shape, status);
+  define("TntFusionStart", start_in, token_out, fusion_attrs, token_shape, status);
   if (TF_GetCode(status) != TF_OK) return;
   define("TntFusionFinish", finish_in, tensor_out, fusion_attrs, finish_shape, status);
   if (TF_GetCode(status) != TF_OK) return;

@@ -350,6 +350,20 @@ static bool fusion_input(TF_OpKernelContext *ctx, const char *op, const fusion_k
   return (*f = find_fusion(ctx, op, k)) != NULL;
 }
 
+/* The float32 scalar `scale` of a fusion op (input `index`), in *out; false
+ * after failing the op. */
+static bool scale_input(TF_OpKernelContext *ctx, const char *op, int index, double *out,
+                        TF_Status *status) {
+  TF_Tensor *t = NULL;
+  TF_GetInput(ctx, index, &t, status);
+  if (!ok(ctx, status)) return false;
+  const bool scalar = TF_TensorType(t) == TF_FLOAT && TF_TensorElementCount(t) == 1;
+  if (scalar) *out = *(const float *)TF_TensorData(t);
+  TF_DeleteTensor(t);
+  if (!scalar) fail(ctx, TF_INVALID_ARGUMENT, "%s: the scale must be a float32 scalar", op);
+  return scalar;
+}
+
 /* Fails the op when libtnt's call on the kernel's tensor returned an error
  * `st`, naming the tensor. */
 static void check_fusion_status(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
@@ -390,29 +404,34 @@ out:
 
 /* ---------------------------------------------------------- kernels */
 
-/* TntFusionStart: tensor -> token. Copies the tensor into its bucket (the
- * copy is done when tnt_fusion_start returns) and returns at once. */
+/* TntFusionStart: (tensor, scale) -> token. Copies the tensor times scale
+ * into its bucket (done when tnt_fusion_start_scaled returns) and returns
+ * at once. */
 static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   static const char op[] = "TntFusionStart";
   const fusion_kernel_t *k = kernel;
   TF_Status *status = TF_NewStatus();
   TF_Tensor *tensor = NULL, *token = NULL;
   tnt_fusion_t *f = NULL;
+  double scale = 1.0;
   if (!fusion_input(ctx, op, k, 0, &tensor, &f, status)) goto out;
+  if (!scale_input(ctx, op, 1, &scale, status)) goto out;
   /* The token first: an op that fails after starting would leave the
    * tensor started with nobody to finish it. */
   token = TF_AllocateOutput(ctx, 0, TF_INT64, NULL, 0, sizeof(int64_t), status);
   if (!ok(ctx, status)) goto out;
   *(int64_t *)TF_TensorData(token) = k->tensor_id;
   check_fusion_status(ctx, op, k, f,
-                      tnt_fusion_start(f, (uint64_t)k->tensor_id, TF_TensorData(tensor)));
+                      tnt_fusion_start_scaled(f, (uint64_t)k->tensor_id, TF_TensorData(tensor),
+                                              scale));
 out:
   delete_tensors(tensor, token, NULL);
   TF_DeleteStatus(status);
 }
 
-/* TntFusionFinish: (token, like) -> the reduced tensor, shaped like `like`.
- * Waits for the tensor's bucket (see the top of the file for why). */
+/* TntFusionFinish: (token, like, scale) -> the reduced tensor divided by
+ * scale, shaped like `like`. Waits for the tensor's bucket (see the top of
+ * the file for why). */
 static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   static const char op[] = "TntFusionFinish";
   const fusion_kernel_t *k = kernel;
@@ -431,12 +450,15 @@ static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
          op, (long long)k->tensor_id);
     goto out;
   }
+  double divisor = 1.0;
   if (!fusion_input(ctx, op, k, 1, &like, &f, status)) goto out;
+  if (!scale_input(ctx, op, 2, &divisor, status)) goto out;
   /* `like` is usually the gradient that the start has already copied, so
    * its buffer can often hold the result. */
   if ((out = output_like(ctx, like, 1, &forwarded)) == NULL) goto out;
   check_fusion_status(ctx, op, k, f,
-                      tnt_fusion_finish(f, (uint64_t)k->tensor_id, TF_TensorData(out), -1.0));
+                      tnt_fusion_finish_scaled(f, (uint64_t)k->tensor_id, TF_TensorData(out),
+                                               divisor, -1.0));
 out:
   delete_tensors(token, like, out);
   TF_DeleteStatus(status);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/settings.h"
 #include "util/reduce.h"
 #include "transport/transport.h"
 
@@ -332,23 +333,22 @@ static tnt_status_t mpi_wrap(MPI_Comm coll, tnt__transport_t **out) {
  * when the world transport is created; every rank must set the same value.
  */
 static tnt_status_t split_hosts(tnt__transport_t *t, const int *leader) {
-  const char *v = getenv("TNT_SPLIT_HOSTS");
-  if (v == NULL || *v == '\0') return TNT_OK;
+  const double hosts = tnt__setting_number(TNT__S_SPLIT_HOSTS);
+  if (hosts < 0) return TNT_OK; /* off */
   const int n = t->size;
-  char *end = NULL;
-  long k = strtol(v, &end, 10);
-  if (*end != '\0' || k < 1 || k > n) {
-    TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%s: give the number of hosts to pretend, a whole number from "
+  const long k = (long)hosts;
+  if (k > n) {
+    TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%ld: give the number of hosts to pretend, a whole number from "
                   "1 to %d (the number of ranks), or unset it",
-                  v, n);
+                  k, n);
     return TNT_ERR_INVALID_ARG;
   }
   for (int r = 1; r < n; ++r) {
     const int same_block = (long)r * k / n == (long)(r - 1) * k / n;
     if (same_block && leader[r] != leader[r - 1]) {
-      TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%s puts ranks %d and %d, which run on different hosts, on "
+      TNT_LOG_ERROR("TNT_SPLIT_HOSTS=%ld puts ranks %d and %d, which run on different hosts, on "
                     "one pretended host; use a multiple of the %d real hosts, or unset it",
-                    v, r - 1, r, t->num_hosts);
+                    k, r - 1, r, t->num_hosts);
       return TNT_ERR_INVALID_ARG;
     }
   }

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "util/env.h"
+#include "util/settings.h"
 #include "util/log.h"
 
 double tnt__now(void) {
@@ -45,15 +45,8 @@ struct timespec tnt__abs_time(double t) {
   return ts;
 }
 
-static pthread_once_t stall_once = PTHREAD_ONCE_INIT;
-static double stall_warning_s = -1.0; /* < 0: a third of each timeout */
-
-static void read_stall_warning(void) {
-  stall_warning_s = tnt__env_double("TNT_STALL_WARNING_S", -1.0);
-}
-
 tnt__wait_ctx_t tnt__wait_ctx(double timeout_s, const char *label) {
-  pthread_once(&stall_once, read_stall_warning);
+  const double stall_warning_s = tnt__setting_number(TNT__S_STALL_WARNING_S); /* < 0: auto */
   tnt__wait_ctx_t w;
   const double now = tnt__now();
   w.timeout = timeout_s;

@@ -1,6 +1,6 @@
 /*
  * Logging. The level and the all-ranks switch are read once from the
- * environment. The rank prefix is process-wide, except for threads that set
+ * settings (TNT_LOG_LEVEL, TNT_LOG_ON_ALL_DEVICES). The rank prefix is process-wide, except for threads that set
  * their own (ranks simulated as threads in tests).
  */
 #include "util/log.h"
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "util/env.h"
+#include "util/settings.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static tnt__log_level_t log_level = TNT__LOG_INFO;
@@ -22,22 +22,8 @@ static _Thread_local int thread_rank = -1, thread_size = 0;
 static _Thread_local char last_error[512];
 
 static void log_init(void) {
-  const char *lvl = getenv("TNT_LOG_LEVEL");
-  if (lvl != NULL && *lvl != '\0') {
-    static const char *names[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
-    int found = 0;
-    for (int i = 0; i < 4; ++i) {
-      if (strcasecmp(lvl, names[i]) == 0) {
-        log_level = (tnt__log_level_t)i;
-        found = 1;
-      }
-    }
-    if (!found) {
-      tnt__log_raw("ignoring TNT_LOG_LEVEL=%s: expected DEBUG, INFO, WARNING or ERROR; using INFO",
-                   lvl);
-    }
-  }
-  log_all_ranks = tnt__env_bool("TNT_LOG_ON_ALL_DEVICES", 0);
+  log_level = (tnt__log_level_t)tnt__setting_word(TNT__S_LOG_LEVEL);
+  log_all_ranks = tnt__setting_on(TNT__S_LOG_ON_ALL_DEVICES);
 }
 
 void tnt__log_set_rank(int rank, int size, int per_thread) {
@@ -55,15 +41,6 @@ int tnt__log_enabled(tnt__log_level_t level) {
   if (level < log_level) return 0;
   int rank = thread_rank >= 0 ? thread_rank : proc_rank;
   return level >= TNT__LOG_WARNING || log_all_ranks || rank == 0;
-}
-
-void tnt__log_raw(const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "[tnt] WARNING: %s\n", line);
 }
 
 void tnt__error_clear(void) {

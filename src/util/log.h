@@ -24,10 +24,6 @@ void tnt__log_set_rank(int rank, int size, int per_thread);
 int tnt__log_enabled(tnt__log_level_t level);
 void tnt__log(tnt__log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* A warning of the log itself, printed whatever the level ("[tnt] WARNING:
- * ..."), for problems found while the level is being read. */
-void tnt__log_raw(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 /*
  * The calling thread's error message: what tnt_last_error returns. Every
  * ERROR line sets it (without the prefix), so the reason a failing call

@@ -243,6 +243,75 @@ void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire)
   widen_f16(dst, src, count);
 }
 
+/* ------------------------------------------------------ scaled copies */
+
+/* One loop per (type, direction): with the factor a loop constant, the
+ * compiler vectorizes each, and no product or quotient is contracted. */
+#define TNT__SCALE_LOOP(T, d, s, n, f, divide)       \
+  do {                                                \
+    T *restrict d_ = (T *)(d);                        \
+    const T *restrict s_ = (const T *)(s);            \
+    const T f_ = (T)(f);                              \
+    if (divide) {                                     \
+      for (size_t i = 0; i < (n); i++) d_[i] = s_[i] / f_; \
+    } else {                                          \
+      for (size_t i = 0; i < (n); i++) d_[i] = s_[i] * f_; \
+    }                                                 \
+  } while (0)
+
+static float half_round(float f, tnt_dtype_t t) {
+  return t == TNT_FLOAT16 ? half_to_float(float_to_half(f)) : bfloat16_to_float(float_to_bfloat16(f));
+}
+
+static float op_f32(float x, float f, int divide) {
+  return divide ? x / f : x * f;
+}
+
+void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dtype_t src_dtype,
+                      size_t count, double factor, int divide) {
+  if (dst_dtype != src_dtype) {
+    /* float32 <-> a 16-bit wire: scale in float32 on the float32 side. */
+    const float f = (float)factor;
+    if (src_dtype == TNT_FLOAT32) {
+      const float *s = src;
+      uint16_t *d = dst;
+      for (size_t i = 0; i < count; i++) {
+        const float v = op_f32(s[i], f, divide);
+        d[i] = dst_dtype == TNT_FLOAT16 ? float_to_half(v) : float_to_bfloat16(v);
+      }
+    } else {
+      const uint16_t *s = src;
+      float *d = dst;
+      for (size_t i = 0; i < count; i++) {
+        const float w = src_dtype == TNT_FLOAT16 ? half_to_float(s[i]) : bfloat16_to_float(s[i]);
+        d[i] = op_f32(w, f, divide);
+      }
+    }
+    return;
+  }
+  switch (dst_dtype) {
+    case TNT_FLOAT32: TNT__SCALE_LOOP(float, dst, src, count, factor, divide); break;
+    case TNT_FLOAT64: TNT__SCALE_LOOP(double, dst, src, count, factor, divide); break;
+    case TNT_INT32: TNT__SCALE_LOOP(int32_t, dst, src, count, factor, divide); break;
+    case TNT_INT64: TNT__SCALE_LOOP(int64_t, dst, src, count, factor, divide); break;
+    case TNT_FLOAT16:
+    case TNT_BFLOAT16: {
+      const float f = half_round((float)factor, dst_dtype);
+      const uint16_t *s = src;
+      uint16_t *d = dst;
+      for (size_t i = 0; i < count; i++) {
+        if (dst_dtype == TNT_FLOAT16) {
+          d[i] = float_to_half(op_f32(half_to_float(s[i]), f, divide));
+        } else {
+          d[i] = float_to_bfloat16(op_f32(bfloat16_to_float(s[i]), f, divide));
+        }
+      }
+      break;
+    }
+    default: memcpy(dst, src, count * tnt__dtype_size(dst_dtype)); break;
+  }
+}
+
 /* ------------------------------------------------------ scalar operators */
 
 #define TNT__F32_QNAN 0x7fc00000u

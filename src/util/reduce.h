@@ -26,6 +26,20 @@ uint16_t tnt__float_to_bfloat16(float f);
 void tnt__narrow(uint16_t *dst, const float *src, size_t count, tnt_dtype_t wire);
 void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire);
 
+/*
+ * Copies count elements of `src` to `dst`, multiplying each by `factor`
+ * (divide = 0) or dividing it by `factor` (divide = 1), in the element's own
+ * precision: factor is first converted to the dtype (as a TensorFlow cast
+ * does), and float16 and bfloat16 compute in float and round once (as
+ * TensorFlow's Mul and RealDiv do on them), so the result is bitwise what
+ * TensorFlow gives. Integer dtypes multiply and divide as integers. The
+ * types are `dtype` on both sides, or float32 and `wire` (TNT_FLOAT16 or
+ * TNT_BFLOAT16) on one: src float32 -> dst wire scales before rounding to
+ * the wire dtype, src wire -> dst float32 scales after widening.
+ */
+void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dtype_t src_dtype,
+                      size_t count, double factor, int divide);
+
 /* dst[i] = dst[i] (op) src[i] for i < count. AVERAGE adds (like SUM); the
  * division happens once, in tnt__reduce_finish. */
 void tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype, tnt_op_t op);

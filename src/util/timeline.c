@@ -15,6 +15,7 @@
 
 #include "util/common.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 enum {
   BUF_CAP = 1 << 20, /* bytes buffered before a write */
@@ -220,8 +221,8 @@ static void rank_path(char *out, size_t cap, const char *path, int rank, int siz
 }
 
 void tnt__timeline_open(int rank, int size) {
-  const char *path = getenv("TNT_TIMELINE");
-  if (path == NULL || *path == '\0') return;
+  char path[2048];
+  if (*tnt__setting_text(TNT__S_TIMELINE, path, sizeof path) == '\0') return;
   char name[4096];
   rank_path(name, sizeof name, path, rank, size);
   pthread_mutex_lock(&mu);

@@ -1,10 +1,13 @@
 """Fixtures of the launcher tests."""
 import os
 import stat
+import uuid
 
 import pytest
 
-from launcher_util import launcher_path
+from launcher_util import HERE, QUICK_START, kill_leftovers, launcher_path, processes_with
+
+PROGRAM = os.path.join(HERE, "rank_program.py")
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +52,20 @@ def script(tmp_path):
         path.write_text(text)
         return str(path)
     return make
+
+
+@pytest.fixture
+def marked(tmp_path):
+    """A directory whose unique name appears in the command line of every
+    process of a run (launcher, mpirun, wrappers, programs), so that the
+    test can tell whether any of them is left."""
+    marker = f"tnt-marker-{uuid.uuid4().hex[:12]}"
+    d = tmp_path / marker
+    d.mkdir()
+    with open(PROGRAM) as src:
+        (d / "rank_program.py").write_text(src.read())
+    os.symlink(QUICK_START, d / "quick_start.py")
+    yield marker, str(d)
+    leftovers = processes_with(marker)
+    kill_leftovers(marker)
+    assert not leftovers, f"processes left behind: {leftovers}"

@@ -95,6 +95,17 @@ def read_status(run_dir, rank):
         return None
 
 
+def assert_nothing_left(marker, timeout=10):
+    left = wait_for(lambda: not processes_with(marker), timeout)
+    assert left, f"processes left behind: {processes_with(marker)}"
+
+
+def wait_until_running(run_dir, nranks, timeout=60):
+    ok = wait_for(lambda: all((read_status(run_dir, r) or {}).get("pid", "0") != "0"
+                              for r in range(nranks)), timeout)
+    assert ok, f"the ranks did not start within {timeout} s"
+
+
 def kill_leftovers(marker):
     """Cleans up after a failed test, so one failure does not spoil the rest."""
     for pid, _ in processes_with(marker):

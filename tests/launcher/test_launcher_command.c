@@ -70,6 +70,33 @@ static void test_local_open_mpi(void **state) {
   tnt__command_free(&cmd);
 }
 
+/* An attempt of a job with restarts: the wrapper learns its restart count,
+ * and --max-restarts reaches the registry as a command-line setting. */
+static void test_restart_attempt(void **state) {
+  (void)state;
+  char *prog[] = {"model.py"};
+  tnt__options_t o;
+  tnt__launch_plan_t p;
+  tnt__command_t cmd;
+  char err[512];
+  base_plan(&p, &o, prog, 1);
+  p.run_dir = "/w/run/attempt3";
+  p.attempt = 3;
+  o.max_restarts = "4";
+  assert_int_equal(tnt__command_build(&p, &cmd, err, sizeof err), 0);
+  char *line = join(&cmd.argv);
+  assert_non_null(
+      strstr(line, "--rank-exec --run-dir /w/run/attempt3 --restart-count 2 --cpu -- "));
+  free(line);
+  int found = 0;
+  for (size_t i = 0; i < cmd.env.count; ++i) {
+    found += strcmp(cmd.env.items[i], "TNT_MAX_RESTARTS=4") == 0;
+    found += strcmp(cmd.env.items[i], "TNT_COMMAND_LINE_SETTINGS=TNT_MAX_RESTARTS") == 0;
+  }
+  assert_int_equal(found, 2);
+  tnt__command_free(&cmd);
+}
+
 static void test_root_oversubscribed_gpus_and_options(void **state) {
   (void)state;
   char *prog[] = {"model.py"};
@@ -201,6 +228,7 @@ static void test_shell_quote(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_local_open_mpi),
+      cmocka_unit_test(test_restart_attempt),
       cmocka_unit_test(test_root_oversubscribed_gpus_and_options),
       cmocka_unit_test(test_hosts),
       cmocka_unit_test(test_unset_x_name),

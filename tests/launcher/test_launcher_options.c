@@ -80,14 +80,13 @@ static void test_every_option(void **state) {
   assert_string_equal(o.hostfile, "hosts");
   assert_int_equal(o.n_per_node, 2);
   assert_true(o.no_gpu);
-  assert_string_equal(o.log_level, "WARNING");
+  assert_string_equal(o.log_level, "warning");
   assert_true(o.log_on_all_devices);
   assert_true(o.output_on_all_devices);
   assert_int_equal(o.num_env, 2);
   assert_string_equal(o.env[0], "A=1");
   assert_string_equal(o.env[1], "B=two words");
   assert_string_equal(o.fusion_threshold, "0.5");
-  assert_true(o.fusion_threshold_kb == 0.5);
   assert_true(o.pin_to_socket);
   assert_false(o.pin_memory_to_socket);
   assert_string_equal(o.python, "/usr/bin/python3");
@@ -117,7 +116,6 @@ static void test_equals_forms_and_aliases(void **state) {
     assert_int_equal(o.n_per_node, 3);
     assert_string_equal(o.hostfile, "h");
     assert_string_equal(o.log_level, "ERROR");
-    assert_true(o.fusion_threshold_kb == 1000.0);
     tnt__options_free(&o);
   }
 }
@@ -179,6 +177,28 @@ static void test_bare_x_name(void **state) {
   tnt__options_free(&o);
 }
 
+static void test_several_assignments_after_one_x(void **state) {
+  (void)state;
+  char *argv[] = {"tarantella", "--hostfile", "hosts", "-x", "DATASET=/scratch/data",
+                  "TF_CPP_MIN_LOG_LEVEL=1", "-x", "HOME", "C=3", "--", "model.py"};
+  tnt__options_t o;
+  char err[512];
+  assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);
+  assert_int_equal(o.num_env, 4);
+  assert_string_equal(o.env[0], "DATASET=/scratch/data");
+  assert_string_equal(o.env[1], "TF_CPP_MIN_LOG_LEVEL=1");
+  assert_string_equal(o.env[2], "HOME");
+  assert_string_equal(o.env[3], "C=3");
+  assert_string_equal(o.program_argv[0], "model.py");
+  tnt__options_free(&o);
+  /* A word without '=' after the assignments is no assignment: a program
+   * before a forgotten '--' is reported as before. */
+  char *forgotten[] = {"tarantella", "-x", "A=1", "B=2", "model.py"};
+  expect_error(ARGC(forgotten), forgotten, "unexpected argument 'model.py' before '--'");
+  char *bad_name[] = {"tarantella", "-x", "A=1", "B-C=2", "--", "p"};
+  expect_error(ARGC(bad_name), bad_name, "-x needs NAME=VALUE");
+}
+
 static void test_errors(void **state) {
   (void)state;
   char *unknown[] = {"tarantella", "--bogus", "--", "p"};
@@ -219,10 +239,45 @@ static void test_errors(void **state) {
   const char *bad_threshold[] = {"-1", "abc", "nan", "inf", "", "0x10", "1e999", "3KB", "-0.5"};
   for (int i = 0; i < 9; ++i) {
     char *argv[] = {"tarantella", "--fusion-threshold", (char *)bad_threshold[i], "--", "p"};
-    expect_error(ARGC(argv), argv, "non-negative number of KB");
+    expect_error(ARGC(argv), argv, "takes a number from 0 to 1048576, or auto");
   }
   char *empty_file[] = {"tarantella", "--hostfile=", "--", "p"};
   expect_error(ARGC(empty_file), empty_file, "needs the name of a file");
+}
+
+static void test_restart_options(void **state) {
+  (void)state;
+  char *argv[] = {"tarantella", "--max-restarts", "3", "--restart-delay=2.5", "--", "m.py"};
+  tnt__options_t o;
+  char err[512];
+  assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);
+  assert_string_equal(o.max_restarts, "3");
+  assert_true(o.restart_delay_s == 2.5);
+  tnt__options_free(&o);
+  char *none[] = {"tarantella", "--", "m.py"};
+  assert_int_equal(parse(ARGC(none), none, &o, err), TNT__PARSE_RUN);
+  assert_null(o.max_restarts);
+  assert_true(o.restart_delay_s == 0.0);
+  tnt__options_free(&o);
+  char *zero[] = {"tarantella", "--max-restarts=0", "--restart-delay", "0", "--", "m.py"};
+  assert_int_equal(parse(ARGC(zero), zero, &o, err), TNT__PARSE_RUN);
+  assert_string_equal(o.max_restarts, "0");
+  tnt__options_free(&o);
+
+  char *negative[] = {"tarantella", "--max-restarts", "-1", "--", "m.py"};
+  expect_error(ARGC(negative), negative, "--max-restarts takes a whole number from 0 to 1000000");
+  char *word[] = {"tarantella", "--max-restarts", "many", "--", "m.py"};
+  expect_error(ARGC(word), word, "not 'many'");
+  char *fraction[] = {"tarantella", "--max-restarts=1.5", "--", "m.py"};
+  expect_error(ARGC(fraction), fraction, "not '1.5'");
+  char *no_value[] = {"tarantella", "--max-restarts", "--", "m.py"};
+  expect_error(ARGC(no_value), no_value, "--max-restarts needs a value");
+  const char *bad_delays[] = {"-1", "soon", "1e9", "nan", "inf", "2s", ""};
+  for (size_t i = 0; i < sizeof bad_delays / sizeof bad_delays[0]; ++i) {
+    char *argv_delay[] = {"tarantella", "--restart-delay", (char *)bad_delays[i], "--", "m.py"};
+    expect_error(ARGC(argv_delay), argv_delay,
+                 "--restart-delay needs a number of seconds from 0 to 86400");
+  }
 }
 
 static void test_parse_twice(void **state) {
@@ -250,7 +305,9 @@ int main(void) {
       cmocka_unit_test(test_pin_memory_implies_pin),
       cmocka_unit_test(test_help_and_version),
       cmocka_unit_test(test_bare_x_name),
+      cmocka_unit_test(test_several_assignments_after_one_x),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_restart_options),
       cmocka_unit_test(test_parse_twice),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

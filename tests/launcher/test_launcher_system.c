@@ -130,6 +130,20 @@ static void test_status_round_trip(void **state) {
   assert_int_equal(tnt__status_write(dir, &s), 0);
   assert_int_equal(tnt__status_read(dir, 3, &r), 0);
   assert_string_equal(r.host, "node-b");
+  /* Progress files: a rank's program makes its own once it completed a step. */
+  char progress[256];
+  tnt__progress_path(dir, 1, progress, sizeof progress);
+  assert_false(tnt__status_progressed(dir, 4));
+  FILE *f = fopen(progress, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_false(tnt__status_progressed(dir, 1));
+  assert_true(tnt__status_progressed(dir, 2));
+  /* An earlier run's files are removed before a new one starts. */
+  tnt__status_remove(dir, 1);
+  tnt__status_remove(dir, 3);
+  assert_false(tnt__status_progressed(dir, 4));
+  assert_int_equal(tnt__status_read(dir, 3, &r), -1);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   assert_int_equal(system(cmd), 0);
@@ -147,6 +161,12 @@ static void test_rank_options(void **state) {
   assert_string_equal(o.gpus, "0,1");
   assert_true(o.pin_to_socket);
   assert_string_equal(o.program_argv[0], "prog");
+  assert_null(o.restart_count);
+  char *restarted[] = {"tarantella", "--rank-exec", "--run-dir", "/r/attempt3", "--restart-count",
+                       "2", "--cpu", "--", "prog"};
+  assert_int_equal(tnt__rank_options_parse(9, restarted, &o, err, sizeof err), 0);
+  assert_string_equal(o.restart_count, "2");
+  assert_string_equal(o.run_dir, "/r/attempt3");
   char *missing[] = {"tarantella", "--rank-exec", "--cpu", "--", "prog"};
   assert_int_equal(tnt__rank_options_parse(5, missing, &o, err, sizeof err), -1);
 

@@ -8,37 +8,11 @@ import signal
 import socket
 import sys
 import time
-import uuid
 
 import pytest
 
-from launcher_util import (QUICK_START, base_env, kill_leftovers, processes_with, read_status,
-                           run_launcher, start_launcher, wait_for)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PROGRAM = os.path.join(HERE, "rank_program.py")
-
-
-@pytest.fixture
-def marked(tmp_path):
-    """A directory whose unique name appears in the command line of every
-    process of a run (launcher, mpirun, wrappers, programs), so that the
-    test can tell whether any of them is left."""
-    marker = f"tnt-marker-{uuid.uuid4().hex[:12]}"
-    d = tmp_path / marker
-    d.mkdir()
-    with open(PROGRAM) as src:
-        (d / "rank_program.py").write_text(src.read())
-    os.symlink(QUICK_START, d / "quick_start.py")
-    yield marker, str(d)
-    leftovers = processes_with(marker)
-    kill_leftovers(marker)
-    assert not leftovers, f"processes left behind: {leftovers}"
-
-
-def assert_nothing_left(marker, timeout=10):
-    left = wait_for(lambda: not processes_with(marker), timeout)
-    assert left, f"processes left behind: {processes_with(marker)}"
+from launcher_util import (assert_nothing_left, base_env, read_status, run_launcher,
+                           start_launcher, wait_for, wait_until_running)
 
 
 def test_output_from_rank_0_and_a_log_per_rank(launcher, marked):
@@ -159,12 +133,6 @@ def test_exception_on_a_rank(launcher, marked):
     assert "rank 1 on host" in proc.stderr and "exited with code 1" in proc.stderr
     assert "RuntimeError: rank 1 raised on purpose" in proc.stderr
     assert_nothing_left(marker)
-
-
-def wait_until_running(run_dir, nranks, timeout=60):
-    ok = wait_for(lambda: all((read_status(run_dir, r) or {}).get("pid", "0") != "0"
-                              for r in range(nranks)), timeout)
-    assert ok, f"the ranks did not start within {timeout} s"
 
 
 def test_ctrl_c_ends_every_rank(launcher, marked):

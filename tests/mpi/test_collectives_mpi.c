@@ -48,8 +48,9 @@ static tnt_status_t finish_request(tnt_request_t *req, mode_t_ mode) {
 /*
  * A group of the world ranks `members` (of group g's context) whose
  * algorithm for one kind of collective is forced: groups choose their
- * algorithms when they are created, so `var` (TNT_ALLREDUCE_ALGORITHM, ...)
- * is set to `name` (NULL: unset) around the creation, then restored.
+ * algorithms from the settings when they are created, so `var`
+ * (TNT_ALLREDUCE_ALGORITHM, ...) is set to `name` (NULL: unset) and the
+ * settings loaded around the creation, then restored.
  * Collective over the members. forced_group: the same over every rank, in
  * world order.
  */
@@ -62,6 +63,7 @@ static tnt_group_t *forced_subgroup(tnt_group_t *g, const int *members, int n, c
   } else {
     unsetenv(var);
   }
+  MT_OK(tnt_settings_load());
   tnt_group_t *forced = NULL;
   tnt_status_t st = tnt_group_create(tnt_group_context(g), members, n, &forced);
   if (st != TNT_OK) mt_fatal("tnt_group_create with %s=%s: %s", var, name, mt_st(st));
@@ -71,6 +73,7 @@ static tnt_group_t *forced_subgroup(tnt_group_t *g, const int *members, int n, c
     unsetenv(var);
   }
   free(saved);
+  MT_OK(tnt_settings_load());
   return forced;
 }
 
@@ -295,9 +298,11 @@ static void test_algorithm_names(tnt_group_t *world) {
   mt_set_case("tnt_allreduce_algorithm after TNT_ALLREDUCE_ALGORITHM changed");
   const char *before = tnt_allreduce_algorithm(g_algo_world[0], 4);
   setenv("TNT_ALLREDUCE_ALGORITHM", kAlgos[1], 1);
+  MT_OK(tnt_settings_load());
   const char *after = tnt_allreduce_algorithm(g_algo_world[0], 4);
   MT_CHECK(strcmp(before, after) == 0, "expected %s to stay, got %s", before, after);
   unsetenv("TNT_ALLREDUCE_ALGORITHM");
+  MT_OK(tnt_settings_load());
   MT_OK(tnt_group_destroy(by_size));
   mt_hashlog_compare(&g_log, MPI_COMM_WORLD, "default algorithm choice");
 }

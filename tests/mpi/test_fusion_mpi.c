@@ -9,6 +9,7 @@
  */
 #include "mpi_test_util.h"
 #include "fusion/tuner.h"
+#include "util/reduce.h"
 
 /* The tensor list, in backprop order: float32 mostly, some float16 and
  * float64, sizes from 1 element to 300000. Ids are not indices. */
@@ -153,7 +154,7 @@ static tnt_fusion_t *make_set(tnt_group_t *g, size_t threshold, tnt_op_t op) {
   mt_set_case("tnt_fusion_create threshold=%zu op=%s", threshold, mt_oname(op));
   tnt_fusion_t *f = NULL;
   MT_OK(tnt_fusion_create(g, info, NT,
-                          &(tnt_fusion_options_t){.threshold_bytes = threshold, .op = op}, &f));
+                          &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = threshold, .op = op}, &f));
   if (f == NULL) mt_fatal("tnt_fusion_create succeeded but gave NULL");
   check_plan(f, threshold);
   return f;
@@ -341,7 +342,7 @@ static void test_bucket_rounds(void) {
   tnt_group_t *world = tnt_context_world(ctx);
   mt_set_case("fusion rounds: tnt_fusion_create, one bucket of two tensors");
   MT_OK(tnt_fusion_create(
-      world, info, 2, &(tnt_fusion_options_t){.threshold_bytes = 1 << 20, .op = TNT_AVERAGE}, &f));
+      world, info, 2, &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 1 << 20, .op = TNT_AVERAGE}, &f));
   MT_CHECK(tnt_fusion_num_buckets(f) == 1, "expected 1 bucket, got %zu", tnt_fusion_num_buckets(f));
   float a[10], b[20], a_out[10], b_out[20];
   for (int i = 0; i < 10; i++) a[i] = (float)(3 * i);
@@ -409,7 +410,7 @@ static void test_tuned(tnt_group_t *world) {
   tensors_alloc(&T);
   mt_set_case("tuned fusion: tnt_fusion_create");
   tnt_fusion_t *f = NULL;
-  tnt_fusion_options_t opt = {.threshold_bytes = 7, .op = TNT_AVERAGE, .tune_threshold = 1};
+  tnt_fusion_options_t opt = {.size = sizeof opt, .threshold_bytes = 7, .op = TNT_AVERAGE, .tune_threshold = 1};
   MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
   if (f == NULL) mt_fatal("tnt_fusion_create failed");
   static const size_t kb[5] = {32, 128, 512, 2048, 8192};
@@ -459,7 +460,7 @@ static void test_overlap(tnt_group_t *world) {
   for (int off = 0; off < 2; off++) {
     mt_set_case("overlap %s: tnt_fusion_create", off ? "off" : "on");
     tnt_fusion_t *f = NULL;
-    tnt_fusion_options_t opt = {
+    tnt_fusion_options_t opt = {.size = sizeof opt,
         .op = TNT_AVERAGE, .overlap = off ? TNT_FUSION_OVERLAP_OFF : TNT_FUSION_OVERLAP_ON};
     MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
     if (f == NULL) mt_fatal("tnt_fusion_create failed");
@@ -483,7 +484,7 @@ static void test_overlap(tnt_group_t *world) {
   enum { WARMUP = TNT__TUNER_WARMUP, TRIED = 4, DECIDING = 1 };
   mt_set_case("tuned overlap: tnt_fusion_create");
   tnt_fusion_t *f = NULL;
-  tnt_fusion_options_t opt = {
+  tnt_fusion_options_t opt = {.size = sizeof opt,
       .threshold_bytes = 256, .op = TNT_AVERAGE, .overlap = TNT_FUSION_OVERLAP_TUNE};
   MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
   if (f == NULL) mt_fatal("tnt_fusion_create failed");
@@ -525,7 +526,7 @@ static void test_readiness_order(tnt_group_t *world) {
   for (int k = 0; k < 2; k++) {
     mt_set_case("readiness order threshold=%zu: tnt_fusion_create", thresholds[k]);
     tnt_fusion_t *f = NULL;
-    tnt_fusion_options_t opt = {
+    tnt_fusion_options_t opt = {.size = sizeof opt,
         .threshold_bytes = thresholds[k], .op = TNT_AVERAGE, .order = TNT_FUSION_ORDER_READINESS};
     MT_OK(tnt_fusion_create(world, info, NT, &opt, &f));
     if (f == NULL) mt_fatal("tnt_fusion_create failed");
@@ -575,7 +576,7 @@ static void test_compressed(tnt_group_t *world) {
   for (int w = 0; w < 2; w++) {
     mt_set_case("compressed fusion, %s wire", mt_dname(wires[w]));
     tnt_fusion_t *f = NULL;
-    tnt_fusion_options_t opt = {.threshold_bytes = 4096, .op = TNT_AVERAGE, .wire_dtype = wires[w]};
+    tnt_fusion_options_t opt = {.size = sizeof opt, .threshold_bytes = 4096, .op = TNT_AVERAGE, .wire_dtype = wires[w]};
     MT_OK(tnt_fusion_create(world, info, 4, &opt, &f));
     if (f == NULL) mt_fatal("tnt_fusion_create failed");
     void *in[4], *out[4];
@@ -623,38 +624,110 @@ static void test_compressed(tnt_group_t *world) {
   }
 }
 
+/*
+ * Scaling where libtnt copies: rank r starts each tensor scaled by its
+ * weight n_r = r + 1 and finishes it divided by N = sum n_r, which must give
+ * bitwise what the caller computing x * n_r before the start and sum / N
+ * after the finish gives (the gradient path's weighted average), for
+ * float32 (also over a float16 wire), float64 and float16 tensors.
+ */
+static void test_scaled(tnt_group_t *world) {
+  static const tnt_dtype_t wires[2] = {TNT_FLOAT32, TNT_FLOAT16};
+  static const size_t counts[3] = {1003, 17, 4096};
+  tnt_tensor_info_t info[3] = {{900, counts[0], TNT_FLOAT32}, {901, counts[1], TNT_FLOAT64},
+                               {902, counts[2], TNT_FLOAT16}};
+  const double weight = g_rank + 1, total = (double)g_size * (g_size + 1) / 2;
+  for (int w = 0; w < 2; w++) {
+    mt_set_case("scaled start and finish, %s wire", mt_dname(wires[w]));
+    tnt_fusion_t *scaled = NULL, *plain = NULL;
+    tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
+    opt.threshold_bytes = 4096;
+    opt.op = TNT_SUM;
+    opt.wire_dtype = wires[w];
+    MT_OK(tnt_fusion_create(world, info, 3, &opt, &scaled));
+    MT_OK(tnt_fusion_create(world, info, 3, &opt, &plain));
+    for (int t = 0; t < 3; t++) {
+      const size_t n = counts[t], esz = mt_dsize(info[t].dtype);
+      void *x = mt_alloc(n * esz), *xs = mt_alloc(n * esz), *got = mt_alloc(n * esz),
+           *want = mt_alloc(n * esz);
+      mt_rng_t g = mt_rng(91, (uint64_t)g_rank, (uint64_t)t);
+      for (size_t i = 0; i < n; i++) mt_store(info[t].dtype, x, i, mt_uniform(&g));
+      /* The caller's way: scale before the start, divide after the finish. */
+      tnt__copy_scaled(xs, info[t].dtype, x, info[t].dtype, n, weight, 0);
+      MT_OK(tnt_fusion_start(plain, info[t].id, xs));
+      MT_OK(tnt_fusion_start_scaled(scaled, info[t].id, x, weight));
+      /* xs is free again: the start copied it. */
+      MT_OK(tnt_fusion_finish(plain, info[t].id, xs, -1));
+      tnt__copy_scaled(want, info[t].dtype, xs, info[t].dtype, n, total, 1);
+      MT_OK(tnt_fusion_finish_scaled(scaled, info[t].id, got, total, -1));
+      if (memcmp(got, want, n * esz) != 0) {
+        mt_fail(-1, "tensor %d (%s): scaled in libtnt differs from scaled by the caller", t,
+                mt_dname(info[t].dtype));
+      }
+      free(x);
+      free(xs);
+      free(got);
+      free(want);
+    }
+    MT_OK(tnt_fusion_destroy(scaled));
+    MT_OK(tnt_fusion_destroy(plain));
+  }
+}
+
 static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   const tnt_status_t E = TNT_ERR_INVALID_ARG;
   tnt_tensor_info_t info[3] = {{11, 10, TNT_FLOAT32}, {12, 20, TNT_FLOAT32}, {13, 5, TNT_FLOAT64}};
   tnt_fusion_t *f = NULL;
 
+  mt_set_case("fusion options: size");
+  /* A caller built against an older tnt.h, whose struct ends before
+   * `overlap`: libtnt reads only its bytes and gives overlap its default. */
+  struct {
+    tnt_fusion_options_t opt;
+    int garbage[4];
+  } old = {{.size = offsetof(tnt_fusion_options_t, overlap), .op = TNT_AVERAGE}, {7, 7, 7, 7}};
+  memset(&old.opt.overlap, 0x7f, sizeof old.opt.overlap);
+  MT_OK(tnt_fusion_create(world, info, 3, &old.opt, &f));
+  MT_CHECK(tnt_fusion_overlaps(f), "a shorter struct must leave overlap at its default (on)");
+  MT_OK(tnt_fusion_destroy(f));
+  f = NULL;
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3, &(tnt_fusion_options_t){.op = TNT_AVERAGE}, &f),
+               E);
+  if (strstr(tnt_last_error(), "set it to sizeof(tnt_fusion_options_t)") == NULL) {
+    mt_fail(-1, "a missing size should say what to set, got: %s", tnt_last_error());
+  }
+  MT_EXPECT_ST(tnt_fusion_create(world, info, 3,
+                                 &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t) + 8},
+                                 &f),
+               E);
+
   mt_set_case("fusion errors: tnt_fusion_create");
   MT_EXPECT_ST(
       tnt_fusion_create(NULL, info, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
       E);
   MT_EXPECT_ST(
       tnt_fusion_create(world, NULL, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
       E);
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_OP_COUNT}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_OP_COUNT}, &f),
       E);
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, NULL),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, NULL),
       E);
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.op = TNT_AVERAGE, .tune_threshold = 2}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .op = TNT_AVERAGE, .tune_threshold = 2}, &f),
       E);
   if (strstr(tnt_last_error(), "tune_threshold") == NULL) {
     mt_fail(-1, "a bad tune_threshold should be named, got: %s", tnt_last_error());
   }
   MT_EXPECT_ST(tnt_fusion_create(
                    world, info, 3,
-                   &(tnt_fusion_options_t){.op = TNT_AVERAGE, .overlap = TNT_FUSION_OVERLAP_COUNT},
+                   &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .op = TNT_AVERAGE, .overlap = TNT_FUSION_OVERLAP_COUNT},
                    &f),
                E);
   if (strstr(tnt_last_error(), "TNT_FUSION_OVERLAP_TUNE") == NULL) {
@@ -662,7 +735,7 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   }
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.op = TNT_AVERAGE, .wire_dtype = TNT_INT32}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .op = TNT_AVERAGE, .wire_dtype = TNT_INT32}, &f),
       E);
   if (strstr(tnt_last_error(), "float16 or bfloat16") == NULL) {
     mt_fail(-1, "a bad wire_dtype should name the accepted ones, got: %s", tnt_last_error());
@@ -670,18 +743,18 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   info[1].id = 11; /* duplicate id */
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
       E);
   info[1].id = 12;
   info[2].dtype = TNT_DTYPE_COUNT;
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
-                        &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
+                        &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, &f),
       E);
   info[2].dtype = TNT_FLOAT64;
 
   MT_OK(tnt_fusion_create(world, info, 3,
-                          &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_AVERAGE}, &f));
+                          &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_AVERAGE}, &f));
   float a[10], a_out[10], b[20], b_out[20];
   double c[5], c_out[5];
   for (int i = 0; i < 10; i++) a[i] = (float)(i + g_rank);
@@ -776,6 +849,7 @@ int main(int argc, char **argv) {
   test_determinism(world);
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
   test_compressed(world);
+  test_scaled(world);
   test_tuned(world);
   test_overlap(world);
   test_readiness_order(world);

@@ -31,14 +31,16 @@ static const size_t kCounts[] = {0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129,
 static int g_rank, g_size;
 
 /* The world's ranks as a group whose allreduce is `algo` (NULL: chosen by
- * size): groups read TNT_ALLREDUCE_ALGORITHM when they are created. */
+ * size): groups take TNT_ALLREDUCE_ALGORITHM from the settings loaded last. */
 static tnt_group_t *world_with(tnt_context_t *ctx, const char *algo) {
   int ranks[64];
   for (int r = 0; r < g_size; r++) ranks[r] = r;
   if (algo != NULL) setenv("TNT_ALLREDUCE_ALGORITHM", algo, 1);
+  MT_OK(tnt_settings_load());
   tnt_group_t *g = NULL;
   tnt_status_t st = tnt_group_create(ctx, ranks, g_size, &g);
   unsetenv("TNT_ALLREDUCE_ALGORITHM");
+  MT_OK(tnt_settings_load());
   if (st != TNT_OK) mt_fatal("tnt_group_create (%s): %s", algo ? algo : "auto", mt_st(st));
   return g;
 }

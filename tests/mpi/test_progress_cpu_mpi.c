@@ -194,7 +194,7 @@ static void test_fusion_wait(tnt_group_t *w) {
     info[t] = (tnt_tensor_info_t){kFusionIds[t], FUSION_COUNT, TNT_FLOAT32};
   finisher_t fin = {.st = TNT_IN_PROGRESS};
   MT_OK(tnt_fusion_create(
-      w, info, 2, &(tnt_fusion_options_t){.threshold_bytes = (size_t)64 << 20, .op = TNT_AVERAGE},
+      w, info, 2, &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = (size_t)64 << 20, .op = TNT_AVERAGE},
       &fin.f));
   if (tnt_fusion_num_buckets(fin.f) != 1) {
     mt_fatal("expected one fusion bucket, got %zu", tnt_fusion_num_buckets(fin.f));

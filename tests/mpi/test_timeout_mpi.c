@@ -79,7 +79,7 @@ static void run_fusion(tnt_context_t *ctx, MPI_Comm waiters) {
   tnt_fusion_t *f = NULL;
   mt_set_case("tnt_fusion_create");
   MT_OK(tnt_fusion_create(tnt_context_world(ctx), info, 5,
-                          &(tnt_fusion_options_t){.threshold_bytes = 800, .op = TNT_AVERAGE}, &f));
+                          &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 800, .op = TNT_AVERAGE}, &f));
   long bucket = tnt_fusion_bucket_of(f, 5);
   if (g_rank == 0) printf("rank 0: withheld tensor 5 is in bucket %ld\n", bucket);
   if (bucket < 0 || tnt_fusion_bucket_of(f, 3) != bucket || tnt_fusion_bucket_of(f, 1) == bucket) {

@@ -7,6 +7,9 @@ samples the map processed on this rank in fit (key mapped/fit); without
 the cut) and trains it on 2 replicas of the pipeline (4 ranks): the
 replicas share every global batch.
 
+--random multiplies every sample by random factors (tf.random.uniform) in
+the map, after a shuffle: an augmentation drawn at random.
+
 Every rank writes OUT/rank<r>.npz.
 """
 import argparse
@@ -57,6 +60,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     p.add_argument("--pipeline", action="store_true")
+    p.add_argument("--random", action="store_true")
     args = p.parse_args()
     rank = 0
     model = pipelined_model() if args.pipeline else make_model(seed=5)
@@ -71,7 +75,11 @@ def main():
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     x, y = make_data(SAMPLES)
     counter = Counter()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(counter).batch(BATCH).prefetch(2)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if args.random:
+        ds = ds.shuffle(SAMPLES).map(lambda x, y: (x * tf.random.uniform([12], 0.5, 1.5), y),
+                                     num_parallel_calls=2)
+    ds = ds.map(counter).batch(BATCH).prefetch(2)
     history = model.fit(ds, epochs=EPOCHS, verbose=0)
     results = {"loss": np.array(history.history["loss"]), "mapped/fit": np.array(counter.calls)}
     if not args.pipeline:

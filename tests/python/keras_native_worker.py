@@ -45,6 +45,8 @@ def api(out):
     km = lenet5_model_generator()
     model = tnt.Model(km)
     print("same object", model is km)
+    print("user model unchanged", type(km) is keras.Model(km.inputs, km.outputs).__class__
+          and not isinstance(km, tnt.Model))
     print("isinstance keras.Model", isinstance(model, keras.Model))
     print("isinstance tnt.Model", isinstance(model, tnt.Model))
     print("class", type(model).__name__)

@@ -63,9 +63,9 @@ class TensorInfo(ctypes.Structure):
 
 
 class FusionOptions(ctypes.Structure):
-    # Every field of tnt_fusion_options_t (tnt.h), so that libtnt reads no
-    # memory past the structure.
-    _fields_ = [("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
+    # The fields of tnt_fusion_options_t (tnt.h); `size` tells libtnt how
+    # many bytes of them it may read.
+    _fields_ = [("size", ctypes.c_size_t), ("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
                 ("wire_dtype", ctypes.c_int), ("tune_threshold", ctypes.c_int),
                 ("order", ctypes.c_int), ("overlap", ctypes.c_int)]
 
@@ -110,7 +110,8 @@ class Tnt:
         infos = (TensorInfo * len(tensors))(
             *[TensorInfo(i, count_of(n), TNT_DTYPES[dt]) for i, n, dt in tensors])
         f = ctypes.c_void_p()
-        options = FusionOptions(threshold_bytes, TNT_OPS[op], TNT_DTYPES[tf.float32])
+        options = FusionOptions(ctypes.sizeof(FusionOptions), threshold_bytes, TNT_OPS[op],
+                                TNT_DTYPES[tf.float32])
         self._check(self.lib.tnt_fusion_create(self.world, infos, len(tensors),
                                                ctypes.byref(options), ctypes.byref(f)),
                     "tnt_fusion_create")
@@ -118,11 +119,11 @@ class Tnt:
         return self.lib.tnt_fusion_handle(f)
 
     def start(self, tensor, fusion, tensor_id):
-        return self.ops.tnt_fusion_start(tensor, fusion=fusion, tensor_id=tensor_id,
+        return self.ops.tnt_fusion_start(tensor, 1.0, fusion=fusion, tensor_id=tensor_id,
                                          count=count_of(tensor.shape))
 
     def finish(self, token, like, fusion, tensor_id):
-        return self.ops.tnt_fusion_finish(token, like, fusion=fusion, tensor_id=tensor_id,
+        return self.ops.tnt_fusion_finish(token, like, 1.0, fusion=fusion, tensor_id=tensor_id,
                                           count=count_of(like.shape))
 
     def close(self):
@@ -238,6 +239,37 @@ def check_round_trip(t):
             assert_equal(out, tensors[i], f"eager tensor {i}")
 
 
+def check_scaled(t):
+    """The gradient path's weighted average: scaling by the rank's count n_r
+    in the start op and dividing by the summed count N in the finish op gives
+    bitwise what TensorFlow's x * cast(n_r) before the start and
+    sum / cast(N) after the finish give, for every float dtype (float32
+    also over a 16-bit wire is covered by libtnt's C test)."""
+    dtypes = [tf.float32, tf.float64, tf.float16, tf.bfloat16]
+    tensors = [(i, tf.TensorShape([257 + 31 * i]), dt) for i, dt in enumerate(dtypes)]
+    scaled_set = t.fusion(tensors, 1024, op="sum")
+    plain_set = t.fusion(tensors, 1024, op="sum")
+    n = tf.constant(float(t.rank + 2))
+    total = tf.constant(float(sum(r + 2 for r in range(t.size))))
+
+    rng = np.random.default_rng(17 + t.rank)
+    xs = [tf.cast(rng.standard_normal(count_of(s)) * 3, dt) for _, s, dt in tensors]
+    # Eagerly, every start before any finish, in the same order on every rank.
+    tokens = [t.ops.tnt_fusion_start(x, n, fusion=scaled_set, tensor_id=i, count=count_of(s))
+              for (i, s, _), x in zip(tensors, xs)]
+    got = [t.ops.tnt_fusion_finish(k, x, total, fusion=scaled_set, tensor_id=i,
+                                   count=count_of(s))
+           for (i, s, _), x, k in zip(tensors, xs, tokens)]
+    xs_n = [x * tf.cast(n, dt) for (_, _, dt), x in zip(tensors, xs)]
+    tokens = [t.start(x, plain_set, i) for (i, _, _), x in zip(tensors, xs_n)]
+    want = [t.finish(k, x, plain_set, i) / tf.cast(total, dt)
+            for (i, _, dt), x, k in zip(tensors, xs_n, tokens)]
+    for (i, _, dt), g, w in zip(tensors, got, want):
+        g, w = g.numpy(), w.numpy()
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), (
+            f"{dt.name}: {int(np.sum(g != w))} elements differ from TensorFlow's scaling")
+
+
 def check_errors(t):
     """Errors that need a context: a tensor outside the set, a repeated
     start (libtnt's TNT_ERR_STATE), a token of another tensor, a count
@@ -246,7 +278,7 @@ def check_errors(t):
     b = tf.constant([1, 2, 3], tf.int32)
     fusion = t.fusion([(1, 4, tf.float32), (2, 3, tf.int32)], 0)
     expect_error(tf.errors.InvalidArgumentError, f"tensor 9 is not in fusion set {fusion}",
-                 lambda: t.ops.tnt_fusion_start(a, fusion=fusion, tensor_id=9, count=4))
+                 lambda: t.ops.tnt_fusion_start(a, 1.0, fusion=fusion, tensor_id=9, count=4))
     token_a = t.start(a, fusion, 1)
     expect_error(tf.errors.FailedPreconditionError, "TNT_ERR_STATE",
                  lambda: t.start(a, fusion, 1))
@@ -259,7 +291,7 @@ def check_errors(t):
 
     @tf.function(jit_compile=False)
     def wrong_count(x):
-        return t.ops.tnt_fusion_start(x, fusion=fusion, tensor_id=1, count=5)
+        return t.ops.tnt_fusion_start(x, 1.0, fusion=fusion, tensor_id=1, count=5)
 
     expect_error(tf.errors.InvalidArgumentError,
                  "tensor 1 has 4 elements, but its fusion set expects count=5",

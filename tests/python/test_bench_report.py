@@ -141,21 +141,35 @@ def test_report_pipeline_section(tmp_path):
 
 
 def test_report_data_share_section(tmp_path):
-    run = lambda n, share, epoch, cpu: {"ranks": n, "share": share, "epoch_s": epoch,  # noqa: E731
-                                         "epoch_s_trials": [epoch], "input_cpu_s": [cpu] * n,
-                                         "rows": [2048 // n] * n}
+    def run(n, share, epoch, cpu):
+        return {"ranks": n, "share": share, "epoch_s": epoch, "epoch_s_rounds": [epoch] * 3,
+                "input_cpu_s": [cpu] * n, "rows": [2048 // n] * n}
+    job = {"what": "a job", "whole": "TNT_DATA_SHARE=0",
+           "serial": {"epoch_s": 0.5, "epoch_s_rounds": [0.5] * 3, "input_cpu_s": [0.4],
+                      "rows": [2048]},
+           "runs": [run(1, True, 0.51, 0.4), run(1, False, 0.5, 0.4),
+                    run(2, True, 0.3, 0.25), run(2, False, 0.6, 0.5)],
+           "ratios": {"1": {"input_cpu_share_vs_whole": 1.0, "epoch_share_vs_whole": 1.02,
+                            "epoch_share_vs_serial": 1.02},
+                      "2": {"input_cpu_share_vs_whole": 0.5, "epoch_share_vs_whole": 0.5,
+                            "epoch_share_vs_serial": 0.6}}}
+    slow = dict(job, ratios=dict(job["ratios"], **{"1": dict(job["ratios"]["1"],
+                                                             epoch_share_vs_serial=1.1)}))
     write(tmp_path / "data_share.json", {
-        "samples": 2048, "global_batch": 64, "map_matmuls": 20, "width": 64, "trials": 3,
-        "cpus": 2, "load_average_before": [1.5, 1, 1], "load_average_after": [2.5, 1, 1],
-        "serial": {"epoch_s": 0.5, "input_cpu_s": [0.4], "rows": [2048]},
-        "runs": [run(2, True, 0.3, 0.25), run(2, False, 0.6, 0.5)],
-        "ratios": {"2": {"input_cpu_share_vs_whole": 0.5, "epoch_share_vs_whole": 0.5,
-                         "epoch_share_vs_serial": 0.6}}})
+        "global_batch": 64, "trials": 2, "rounds": 3, "cpus": 2,
+        "load_average_rounds": [[1.5, 1, 1], [2.5, 1, 1]], "command": "data_bench.py",
+        "jobs": {"matmul": job, "augment": slow}})
     summary = report(tmp_path)
     section = summary[summary.index("## 7. Each rank prepares only its share"):]
-    assert "| 2 | on | 0.300 | 0.250, 0.250 | 0.50 | 0.50 |" in section
-    assert "Load average before 1.50, after 2.50" in section
-    assert "Not run." in report(tmp_path / "empty").split("## 7.")[1]
+    assert "| 2 | on | 0.300 | 0.300, 0.300, 0.300 | 0.250, 0.250 | 0.50 | 0.60 |" in section
+    assert "after each round: 1.50 2.50 (2 cores)" in section
+    assert "| 1.02 | PASS" in target_row(summary, "Input (matmul): 1 rank epoch / plain Keras")
+    assert "| 1.10 | **MISS**" in target_row(summary, "Input (augment): 1 rank epoch / plain Keras")
+    assert "| 0.50 | PASS" in target_row(summary, "Input (matmul): 2 ranks input CPU per rank")
+    assert "NOT RUN" in target_row(summary, "Input (matmul): 4 ranks input CPU per rank")
+    empty = report(tmp_path / "empty")
+    assert "Not run." in empty.split("## 7.")[1]
+    assert "NOT RUN" in target_row(empty, "Input (augment): 2 ranks epoch / plain Keras")
 
 
 def test_report_sim_allreduce_section(tmp_path):

@@ -485,15 +485,15 @@ def test_fusion_overlap():
     with core.Fusion(tensors, 0, "sum", overlap="off") as fusion:
         assert not fusion.overlaps
         step(fusion, 0)
-    with core.Fusion(tensors, 0, "sum", overlap="tune") as fusion:
+    with core.Fusion(tensors, 0, "sum", overlap="auto") as fusion:
         seen = []
         for k in range(10):
             seen.append(fusion.overlaps)
             step(fusion, k)
         assert seen[:8] == [True, True, True, True, False, True, False, False]
         assert seen[8] == seen[9] == fusion.overlaps
-    raises(ValueError, "use 'on', 'off' or 'tune'",
-           lambda: core.Fusion(tensors, 0, overlap="auto"))
+    raises(ValueError, "overlap 'tune': use 'on', 'off' or 'auto'",
+           lambda: core.Fusion(tensors, 0, overlap="tune"))
 
 
 def test_fusion_bad_wire_dtype():

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,7 +20,20 @@ from test_training import load
 
 from tarantella import _tf_data_internals as tfdi
 from tarantella import data
+from tarantella import settings
 from tarantella.runtime import TarantellaError
+
+
+@pytest.fixture(autouse=True)
+def data_share(monkeypatch):
+    """set(value): TNT_DATA_SHARE for this test (settings are read when they
+    are loaded); the environment's own settings come back after it."""
+    def set_share(value):
+        monkeypatch.setenv("TNT_DATA_SHARE", value)
+        settings.load()
+    yield set_share
+    monkeypatch.undo()
+    settings.load()
 
 WORKER = os.path.join(ROOT, "tests", "python", "data_share_worker.py")
 
@@ -49,9 +63,9 @@ def rows(ds):
     return [[b[0].tolist(), b[1].tolist()] for b in ds.as_numpy_iterator()]
 
 
-def rank_rows(build, part, size, share, monkeypatch):
+def rank_rows(build, part, size, share, data_share):
     """(rows of every batch, samples the counting map processed) of a rank."""
-    monkeypatch.setenv("TNT_DATA_SHARE", "1" if share else "0")
+    data_share("1" if share else "0")
     counter = Counter()
     got = rows(data.distribute(build(counter), parts=(part, size)))
     return got, counter.calls
@@ -62,12 +76,12 @@ def pairs(n):
                                                np.arange(n, dtype=np.float32) / 2))
 
 
-def check_equal_today(build, size, monkeypatch, shared=True, samples=None):
+def check_equal_today(build, size, data_share, shared=True, samples=None):
     """The shared rows equal today's on every rank; returns the counts."""
     counts = []
     for part in range(size):
-        today, today_calls = rank_rows(build, part, size, False, monkeypatch)
-        got, calls = rank_rows(build, part, size, True, monkeypatch)
+        today, today_calls = rank_rows(build, part, size, False, data_share)
+        got, calls = rank_rows(build, part, size, True, data_share)
         assert got == today, f"rank {part} of {size}"
         counts.append(calls)
         assert today_calls == samples
@@ -81,17 +95,17 @@ def check_equal_today(build, size, monkeypatch, shared=True, samples=None):
 @pytest.mark.parametrize("size", [1, 2, 3])
 @pytest.mark.parametrize("samples,batch,drop", [(40, 7, False), (40, 7, True), (42, 6, False),
                                                  (43, 8, False), (9, 9, False)])
-def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, monkeypatch):
+def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, data_share):
     def build(counter):
         return pairs(samples).map(counter).batch(batch, drop_remainder=drop).prefetch(2)
-    counts = check_equal_today(build, size, monkeypatch, samples=samples)
+    counts = check_equal_today(build, size, data_share, samples=samples)
     used = samples - (samples % batch if drop else 0) if size > 1 else samples
     assert sum(counts) == used
     assert max(counts) <= -(-batch // size) * -(-samples // batch)
 
 
 @pytest.mark.parametrize("drop", [False, True])
-def test_samples_of_varying_shapes(drop, monkeypatch):
+def test_samples_of_varying_shapes(drop, data_share):
     """Rows that cannot be batched before the map (ragged) are selected one
     by one."""
     lengths = [1 + i % 4 for i in range(40)]
@@ -100,49 +114,49 @@ def test_samples_of_varying_shapes(drop, monkeypatch):
     def build(counter):
         ds = tf.data.Dataset.from_tensor_slices((ragged, np.arange(40, dtype=np.float32)))
         return ds.map(lambda r, y: (tf.reduce_sum(r), y)).map(counter).batch(7, drop)
-    counts = check_equal_today(build, 3, monkeypatch, samples=40)
+    counts = check_equal_today(build, 3, data_share, samples=40)
     assert sum(counts) == (35 if drop else 40)
 
 
-def test_an_endless_dataset(monkeypatch, caplog):
+def test_an_endless_dataset(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
     got = {}
     for share in ("0", "1"):
-        monkeypatch.setenv("TNT_DATA_SHARE", share)
+        data_share(share)
         ds = pairs(10).repeat().map(Counter()).batch(6)
         got[share] = rows(data.distribute(ds, parts=(1, 2)).take(5))
     assert got["1"] == got["0"]
     assert "each rank maps only its share" in caplog.text
 
 
-def test_unbatched_dataset_with_micro_batch_size(monkeypatch):
+def test_unbatched_dataset_with_micro_batch_size(data_share):
     for part in range(3):
-        monkeypatch.setenv("TNT_DATA_SHARE", "0")
+        data_share("0")
         today = rows(data.distribute(pairs(27).map(Counter()), 4, parts=(part, 3)))
-        monkeypatch.setenv("TNT_DATA_SHARE", "1")
+        data_share("1")
         counter = Counter()
         assert rows(data.distribute(pairs(27).map(counter), 4, parts=(part, 3))) == today
         assert counter.calls == sum(len(b[0]) for b in today)
 
 
-def test_maps_after_a_shuffle_and_parallel_unordered_maps(monkeypatch):
+def test_maps_after_a_shuffle_and_parallel_unordered_maps(data_share):
     """The shuffle stays before the selection (the same order on every rank);
     a map with deterministic=False is run in order."""
     def build(counter):
         return (pairs(30).shuffle(30, seed=3).map(counter)
                 .map(lambda x, y: (x + 1, y), num_parallel_calls=2, deterministic=False)
                 .batch(8))
-    monkeypatch.setenv("TNT_DATA_SHARE", "1")
+    data_share("1")
     serial = rows(build(Counter()))
     for size in (2, 3):
-        parts = [rank_rows(build, p, size, True, monkeypatch) for p in range(size)]
+        parts = [rank_rows(build, p, size, True, data_share) for p in range(size)]
         for i, batch in enumerate(serial):
             joined = sum((parts[p][0][i][0] for p in range(size)), [])
             assert joined == batch[0]
         assert sum(c for _, c in parts) == 30
 
 
-def test_a_stateful_map_needs_the_mark(monkeypatch, caplog):
+def test_a_stateful_map_needs_the_mark(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
 
     def unmarked(counter):
@@ -152,9 +166,9 @@ def test_a_stateful_map_needs_the_mark(monkeypatch, caplog):
     def marked(counter):
         counter.stateful = True
         return pairs(20).apply(data.shard_here()).map(counter).batch(6)
-    check_equal_today(unmarked, 2, monkeypatch, shared=False, samples=20)
+    check_equal_today(unmarked, 2, data_share, shared=False, samples=20)
     assert "stateful ops (EagerPyFunc)" in caplog.text
-    counts = check_equal_today(marked, 2, monkeypatch, samples=20)
+    counts = check_equal_today(marked, 2, data_share, samples=20)
     assert counts == [10, 10]
 
 
@@ -166,20 +180,34 @@ def test_the_mark_changes_nothing_without_distribution():
 
 @pytest.mark.parametrize("case,reason", [
     ("filter", "no map comes between filter and the batch"),
-    ("random", "stateful ops (RandomUniformInt)"),
+    ("random", "stateful ops (RandomShuffle)"),
+    ("keras_seed_in_loop", "ReadVariableOp in a tf.cond or loop"),
+    ("random_off", "stateful ops (RandomUniformInt)"),
     ("padded", "its batching (padded_batch) depends on every row"),
     ("after_batch", "a transformation (map) follows the batch"),
     ("small_last", "last global batch holds 1 samples, fewer than the 2 ranks"),
     ("unknown_count", "number of samples before the maps is unknown"),
     ("no_map", "no map comes between tensor_slice and the batch"),
 ])
-def test_unsafe_pipelines_fall_back_and_say_why(case, reason, monkeypatch, caplog):
+def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog):
     # A pipeline without maps has nothing to share: it is said in DEBUG only.
     caplog.set_level(logging.DEBUG if case == "no_map" else logging.INFO, logger="tarantella")
-    random = lambda x, y: (x + tf.random.uniform([], 0, 1, tf.int64), y)  # noqa: E731
+    # RandomShuffle has no stateless counterpart; a draw inside a loop would
+    # repeat its seed at every pass; TNT_DATA_SHARE=deterministic keeps
+    # random streams unshared.
+    random = lambda x, y: (x + tf.random.shuffle(tf.range(3, dtype=tf.int64), seed=5)[0], y)  # noqa
+    uniform = lambda x, y: (x + tf.random.uniform([], 0, 1, tf.int64), y)  # noqa: E731
+    seed_generator = keras.random.SeedGenerator(3)
+
+    def in_loop(x, y):
+        for _ in tf.range(2):
+            x += tf.cast(keras.random.uniform([], seed=seed_generator) > 2, tf.int64)
+        return x, y
     builders = {
         "filter": lambda c: pairs(20).map(c).filter(lambda x, y: x % 3 > 0).batch(4),
         "random": lambda c: pairs(20).map(c).map(random).batch(4),
+        "keras_seed_in_loop": lambda c: pairs(20).map(c).map(in_loop).batch(4),
+        "random_off": lambda c: pairs(20).map(c).map(uniform).batch(4),
         "padded": lambda c: pairs(20).map(c).padded_batch(4),
         "after_batch": lambda c: pairs(20).map(c).batch(4).map(lambda x, y: (x - 1, y)),
         "small_last": lambda c: pairs(21).map(c).batch(4),
@@ -187,6 +215,8 @@ def test_unsafe_pipelines_fall_back_and_say_why(case, reason, monkeypatch, caplo
         "no_map": lambda c: pairs(20).batch(4),
     }
     samples = {"small_last": 21, "unknown_count": 17, "no_map": 0}.get(case, 20)
+    if case == "random_off":
+        data_share("deterministic")
     ds = builders[case](Counter())
     data.distribute(ds, parts=(0, 2))
     data.distribute(ds, parts=(1, 2))
@@ -194,7 +224,8 @@ def test_unsafe_pipelines_fall_back_and_say_why(case, reason, monkeypatch, caplo
     assert reason in caplog.text
     said = [r for r in caplog.records if "every rank runs" in r.getMessage()]
     assert said[0].levelno == (logging.DEBUG if case == "no_map" else logging.INFO)
-    check_equal_today(builders[case], 2, monkeypatch, shared=False, samples=samples)
+    if case != "random_off":  # check_equal_today sets TNT_DATA_SHARE itself
+        check_equal_today(builders[case], 2, data_share, shared=False, samples=samples)
 
 
 def test_a_misplaced_mark_is_an_error():
@@ -203,8 +234,8 @@ def test_a_misplaced_mark_is_an_error():
         data.distribute(ds, parts=(0, 2))
 
 
-def test_switched_off(monkeypatch):
-    monkeypatch.setenv("TNT_DATA_SHARE", "0")
+def test_switched_off(data_share):
+    data_share("0")
     counter = Counter()
     rows(data.distribute(pairs(20).map(counter).batch(4), parts=(1, 2)))
     assert counter.calls == 20
@@ -267,3 +298,154 @@ def test_the_shared_dataset_still_tells_the_global_batch():
     info = data.batch_info(ds)
     assert (info.size, info.drop_remainder) == (6, True)
     assert ds.cardinality().numpy() == 3
+
+
+def augmented(counter):
+    """Images augmented at random as Keras users write it: tf.image's random
+    crop, flip, brightness and contrast, and Keras preprocessing layers (which
+    draw through a SeedGenerator), after a shuffle; `counter` counts the
+    samples mapped."""
+    keras.utils.set_random_seed(42)  # what tnt.init does on every rank
+    flip, crop = keras.layers.RandomFlip("horizontal", seed=3), keras.layers.RandomCrop(5, 5)
+    rng = np.random.default_rng(0)
+    images = rng.random((23, 8, 8, 3)).astype(np.float32)
+
+    def augment(x, y):
+        x = tf.image.random_crop(x, [6, 6, 3])
+        x = tf.image.random_flip_left_right(x)
+        x = tf.image.random_brightness(x, 0.2)
+        x = tf.image.random_contrast(x, 0.8, 1.2)
+        return crop(flip(x)), y
+
+    def count(x, y):
+        return x, y + 0 * counter(y, y)[0]
+    ds = tf.data.Dataset.from_tensor_slices((images, np.arange(23, dtype=np.int64)))
+    return ds.shuffle(23, seed=1).map(augment, num_parallel_calls=3).map(count).batch(5)
+
+
+def global_batches(size, epochs=2):
+    """The global batches of `epochs` epochs put together from the shares of
+    `size` simulated ranks (each with its own dataset, as in a real run), and
+    the samples each rank mapped."""
+    counters = [Counter() for _ in range(size)]
+    shares = [data.distribute(augmented(counters[p]), parts=(p, size)) for p in range(size)]
+    batches = []
+    for _ in range(epochs):
+        got = [list(s.as_numpy_iterator()) for s in shares]
+        for b in range(len(got[0])):
+            batches.append([np.concatenate([g[b][i] for g in got]) for i in (0, 1)])
+    return batches, [c.calls for c in counters]
+
+
+def test_random_augmentation_is_the_same_on_any_number_of_ranks(data_share, caplog):
+    caplog.set_level(logging.INFO, logger="tarantella")
+    data_share("1")
+    one, _ = global_batches(1)
+    assert "random ops of 1 map(s) draw from (seed, epoch, sample index)" in caplog.text
+    assert "agree in distribution only" in caplog.text
+    assert len(one) == 10 and one[0][0].shape == (5, 5, 5, 3)
+    # The augmentation draws: the same image differs between the epochs (its
+    # crop offsets alone take 9 values), and so do the samples of a batch.
+    first = {int(y): x for x, y in zip(*[np.concatenate(c) for c in zip(*one[:5])])}
+    second = {int(y): x for x, y in zip(*[np.concatenate(c) for c in zip(*one[5:])])}
+    assert sorted(first) == sorted(second) == list(range(23))
+    assert sum(not np.array_equal(first[k], second[k]) for k in first) > 15
+    for size in (2, 3, 4):  # on 4, the last batch of 3 cannot be shared: all map all
+        got, mapped = global_batches(size)
+        assert len(got) == len(one)
+        for b, (mine, ref) in enumerate(zip(got, one)):
+            assert np.array_equal(mine[1], ref[1]), f"{size} ranks, batch {b}: other samples"
+            assert np.array_equal(mine[0], ref[0]), f"{size} ranks, batch {b}: other draws"
+        # Each rank mapped its rows only: per epoch, its part of the 4 batches
+        # of 5 and the last of 3.
+        per_epoch = [sum(data.micro_batch_sizes(b, size)[p] for b in (5, 5, 5, 5, 3))
+                     for p in range(size)]
+        assert mapped == ([2 * n for n in per_epoch] if size < 4 else [2 * 23] * 4)
+
+
+def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_path, python):
+    """Trained on 1, 2 and 3 ranks, a model whose input map draws random
+    factors ends with the same weights and losses: every rank count sees the
+    same augmented samples. What differs is the order in which the gradient
+    allreduce adds the ranks' float32 partial sums: a relative error of a
+    few 1e-7 per step, over 12 steps of SGD(0.1) on weights of order 1,
+    far below the 1e-5 allowed (the bound the serial comparisons use)."""
+    results = {}
+    for ranks in (1, 2, 3):
+        out = str(tmp_path / f"r{ranks}")
+        run(mpirun_command(ranks, python, WORKER, "--out", out, "--random"), timeout=300)
+        results[ranks] = load(out, ranks)
+    one = results[1][0]
+    for ranks in (2, 3):
+        for key in one:
+            if key.startswith("mapped/"):
+                continue
+            for r in range(ranks):
+                assert np.allclose(results[ranks][r][key], one[key], rtol=0, atol=1e-5), \
+                    f"{ranks} ranks, rank {r}: {key}"
+        # Each rank maps only its rows: 2 epochs of 5 global batches of 16 and
+        # one of 10, split as micro_batch_sizes splits them.
+        mapped = [int(res["mapped/fit"]) for res in results[ranks]]
+        assert mapped == [2 * sum(data.micro_batch_sizes(b, ranks)[r] for b in [16] * 5 + [10])
+                          for r in range(ranks)]
+    # The draws matter: without them (the serial comparison above) the
+    # losses differ.
+    serial_out = str(tmp_path / "plain")
+    run([sys.executable, WORKER, "--serial", "--out", serial_out])
+    assert not np.allclose(load(serial_out, 1)[0]["loss"], one["loss"], rtol=0, atol=1e-5)
+
+
+def test_ranks_get_their_share_of_the_cores(monkeypatch):
+    """On several ranks: autotuning off and the rank's share of the cores,
+    unless the dataset's options say otherwise; a prefetch ends the rank's
+    dataset. On 1 rank the options stay the dataset's own (autotuned, as in
+    Keras)."""
+    monkeypatch.setattr(data, "core_share", lambda: 3)
+    one = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 1))
+    assert one.options().autotune.enabled is None
+    assert one.options().threading.private_threadpool_size is None
+    mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
+    options = mine.options()
+    assert options.autotune.enabled is False
+    assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (3, 3)
+    assert tfdi.kind(mine) in tfdi.PREFETCH
+    own = tf.data.Options()
+    own.autotune.enabled = True
+    own.threading.private_threadpool_size = 5
+    mine = data.distribute(pairs(20).map(Counter()).batch(4).with_options(own), parts=(1, 2))
+    options = mine.options()
+    assert options.autotune.enabled is True
+    assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (5, 3)
+    # Rank 1 of 2: rows 2 and 3 of every batch of 4, mapped (x * 10).
+    assert rows(mine) == [[[10 * i, 10 * (i + 1)], [i / 2, (i + 1) / 2]]
+                          for i in range(2, 20, 4)]
+
+
+def test_core_share_without_a_launcher():
+    """Not initialized (one process, the host to itself): no share, unless
+    the process's affinity is narrower than the host."""
+    narrowed = len(os.sched_getaffinity(0)) < os.cpu_count()
+    assert data.core_share() == (len(os.sched_getaffinity(0)) if narrowed else None)
+
+
+def test_every_rewritten_random_op(data_share, caplog):
+    """Normal, truncated normal and categorical draws are rewritten as the
+    uniform ones are: 2 ranks, each mapping its half, draw what 1 rank draws."""
+    caplog.set_level(logging.INFO, logger="tarantella")
+    data_share("1")
+
+    def build():
+        tf.random.set_seed(42)
+
+        def draw(x, y):
+            noise = (tf.random.normal([3]) + tf.random.truncated_normal([3]) +
+                     tf.cast(tf.random.categorical([[0.0, 1.0, 2.0]], 3)[0], tf.float32))
+            return tf.cast(x, tf.float32) + noise, y
+        return pairs(12).map(draw).batch(4)
+    one = rows(data.distribute(build(), parts=(0, 1)))
+    halves = [rows(data.distribute(build(), parts=(p, 2))) for p in range(2)]
+    joined = [[halves[0][b][0] + halves[1][b][0], halves[0][b][1] + halves[1][b][1]]
+              for b in range(3)]
+    assert "selected before 1 map(s); the random ops of 1 map(s) draw" in caplog.text
+    assert joined == one
+    assert len({tuple(r) for b in one for r in b[0]}) == 12  # every sample drew its own

@@ -198,10 +198,14 @@ def uninterrupted(tmp_path_factory):
     return weights(str(d / "out"), 2)
 
 
-# The master renames three files per epoch: the backup's weights, the
-# backup's metadata, then the epoch's checkpoint. Renames 7, 8 and 9 are
-# those of epoch 3.
-@pytest.mark.parametrize("rename", [7, 8, 9])
+# The master renames four files per epoch: the backup's weights, the
+# backup's state (seeds and metrics), the backup's metadata, then the
+# epoch's checkpoint. Renames 9 to 12 are those of epoch 3.
+# Rename 9 in make test; 10, 11 and 12 (the same resume from the other files
+# of the epoch) in make test-long.
+@pytest.mark.parametrize("rename", [9, pytest.param(10, marks=pytest.mark.long),
+                                    pytest.param(11, marks=pytest.mark.long),
+                                    pytest.param(12, marks=pytest.mark.long)])
 def test_killed_while_saving_then_resumed(rename, uninterrupted, tmp_path):
     """The job dies halfway through a save of epoch 3: the previous backup
     and checkpoints stay intact, and resuming with BackupAndRestore ends
@@ -213,8 +217,9 @@ def test_killed_while_saving_then_resumed(rename, uninterrupted, tmp_path):
     saved = sorted(f for f in os.listdir(d) if f.startswith("ckpt-"))
     assert saved == ["ckpt-1.keras", "ckpt-2.keras"], saved
     meta = json.load(open(d / "backup" / "training_metadata.json"))
-    assert meta["epoch"] == (3 if rename == 9 else 2), meta
+    assert meta["epoch"] == (3 if rename == 12 else 2), meta
     assert os.path.exists(d / "backup" / meta["tnt_weights"])
+    assert os.path.exists(d / "backup" / meta["tnt_state"])
 
     proc, _ = launch(2, ["checkpoint", "--dir", str(d), "--out", str(d / "resumed")])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,8 +1,9 @@
 """Soak: 4 ranks x 2000 steps keep memory and file descriptors flat and
-end with identical weights."""
+end with identical weights (make test-long)."""
 import os
 
 import numpy as np
+import pytest
 
 from conftest import ROOT, mpirun_command, run
 from test_training import load
@@ -10,6 +11,7 @@ from test_training import load
 WORKER = os.path.join(ROOT, "tests", "python", "soak_worker.py")
 
 
+@pytest.mark.long
 def test_long_training_does_not_grow(tmp_path, python):
     run(mpirun_command(4, python, WORKER, "--out", str(tmp_path)), timeout=600)
     results = load(str(tmp_path), 4)

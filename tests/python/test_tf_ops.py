@@ -79,8 +79,8 @@ def assert_checks_pass(nranks, *checks, env=None):
 def test_ops_are_registered_and_stateless(ops):
     with tf.Graph().as_default() as graph:
         x = tf.ones([4])
-        token = ops.tnt_fusion_start(x, fusion=1, tensor_id=0, count=4)
-        ops.tnt_fusion_finish(token, x, fusion=1, tensor_id=0, count=4)
+        token = ops.tnt_fusion_start(x, 1.0, fusion=1, tensor_id=0, count=4)
+        ops.tnt_fusion_finish(token, x, 1.0, fusion=1, tensor_id=0, count=4)
         ops.tnt_allreduce(x, group=1, op="sum")
         ops.tnt_broadcast(x, group=1, root=0)
     defs = {op.type: op.op_def for op in graph.get_operations() if op.type.startswith("Tnt")}
@@ -93,8 +93,8 @@ def test_ops_are_registered_and_stateless(ops):
 def test_shape_inference(ops):
     @tf.function(jit_compile=False)
     def graph(x):
-        token = ops.tnt_fusion_start(x, fusion=1, tensor_id=0, count=6)
-        out = ops.tnt_fusion_finish(token, x, fusion=1, tensor_id=0, count=6)
+        token = ops.tnt_fusion_start(x, 1.0, fusion=1, tensor_id=0, count=6)
+        out = ops.tnt_fusion_finish(token, x, 1.0, fusion=1, tensor_id=0, count=6)
         reduced = ops.tnt_allreduce(x, group=1, op="average")
         broadcast = ops.tnt_broadcast(x, group=1, root=0)
         return token, out, reduced, broadcast
@@ -107,7 +107,7 @@ def test_shape_inference(ops):
 
     @tf.function(jit_compile=False)
     def vector_token(x):
-        return ops.tnt_fusion_finish(tf.constant([1, 2], tf.int64), x, fusion=1, tensor_id=1,
+        return ops.tnt_fusion_finish(tf.constant([1, 2], tf.int64), x, 1.0, fusion=1, tensor_id=1,
                                      count=2)
 
     with pytest.raises(ValueError, match="rank"):
@@ -120,13 +120,13 @@ def test_types_and_attributes_are_checked(ops):
     with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
         ops.tnt_allreduce(tf.constant([1.0]), group=1, op="prod")
     with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
-        ops.tnt_fusion_start(tf.constant([1.0]), fusion=1, tensor_id=-1, count=1)
+        ops.tnt_fusion_start(tf.constant([1.0]), 1.0, fusion=1, tensor_id=-1, count=1)
 
 
 @pytest.mark.parametrize("in_function", [False, True], ids=["eager", "function"])
 def test_count_mismatch_names_both_counts(ops, in_function):
     def start(x):
-        return ops.tnt_fusion_start(x, fusion=NO_SUCH_HANDLE, tensor_id=3, count=6)
+        return ops.tnt_fusion_start(x, 1.0, fusion=NO_SUCH_HANDLE, tensor_id=3, count=6)
 
     fn = tf.function(start, jit_compile=False) if in_function else start
     with pytest.raises(tf.errors.InvalidArgumentError,
@@ -140,10 +140,10 @@ def test_unknown_fusion_handle(ops, in_function):
                "before running the graph")
 
     def start(x):
-        return ops.tnt_fusion_start(x, fusion=NO_SUCH_HANDLE, tensor_id=0, count=4)
+        return ops.tnt_fusion_start(x, 1.0, fusion=NO_SUCH_HANDLE, tensor_id=0, count=4)
 
     def finish(x):
-        return ops.tnt_fusion_finish(tf.constant(0, tf.int64), x, fusion=NO_SUCH_HANDLE,
+        return ops.tnt_fusion_finish(tf.constant(0, tf.int64), x, 1.0, fusion=NO_SUCH_HANDLE,
                                      tensor_id=0, count=4)
 
     for fn in (start, finish):
@@ -166,6 +166,10 @@ def test_unknown_group_handle(ops):
 
 def test_round_trip_of_gradients_in_a_function():
     assert_checks_pass(1, "round_trip")
+
+
+def test_scaling_in_libtnt_equals_tensorflows_bitwise():
+    assert_checks_pass(3, "scaled")
 
 
 def test_errors_with_a_fusion_set():

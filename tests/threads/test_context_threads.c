@@ -213,7 +213,7 @@ static int fusion(rank_arg_t *a, tnt_group_t *g) {
       tnt_fusion_t *f = NULL;
       TRY(tnt_fusion_create(
           g, info, NT,
-          &(tnt_fusion_options_t){.threshold_bytes = kThresholds[th], .op = (tnt_op_t)op}, &f));
+          &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = kThresholds[th], .op = (tnt_op_t)op}, &f));
       size_t nb = tnt_fusion_num_buckets(f);
       if (kThresholds[th] == 0) FAIL_IF(nb != NT, "threshold 0 gives %zu buckets", nb);
       if (kThresholds[th] == (1 << 20)) FAIL_IF(nb != 3, "1 MiB threshold: %zu buckets", nb);
@@ -377,7 +377,7 @@ static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
   /* Fusion errors that used to log nothing. */
   tnt_tensor_info_t info = {7, 4, TNT_FLOAT32};
   tnt_fusion_t *f = NULL;
-  TRY(tnt_fusion_create(g, &info, 1, &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_SUM},
+  TRY(tnt_fusion_create(g, &info, 1, &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_SUM},
                         &f));
   float buf[4] = {0};
   EXPECT_ERROR(tnt_fusion_start(f, 7, NULL), TNT_ERR_INVALID_ARG, "data is NULL");
@@ -392,7 +392,7 @@ static int error_contract(rank_arg_t *a, tnt_context_t *ctx, tnt_group_t *g) {
   if (n > 1) {
     info.count = 4 + (size_t)a->rank;
     EXPECT_ERROR(tnt_fusion_create(
-                     g, &info, 1, &(tnt_fusion_options_t){.threshold_bytes = 0, .op = TNT_SUM}, &f),
+                     g, &info, 1, &(tnt_fusion_options_t){.size = sizeof(tnt_fusion_options_t), .threshold_bytes = 0, .op = TNT_SUM}, &f),
                  TNT_ERR_MISMATCH, "disagree");
   }
   /* Every algorithm has a name and a description. */

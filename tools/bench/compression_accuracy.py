@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from bench_results import finish_config, new_config, write_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = ["none", "fp16", "bf16"]
 GLOBAL_BATCH = 64
@@ -75,10 +77,10 @@ def driver(args):
     launcher = shutil.which("tarantella")
     if launcher is None:
         sys.exit("compression_accuracy: the tarantella launcher is not on PATH")
-    out = {"config": {"model": "lenet5", "dataset": "Fashion-MNIST", "ranks": args.ranks,
-                      "global_batch": GLOBAL_BATCH, "epochs": args.epochs,
-                      "samples": args.samples or 60000, "optimizer": "SGD(0.01, momentum=0.9)",
-                      "load_average_at_start": round(os.getloadavg()[0], 2)},
+    out = {"config": new_config(model="lenet5", dataset="Fashion-MNIST", ranks=args.ranks,
+                                global_batch=GLOBAL_BATCH, epochs=args.epochs,
+                                samples=args.samples or 60000,
+                                optimizer="SGD(0.01, momentum=0.9)"),
            "results": {}}
     work = tempfile.mkdtemp(prefix="tnt-compression-")
     for setting in SETTINGS:
@@ -94,10 +96,9 @@ def driver(args):
         last = out["results"][setting]["epochs"][-1]
         print(f"{setting}: final loss {last['loss']:.4f}, test accuracy "
               f"{last['test_accuracy']:.4f}", flush=True)
-    out["config"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    finish_config(out["config"])
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.out, out)
 
 
 def main():

@@ -1,15 +1,24 @@
-"""Input-bound training: does each rank prepare only its share of the data?
+"""Input-bound training: does each rank prepare only its share of the data,
+and is it never slower than plain Keras?
 
-The job: 2048 samples, a `map` of 20 small matmuls per sample (64 x 64
-matrices), a one-layer model, global batch 64. At 1, 2 and 4 ranks, each
-run measures, with sharing on and off (TNT_DATA_SHARE, alternated inside one process so that
-both see the same load):
+Two jobs, global batch 64, 2048 samples:
+  matmul   a `map` of 20 small matmuls per sample (64 x 64 matrices), a
+           one-layer model; "whole": TNT_DATA_SHARE=0
+  augment  what Keras users write for images: shuffle, a parallel `map`
+           with random crop, flip, brightness and contrast (tf.image),
+           batch, prefetch, a small CNN; "whole": TNT_DATA_SHARE=deterministic
+           (the random map keeps its stream, every rank runs it whole)
+At 1, 2 and 4 ranks, each run measures, with sharing on and whole
+(alternated inside one process, so that both see the same load):
   epoch_s      wall time of one fit epoch (median of the trials, rank 0)
   input_cpu_s  CPU time of one pass over the rank's distributed dataset
                alone (tnt.data.distribute; median of the trials, per rank)
-and serial Keras on the same data as the reference.
+and plain Keras in one process on the same data as the reference. Rounds
+(serial Keras, then each rank count) repeat --rounds times, interleaved, and
+the results are the medians over the rounds. TensorFlow keeps its default
+thread pools, as users have them.
 
-    python3 tools/bench/data_bench.py [--quick] [--out bench/results/data_share.json]
+    python3 tools/bench/data_bench.py [--quick] [--rounds 3] [--out bench/results/data_share.json]
 
 Environment as in run_bench.sh: MPIRUN, MPIFLAGS (--mpirun, --mpiflags).
 """
@@ -17,17 +26,27 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from bench_results import run_job, write_json
+
 SAMPLES, BATCH, MATMULS, WIDTH, CLASSES = 2048, 64, 20, 64, 10
+IMAGE, CROP = 40, 32
+JOBS = {
+    "matmul": {"whole": "0", "what": f"{SAMPLES} samples, a `map` of {MATMULS} matmuls of "
+               f"{WIDTH} x {WIDTH} per sample, a one-layer model, global batch {BATCH}"},
+    "augment": {"whole": "deterministic",
+                "what": f"{SAMPLES} images of {IMAGE} x {IMAGE} x 3, shuffled, a parallel "
+                f"`map` (AUTOTUNE) of tf.image's random crop to {CROP} x {CROP}, flip, "
+                f"brightness and contrast, batch {BATCH}, prefetch (AUTOTUNE), a CNN of 2 "
+                "convolutions"},
+}
 
 
-def dataset(tf, np):
+def matmul_job(tf, np, keras):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(SAMPLES, WIDTH)).astype(np.float32)
     y = rng.integers(0, CLASSES, size=SAMPLES).astype(np.int32)
@@ -38,7 +57,33 @@ def dataset(tf, np):
         for _ in range(MATMULS):
             h = tf.tanh(h @ w)
         return tf.reduce_mean(h, axis=0), label
-    return tf.data.Dataset.from_tensor_slices((x, y)).map(expensive).batch(BATCH)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(expensive).batch(BATCH)
+    model = keras.Sequential([keras.Input((WIDTH,)),
+                              keras.layers.Dense(CLASSES, activation="softmax")])
+    return ds, model
+
+
+def augment_job(tf, np, keras):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(SAMPLES, IMAGE, IMAGE, 3)).astype(np.uint8)
+    y = rng.integers(0, CLASSES, size=SAMPLES).astype(np.int32)
+
+    def augment(image, label):
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        image = tf.image.random_crop(image, [CROP, CROP, 3])
+        image = tf.image.random_flip_left_right(image)
+        image = tf.image.random_brightness(image, 0.2)
+        image = tf.image.random_contrast(image, 0.8, 1.2)
+        return image, label
+    ds = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES)
+          .map(augment, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+          .prefetch(tf.data.AUTOTUNE))
+    model = keras.Sequential([
+        keras.Input((CROP, CROP, 3)),
+        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(CLASSES, activation="softmax")])
+    return ds, model
 
 
 def worker(args):
@@ -47,25 +92,34 @@ def worker(args):
     import numpy as np
     import tensorflow as tf
     import keras
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
     rank, size, tnt = 0, 1, None
     if not args.serial:
         import tarantella as tnt
         tnt.init()
         rank, size = tnt.get_rank(), tnt.get_size()
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((WIDTH,)),
-                              keras.layers.Dense(CLASSES, activation="softmax")])
-    if tnt is not None:
-        model = tnt.Model(model)
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
-    ds = dataset(tf, np)
-    modes = ["serial"] if args.serial else ["share", "whole"]
+    else:
+        keras.utils.set_random_seed(42)
+    found = {}
+    for job, build in (("matmul", matmul_job), ("augment", augment_job)):
+        keras.utils.set_random_seed(1)
+        ds, model = build(tf, np, keras)
+        if tnt is not None:
+            model = tnt.Model(model)
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss="sparse_categorical_crossentropy")
+        found[job] = measure_job(args, tnt, ds, model, JOBS[job]["whole"])
+    with open(os.path.join(args.work, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "size": size, "jobs": found}, f)
+    return 0
+
+
+def measure_job(args, tnt, ds, model, whole):
+    modes = ["serial"] if tnt is None else ["share", "whole"]
 
     def use(mode):
         if mode != "serial":
-            os.environ["TNT_DATA_SHARE"] = "1" if mode == "share" else "0"
+            os.environ["TNT_DATA_SHARE"] = "1" if mode == "share" else whole
+            tnt.settings.load()  # settings are read when they are loaded
 
     def input_pass():
         mine = ds if tnt is None else tnt.data.distribute(ds)
@@ -90,29 +144,11 @@ def worker(args):
             found[mode]["input_cpu_s"].append(cpu)
             found[mode]["rows"] = rows
             found[mode]["epoch_s"].append(epoch())
-    with open(os.path.join(args.work, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "size": size, "modes": found}, f)
-    return 0
-
-
-def run_job(cmd, timeout):
-    """Runs a job in its own session; returns (ok, tail of its output)."""
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
-    keep = [line for line in out.splitlines() if "dataset:" in line or "rror" in line]
-    print("\n".join(keep[-10:]), flush=True)
-    return proc.returncode == 0, out[-3000:]
+    return found
 
 
 def measure(args, ranks):
-    """Per-mode results of a run on `ranks` ranks (0: serial Keras)."""
+    """Per job, per mode results of a run on `ranks` ranks (0: serial Keras)."""
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--trials", str(args.trials)]
     with tempfile.TemporaryDirectory(prefix="tnt-data-bench-") as work:
         me += ["--work", work]
@@ -121,7 +157,8 @@ def measure(args, ranks):
         else:
             cmd, n = ([args.mpirun] + shlex.split(args.mpiflags) +
                       ["-np", str(ranks), "-x", "TF_CPP_MIN_LOG_LEVEL"] + me), ranks
-        ok, tail = run_job(cmd, args.timeout)
+        ok, tail = run_job(cmd, args.timeout, lambda line: "dataset:" in line or "rror" in line,
+                           last=10)
         if not ok:
             raise SystemExit(f"data_bench: the run on {ranks or 'serial'} rank(s) failed:\n{tail}")
         docs = []
@@ -129,23 +166,35 @@ def measure(args, ranks):
             with open(os.path.join(work, f"rank{r}.json")) as f:
                 docs.append(json.load(f))
     results = {}
-    for mode in docs[0]["modes"]:
-        per_rank = [d["modes"][mode] for d in docs]
-        results[mode] = {
-            "epoch_s": round(statistics.median(per_rank[0]["epoch_s"]), 4),
-            "epoch_s_trials": [round(v, 4) for v in per_rank[0]["epoch_s"]],
-            "input_cpu_s": [round(statistics.median(p["input_cpu_s"]), 4) for p in per_rank],
-            "rows": [p["rows"] for p in per_rank],
-        }
+    for job in docs[0]["jobs"]:
+        results[job] = {}
+        for mode in docs[0]["jobs"][job]:
+            per_rank = [d["jobs"][job][mode] for d in docs]
+            results[job][mode] = {
+                "epoch_s": statistics.median(per_rank[0]["epoch_s"]),
+                "input_cpu_s": [statistics.median(p["input_cpu_s"]) for p in per_rank],
+                "rows": [p["rows"] for p in per_rank],
+            }
     return results
+
+
+def median_of_rounds(rounds):
+    """One run's figures, the medians over the rounds (per rank for the
+    input CPU), with every round's epoch time."""
+    return {"epoch_s": round(statistics.median(r["epoch_s"] for r in rounds), 4),
+            "epoch_s_rounds": [round(r["epoch_s"], 4) for r in rounds],
+            "input_cpu_s": [round(statistics.median(r["input_cpu_s"][k] for r in rounds), 4)
+                            for k in range(len(rounds[0]["input_cpu_s"]))],
+            "rows": rounds[0]["rows"]}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "bench",
                                                  "results", "data_share.json"))
-    p.add_argument("--quick", action="store_true", help="1 and 2 ranks, 2 trials")
-    p.add_argument("--trials", type=int)
+    p.add_argument("--quick", action="store_true", help="1 and 2 ranks, 1 round of 2 trials")
+    p.add_argument("--trials", type=int, help="trials per mode in each run (default 2)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
@@ -157,45 +206,50 @@ def main():
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.trials is None:
-        args.trials = 2 if args.quick else 5
+        args.trials = 2
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     if args.worker:
         return worker(args)
     ranks = [int(r) for r in (args.ranks or ("1,2" if args.quick else "1,2,4")).split(",")]
-    load_before = [round(v, 2) for v in os.getloadavg()]
-    serial = measure(args, 0)["serial"]
-    runs = []
-    for n in ranks:
-        found = measure(args, n)
-        for mode in ("share", "whole"):
-            runs.append({"ranks": n, "share": mode == "share", **found[mode]})
-    ratios = {}
-    for n in ranks:
-        on, off = (next(r for r in runs if r["ranks"] == n and r["share"] == s)
-                   for s in (True, False))
-        ratios[str(n)] = {
-            "input_cpu_share_vs_whole": round(statistics.mean(on["input_cpu_s"]) /
-                                              statistics.mean(off["input_cpu_s"]), 3),
-            "epoch_share_vs_whole": round(on["epoch_s"] / off["epoch_s"], 3),
-            "epoch_share_vs_serial": round(on["epoch_s"] / serial["epoch_s"], 3),
-        }
+    load = [[round(v, 2) for v in os.getloadavg()]]
+    found = {n: [] for n in [0] + ranks}
+    for _ in range(args.rounds):
+        for n in [0] + ranks:
+            found[n].append(measure(args, n))
+        load.append([round(v, 2) for v in os.getloadavg()])
+    jobs = {}
+    for job, spec in JOBS.items():
+        serial = median_of_rounds([r[job]["serial"] for r in found[0]])
+        runs, ratios = [], {}
+        for n in ranks:
+            on, off = (median_of_rounds([r[job][m] for r in found[n]]) for m in ("share", "whole"))
+            runs += [{"ranks": n, "share": True, **on}, {"ranks": n, "share": False, **off}]
+            ratios[str(n)] = {
+                "input_cpu_share_vs_whole": round(max(on["input_cpu_s"]) /
+                                                  statistics.mean(off["input_cpu_s"]), 3),
+                "epoch_share_vs_whole": round(on["epoch_s"] / off["epoch_s"], 3),
+                "epoch_share_vs_serial": round(on["epoch_s"] / serial["epoch_s"], 3),
+            }
+        jobs[job] = {"what": spec["what"], "whole": f"TNT_DATA_SHARE={spec['whole']}",
+                     "serial": serial, "runs": runs, "ratios": ratios}
     doc = {"benchmark": "data_share", "samples": SAMPLES, "global_batch": BATCH,
-           "map_matmuls": MATMULS, "width": WIDTH, "trials": args.trials,
-           "cpus": os.cpu_count(), "load_average_before": load_before,
-           "load_average_after": [round(v, 2) for v in os.getloadavg()],
-           "serial": serial, "runs": runs, "ratios": ratios}
+           "trials": args.trials, "rounds": args.rounds, "cpus": os.cpu_count(),
+           "load_average_before": load[0], "load_average_after": load[-1],
+           "load_average_rounds": load, "jobs": jobs,
+           "command": "python3 tools/bench/data_bench.py " + " ".join(
+               shlex.quote(a) for a in sys.argv[1:])}
     out = os.path.abspath(args.out)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(out + ".tmp", out)
-    print(f"serial Keras: epoch {serial['epoch_s']:.3f} s, input CPU "
-          f"{serial['input_cpu_s'][0]:.3f} s")
-    for r in runs:
-        print(f"{r['ranks']} rank(s), sharing {'on ' if r['share'] else 'off'}: epoch "
-              f"{r['epoch_s']:.3f} s, input CPU per rank {r['input_cpu_s']}, rows {r['rows']}")
-    print("ratios (share / whole):", json.dumps(ratios))
-    print(f"load average before {load_before}, after {doc['load_average_after']}; wrote {out}")
+    write_json(out, doc)
+    for job, d in jobs.items():
+        print(f"{job}: serial Keras epoch {d['serial']['epoch_s']:.3f} s, input CPU "
+              f"{d['serial']['input_cpu_s'][0]:.3f} s")
+        for r in d["runs"]:
+            print(f"  {r['ranks']} rank(s), sharing {'on   ' if r['share'] else 'whole'}: epoch "
+                  f"{r['epoch_s']:.3f} s {r['epoch_s_rounds']}, input CPU per rank "
+                  f"{r['input_cpu_s']}, rows {r['rows']}")
+        print("  ratios:", json.dumps(d["ratios"]))
+    print(f"load average per round {load}; wrote {out}")
     return 0
 
 

@@ -11,7 +11,6 @@ sweep      N ranks (under mpirun): fit step time for each fusion threshold,
 --json PATH also writes the results as JSON (rank 0 only).
 """
 import argparse
-import json
 import os
 import statistics
 import time
@@ -24,7 +23,8 @@ import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
 import bench_models  # noqa: E402
-from tarantella.runtime import DEFAULT_FUSION_THRESHOLD_KB  # noqa: E402
+import bench_results  # noqa: E402
+from tarantella import settings  # noqa: E402
 
 
 def lenet5():
@@ -85,13 +85,8 @@ def build(wrap, jit_compile="auto", name="lenet5"):
 
 def write_json(path, doc):
     """Writes `doc` to `path` on rank 0 (whole file or nothing)."""
-    if not path or not tnt.is_master_rank():
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    if path and tnt.is_master_rank():
+        bench_results.write_json(path, doc)
 
 
 def ms(values):
@@ -144,6 +139,7 @@ def sweep(args):
         for k in range(len(thresholds)):
             i = (k + trial) % len(thresholds)
             os.environ["TNT_FUSION_THRESHOLD_KB"] = str(thresholds[i])
+            settings.load()
             times[i].append(step_time(models[i], ds, steps))
     rows = [(kb, statistics.median(t), t) for kb, t in zip(thresholds, times)]
     if tnt.is_master_rank():
@@ -156,7 +152,8 @@ def sweep(args):
     write_json(args.json, {
         "benchmark": "fusion_sweep", "model": args.model, "ranks": tnt.get_size(),
         "global_batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
-        "default_threshold_kb": DEFAULT_FUSION_THRESHOLD_KB,
+        "default_threshold_kb": float(next(
+            s["default"] for s in settings.describe() if s["name"] == "TNT_FUSION_THRESHOLD_KB")),
         "tensors": len(weights),
         "gradient_bytes": int(sum(np.prod(w.shape) * 4 for w in weights)),
         "rows": [{"threshold_kb": kb, "ms_per_step": round(t * 1e3, 4), "trials_ms": ms(tr)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
 
-  bubble       (and a timeline, pipeline_timeline.rank<R>.json beside the JSON,
+  bubble       (and a timeline, traces/pipeline_timeline.rank<R>.json beside the JSON,
                of a few 2-stage 1F1B steps with 4 micro-batches)
                K = 2 and 3 stages of equal cost (K = 3 on a 2-core host is
                oversubscribed), M = 1, 2, 4, 8 micro-batches of a fixed size:
@@ -59,10 +59,12 @@ import shlex
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import bench_results
+from bench_results import finish_config, new_config, print_problems, traces_dir, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
@@ -97,6 +99,12 @@ CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_BUDGET_W = 2048, 8, 32, 2.75
 
 # ------------------------------------------------------------------ helpers
 
+def pipeline_schedule():
+    """The schedule the pipelined runs use (TNT_PIPELINE_SCHEDULE)."""
+    from tarantella import settings
+    return settings.get("TNT_PIPELINE_SCHEDULE")
+
+
 def proc_status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -113,14 +121,6 @@ def reset_peak_rss():
         return True
     except OSError:
         return False
-
-
-def write_json(path, doc):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def tf_setup():
@@ -206,21 +206,11 @@ def mpirun_cmd(args, ranks, *worker_args, env=()):
 
 
 def run_job(cmd, timeout, env=None):
-    """Runs an MPI job in its own session; returns (ok, tail of its output)."""
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-        return False, f"timed out after {timeout:.0f} s\n" + (out or "")[-2000:]
-    keep = [line for line in out.splitlines() if "INFO: pipeline" in line or "Error" in line
-            or "error" in line or line.startswith("worker:")]
-    sys.stdout.write("\n".join(keep[-40:]) + ("\n" if keep else ""))
-    sys.stdout.flush()
-    return proc.returncode == 0, out[-3000:]
+    """bench_results.run_job, showing the pipeline's INFO lines, errors and
+    the workers' summaries."""
+    return bench_results.run_job(
+        cmd, timeout, lambda line: "INFO: pipeline" in line or "Error" in line or "error" in line
+        or line.startswith("worker:"), env=env)
 
 
 def load_rank_files(work, ranks):
@@ -351,7 +341,22 @@ def bubble(args):
     steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
     ncores = os.cpu_count()
     ms = ",".join(str(m) for m in MICRO_BATCHES)
-    results, problems = [], {}
+    cfg = new_config(
+        benchmark="pipeline_bubble", width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
+        micro_batch=BUBBLE_MICRO, micro_batches=list(MICRO_BATCHES), steps_per_fit=steps,
+        fits=reps, quick=bool(args.quick),
+        schedule=pipeline_schedule(), optimizer="SGD", loss="mse",
+        t_stage=f"t_alone: median of {stage_reps} runs of a middle stage's forward + backward "
+                "on one micro-batch, on rank 0 alone (the other ranks asleep), right before "
+                "each fit",
+        t_stage_busy="t_busy: the same, timed on rank 0 while every rank computes it at once "
+                     "(as all stages do in a full pipeline), right before each fit",
+        ideal="K t_alone + (M-1) t_busy: the first micro-batch through the K stages, one "
+              "after the other, then a slot per micro-batch with every stage computing",
+        statistic="ratio: median over fits of (rank 0's median step time in the fit) / (the "
+                  "ideal of the stage times taken before the fit); step_ms, t_stage_ms, "
+                  "t_stage_busy_ms: medians; ideal_ms = step_ms / ratio")
+    results, problems = [], cfg["problems"]
     for k in (2, 3):
         work = tempfile.mkdtemp(prefix=f"tnt-pipebench-bubble{k}-")
         ok, tail = run_job(mpirun_cmd(args, k, "--worker", "bubble", "--work", work,
@@ -366,8 +371,8 @@ def bubble(args):
             continue
         fits = next(d for d in docs if d["rank"] == 0)["fits"]
         if k == 2:
-            timeline_job(args, os.path.join(os.path.dirname(os.path.abspath(args.json)),
-                                            "pipeline_timeline.json"))
+            timeline_job(args, os.path.join(traces_dir(os.path.dirname(os.path.abspath(
+                args.json))), "pipeline_timeline.json"))
         for m in MICRO_BATCHES:
             fs = [f for f in fits.get(str(m), []) if f["step_s"]]
             if not fs:
@@ -404,26 +409,7 @@ def bubble(args):
                 "measured_idle_share": round(max(0.0, 1 - m * busy / step), 4),
                 "t_stage_fits_ms": [round(f["t_stage_s"] * 1e3, 3) for f in fs],
                 "steps": sum(len(f["step_s"]) for f in fs)})
-    doc = {"config": {
-        "benchmark": "pipeline_bubble", "width": BUBBLE_WIDTH, "layers_per_stage": BUBBLE_LAYERS,
-        "micro_batch": BUBBLE_MICRO, "micro_batches": list(MICRO_BATCHES),
-        "steps_per_fit": steps, "fits": reps, "cores": ncores, "quick": bool(args.quick),
-        "schedule": os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"),
-        "optimizer": "SGD", "loss": "mse",
-        "t_stage": f"t_alone: median of {stage_reps} runs of a middle stage's forward + "
-                   "backward on one micro-batch, on rank 0 alone (the other ranks asleep), "
-                   "right before each fit",
-        "t_stage_busy": "t_busy: the same, timed on rank 0 while every rank computes it at "
-                        "once (as all stages do in a full pipeline), right before each fit",
-        "ideal": "K t_alone + (M-1) t_busy: the first micro-batch through the K stages, one "
-                 "after the other, then a slot per micro-batch with every stage computing",
-        "statistic": "ratio: median over fits of (rank 0's median step time in the fit) / "
-                     "(the ideal of the stage times taken before the fit); step_ms, "
-                     "t_stage_ms, t_stage_busy_ms: medians; ideal_ms = step_ms / ratio",
-        "load_average_at_start": round(os.getloadavg()[0], 2), "problems": problems},
-        "results": results}
-    doc["config"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    write_json(args.json, doc)
+    write_json(args.json, {"config": finish_config(cfg), "results": results})
     print(f"{'K':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} {'ratio':>6} "
           f"{'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
     for r in results:
@@ -433,8 +419,7 @@ def bubble(args):
               f"{r['gpipe_bound']:6.3f} "
               f"{r['measured_idle_share']:6.3f}  {r['fit_ratios']} min/min {r['ratio_of_minima']}"
               f"{'  oversubscribed' if r['oversubscribed'] else ''}")
-    for key, why in problems.items():
-        print(f"problem: {key}: {why}")
+    print_problems(cfg)
     return 0 if results else 1
 
 
@@ -463,7 +448,7 @@ def memory_worker(args):
     timer = step_timer(keras)
     model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
     doc = {"rank": rank, "stage": rank, "micro_batches": m,
-           "schedule": os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b"),
+           "schedule": pipeline_schedule(),
            "rss_before_fit_kib": base_kib, "rss_after_warmup_kib": after_warmup_kib,
            "peak_warmup_kib": lifetime_hwm_warmup,
            "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,
@@ -481,8 +466,17 @@ def activation_mib_per_micro_batch():
 
 def memory(args):
     steps = 2 if args.quick else 4
-    ncores = os.cpu_count()
-    results, problems = [], {}
+    cfg = new_config(
+        benchmark="pipeline_memory", stages=2, micro_batch=MEM_MICRO,
+        micro_batches=list(MICRO_BATCHES),
+        activation_shape_per_sample=[MEM_POSITIONS, MEM_CHANNELS],
+        kept_activations_mib_per_micro_batch=round(activation_mib_per_micro_batch(), 1),
+        weights_bytes=2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
+            MEM_CHANNELS * 8 + 8) * 4,
+        steps=steps, quick=bool(args.quick),
+        statistic="VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
+                  "peak above base = peak - VmRSS before the first fit")
+    results, problems = [], cfg["problems"]
     configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
     for schedule, m in configs:
         work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
@@ -511,25 +505,12 @@ def memory(args):
         print(f"memory: {schedule} M={m}: " + ", ".join(
             f"stage {r['stage']} {r['peak_rss_mib']:.0f} MiB (+{r['peak_above_base_mib']:.0f})"
             for r in results[-2:]), flush=True)
-    doc = {"config": {
-        "benchmark": "pipeline_memory", "stages": 2, "micro_batch": MEM_MICRO,
-        "micro_batches": list(MICRO_BATCHES),
-        "activation_shape_per_sample": [MEM_POSITIONS, MEM_CHANNELS],
-        "kept_activations_mib_per_micro_batch": round(activation_mib_per_micro_batch(), 1),
-        "weights_bytes": 2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
-            MEM_CHANNELS * 8 + 8) * 4,
-        "steps": steps, "cores": ncores, "quick": bool(args.quick),
-        "statistic": "VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
-                     "peak above base = peak - VmRSS before the first fit",
-        "load_average_at_start": round(os.getloadavg()[0], 2), "problems": problems},
-        "results": results}
-    write_json(args.json, doc)
+    write_json(args.json, {"config": finish_config(cfg), "results": results})
     print(f"{'schedule':>8} {'M':>2} {'stage':>5} {'peak MiB':>9} {'above base':>10}")
     for r in results:
         print(f"{r['schedule']:>8} {r['micro_batches']:>2} {r['stage']:>5} "
               f"{r['peak_rss_mib']:9.1f} {r['peak_above_base_mib']:10.1f}")
-    for key, why in problems.items():
-        print(f"problem: {key}: {why}")
+    print_problems(cfg)
     return 0 if results else 1
 
 
@@ -633,6 +614,11 @@ def capacity(args):
     # to the system.
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", MALLOC_MMAP_THRESHOLD_=str(MIB),
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    cfg = new_config(
+        benchmark="pipeline_capacity", layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
+        optimizer="Adam", budget_times_weights=CAP_BUDGET_W,
+        limit="RLIMIT_DATA = VmData once the model is built + budget x weights bytes, per process",
+        environment={k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")})
     results = {}
     for limited in (True, False):
         for name, m in (("serial", 0), ("2 stages", 4)):
@@ -656,15 +642,7 @@ def capacity(args):
                 d.get("error", f"{d.get('peak_data_above_model_mib')} MiB peak data above the "
                                "model" + (f", margin {d.get('margin_mib')} MiB" if limited else ""))
                 for d in docs), flush=True)
-    doc = {"config": {
-        "benchmark": "pipeline_capacity", "layers": CAP_LAYERS, "width": CAP_WIDTH,
-        "batch": CAP_BATCH, "optimizer": "Adam", "budget_times_weights": CAP_BUDGET_W,
-        "limit": "RLIMIT_DATA = VmData once the model is built + budget x weights bytes, "
-                 "per process",
-        "environment": {k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")},
-        "load_average_at_start": round(os.getloadavg()[0], 2)},
-        "results": results}
-    write_json(args.json, doc)
+    write_json(args.json, {"config": finish_config(cfg), "results": results})
     print(f"capacity: under the limit serial trains: {results['serial, limited']['trained']}, "
           f"2 stages train: {results['2 stages, limited']['trained']}")
     return 0
@@ -717,15 +695,13 @@ def sim_cluster(args):
     import sim_cluster_bench as scb
     scb.require_cluster_tools("pipeline_bench sim_cluster")
     steps, reps = (4, 2) if args.quick else (8, 3)
-    start = time.monotonic()
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
-    ncores = os.cpu_count()
-    cfg = {"benchmark": "pipeline_sim_cluster", "hosts": 2, "ranks_per_host": 1,
-           "link": "1gbit_0.1ms", "global_batch": SIM_BATCH, "micro_batches": SIM_MICRO,
-           "layers": [SIM_IN, SIM_WIDTH, SIM_WIDTH, "cut", SIM_WIDTH, SIM_IN, SIM_OUT],
-           "steps_per_fit": steps, "fits_per_mode": reps, "optimizer": "SGD", "cores": ncores,
-           "quick": bool(args.quick), "statistic": "median of rank 0's per-step times",
-           "load_average_at_start": round(os.getloadavg()[0], 2), "problems": {}}
+    cfg = new_config(
+        benchmark="pipeline_sim_cluster", hosts=2, ranks_per_host=1, link="1gbit_0.1ms",
+        global_batch=SIM_BATCH, micro_batches=SIM_MICRO,
+        layers=[SIM_IN, SIM_WIDTH, SIM_WIDTH, "cut", SIM_WIDTH, SIM_IN, SIM_OUT],
+        steps_per_fit=steps, fits_per_mode=reps, optimizer="SGD", quick=bool(args.quick),
+        statistic="median of rank 0's per-step times")
     results = []
     cluster = scb.Cluster(2)
     try:
@@ -769,16 +745,13 @@ def sim_cluster(args):
         cfg["allreduce_transfer_ms"] = round(cfg["parameter_bytes"] * 8 / SIM_LINK_BPS * 1e3, 1)
         cut = SIM_BATCH // SIM_MICRO * SIM_WIDTH * 4 * 2 * SIM_MICRO
         cfg["pipeline_transfer_ms"] = round(cut * 8 / SIM_LINK_BPS * 1e3, 1)
-    cfg["elapsed_s"] = round(time.monotonic() - start, 1)
-    cfg["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    write_json(args.json, {"config": cfg, "results": results, "ratio_pipeline_to_data": (
-        round(ratio, 3) if ratio else None)})
+    write_json(args.json, {"config": finish_config(cfg), "results": results,
+                           "ratio_pipeline_to_data": round(ratio, 3) if ratio else None})
     for r in results:
         print(f"{r['mode']:>8}: {r['step_ms']:8.1f} ms/step, {r['samples_per_s']:8.1f} samples/s")
     if ratio:
         print(f"pipelined / data-parallel throughput: {ratio:.2f}x")
-    for key, why in cfg["problems"].items():
-        print(f"problem: {key}: {why}")
+    print_problems(cfg)
     return 0 if ratio else 1
 
 

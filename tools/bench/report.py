@@ -31,6 +31,7 @@ import sys
 import time
 
 import report_scale
+from bench_results import TRACES, traces_dir, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,6 +56,9 @@ SIM_ALLREDUCE_LINK_BYTES = 4 * MIB
 PIPELINE_BUBBLE_MAX = 1.15   # step time / (K t_alone + (M - 1) t_busy) at M = 8, 2 stages
 PIPELINE_BUBBLE_M = 8
 PIPELINE_SIM_MIN = 1.5       # pipelined / data-parallel throughput, 2 hosts at 1 Gbit/s
+DATA_ONE_RANK_MAX = 1.03     # epoch at 1 rank / plain Keras in one process
+DATA_TWO_RANKS_MAX = 1.0     # epoch at 2 ranks / plain Keras in one process
+DATA_CPU_MAX = {2: 0.55, 4: 0.3}  # input CPU per rank, shared / whole pipeline
 # Not a target but the check behind the default fusion threshold: its step
 # time is within this much of the best threshold's.
 FUSION_DEFAULT_MAX = 1.03
@@ -105,6 +109,23 @@ def missing_note(stages, why, *names):
     if ended != "not run":
         return ended
     return "not run" if why == "no results" else why
+
+
+def open_section(results, stages, targets, fname, stage_names, title=None, goals=(), label="",
+                 show_config=True):
+    """What every section starts with: its title, then its results file
+    `fname` with the file's configuration (unless not `show_config`).
+    Returns (lines, doc).
+    Without the file doc is None, the lines say why (after `label`) with
+    the stages `stage_names`' record, and each (name, required) of `goals`
+    is a target that did not run."""
+    out = [title, ""] if title else []
+    d, why = load_json(os.path.join(results, fname))
+    if d is None:
+        note = missing_note(stages, why, *stage_names)
+        targets.extend(Target(name, req, note=note) for name, req in goals)
+        return out + [label + not_run_line([note]), ""], None
+    return out + (config_lines(d.get("config")) if show_config else []), d
 
 
 # ---------------------------------------------------------------- formatting
@@ -202,6 +223,12 @@ NEXT_STEPS = {
                 "more stages than cores, ranks waiting for a core. A spread of the per-fit "
                 "ratios means other work on the host. TNT_TIMELINE shows each stage's "
                 "forwards, backwards and transfers. Next: rerun on a quiet host.",
+    "data": "the epoch ratios move with the load of the machine (each round's epoch "
+            "times are in the section's table; with other work on the 2 cores, a run of "
+            "several ranks loses more than one process). The input CPU per rank follows "
+            "a fixed part (every rank reads the source and cuts its rows out of each "
+            "global batch) plus the mapped work / N. Next: rerun on a quiet host with "
+            "the command in the section.",
     "sim_allreduce": "the TCP share column is the ceiling: what one TCP stream each way "
                      "carries on the same shaped link, measured in the run. At 1 Gbit/s the "
                      "ring carries what TCP carries and the overlapped hierarchical algorithm "
@@ -413,6 +440,18 @@ def plot_sim(plt, results, doc):
     x = range(len(res))
     labels = [sim_label(r) for r in res]
     width = max(6.0, 0.6 * len(res))
+
+    def finish(fig, ax, title, name):
+        """The labels, legend and grid both bar charts share; saves it."""
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("ms per step")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        save(fig, results, name)
+
     fig, ax = plt.subplots(figsize=(width, 4.5))
     compute = [r["compute_ms"] for r in res]
     wait = [r["wait_ms"] for r in res]
@@ -422,15 +461,9 @@ def plot_sim(plt, results, doc):
     ax.bar(x, rest, bottom=[c + w for c, w in zip(compute, wait)], label="other")
     ax.plot(x, [r["comm_ms"] for r in res], "k_", markersize=14, mew=2,
             label="communication time (overlapped or not)")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Simulated cluster: step time breakdown, fusion on, overlap "
-                 f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    save(fig, results, "sim_cluster_breakdown.png")
+    finish(fig, ax, f"Simulated cluster: step time breakdown, fusion on, overlap "
+           f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)",
+           "sim_cluster_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(width, 4))
     ax.bar([k - 0.27 for k in x], [r["step_ms"] for r in res], 0.27, label="step time")
@@ -441,15 +474,8 @@ def plot_sim(plt, results, doc):
     for k, r in zip(x, res):
         ax.annotate(f"{r['ratio_to_bound']:.2f}", (k - 0.27, r["step_ms"]), ha="center",
                     va="bottom", fontsize=7)
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Simulated cluster: step time vs bound (label: step / bound; "
-                 f"target <= {SIM_BOUND_MAX} with the defaults)")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    save(fig, results, "sim_cluster_step_vs_bound.png")
+    finish(fig, ax, f"Simulated cluster: step time vs bound (label: step / bound; target <= "
+           f"{SIM_BOUND_MAX} with the defaults)", "sim_cluster_step_vs_bound.png")
 
 
 # ---------------------------------------------------------------- sections
@@ -589,14 +615,12 @@ def overhead_section(results, stages, targets):
 
 
 def _overhead_model(results, stages, targets, fname, model, label):
-    out = []
-    d, why = load_json(os.path.join(results, fname))
     name = f"1-rank step time{label}, tnt.Model.fit vs plain Keras fit"
     req = f"<= +{OVERHEAD_MAX * 100:.0f}%"
+    out, d = open_section(results, stages, targets, fname, ["overhead"], goals=[(name, req)],
+                          label=f"{model}: ")
     if d is None:
-        note = missing_note(stages, why, "overhead")
-        targets.append(Target(name, req, note=note))
-        return out + [f"{model}: " + not_run_line([note]), ""]
+        return out
     ratio = d["ratio_tnt_keras"]
     t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", ratio - 1 <= OVERHEAD_MAX,
                family="overhead")
@@ -693,18 +717,14 @@ def fusion_section(results, stages, plt, targets):
 
 
 def training_section(results, stages, plt, targets):
-    out = ["## 4. Training throughput against other frameworks", ""]
-    d, why = load_json(os.path.join(results, "training.json"))
+    out, d = open_section(
+        results, stages, targets, "training.json", ["training"],
+        "## 4. Training throughput against other frameworks",
+        [("2-rank throughput vs MWMS, per model", f">= {MWMS_MIN:.1f}x"),
+         ("2-rank throughput vs Horovod, per model (where it builds)", f">= {HOROVOD_MIN:.1f}x")])
     if d is None:
-        note = missing_note(stages, why, "training")
-        targets.append(Target("2-rank throughput vs MWMS, per model", f">= {MWMS_MIN:.1f}x",
-                              note=note))
-        targets.append(Target("2-rank throughput vs Horovod, per model (where it builds)",
-                              f">= {HOROVOD_MIN:.1f}x", note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     res, errors = d.get("results", []), d.get("errors", {}) or {}
-    cfg = d.get("config", {})
-    out += config_lines(cfg)
     models = sorted({r["model"] for r in res})
 
     def pick(model, fw, n):
@@ -765,17 +785,13 @@ def training_section(results, stages, plt, targets):
 
 
 def sim_section(results, stages, plt, targets):
-    out = ["## 5. Simulated cluster", ""]
-    d, why = load_json(os.path.join(results, "sim_cluster.json"))
     name = "Simulated cluster with the defaults: step time / bound (worst link)"
     req = f"<= {SIM_BOUND_MAX:.2f}"
+    out, d = open_section(results, stages, targets, "sim_cluster.json", ["sim_cluster"],
+                          "## 5. Simulated cluster", [(name, req)])
     if d is None:
-        note = missing_note(stages, why, "sim_cluster")
-        targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
-    res = d.get("results", [])
-    cfg = d.get("config", {})
-    out += config_lines(cfg)
+        return out
+    res, cfg = d.get("results", []), d.get("config", {})
     over = cfg.get("oversubscribed", {}) if isinstance(cfg.get("oversubscribed"), dict) else {}
     # The target is the configuration users run, the defaults; the other
     # configurations are in the table for comparison.
@@ -895,16 +911,15 @@ def plot_sim_allreduce(plt, results, res):
 def sim_frameworks_section(results, stages, targets):
     """Tarantella against MultiWorkerMirroredStrategy on the simulated hosts
     (sim_cluster_bench.py --frameworks)."""
-    out = ["## 5c. Against MultiWorkerMirroredStrategy on simulated hosts", ""]
-    d, why = load_json(os.path.join(results, "sim_cluster_frameworks.json"))
     name = "Throughput vs MWMS, 2 simulated hosts"
     req = f">= {SIM_MWMS_MIN:.1f}x"
+    out, d = open_section(results, stages, targets, "sim_cluster_frameworks.json",
+                          ["sim_cluster_frameworks"],
+                          "## 5c. Against MultiWorkerMirroredStrategy on simulated hosts",
+                          [(name, req)])
     if d is None:
-        note = missing_note(stages, why, "sim_cluster_frameworks")
-        targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     res, cfg = d.get("results", []), d.get("config", {})
-    out += config_lines(cfg)
     for r in res:
         t = Target(f"{name}, {r['model']}, {r['link']}", req,
                    f"{r['ratio']:.2f}x" if r.get("ratio") else None,
@@ -926,18 +941,16 @@ def sim_frameworks_section(results, stages, targets):
 
 
 def sim_allreduce_section(results, stages, plt, targets):
-    out = ["## 5b. Allreduce across simulated hosts", ""]
-    d, why = load_json(os.path.join(results, "sim_cluster_allreduce.json"))
     names = [("Allreduce across simulated hosts: busbw / MPI_Allreduce, every size",
               f">= {SIM_ALLREDUCE_MPI_MIN:.1f}"),
              (f"Allreduce across simulated hosts: share of the link at >= "
               f"{bytes_str(SIM_ALLREDUCE_LINK_BYTES)}", f">= {SIM_ALLREDUCE_LINK_MIN:.2f}")]
+    out, d = open_section(results, stages, targets, "sim_cluster_allreduce.json",
+                          ["sim_cluster_allreduce"], "## 5b. Allreduce across simulated hosts",
+                          names)
     if d is None:
-        note = missing_note(stages, why, "sim_cluster_allreduce")
-        targets.extend(Target(n, req, note=note) for n, req in names)
-        return out + [not_run_line([note]), ""]
+        return out
     res, cfg = d.get("results", []), d.get("config", {})
-    out += config_lines(cfg)
     groups = sorted({(r["hosts"], r["ranks_per_host"], r["link_gbit"], r["link"]) for r in res})
     for hosts, per_host, _, link in groups:
         mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) ==
@@ -982,6 +995,21 @@ def sim_allreduce_section(results, stages, plt, targets):
     return out
 
 
+def save_against_m(fig, ax, results, ms, ylabel, title, name):
+    """Finishes and saves a pipeline plot whose x axis is the micro-batches
+    per step `ms`."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    ax.set_xlabel("micro-batches per step (M)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, results, name)
+
+
 def plot_pipeline_bubble(plt, results, res):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k in sorted({r["stages"] for r in res}):
@@ -992,16 +1020,8 @@ def plot_pipeline_bubble(plt, results, res):
                         "o-", label=f"K={k}{over}: step / (M t_stage)")
         ax.plot(ms, [1 / (1 - r["gpipe_bound"]) for r in mine], ":", color=line.get_color(),
                 label=f"K={k}: ideal, (M+K-1) / M")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["micro_batches"] for r in res}))
-    ax.set_xticklabels([str(m) for m in sorted({r["micro_batches"] for r in res})])
-    ax.set_xlabel("micro-batches per step (M)")
-    ax.set_ylabel("step time / useful work of one stage")
-    ax.set_title("Pipeline bubble")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, results, "pipeline_bubble.png")
+    save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
+                   "step time / useful work of one stage", "Pipeline bubble", "pipeline_bubble.png")
 
 
 def plot_pipeline_memory(plt, results, res):
@@ -1014,26 +1034,18 @@ def plot_pipeline_memory(plt, results, res):
                 ax.plot([r["micro_batches"] for r in mine],
                         [r["peak_above_base_mib"] for r in mine], style,
                         label=f"{schedule}, stage {stage}")
-    ms = sorted({r["micro_batches"] for r in res})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ms)
-    ax.set_xticklabels([str(m) for m in ms])
-    ax.set_xlabel("micro-batches per step (M)")
-    ax.set_ylabel("peak RSS above the RSS before fit (MiB)")
-    ax.set_title("Pipeline memory per stage: GPipe vs 1F1B")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save(fig, results, "pipeline_memory.png")
+    save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
+                   "peak RSS above the RSS before fit (MiB)",
+                   "Pipeline memory per stage: GPipe vs 1F1B", "pipeline_memory.png")
 
 
 def plot_pipeline_timeline(plt, results):
     """pipeline_timeline.png: the last training step of the 2-stage 1F1B
-    timeline (pipeline_timeline.rank<R>.json), one row per stage. Returns
-    whether it drew one."""
+    timeline (traces/pipeline_timeline.rank<R>.json), one row per stage.
+    Returns whether it drew one."""
     spans = {}
     for rank in (0, 1):
-        path = os.path.join(results, f"pipeline_timeline.rank{rank}.json")
+        path = os.path.join(results, TRACES, f"pipeline_timeline.rank{rank}.json")
         d, _ = load_json(path)
         if not d:
             return False
@@ -1090,15 +1102,13 @@ def problem_lines(cfg):
 
 
 def _pipeline_bubble(results, stages, plt, targets):
-    out = ["### Bubble", ""]
-    d, why = load_json(os.path.join(results, "pipeline_bubble.json"))
     m = PIPELINE_BUBBLE_M
     name = f"Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = {m}"
     req = f"<= {PIPELINE_BUBBLE_MAX:.2f}x"
+    out, d = open_section(results, stages, targets, "pipeline_bubble.json",
+                          ["pipeline_bubble", "pipeline"], "### Bubble", [(name, req)])
     if d is None:
-        note = missing_note(stages, why, "pipeline_bubble", "pipeline")
-        targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     res, cfg = d.get("results", []), d.get("config", {})
     for k in (2, 3):
         hit = [r for r in res if r["stages"] == k and r["micro_batches"] == m]
@@ -1127,7 +1137,6 @@ def _pipeline_bubble(results, stages, plt, targets):
             t = Target(label, "(for information)", f"{r['ratio_to_ideal']:.3f}x",
                        note=detail + ("; more stages than cores" if over else ""))
         targets.append(t)
-    out += config_lines(cfg)
     out.append(f"Stages of equal cost ({cfg.get('layers_per_stage', '?')} dense layers of "
                f"{cfg.get('width', '?')} units each), micro-batches of "
                f"{cfg.get('micro_batch', '?')} samples (the global batch grows with M), "
@@ -1145,9 +1154,12 @@ def _pipeline_bubble(results, stages, plt, targets):
     if plt is not None and res:
         plot_pipeline_bubble(plt, results, res)
         out += [image("pipeline_bubble.png", results), ""]
-    if plt is not None and plot_pipeline_timeline(plt, results):
+    # Drawn from the traces of this run; without them (they are not kept
+    # in the repository), the picture the run drew.
+    drawn = plt is not None and plot_pipeline_timeline(plt, results)
+    if drawn or os.path.exists(os.path.join(results, "pipeline_timeline.png")):
         out += ["The timeline of one step (2 stages, 4 micro-batches, 1F1B; from "
-                "`pipeline_timeline.rank<R>.json`, written with TNT_TIMELINE):", "",
+                f"`{TRACES}/pipeline_timeline.rank<R>.json`, written with TNT_TIMELINE):", "",
                 image("pipeline_timeline.png", results), ""]
     rows = [[f"{r['stages']}{' *' if r.get('oversubscribed') else ''}", r["micro_batches"],
              f2(r["step_ms"]), f2(r["t_stage_ms"]), f2(r.get("t_stage_busy_ms")),
@@ -1174,14 +1186,13 @@ def _pipeline_bubble(results, stages, plt, targets):
 
 
 def _pipeline_memory(results, stages, plt, targets):
-    out = ["### Memory per stage: GPipe vs 1F1B", ""]
-    d, why = load_json(os.path.join(results, "pipeline_memory.json"))
     name = "Pipeline peak memory against M, 2 stages: 1F1B flat, GPipe growing (stage 0)"
     req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
+    out, d = open_section(results, stages, targets, "pipeline_memory.json",
+                          ["pipeline_memory", "pipeline"], "### Memory per stage: GPipe vs 1F1B",
+                          [(name, req)])
     if d is None:
-        note = missing_note(stages, why, "pipeline_memory", "pipeline")
-        targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     res, cfg = d.get("results", []), d.get("config", {})
     per_mb = cfg.get("kept_activations_mib_per_micro_batch")
 
@@ -1202,7 +1213,6 @@ def _pipeline_memory(results, stages, plt, targets):
         targets.append(t)
     else:
         targets.append(Target(name, req, note="no results for M = 2 and 8 of both schedules"))
-    out += config_lines(cfg)
     out.append("Two stages, one rank each; a model with large activations (a "
                f"{' x '.join(str(v) for v in cfg.get('activation_shape_per_sample', []))} "
                f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
@@ -1266,19 +1276,18 @@ def capacity_verdict(res, budget):
 
 
 def _pipeline_capacity(results, stages, targets):
-    out = ["### Capacity: a model whose optimizer state does not fit one process", ""]
-    d, why = load_json(os.path.join(results, "pipeline_capacity.json"))
     name = "Under a memory limit, serial Keras fails and 2 stages train"
+    out, d = open_section(results, stages, targets, "pipeline_capacity.json",
+                          ["pipeline_capacity", "pipeline"],
+                          "### Capacity: a model whose optimizer state does not fit one process",
+                          [(name, "yes")])
     if d is None:
-        note = missing_note(stages, why, "pipeline_capacity", "pipeline")
-        targets.append(Target(name, "yes", note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     cfg, res = d.get("config", {}), d.get("results", {})
     t = Target(name, "yes", family="pipeline")
     t.ok, t.note = capacity_verdict(res, cfg.get("budget_times_weights", "?"))
     t.measured = "yes" if t.ok else "no"
     targets.append(t)
-    out += config_lines(cfg)
     out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units (Adam), "
                "cut in the middle. The limit (RLIMIT_DATA) allows each process what it holds "
                f"once the model is built plus {cfg.get('budget_times_weights', '?')}x the "
@@ -1300,14 +1309,14 @@ def _pipeline_capacity(results, stages, targets):
 
 
 def _pipeline_sim(results, stages, targets):
-    out = ["### Where pipelining wins: 2 simulated hosts at 1 Gbit/s", ""]
-    d, why = load_json(os.path.join(results, "pipeline_sim_cluster.json"))
     name = "Pipelined / data-parallel throughput, 2 simulated hosts at 1 Gbit/s"
     req = f">= {PIPELINE_SIM_MIN:.1f}x"
+    out, d = open_section(results, stages, targets, "pipeline_sim_cluster.json",
+                          ["pipeline_sim_cluster", "pipeline"],
+                          "### Where pipelining wins: 2 simulated hosts at 1 Gbit/s",
+                          [(name, req)])
     if d is None:
-        note = missing_note(stages, why, "pipeline_sim_cluster", "pipeline")
-        targets.append(Target(name, req, note=note))
-        return out + [not_run_line([note]), ""]
+        return out
     res, cfg = d.get("results", []), d.get("config", {})
     by = {r["mode"]: r for r in res}
     q = d.get("ratio_pipeline_to_data")
@@ -1322,7 +1331,6 @@ def _pipeline_sim(results, stages, targets):
         if not t.ok:
             t.note = short_by(q, PIPELINE_SIM_MIN) + "; " + t.note
         targets.append(t)
-    out += config_lines(cfg)
     out.append(f"Two simulated hosts (network namespaces, one rank each, links shaped to "
                f"1 Gbit/s: `{cfg.get('link_shaping', '?')}`), a model with "
                f"{bytes_str(cfg.get('parameter_bytes', 0))} of float32 weights and small "
@@ -1347,15 +1355,18 @@ TIMELINE_COPY_MAX = 4 << 20
 
 
 def timeline_link(results, path):
-    """Keeps a copy of the example timeline next to the report (under a fixed
+    """Keeps a copy of the example timeline among the traces (under a fixed
     name) when it is small enough; returns how to refer to it."""
     src = path if os.path.isabs(path) else os.path.join(results, path)
+    name = f"{TRACES}/sim_cluster_timeline" + (".json.gz" if src.endswith(".gz") else ".json")
+    dst = os.path.join(results, name)
     if os.path.isfile(src) and os.path.getsize(src) <= TIMELINE_COPY_MAX:
-        name = "sim_cluster_timeline" + (".json.gz" if src.endswith(".gz") else ".json")
-        dst = os.path.join(results, name)
         if os.path.abspath(src) != os.path.abspath(dst):
+            traces_dir(results)
             shutil.copyfile(src, dst)
-        return f"[{name}]({name}) (load it in chrome://tracing or Perfetto)"
+    if os.path.isfile(dst):
+        return (f"[{name}]({name}) (load it in chrome://tracing or Perfetto; `make bench` "
+                "writes it, the repository does not keep it)")
     return f"`{path}`" + ("" if os.path.exists(src) else " (no longer there)")
 
 
@@ -1381,9 +1392,7 @@ def write_run_info(args):
         info = old
     else:
         info = new_run_info(args, now)
-    with open(path, "w") as f:
-        json.dump(info, f, indent=2)
-        f.write("\n")
+    write_json(path, info)
 
 
 def new_run_info(args, now):
@@ -1440,46 +1449,79 @@ def stages_section(stages):
     return out + [table(["stage", "status", "exit", "seconds", "log"], rows), ""]
 
 
-def data_share_section(results, stages):
-    """Each rank prepares only its share of the input (data_bench.py)."""
-    out = ["## 7. Each rank prepares only its share of the data", ""]
-    d, why = load_json(os.path.join(results, "data_share.json"))
+def data_share_section(results, stages, targets):
+    """Each rank prepares only its share of the input, and input-bound jobs
+    are not slower than plain Keras (data_bench.py)."""
+    planned = []
+    for job in ("matmul", "augment"):
+        data_targets(job, None, planned)
+    goals = [(t.name, t.required) for t in planned]
+    out, d = open_section(results, stages, targets, "data_share.json", ["data_share"],
+                          "## 7. Each rank prepares only its share of the data", goals=goals)
     if d is None:
-        return out + [not_run_line([missing_note(stages, why, "data_share")]), ""]
-    out.append(f"{d['samples']} samples, a `map` of {d['map_matmuls']} matmuls of "
-               f"{d['width']} x {d['width']} per sample, a one-layer model, global batch "
-               f"{d['global_batch']}; sharing on and off alternate in one process, median of "
-               f"{d['trials']} trials. Input CPU: one pass over the rank's distributed dataset "
-               f"alone. Serial Keras: epoch {d['serial']['epoch_s']:.3f} s, input CPU "
-               f"{d['serial']['input_cpu_s'][0]:.3f} s. Load average before "
-               f"{d['load_average_before'][0]:.2f}, after {d['load_average_after'][0]:.2f} "
-               f"({d['cpus']} cores).")
+        return out
+    rounds = " ".join(f"{r[0]:.2f}" for r in d["load_average_rounds"])
+    out.append(f"Global batch {d['global_batch']}; sharing on and whole alternate in one "
+               f"process ({d['trials']} trials each, median), runs of serial Keras and of "
+               f"each rank count interleaved in {d['rounds']} round(s), median over the "
+               "rounds. Input CPU: one pass over the rank's distributed dataset alone; "
+               "on / whole: the largest rank's against the mean of whole. Load average "
+               f"(1 min) at the start and after each round: {rounds} ({d['cpus']} cores). "
+               f"Command: `{d['command']}`.")
     out.append("")
-    rows = []
-    for r in d["runs"]:
-        ratio = d["ratios"][str(r["ranks"])]
-        rows.append([r["ranks"], "on" if r["share"] else "off", f"{r['epoch_s']:.3f}",
-                     ", ".join(f"{v:.3f}" for v in r["input_cpu_s"]),
-                     f"{ratio['input_cpu_share_vs_whole']:.2f}" if r["share"] else "",
-                     f"{ratio['epoch_share_vs_whole']:.2f}" if r["share"] else ""])
-    out.append(table(["ranks", "sharing", "epoch s", "input CPU s per rank",
-                      "input CPU on / off", "epoch on / off"], rows))
-    out.append("")
-    out.append("On 1 rank both rows run the same pipeline: their difference is the noise "
-               "of the run.")
+    for job, j in d["jobs"].items():
+        out.append(f"**{job}**: {j['what']}; whole: `{j['whole']}`. Plain Keras in one "
+                   f"process: epoch {j['serial']['epoch_s']:.3f} s (rounds "
+                   f"{', '.join(f'{v:.3f}' for v in j['serial']['epoch_s_rounds'])}), input "
+                   f"CPU {j['serial']['input_cpu_s'][0]:.3f} s.")
+        out.append("")
+        rows = []
+        for r in j["runs"]:
+            ratio = j["ratios"][str(r["ranks"])]
+            on = r["share"]
+            rows.append([r["ranks"], "on" if on else "whole", f"{r['epoch_s']:.3f}",
+                         ", ".join(f"{v:.3f}" for v in r["epoch_s_rounds"]),
+                         ", ".join(f"{v:.3f}" for v in r["input_cpu_s"]),
+                         f"{ratio['input_cpu_share_vs_whole']:.2f}" if on else "",
+                         f"{ratio['epoch_share_vs_serial']:.2f}" if on else ""])
+        out.append(table(["ranks", "sharing", "epoch s", "epoch s per round",
+                          "input CPU s per rank", "input CPU on / whole",
+                          "epoch / plain Keras"], rows))
+        out.append("")
+        data_targets(job, j, targets)
+    out.append("On 1 rank both rows of the matmul job run the same pipeline; those of the "
+               "augment job differ only in how the random numbers are drawn.")
     out.append("")
     return out
 
 
-def compression_section(results, stages):
+def data_targets(job, j, targets, note=None):
+    """The targets of one job of the data stage (None: not run)."""
+    ratios = {} if j is None else j["ratios"]
+    spec = [(f"Input ({job}): 1 rank epoch / plain Keras", "1", "epoch_share_vs_serial",
+             DATA_ONE_RANK_MAX),
+            (f"Input ({job}): 2 ranks epoch / plain Keras", "2", "epoch_share_vs_serial",
+             DATA_TWO_RANKS_MAX)]
+    spec += [(f"Input ({job}): {n} ranks input CPU per rank / whole", str(n),
+              "input_cpu_share_vs_whole", limit) for n, limit in DATA_CPU_MAX.items()]
+    for name, ranks, key, limit in spec:
+        if ranks not in ratios:
+            targets.append(Target(name, f"<= {limit:.2f}", note=note or "not measured"))
+            continue
+        v = ratios[ranks][key]
+        targets.append(Target(name, f"<= {limit:.2f}", f"{v:.2f}", v <= limit,
+                              "" if v <= limit else short_by(v, limit, False), family="data"))
+
+
+def compression_section(results, stages, targets):
     """Gradient compression and the tuned fusion threshold on the simulated
     hosts (sim_cluster_bench.py --variants), and compression's effect on
     accuracy (compression_accuracy.py)."""
-    out = ["## 8. Gradient compression and the tuned fusion threshold", ""]
-    d, why = load_json(os.path.join(results, "sim_cluster_compression.json"))
-    if d is None:
-        out += [not_run_line([missing_note(stages, why, "sim_cluster_compression")]), ""]
-    else:
+    out, d = open_section(results, stages, targets, "sim_cluster_compression.json",
+                          ["sim_cluster_compression"],
+                          "## 8. Gradient compression and the tuned fusion threshold",
+                          show_config=False)
+    if d is not None:
         res = d.get("results", [])
         cfg = d.get("config", {})
         out.append(f"LeNet-5, fusion on, overlap on (but in overlap_off and overlap_auto), "
@@ -1501,10 +1543,11 @@ def compression_section(results, stages):
         out.append(table(["hosts", "link", "setting", "step ms", "step / none", "wait ms",
                           "comm ms", "bound ms", "bytes sent", "final loss"], rows))
         out.append("")
-    d, why = load_json(os.path.join(results, "compression_accuracy.json"))
+    more, d = open_section(results, stages, targets, "compression_accuracy.json",
+                           ["compression_accuracy"], label="Accuracy (compression_accuracy.py): ",
+                           show_config=False)
+    out += more
     if d is None:
-        out += ["Accuracy (compression_accuracy.py): " +
-                not_run_line([missing_note(stages, why, "compression_accuracy")]), ""]
         return out
     cfg = d.get("config", {})
     out.append(f"Accuracy: LeNet-5 on {cfg.get('samples')} Fashion-MNIST samples, "
@@ -1544,8 +1587,8 @@ def main():
     body += sim_allreduce_section(args.results, stages, plt, targets)
     body += sim_frameworks_section(args.results, stages, targets)
     body += pipeline_section(args.results, stages, plt, targets)
-    body += data_share_section(args.results, stages)
-    body += compression_section(args.results, stages)
+    body += data_share_section(args.results, stages, targets)
+    body += compression_section(args.results, stages, targets)
     body += report_scale.section(sys.modules[__name__], args.results, stages, plt, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:

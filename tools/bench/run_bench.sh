@@ -19,8 +19,9 @@
 #                vs data-parallel throughput on the
 #                simulated 2-host cluster at 1 Gbit/s (as root)
 #   data_share   input-bound training at 1, 2 and 4 ranks with each rank
-#                preparing only its share of the data, on and off
-#                (data_bench.py)
+#                preparing only its share of the data, on and off, beside
+#                plain Keras: a matmul map and a random augmentation
+#                (data_bench.py; --only data is short for it)
 #   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
 #                against SMPI's MPI_Allreduce, after a validation against the
 #                measured 2-host runs (scale_bench.py; needs tnt-sim, built
@@ -29,7 +30,8 @@
 #
 # A stage that fails or runs out of time is recorded in the summary and the
 # others still run; the exit status is 1 when any stage failed, 0 otherwise.
-# Every command's output is in DIR/logs/<stage>.log.
+# Every command's output is in DIR/logs/<stage>.log, traces (TNT_TIMELINE
+# files) are in DIR/traces/; git ignores both.
 #
 # Environment: PYTHON (python3), PREFIX (/usr/local: where tnt-bench is
 # installed), TNT_BENCH (the tnt-bench binary), BUILD (the build tree with
@@ -63,7 +65,7 @@ while (($#)); do
     --out=*) OUT=${1#--out=} ;;
     --only) ONLY=${2:?--only needs stage names}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -78,16 +80,18 @@ STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_shar
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
                         [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
                         [data_share]=data_share [scale]=scale)
+# "data" is short for data_share.
+ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
   [[ -n ${STAGE_FILES[$s]:-} ]] || { echo "run_bench.sh: unknown stage '$s' (expected" \
     "${STAGE_NAMES[*]})" >&2; exit 2; }
 done
 if [[ -z $ONLY ]]; then
-  rm -f "$OUT"/*.json "$OUT"/*.png "$LOGS"/*.log "$STAGES_TSV"
+  rm -f "$OUT"/*.json "$OUT"/*.png "$OUT"/traces/* "$LOGS"/*.log "$STAGES_TSV"
 else
   for s in ${ONLY//,/ }; do
     p=${STAGE_FILES[$s]}
-    rm -f "$OUT/$p"*.json "$OUT/$p"*.png "$LOGS/$p"*.log
+    rm -f "$OUT/$p"*.json "$OUT/$p"*.png "$OUT/traces/$p"* "$LOGS/$p"*.log
     [[ -f $STAGES_TSV ]] && sed -i "/^$p/d" "$STAGES_TSV"
   done
 fi
@@ -220,45 +224,34 @@ optional_stage() {
 }
 optional_stage training train_compare.py 3600 1200
 optional_stage sim_cluster sim_cluster_bench.py 3000 900
+# sim_stage NAME FULL QUICK ARGS...: one more run of sim_cluster_bench.py
+# (part of the sim_cluster stage), writing NAME.json, under the time limit
+# FULL (QUICK with --quick); as root only.
+sim_stage() {
+  local name=$1 full=$2 quick=$3
+  shift 3
+  wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]] || return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    not_run "$name" "needs root (network namespaces, tc)"
+    return 0
+  fi
+  local args=("$@" --out "$OUT/$name.json")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
+    "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
+}
 # The allreduce alone on the simulated hosts, against MPI_Allreduce.
-if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
-  if [[ $(id -u) -ne 0 ]]; then
-    not_run sim_cluster_allreduce "needs root (network namespaces, tc)"
-  elif [[ ! -x $TNT_BENCH ]]; then
-    not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
-  else
-    args=(--allreduce --tnt-bench "$TNT_BENCH" --out "$OUT/sim_cluster_allreduce.json")
-    [[ $QUICK == 1 ]] && args+=(--quick)
-    run_stage sim_cluster_allreduce "$(limit 1200 400)" "$OUT/sim_cluster_allreduce.json" \
-      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
-  fi
+if [[ -x $TNT_BENCH || $(id -u) -ne 0 ]]; then
+  sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
+elif wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
+  not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
 fi
-
 # Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts.
-if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
-  if [[ $(id -u) -ne 0 ]]; then
-    not_run sim_cluster_frameworks "needs root (network namespaces, tc)"
-  else
-    args=(--frameworks --out "$OUT/sim_cluster_frameworks.json")
-    [[ $QUICK == 1 ]] && args+=(--quick)
-    run_stage sim_cluster_frameworks "$(limit 1200 400)" "$OUT/sim_cluster_frameworks.json" \
-      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
-  fi
-fi
-
+sim_stage sim_cluster_frameworks 1200 400 --frameworks
 # Gradient compression and the tuned fusion threshold on 2 simulated hosts
 # at 1 Gbit/s: step time and final loss per setting.
-if wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
-  if [[ $(id -u) -ne 0 ]]; then
-    not_run sim_cluster_compression "needs root (network namespaces, tc)"
-  else
-    args=(--variants --hosts 2 --links 1gbit_0.1ms --models lenet5 --steps 20 --reps 3
-          --out "$OUT/sim_cluster_compression.json")
-    [[ $QUICK == 1 ]] && args+=(--quick)
-    run_stage sim_cluster_compression "$(limit 900 300)" "$OUT/sim_cluster_compression.json" \
-      "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
-  fi
-fi
+sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
+  --models lenet5 --steps 20 --reps 3
 
 # 6. Pipeline parallelism: three measurements, each a stage of its own.
 if wanted pipeline; then
@@ -283,7 +276,7 @@ fi
 if wanted data_share; then
   args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage data_share "$(limit 900 300)" "$OUT/data_share.json" \
+  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.json" \
     "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
 fi
 

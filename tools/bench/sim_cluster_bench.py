@@ -88,6 +88,8 @@ import tempfile
 import time
 import uuid
 
+from bench_results import finish_config, new_config, print_problems, write_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
@@ -558,34 +560,46 @@ def run_tnt_bench(cluster, work, per_host, args, timeout):
         return None, problem or f"no results from tnt-bench: {e}"
 
 
+def layouts_of(text, option):
+    """(hosts, ranks per host) of each item of `text` ("2,2x2"), the value
+    of `option`."""
+    layouts = []
+    for item in text.split(","):
+        try:
+            h, _, p = item.partition("x")
+            layouts.append((int(h), int(p or 1)))
+        except ValueError:
+            sys.exit(f"sim_cluster_bench: {option} {item!r}: give H (hosts of one rank) or HxP "
+                     "(hosts of P ranks)")
+    return layouts
+
+
+def links_of(text):
+    """The links named in `text` ("1gbit_0.1ms,10gbit_0.1ms"), each a key
+    of LINKS."""
+    links = text.split(",")
+    for link in links:
+        if link not in LINKS:
+            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    return links
+
+
 def allreduce_driver(args):
     require_cluster_tools("sim_cluster_bench --allreduce")
     if not args.tnt_bench or not os.access(args.tnt_bench, os.X_OK):
         sys.exit(f"sim_cluster_bench: no tnt-bench at {args.tnt_bench!r}; give --tnt-bench PATH")
-    try:
-        layouts = [tuple(int(v) for v in lay.split("x")) for lay in args.layouts.split(",")]
-    except ValueError:
-        sys.exit(f"sim_cluster_bench: --layouts {args.layouts!r}: expected HOSTSxRANKS,... "
-                 "such as 2x1,2x2")
-    links = args.links.split(",")
-    for link in links:
-        if link not in LINKS:
-            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    layouts, links = layouts_of(args.layouts, "--layouts"), links_of(args.links)
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-")
-    config = {"benchmark": "tnt-bench allreduce against MPI_Allreduce, float32 sum",
-              "tnt_bench": args.tnt_bench, "max_bytes": args.max,
-              "allreduce_algorithm": args.algorithm, "cores": os.cpu_count(),
-              "tuning": tuning(),
-              "link_share": "algbw * 2(H-1)/H / link rate, H hosts",
-              "tcp": "Gbit/s of one TCP stream each way at once between hosts 0 and 1 "
-                     f"({TCP_PROBE_BYTES >> 20} MiB, the slower direction); tcp_share = "
-                     "link share * link rate / that",
-              "load_average_at_start": round(os.getloadavg()[0], 2), "links": {},
-              "tcp_gbit": {},
-              "problems": {}}
+    config = new_config(
+        benchmark="tnt-bench allreduce against MPI_Allreduce, float32 sum",
+        tnt_bench=args.tnt_bench, max_bytes=args.max, allreduce_algorithm=args.algorithm,
+        tuning=tuning(), link_share="algbw * 2(H-1)/H / link rate, H hosts",
+        tcp="Gbit/s of one TCP stream each way at once between hosts 0 and 1 "
+            f"({TCP_PROBE_BYTES >> 20} MiB, the slower direction); tcp_share = link share * "
+            "link rate / that",
+        links={}, tcp_gbit={})
     results = []
-    start = time.monotonic()
     for nhosts, per_host in layouts:
         cluster = Cluster(nhosts)
         try:
@@ -612,12 +626,9 @@ def allreduce_driver(args):
                       file=sys.stderr, flush=True)
         finally:
             cluster.down()
-    config["elapsed_s"] = round(time.monotonic() - start, 1)
-    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    out = {"config": config, "results": results}
+    finish_config(config)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.out, {"config": config, "results": results})
     print(f"{'layout':>6} {'link':<13} {'bytes':>10} {'algorithm':<9} {'tnt_busbw':>9} "
           f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5} {'tcp':>5}")
     for r in results:
@@ -629,10 +640,7 @@ def allreduce_driver(args):
           "of what one TCP stream each way carries on the same link")
     for key, gbit in config["tcp_gbit"].items():
         print(f"TCP alone, {key}: {gbit} Gbit/s each way")
-    for key, problem in config["problems"].items():
-        print(f"problem: {key}: {problem}")
-    print(f"load average {config['load_average_at_start']} at the start, "
-          f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
+    print_problems(config)
 
 
 def wait_jobs(procs, timeout, what=""):
@@ -740,16 +748,15 @@ MODELS = ("lenet5", "resnet", "transformer")
 def frameworks_driver(args):
     """Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts."""
     require_cluster_tools("sim_cluster_bench")
-    links = args.links.split(",")
+    links = links_of(args.links)
     steps = 6 if args.quick else 20
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-fw-")
-    config = {"hosts": 2, "ranks_per_host": 1, "global_batch": GLOBAL_BATCH,
-              "timed_steps": steps, "warmup_steps": 3, "models": list(MODELS),
-              "mwms": "tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING",
-              "statistic": "median step time of rank 0 over the timed steps (train_compare.py)",
-              "cores": os.cpu_count(), "load_average_at_start": round(os.getloadavg()[0], 2),
-              "links": {}, "problems": {}}
+    config = new_config(
+        hosts=2, ranks_per_host=1, global_batch=GLOBAL_BATCH, timed_steps=steps, warmup_steps=3,
+        models=list(MODELS), mwms="tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING",
+        statistic="median step time of rank 0 over the timed steps (train_compare.py)",
+        links={})
     results = []
     cluster = Cluster(2)
     try:
@@ -777,17 +784,15 @@ def frameworks_driver(args):
                 results.append(row)
     finally:
         cluster.down()
-    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    finish_config(config)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"config": config, "results": results}, f, indent=1)
+        write_json(args.out, {"config": config, "results": results})
     print(f"{'link':<13} {'model':<12} {'tarantella':>10} {'mwms':>8} {'ratio':>6}")
     for r in results:
         print(f"{r['link']:<13} {r['model']:<12} {fmt(r.get('tarantella_step_ms'), 10)} "
               f"{fmt(r.get('mwms_step_ms'), 8)} {fmt(r.get('ratio'), 6)}")
     print("median ms per step; ratio = Tarantella throughput / MWMS throughput")
-    for key, problem in config["problems"].items():
-        print(f"problem: {key}: {problem}")
+    print_problems(config)
 
 
 def layout_label(nhosts, per_host):
@@ -839,18 +844,7 @@ def run_config(args, cluster, keep, layout, link, model, applied, steps, reps, l
 
 def driver(args):
     require_cluster_tools("sim_cluster_bench")
-    layouts = []
-    for item in args.hosts.split(","):
-        try:
-            h, _, p = item.partition("x")
-            layouts.append((int(h), int(p or 1)))
-        except ValueError:
-            sys.exit(f"sim_cluster_bench: --hosts {item!r}: give H (hosts of one rank) or HxP "
-                     "(hosts of P ranks)")
-    links = args.links.split(",")
-    for link in links:
-        if link not in LINKS:
-            sys.exit(f"sim_cluster_bench: unknown link {link}; choose from {sorted(LINKS)}")
+    layouts, links = layouts_of(args.hosts, "--hosts"), links_of(args.links)
     steps, reps = (4, 1) if args.quick else (args.steps, args.reps)
     budget = args.budget if args.budget else (200 if args.quick else 840) * len(
         args.models.split(","))
@@ -863,18 +857,14 @@ def driver(args):
         if model not in MODELS:
             sys.exit(f"sim_cluster_bench: unknown model {model}; choose from "
                      f"{', '.join(MODELS)}")
-    config = {"models": models, "global_batch": GLOBAL_BATCH, "steps_per_fit": steps,
-              "fits_per_config": reps, "fusion_threshold_kb_on": FUSION_KB,
-              "fusion_threshold_kb_off": 0, "overlap": OVERLAP_ENV, "defaults": CONFIGS[0],
-              "layouts": [layout_label(*lay) for lay in layouts],
-              "cores": ncores, "quick": bool(args.quick),
-              "statistic": "per-rank median over steps, mean over ranks",
-              "oversubscribed": {layout_label(h, p): h * p > ncores for h, p in layouts},
-              "links": {},
-              "allreduce_algorithm": args.algorithm,
-              "variants": VARIANTS if args.variants else None,
-              "load_average_at_start": round(os.getloadavg()[0], 2), "budget_s": budget,
-              "problems": {}}
+    config = new_config(
+        models=models, global_batch=GLOBAL_BATCH, steps_per_fit=steps, fits_per_config=reps,
+        fusion_threshold_kb_on=FUSION_KB, fusion_threshold_kb_off=0, overlap=OVERLAP_ENV,
+        defaults=CONFIGS[0], layouts=[layout_label(*lay) for lay in layouts],
+        quick=bool(args.quick), statistic="per-rank median over steps, mean over ranks",
+        oversubscribed={layout_label(h, p): h * p > ncores for h, p in layouts}, links={},
+        allreduce_algorithm=args.algorithm, variants=VARIANTS if args.variants else None,
+        budget_s=budget)
     results, example = [], None
     start = time.monotonic()
     todo = [(lay, link, m) for lay in layouts for link in links for m in models]
@@ -909,15 +899,12 @@ def driver(args):
                 if problem:
                     config["problems"][f"1host_{model}_{key}"] = problem
         scaling = weak_scaling(results, solo)
-    config["elapsed_s"] = round(time.monotonic() - start, 1)
-    config["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    finish_config(config)
     config["added_delay"] = DELAY if all("netem" in v for v in config["links"].values()) else (
         "none: this kernel has no netem qdisc (links are rate-limited with tbf only)")
-    out = {"config": config, "results": results, "weak_scaling": scaling,
-           "timeline_example": example}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.out, {"config": config, "results": results, "weak_scaling": scaling,
+                              "timeline_example": example})
     print_table(results)
     for r in scaling:
         print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; "
@@ -932,10 +919,7 @@ def driver(args):
     if over:
         print(f"note: the layouts {', '.join(over)} have more ranks than the {ncores} cores: "
               "oversubscribed, compute is slower and noisier than on a real cluster")
-    for key, problem in config["problems"].items():
-        print(f"problem: {key}: {problem}")
-    print(f"load average {config['load_average_at_start']} at the start, "
-          f"{config['load_average_at_end']} at the end ({ncores} cores)")
+    print_problems(config)
     print(f"timeline example: {example}")
 
 

@@ -717,7 +717,8 @@ static tnt_status_t call_compressed(bench_t *b, const size_case_t *c, const char
     b->fusion = NULL;
     *what = "tnt_fusion_create";
     tnt_tensor_info_t info = {0, c->count, TNT_FLOAT32};
-    tnt_fusion_options_t o = {.threshold_bytes = 0, .op = TNT_SUM, .wire_dtype = b->opt->wire};
+    tnt_fusion_options_t o = {
+        .size = sizeof o, .threshold_bytes = 0, .op = TNT_SUM, .wire_dtype = b->opt->wire};
     TNT_CHECK_BENCH(tnt_fusion_create(b->world, &info, 1, &o, &b->fusion));
     b->fusion_count = c->count;
   }

@@ -85,6 +85,7 @@ import tempfile
 import time
 
 import bench_models
+from bench_results import write_json
 
 SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -623,9 +624,7 @@ class Driver:
                "results": results, "baselines": baselines, "errors": self.errors,
                "failures": failures}
         if a.out:
-            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump(doc, f, indent=1)
+            write_json(a.out, doc)
         print_table(doc)
         if a.out:
             print(f"wrote {a.out}")

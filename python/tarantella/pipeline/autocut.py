@@ -34,13 +34,13 @@ balanced pipeline stages (``tnt.Model(model, num_stages=K)``).
    out while it measures (each single step, such as tracing one block,
    must take less than that timeout).
 """
-import os
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tarantella import _core
 from tarantella import log
 from tarantella import runtime
 from tarantella.pipeline import partition as partition_lib
@@ -279,11 +279,7 @@ class _Heartbeat:
     of the work (tracing one block) must still fit in the timeout."""
 
     def __init__(self):
-        try:
-            timeout = float(os.environ.get("TNT_TIMEOUT_S", "30"))
-        except ValueError:
-            timeout = 30.0
-        self.interval = max(0.5, timeout / 3)
+        self.interval = max(0.5, _core.timeout() / 3)
         self.last = time.monotonic()
         self.error = None
 

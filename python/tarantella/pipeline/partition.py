@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from tarantella import runtime
-from tarantella.pipeline.layers import SplitLayer
+from tarantella.pipeline.layers import is_split_layer
 
 
 def _history(obj, out):
@@ -34,6 +34,14 @@ def _history(obj, out):
             _history(v, out)
 
 
+def is_graph_model(model):
+    """True for a Sequential model and a functional one (a graph of layers
+    that can be cut); False for a subclassed model."""
+    if isinstance(model, keras.Sequential):
+        return True
+    return bool(getattr(model, "inputs", None)) and "input_layers" in model.get_config()
+
+
 def _functional(model):
     if isinstance(model, keras.Sequential):
         if not model.built or not model.inputs:
@@ -41,7 +49,7 @@ def _functional(model):
                 "a pipelined Sequential model needs a known input shape: start it with "
                 "keras.Input(shape=...)")
         return keras.Model(model.inputs, model.outputs, name=model.name)
-    if not hasattr(model, "inputs") or not model.inputs or "input_layers" not in model.get_config():
+    if not is_graph_model(model):
         raise runtime.TarantellaError(
             f"model '{model.name}' is not a functional or Sequential model; pipelining cuts a "
             "model's graph, so build it with the functional API (keras.Model(inputs, outputs)) "
@@ -71,12 +79,12 @@ class Partition:
             kinds[name] = layer_config["class_name"]
             uses[name] = len(layer_config.get("inbound_nodes", []))
         layers = {name: fm.get_layer(name) for name in order}
-        is_split = {n: isinstance(layers[n], SplitLayer) or n in cut_after for n in order}
+        is_split = {n: is_split_layer(layers[n]) or n in cut_after for n in order}
         unknown = sorted(set(cut_after) - set(order))
         if unknown:
             raise runtime.TarantellaError(f"cannot cut after {unknown}: no such layers")
         for n in order:
-            if isinstance(layers[n], SplitLayer):
+            if is_split_layer(layers[n]):
                 if len(producers[n]) != 1:
                     raise runtime.TarantellaError(
                         f"SplitLayer '{n}' has {len(producers[n])} inputs; a SplitLayer cuts "
@@ -120,7 +128,7 @@ class Partition:
                     "so that every output is after the last cut")
         members = [[] for _ in range(num_stages)]
         for n in order:
-            if kinds[n] != "InputLayer" and not isinstance(layers[n], SplitLayer):
+            if kinds[n] != "InputLayer" and not is_split_layer(layers[n]):
                 members[stage[n]].append(n)
         for s, names in enumerate(members):
             if not names:

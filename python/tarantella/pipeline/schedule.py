@@ -15,20 +15,12 @@ Both have the same bubble, (K - 1) / (M + K - 1) of a step. Sends never block
 (the ops post them), and every stage receives in the order its neighbours
 send, so no schedule can deadlock.
 """
-import os
 
-from tarantella import runtime
+from tarantella import settings
 
-SCHEDULES = ("1f1b", "gpipe")
-
-
-def name_from_environment():
+def name_from_settings():
     """TNT_PIPELINE_SCHEDULE: 1f1b (the default) or gpipe."""
-    name = os.environ.get("TNT_PIPELINE_SCHEDULE", "1f1b").strip().lower() or "1f1b"
-    if name not in SCHEDULES:
-        raise runtime.TarantellaError(
-            f"TNT_PIPELINE_SCHEDULE={name!r} is not a schedule: use one of {', '.join(SCHEDULES)}")
-    return name
+    return settings.get("TNT_PIPELINE_SCHEDULE")
 
 
 def training(name, stage, num_stages, num_micro_batches):

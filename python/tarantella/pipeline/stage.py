@@ -44,8 +44,9 @@ from tarantella import subclass
 from tarantella.pipeline import autocut
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
-from tarantella.pipeline.layers import SplitLayer
+from tarantella.pipeline.layers import is_split_layer
 from tarantella.pipeline.layout import Layout
+from tarantella.pipeline.layout import ParallelStrategy
 
 MAX_MICRO_BATCHES = 16383  # tags of libtnt's transfers: 2 per micro-batch, < 32768
 
@@ -63,6 +64,26 @@ def require_not_pipelined(variables, what):
                 "it with fit, or use ParallelStrategy.DATA for a custom loop")
 
 
+def is_one_stage(model, strategy, num_stages):
+    """True when `model`, to be pipelined with `strategy`, is a functional
+    or Sequential model without SplitLayers and no num_stages was given:
+    one stage, trained data-parallel (the chosen way is logged). Raises
+    under PIPELINING on several ranks, where one stage cannot run."""
+    if num_stages is not None or not partition_lib.is_graph_model(model):
+        return False
+    if any(is_split_layer(layer) for layer in model.layers):
+        return False
+    if ParallelStrategy.DATA not in strategy and runtime.get_size() > 1:
+        raise runtime.TarantellaError(
+            f"model '{model.name}' has no SplitLayer, so it is one pipeline stage, which "
+            f"ParallelStrategy.PIPELINING runs on one rank, not {runtime.get_size()}: put "
+            "tnt.keras.layers.SplitLayer() on the tensors where the model is to be cut, pass "
+            "num_stages=K to let Tarantella cut it, or use ParallelStrategy.DATA or ALL")
+    log.logger.info("model '%s' has no SplitLayer: it is one pipeline stage, trained "
+                    "data-parallel on %d rank(s)", model.name, runtime.get_size())
+    return True
+
+
 class Pipeline:
     """The pipeline of one tnt.Model on this rank."""
 
@@ -73,7 +94,8 @@ class Pipeline:
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
         for step_name in ("train_step", "test_step"):
-            if getattr(type(model), step_name) is not getattr(keras.Model, step_name):
+            if getattr(subclass.base_class(model), step_name) is not getattr(keras.Model,
+                                                                              step_name):
                 raise runtime.TarantellaError(
                     f"model '{model.name}' has a {step_name} of its own, but a pipeline runs its "
                     f"own train_step and test_step (the stages exchange micro-batches): train "
@@ -84,7 +106,7 @@ class Pipeline:
                 raise runtime.TarantellaError(
                     f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
                     "stages to cut the model into)")
-            if any(isinstance(layer, SplitLayer) for layer in model.layers):
+            if any(is_split_layer(layer) for layer in model.layers):
                 raise runtime.TarantellaError(
                     f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
                     "given: either place the cuts (SplitLayers) or let Tarantella choose them "
@@ -95,14 +117,9 @@ class Pipeline:
         else:
             self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
-        if k < 2:
-            raise runtime.TarantellaError(
-                f"model '{model.name}' has no SplitLayer, so it cannot be pipelined: put "
-                "tnt.keras.layers.SplitLayer() on the tensors where the model is to be cut, "
-                "pass num_stages=K to let Tarantella cut it, or use ParallelStrategy.DATA")
         self.layout = Layout(strategy, k)
         self.num_micro_batches = int(num_micro_batches or 2 * k)
-        self.schedule_name = schedule_lib.name_from_environment()
+        self.schedule_name = schedule_lib.name_from_settings()
         self.stage = self.layout.stage
         self.model = self.partition.stages[self.stage]
         self.trainable = list(self.model.trainable_variables)

@@ -1,0 +1,182 @@
+"""Exact resume of fit from a BackupAndRestore backup, also in mid-epoch.
+
+Keras's BackupAndRestore restores the weights and the optimizer state and
+starts fit again at the beginning of the epoch in which the backup was
+taken. Under Tarantella a resumed fit goes on where the backup was taken,
+as if it had never stopped:
+
+* the state that a weights file leaves out is backed up too (``gather``):
+  the random seed generators of the model (dropout and other random layers)
+  and Keras's global one, and the metric accumulators of the epoch in
+  progress, of every rank (metrics are summed across ranks only when their
+  results are computed, metrics.py);
+* the training data is at the same place: a shuffle that reshuffles on
+  each iteration draws its order from the number of iterators made of the
+  dataset before (Keras makes one or two an epoch), so the backup records
+  that number and the resumed fit makes (and drops) as many before its
+  first epoch begins (``replay_iterators``); it then goes past the batches
+  of the epoch that were already trained on, without training on them and
+  without calling the batch hooks of the callbacks (``skip_batches``).
+
+With the same number of ranks the resumed run computes exactly what the
+uninterrupted run computes, so its weights are bitwise the same.
+"""
+import weakref
+
+import keras
+import numpy as np
+
+from tarantella import _core
+from tarantella import _keras_internals as internals
+from tarantella import _tf_data_internals as tfdi
+from tarantella import runtime
+
+# The training dataset of each model's fit in progress.
+_training_data = weakref.WeakKeyDictionary()
+# In the epoch a resumed fit starts in, the batches below this index were
+# trained on before the backup (skip_batches); None otherwise.
+_skip_below = None
+
+# float64 holds every integer up to 2**53 exactly; seed states and counts
+# stay far below it, which _table checks.
+_EXACT_INTEGERS = 2 ** 53
+
+
+def track_training_data(model, dataset):
+    """The dataset that `model`'s fit is about to train on, counting the
+    iterators made of it; fit must train on what this returns."""
+    counted = tfdi.CountsIterators(dataset)
+    _training_data[model] = counted
+    return counted
+
+
+def iterators_made(model):
+    """How many iterators the fit in progress made of its training data."""
+    dataset = _training_data.get(model)
+    return dataset.iterators_made if dataset is not None else 0
+
+
+def skipping(batch):
+    """Whether batch `batch` of the epoch in progress is one that the
+    restored backup had trained on, which fit goes past untrained: the
+    callbacks' batch hooks are not called for it."""
+    return _skip_below is not None and batch < _skip_below
+
+
+def _seed_variables(model):
+    """The random seed generators' states, which the weights file leaves
+    out, in a fixed order."""
+    skip = {id(v) for v in list(model.weights) + list(model.metrics_variables)}
+    if model.optimizer is not None:
+        skip.update(id(v) for v in model.optimizer.variables)
+    candidates = list(model.variables)
+    global_seeds = internals.global_seed_generator()
+    if global_seeds is not None:
+        candidates.append(global_seeds.state)
+    out = []
+    for v in candidates:
+        if id(v) not in skip:
+            skip.add(id(v))
+            out.append(v)
+    return out
+
+
+def _table(variables):
+    """Every rank's values of `variables`, one row per rank (collective)."""
+    values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
+    for v, array in zip(variables, values):
+        if array.dtype.kind in "iu" and array.size and np.abs(array).max() >= _EXACT_INTEGERS:
+            raise runtime.TarantellaError(
+                f"BackupAndRestore: {v.path} holds an integer beyond 2**53, which the backup "
+                "cannot keep exactly")
+    row = np.concatenate([a.astype(np.float64).ravel() for a in values] or [np.zeros(0)])
+    table = np.zeros((runtime.get_size(), row.size))
+    table[runtime.get_rank()] = row
+    if runtime.get_size() > 1:
+        _core.allreduce(table, op="sum")
+    return table
+
+
+def _assign(variables, table):
+    """Assigns this rank's row of `table`. Returns False (and assigns
+    nothing) when the table is of other variables or another rank count."""
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    if table.shape != (runtime.get_size(), sum(sizes)):
+        return False
+    row, start = table[runtime.get_rank()], 0
+    for v, n in zip(variables, sizes):
+        v.assign(row[start:start + n].reshape(v.shape).astype(v.dtype))
+        start += n
+    return True
+
+
+def gather(model):
+    """The state of `model` that its weights file leaves out, of every rank:
+    a dict of tables (collective: every rank calls it)."""
+    return {"seeds": _table(_seed_variables(model)),
+            "metrics": _table(list(model.metrics_variables))}
+
+
+def restore_seeds(model, tables):
+    """Gives the seed generators this rank's states from gather's tables.
+    Returns False when they are of another model or rank count."""
+    return _assign(_seed_variables(model), tables["seeds"])
+
+
+def replay_iterators(model, made, batches_done):
+    """Before the first epoch of a resumed fit: makes and drops iterators of
+    the training data until as many were made as when the backup was taken
+    (`made`), less the one of the epoch in progress when the backup was
+    taken after a batch (`batches_done` > 0), which fit is about to make."""
+    dataset = _training_data.get(model)
+    if dataset is None:
+        return
+    target = made - 1 if batches_done > 0 else made
+    while dataset.iterators_made < target:
+        iter(dataset)
+
+
+def skip_batches(model, batches, metrics_table):
+    """At the start of an epoch: fit takes the first `batches` batches of
+    the epoch from the data without training on them (batches is a multiple
+    of the steps per execution, as a backup is taken after a step), and the
+    metrics then hold the values of gather's `metrics_table`."""
+    global _skip_below
+    if batches > 0:
+        _skip_below = batches
+        model.train_function = _Skip(model, batches, metrics_table)
+
+
+def end_of_epoch():
+    """Called at the end of every epoch: the next one is trained in whole."""
+    global _skip_below
+    _skip_below = None
+
+
+class _Skip:
+    """Stands in for `model.train_function` until `batches` batches have
+    been taken from the data; then restores the metrics, puts the real
+    function back, and returns the metrics' results, as a real step would.
+    Keras builds the compiled metrics in the first step; they are built here
+    on the last skipped batch (an inference pass, which draws no random
+    numbers and changes no layer state), reset, then given their values."""
+
+    def __init__(self, model, batches, metrics_table):
+        self.model = model
+        self.real = model.train_function
+        self.left = batches
+        self.metrics_table = metrics_table
+
+    def __call__(self, iterator):
+        for _ in range(self.model.steps_per_execution):
+            batch = next(iterator)
+        self.left -= self.model.steps_per_execution
+        if self.left > 0:
+            return {}
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        self.model.compute_metrics(x, y, self.model(x, training=False), sample_weight)
+        self.model.reset_metrics()
+        # On another number of ranks the metrics start afresh (callbacks.py says so).
+        _assign(list(self.model.metrics_variables), self.metrics_table)
+        self.model.train_function = self.real
+        return self.model.get_metrics_result()

@@ -1,0 +1,75 @@
+"""A fit with BackupAndRestore(save_freq=N) that a restart resumes: dropout
+(random seed generators), Adam (optimizer state), NumPy inputs that fit
+shuffles anew every epoch, and metrics. With --kill-rank R, rank R kills
+itself (SIGKILL) at --kill-epoch/--kill-batch in the first attempt of the
+job (TNT_RESTART_COUNT=0), after a backup and before the next; the launcher
+then starts the job again and fit resumes from the backup. The master
+writes the final weights (and the last epoch's logs) to --out.
+
+    resume_worker.py BACKUP_DIR --out W.npz [--save-freq N] [--kill-rank R ...]
+"""
+import argparse
+import json
+import os
+import signal
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+
+
+class KillAt(keras.callbacks.Callback):
+    def __init__(self, rank, epoch, batch):
+        super().__init__()
+        self.rank, self.epoch, self.batch = rank, epoch, batch
+        self.current = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (tnt.get_rank() == self.rank and (self.current, batch) == (self.epoch, self.batch)
+                and os.environ["TNT_RESTART_COUNT"] == "0"):
+            print(f"rank {self.rank} kills itself at epoch {self.epoch} batch {batch}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("backup_dir")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--save-freq", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--kill-epoch", type=int, default=1)
+    parser.add_argument("--kill-batch", type=int, default=3)
+    args = parser.parse_args()
+    tnt.init()
+    keras.utils.set_random_seed(7)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32") + (x[:, 2] > 1).astype("int32")
+    model = tnt.Model(keras.Sequential([
+        keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.3),
+        keras.layers.Dense(3, activation="softmax")]))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=args.save_freq,
+                                                  delete_checkpoint=False)]
+    if args.kill_rank >= 0:
+        callbacks.append(KillAt(args.kill_rank, args.kill_epoch, args.kill_batch))
+    history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
+                        callbacks=callbacks)
+    if tnt.is_master_rank():
+        np.savez(args.out, *model.get_weights())
+        last = {k: float(v[-1]) for k, v in history.history.items()}
+        with open(args.out + ".json", "w") as f:
+            json.dump({"epochs": len(history.history["loss"]), "last": last}, f)
+    print(f"rank {tnt.get_rank()} done")
+
+
+if __name__ == "__main__":
+    main()

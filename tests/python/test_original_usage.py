@@ -1,0 +1,99 @@
+"""Code written for the original Tarantella runs: its call forms (the
+original's test suite, in Keras 3 spelling), each a test here; the launcher's
+`-x A=1 B=2` is in tests/launcher (test_cli.py, test_launcher_options.c)."""
+import os
+import sys
+
+from conftest import ROOT, mpirun_command, run
+
+WORKER = os.path.join(ROOT, "tests", "python", "original_usage_worker.py")
+
+
+def job(nranks, python, mode, out, *extra):
+    proc = run(mpirun_command(nranks, python, WORKER, mode, str(out), *extra), timeout=600)
+    return proc.stdout.splitlines(), proc.stdout + proc.stderr
+
+
+def has(lines, expected, count=1):
+    found = [line for line in lines if expected in line]
+    assert len(found) == count, f"{expected!r} in {len(found)} lines, not {count}: {lines}"
+
+
+def test_positional_strategy_and_num_pipeline_stages(tmp_path, python):
+    lines, text = job(2, python, "strategy", tmp_path)
+    has(lines, "positional DATA trained True", 2)
+    has(lines, "num_pipeline_stages as micro-batches 4", 2)
+    has(lines, "pipelined loss finite True", 2)
+    assert "num_pipeline_stages=4 taken as num_micro_batches" in text
+
+
+def test_model_without_split_layers_is_one_stage(tmp_path, python):
+    lines, text = job(2, python, "one_stage", tmp_path, "ALL")
+    has(lines, "ALL one stage pipelined False", 2)
+    has(lines, "ALL one stage trained, same on every rank True", 2)
+    assert "has no SplitLayer: it is one pipeline stage, trained data-parallel on 2" in text
+    lines, _ = job(1, python, "one_stage", tmp_path, "PIPELINING")
+    has(lines, "PIPELINING one stage trained, same on every rank True")
+
+
+def test_explicit_progbar_prints_once_and_fit_returns_the_users_history(tmp_path, python):
+    lines, _ = job(2, python, "callbacks", tmp_path)
+    # verbose=2: one line per epoch, as plain Keras prints, on each of the 2
+    # ranks (the test shows every rank's output); a duplicated bar made 4.
+    for epoch in (1, 2, 3):
+        has(lines, f"Epoch {epoch}/3", 2)
+    assert sum(1 for line in lines if "step - loss:" in line) == 6, lines
+    has(lines, "fit returned the user's History True ['loss'] 3", 2)
+
+
+def test_tensor_collectives_in_the_originals_call_forms(tmp_path, python):
+    for n in (1, 3):
+        lines, _ = job(n, python, "collectives", tmp_path)
+        for r in range(n):
+            has(lines, f"rank {r} collectives: 18 checks, failed []")
+
+
+def test_save_before_compile_and_pipelined_cuts_load_in_plain_keras(tmp_path, python):
+    lines, _ = job(1, python, "save_uncompiled", tmp_path)
+    has(lines, "saved before compile")
+    lines, _ = job(2, python, "split_save", tmp_path)
+    has(lines, "reloaded stages 2 cut ['tnt_split_cut']", 2)
+    has(lines, "reloaded same predictions True", 2)
+    plain = run([sys.executable, WORKER, "plain_load", str(tmp_path)]).stdout.splitlines()
+    has(plain, "uncompiled loaded Functional same predictions True ['InputLayer', 'Dense', "
+               "'Dense']")
+    has(plain, "piped loaded Functional same predictions True ['InputLayer', 'Dense', "
+               "'Identity', 'Dense']")
+    has(plain, "tarantella imported False")
+
+
+def test_tnt_sequential(tmp_path, python):
+    lines, _ = job(2, python, "sequential", tmp_path)
+    has(lines, "tnt.Sequential is Sequential True True", 2)
+    has(lines, "from_config is Sequential True", 2)
+    has(lines, "Sequential trained, same on every rank True", 2)
+
+
+def test_wrapping_leaves_the_users_model_and_round_trips_through_keras(tmp_path, python):
+    lines, _ = job(1, python, "wrap", tmp_path)
+    for kind, cls in (("Functional", "Functional"), ("Sequential", "Sequential"),
+                      ("Subclassed", "Subclassed")):
+        has(lines, f"{kind} user model unchanged True")
+        has(lines, f"{kind} wrapped thrice True 3")
+        has(lines, f"{kind} shares the weights True")
+        for how in ("type(w).from_config", "tnt.Model.from_config", "tnt clone_model",
+                    "tnt model_from_json"):
+            has(lines, f"{kind} {how} {cls} True True True")
+        # Keras's own clone_model rebuilds a Functional model through its
+        # class (a tnt.Model again), a Sequential or subclassed one as the
+        # plain Keras class, as for any subclass of those.
+        has(lines, f"{kind} keras clone_model {cls} True {kind == 'Functional'} True")
+        has(lines, f"{kind} keras model_from_json plain True")
+        has(lines, f"{kind} after fit user model uncompiled True same predictions True")
+
+
+def test_init_is_optional(tmp_path, python):
+    lines, _ = job(2, python, "lazy_init", tmp_path)
+    has(lines, "size 2 rank 0")
+    has(lines, "size 2 rank 1")
+    has(lines, "trained without tnt.init() True", 2)

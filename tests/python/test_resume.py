@@ -1,0 +1,108 @@
+"""Jobs that survive a killed rank: the launcher restarts the job
+(--max-restarts 1) and BackupAndRestore(save_freq=4) resumes fit at the
+batch after its last backup, with the optimizer state, the data order and
+position, the dropout seeds and the metrics of the epoch in progress. The
+final weights must equal those of an uninterrupted run bitwise: with the
+same number of ranks the resumed run performs the same operations on the
+same values, so no tolerance applies.
+
+resume_worker.py trains 4 epochs of 6 steps (global batch 16 of 96 NumPy
+samples, shuffled every epoch) and backs up after every 4th step."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+
+WORKER = os.path.join(ROOT, "tests", "python", "resume_worker.py")
+
+
+def final(out):
+    with np.load(out) as w:
+        weights = [w[k] for k in sorted(w.files, key=lambda k: int(k.split("_")[1]))]
+    with open(out + ".json") as f:
+        return weights, json.load(f)
+
+
+def train(ranks, d, *args, restarts=0):
+    """Runs the worker on `ranks` ranks in directory d; returns the launcher's
+    process and the final weights and logs."""
+    d.mkdir(parents=True, exist_ok=True)
+    out = str(d / "w.npz")
+    cmd = mpirun_command(ranks, sys.executable, WORKER, str(d / "backup"), "--out", out, *args)
+    if restarts:
+        cmd.insert(1, f"--max-restarts={restarts}")
+    return run(cmd), final(out)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return train(2, tmp_path_factory.mktemp("uninterrupted"))[1]
+
+
+def assert_same_run(got, expected):
+    (weights, summary), (expected_weights, expected_summary) = got, expected
+    assert len(weights) == len(expected_weights)
+    for w, want in zip(weights, expected_weights):
+        assert w.dtype == want.dtype and np.array_equal(w, want), \
+            f"largest difference {np.abs(w - want).max()}"
+    # The last epoch's loss and accuracy, accumulated over all its batches,
+    # match too (resumed in epoch 1 or 2, the last epoch runs in whole).
+    assert summary["last"] == expected_summary["last"]
+
+
+def assert_restarted_once(proc, rank, epoch, batch):
+    assert f"rank {rank} kills itself at epoch {epoch} batch {batch}" in proc.stdout
+    assert "attempt 1 failed" in proc.stderr and "was killed by signal 9" in proc.stderr
+    assert "attempt 2 succeeded after 1 restart(s)" in proc.stderr
+
+
+# (rank killed, epoch, batch): the last backup before the kill, and what the
+# resumed fit has to skip of the epoch it starts in.
+KILLS = [
+    # backup after step 8 (epoch 1, batch 1): 2 batches of epoch 1 are skipped
+    pytest.param(1, 1, 3, id="last-rank-mid-epoch"),
+    # backup after step 12, the last batch of epoch 1: all of epoch 1 is
+    # skipped, and epoch 2 starts with the next data order (make test-long)
+    pytest.param(0, 2, 1, id="rank0-after-an-epochs-last-batch", marks=pytest.mark.long),
+]
+
+
+@pytest.mark.parametrize("rank,epoch,batch", KILLS)
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, epoch, batch):
+    proc, got = train(2, tmp_path, "--kill-rank", str(rank), "--kill-epoch", str(epoch),
+                      "--kill-batch", str(batch), restarts=1)
+    assert_restarted_once(proc, rank, epoch, batch)
+    assert_same_run(got, uninterrupted)
+
+
+@pytest.mark.long
+def test_middle_rank_of_three_killed_and_resumed(tmp_path):
+    _, expected = train(3, tmp_path / "uninterrupted")
+    proc, got = train(3, tmp_path / "killed", "--kill-rank", "1", "--kill-epoch", "2",
+                      "--kill-batch", "4", restarts=1)
+    assert_restarted_once(proc, 1, 2, 4)
+    assert_same_run(got, expected)
+
+
+def test_progress_is_recorded_once_and_never_stops_training(tmp_path):
+    """tarantella.progress.step_completed() creates TNT_PROGRESS_FILE (the
+    launcher's sign that an attempt got somewhere) on its first call only;
+    a file that cannot be written costs a warning, not the training."""
+    code = ("from tarantella import progress\n"
+            "progress.step_completed()\n"
+            "progress.step_completed()\n"
+            "print('went on')\n")
+    path = tmp_path / "rank0.progress"
+    for target, recorded in ((path, True), (tmp_path / "missing" / "rank0.progress", False)):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, TNT_PROGRESS_FILE=str(target),
+                                       TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
+        assert proc.returncode == 0 and "went on" in proc.stdout, proc.stderr
+        assert target.exists() == recorded
+        warned = proc.stderr.count("cannot record the first completed step")
+        assert warned == (0 if recorded else 1), proc.stderr
