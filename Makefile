@@ -51,7 +51,7 @@ test-long: install
 # summary.md in bench/results (tools/bench/run_bench.sh).
 bench: install
 	@tools/setup/install_deps.sh bench
-	PREFIX=$(PREFIX) MPIRUN=$(MPIRUN) MPIFLAGS="$(MPIFLAGS)" \
+	PREFIX=$(PREFIX) MPIRUN=$(MPIRUN) MPIFLAGS="$(MPIFLAGS)" BUILD=$(abspath $(BUILD)) \
 	  tools/bench/run_bench.sh $(if $(filter-out 0,$(QUICK)),--quick) $(if $(STAGES),--only $(STAGES))
 
 clean:

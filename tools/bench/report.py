@@ -12,11 +12,12 @@ Reads (each optional; a missing file is reported as "not run"):
   sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
   sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
+  scale_validation.json, scale.json                               scale_bench.py (report_scale.py)
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
-sim_cluster_allreduce.png,
+sim_cluster_allreduce.png, scale_allreduce.png,
 pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
 """
 import argparse
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 
+import report_scale
 from bench_results import TRACES, traces_dir, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,6 +189,16 @@ def image(name, results):
 # What would close a missed target, from the analysis of earlier runs (the
 # per-target note gives this run's figures).
 NEXT_STEPS = {
+    "scale": "at 64 hosts and more the pipelined ring's 2(n-1) latency steps lose to "
+             "recursive doubling up to a threshold that grows with n, and SMPI's Open MPI "
+             "selector (recursive halving and doubling) wins at medium sizes: the threshold "
+             "rule and the algorithm to add are in docs/performance.md, \"At scale\". The "
+             "simulated ring also loses some pipelining (SimGrid shares a link among a "
+             "connection's messages in flight).",
+    "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
+                        "which the simulation does not model; at 10 Gbit/s the measured ring "
+                        "beat the TCP stream rate the simulated link is set to. Next: measure "
+                        "on hosts with a core per rank.",
     "allreduce": "where the ratio is low, compare Tarantella's bus bandwidth with the memcpy "
                  "column: on one host the shared-memory allreduce is memory bound, and with "
                  "more ranks than cores every synchronisation waits for a scheduler slice. Next: "
@@ -1577,6 +1589,7 @@ def main():
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages, targets)
     body += compression_section(args.results, stages, targets)
+    body += report_scale.section(sys.modules[__name__], args.results, stages, plt, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

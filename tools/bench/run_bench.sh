@@ -22,6 +22,10 @@
 #                preparing only its share of the data, on and off, beside
 #                plain Keras: a matmul map and a random augmentation
 #                (data_bench.py; --only data is short for it)
+#   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
+#                against SMPI's MPI_Allreduce, after a validation against the
+#                measured 2-host runs (scale_bench.py; needs tnt-sim, built
+#                when libsimgrid-dev is installed)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -30,7 +34,8 @@
 # files) are in DIR/traces/; git ignores both.
 #
 # Environment: PYTHON (python3), PREFIX (/usr/local: where tnt-bench is
-# installed), TNT_BENCH (the tnt-bench binary), MPIRUN (mpirun), MPIFLAGS
+# installed), TNT_BENCH (the tnt-bench binary), BUILD (the build tree with
+# tnt-sim, default build), MPIRUN (mpirun), MPIFLAGS
 # (--oversubscribe --bind-to none, plus --allow-run-as-root as root),
 # BENCH_TIMEOUT_SCALE (multiplies every time limit, default 1).
 set -uo pipefail
@@ -71,10 +76,10 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share)
+STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale)
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
                         [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
-                        [data_share]=data_share)
+                        [data_share]=data_share [scale]=scale)
 # "data" is short for data_share.
 ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
@@ -273,6 +278,37 @@ if wanted data_share; then
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage data_share "$(limit 1800 420)" "$OUT/data_share.json" \
     "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
+fi
+
+# 8. At scale: libtnt's allreduce on simulated fat-trees (SimGrid), first
+# checked against the measured 2-host runs of sim_cluster_allreduce.
+if wanted scale; then
+  build=${BUILD:-$ROOT/build}
+  sim_so=$build/tools/sim/tnt-sim.so
+  if [[ ! -f $sim_so ]] || ! command -v smpirun >/dev/null; then
+    not_run scale "no tnt-sim (build with libsimgrid-dev installed)"
+  else
+    measured=$OUT/sim_cluster_allreduce.json
+    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
+    run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
+      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --validate --build "$build" --measured "$measured" \
+      --out "$OUT/scale_validation.json"
+    # What a 2-core machine simulates in about an hour: a ring of n ranks
+    # is 2(n-1) messages per rank and per size (docs/performance.md).
+    if [[ $QUICK == 1 ]]; then
+      parts=("--hosts 8 --per-host 1,8 --max 16M")
+    else
+      parts=("--hosts 8,64 --per-host 1,8 --max 64M" "--hosts 256 --per-host 1 --max 4M")
+    fi
+    rm -f "$OUT/scale.json"
+    for i in "${!parts[@]}"; do
+      part=${parts[$i]}
+      # shellcheck disable=SC2086  # part is a list of options
+      run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.json" \
+        "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --scale --build "$build" $part \
+        --gbit 100 --run-timeout 1800 --append --out "$OUT/scale.json"
+    done
+  fi
 fi
 
 # The report: summary.md and the plots, from whatever the stages left.

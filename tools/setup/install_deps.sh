@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
 # (tests/launcher/test_slurm.py starts its own daemons with a configuration
 # of its own; the packages' services need /etc/slurm/slurm.conf, which this
 # script does not write, so they stay off)
-DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev
+DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmocka-dev libsimgrid-dev
               clang libclang-rt-14-dev numactl iproute2 dataset-fashion-mnist graphviz
               slurmctld slurmd slurm-client)
 # name as pip knows it, and the module that shows it is importable. TensorFlow

@@ -1,0 +1,165 @@
+"""The "At scale (simulated)" section of the benchmark report (report.py):
+scale_validation.json and scale.json of tools/bench/scale_bench.py, and the
+plot scale_allreduce.png."""
+import math
+import os
+
+# The targets (docs/performance.md, "At scale").
+VALIDATION_MAX_ERR = 0.15          # |simulated / measured - 1| at >= VALIDATION_BYTES
+VALIDATION_BYTES = 256 * 1024
+MPI_MIN = 1.0                      # libtnt / the better SMPI MPI_Allreduce, every size
+LINK_MIN = 0.9                     # share of the link at >= LINK_BYTES
+LINK_BYTES = 64 << 20
+E_MIN = 0.9                        # projected E(1024), ResNet, 100 Gbit/s
+
+
+def layout(r):
+    return f"{r['hosts']}x{r.get('per_host', r.get('ranks_per_host'))}"
+
+
+def link_share(r):
+    """What each host sends per second, of its link: algbw * 2(H-1)/H / rate."""
+    h = r["hosts"]
+    algbw = r["bytes"] / (r["us"] * 1e-6)
+    return algbw * 2 * (h - 1) / h / (r["gbit"] * 1e9 / 8)
+
+
+def validation_part(h, d, targets):
+    out = ["### Validation: 2 simulated hosts against the measured ones", ""]
+    if d is None:
+        targets.append(h.Target("at scale: validation, simulated / measured busbw at >= "
+                                "256 KiB", f"within {VALIDATION_MAX_ERR:.0%}", note="not run"))
+        return out + ["Not run.", ""]
+    res, cfg = d["results"], d["config"]
+    out.append(f"The measured runs of `{cfg['measured']}` (tnt-bench allreduce, libtnt's "
+               f"choice) beside tnt-sim on 2 simulated hosts: each link at the rate one TCP "
+               f"stream reached in that run, {cfg['latency_us_per_link']:g} us per link "
+               f"({cfg['links_per_route']} links a route), copies at the memcpy rate measured "
+               f"at each size.")
+    out.append("")
+    for key in sorted({(r["hosts"], r["ranks_per_host"], r["link"]) for r in res}):
+        mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) == key]
+        big = [r for r in mine if r["bytes"] >= VALIDATION_BYTES]
+        worst = max(big, key=lambda r: abs(r["ratio"] - 1))
+        ok = abs(worst["ratio"] - 1) <= VALIDATION_MAX_ERR
+        t = h.Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
+                     f"{key[0]}x{key[1]} {key[2]}", f"within {VALIDATION_MAX_ERR:.0%}",
+                     f"{min(r['ratio'] for r in big):.2f}..{max(r['ratio'] for r in big):.2f}",
+                     ok, family="scale_validation")
+        t.note = f"furthest at {h.bytes_str(worst['bytes'])}"
+        targets.append(t)
+    rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], f"{r['sim_gbit']:g}",
+             h.bytes_str(r["bytes"]), r["sim_algorithm"], f"{r['measured_busbw']:.3f}",
+             f"{r['sim_busbw']:.3f}", f"{r['ratio']:.2f}"] for r in res]
+    out.append(h.table(["layout", "link", "simulated Gbit/s", "bytes", "algorithm",
+                        "measured busbw GB/s", "simulated busbw GB/s", "simulated / measured"],
+                       rows))
+    out.append("")
+    return out
+
+
+def plot(h, plt, results, res):
+    groups = sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res})
+    cols = min(4, len(groups))
+    rows_n = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), squeeze=False)
+    for ax, (hosts, per_host, gbit) in zip(axes.flat, groups):
+        for impl, style in (("tnt", "o-"), ("mpi_ompi", "s--"), ("mpi_mpich", "^:")):
+            mine = sorted((r for r in res if (r["hosts"], r["per_host"], r["gbit"]) ==
+                           (hosts, per_host, gbit) and r["impl"] == impl
+                           and r["choice"] in ("auto", "mpi")), key=lambda r: r["bytes"])
+            if mine:
+                ax.plot([r["bytes"] for r in mine], [r["busbw"] for r in mine], style,
+                        ms=3, label={"tnt": "libtnt (auto)", "mpi_ompi": "SMPI ompi",
+                                     "mpi_mpich": "SMPI mpich"}[impl])
+        ax.axhline(gbit / 8, color="k", lw=1, label="link rate")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{hosts} hosts x {per_host}, {gbit:g} Gbit/s", fontsize=8)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("busbw GB/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.tight_layout()
+    h.save(fig, results, "scale_allreduce.png")
+
+
+def scale_part(h, d, plt, results, targets):
+    out = ["### busbw against SMPI's MPI_Allreduce on fat-trees", ""]
+    if d is None:
+        for name, req in (("libtnt busbw / the better SMPI MPI_Allreduce, every size",
+                           f">= {MPI_MIN:.1f}x"),
+                          ("link share at >= 64 MiB", f">= {LINK_MIN:.2f}")):
+            targets.append(h.Target(f"at scale: {name}", req, note="not run"))
+        return out + ["Not run.", ""]
+    res, cfg = d["results"], d["config"]
+    out += h.config_lines(cfg)
+    runs = [[f"{r['hosts']}x{r['per_host']}", f"{r['gbit']:g}", r["impl"], r["sizes"],
+             f"{r['wall_s']:.0f}", r["error"] or ""] for r in d["runs"]]
+    out.append("Wall time of each simulation (the machine's 2 cores, shared):")
+    out.append("")
+    out.append(h.table(["layout", "Gbit/s", "run", "sizes", "wall s", "problem"], runs))
+    out.append("")
+    for key in sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res}):
+        mine = [r for r in res if (r["hosts"], r["per_host"], r["gbit"]) == key]
+        tnt = {r["bytes"]: r for r in mine if r["impl"] == "tnt" and r["choice"] == "auto"}
+        mpi = {}  # the better of the two selectors at each size
+        for r in mine:
+            if r["impl"].startswith("mpi") and (r["bytes"] not in mpi or
+                                                r["busbw"] > mpi[r["bytes"]]["busbw"]):
+                mpi[r["bytes"]] = r
+        label = f"{key[0]} hosts x {key[1]}, {key[2]:g} Gbit/s"
+        common = sorted(set(tnt) & set(mpi))
+        if common:
+            ratios = [(tnt[b]["busbw"] / mpi[b]["busbw"], b) for b in common]
+            geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+            low, at = min(ratios)
+            t = h.Target(f"at scale: libtnt busbw / the better SMPI MPI_Allreduce, "
+                         f"{h.bytes_str(common[0])}..{h.bytes_str(common[-1])}, {label}",
+                         f">= {MPI_MIN:.1f}x every size", f"geomean {geo:.2f}x, min {low:.2f}x",
+                         low >= MPI_MIN, family="scale")
+            t.note = (f"min at {h.bytes_str(at)} ({tnt[at]['algorithm']} against "
+                      f"{mpi[at]['impl']})")
+            targets.append(t)
+        big = [tnt[b] for b in tnt if b >= LINK_BYTES]
+        if big:
+            worst = min(big, key=link_share)
+            targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
+                                    f">= {LINK_MIN:.2f}", f"{link_share(worst):.2f}",
+                                    link_share(worst) >= LINK_MIN, family="scale",
+                                    note=f"lowest at {h.bytes_str(worst['bytes'])}"))
+        else:
+            targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
+                                    f">= {LINK_MIN:.2f}", note="no size that large was run"))
+    if plt is not None and res:
+        plot(h, plt, results, res)
+        out += [h.image("scale_allreduce.png", results), ""]
+    rows = []
+    for r in sorted(res, key=lambda r: (r["gbit"], r["hosts"], r["per_host"], r["bytes"],
+                                        r["impl"], r["choice"])):
+        rows.append([layout(r), f"{r['gbit']:g}", h.bytes_str(r["bytes"]), r["impl"],
+                     r["choice"], r["algorithm"], f"{r['us']:.1f}", h.bw(r["busbw"]),
+                     f"{link_share(r):.2f}"])
+    out += ["<details><summary>every simulated allreduce</summary>", ""]
+    out.append(h.table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
+                        "busbw GB/s", "link share"], rows))
+    out += ["", "</details>", ""]
+    return out
+
+
+def section(h, results, stages, plt, targets):
+    """h: the report module (its table, Target and formatting helpers)."""
+    out = ["## At scale (simulated)", "",
+           "libtnt's own allreduce code on clusters simulated by SimGrid (tnt-sim, "
+           "tools/bench/scale_bench.py; docs/performance.md \"At scale\")."
+           " busbw = bytes / time * 2(n-1)/n over n ranks; link share = algbw * 2(H-1)/H "
+           "over H hosts / link rate.", ""]
+    val, _ = h.load_json(os.path.join(results, "scale_validation.json"))
+    out += validation_part(h, val, targets)
+    sc, _ = h.load_json(os.path.join(results, "scale.json"))
+    out += scale_part(h, sc, plt, results, targets)
+    targets.append(h.Target("at scale: projected E(1024), ResNet, 100 Gbit/s",
+                            f">= {E_MIN:.1f}", note="the projection is not built yet"))
+    return out

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""At scale, simulated: libtnt's allreduce on SimGrid clusters (tnt-sim under smpirun).
+
+Two measurements, each one JSON file:
+
+  --validate  the simulated 2-host allreduce against the one measured on the
+              network-namespace cluster (bench/results/sim_cluster_allreduce.json):
+              for every layout, link and size measured there, tnt-sim runs
+              libtnt's choice on 2 simulated hosts whose links carry what one
+              TCP stream carried in that run (its tcp_gbit), with the memcpy
+              rate measured at that size; the busbw of both, and their ratio.
+  --scale     libtnt's choice (and with --algos, fixed algorithms) against
+              SMPI's MPI_Allreduce with the Open MPI and the MPICH selectors,
+              on the fat-trees of tools/sim/platforms, float32 sums from
+              --min to --max: busbw per size, and the wall time of each run.
+
+  python3 tools/bench/scale_bench.py --validate --out bench/results/scale_validation.json
+  python3 tools/bench/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
+      --gbit 100 --out bench/results/scale.json
+
+The simulation is deterministic: one run per configuration.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLATFORMS = os.path.join(ROOT, "tools", "sim", "platforms")
+SMPI_CFG = ["--cfg=smpi/privatization:no", "--cfg=smpi/simulate-computation:no",
+            "--cfg=smpi/shared-malloc:global", "--log=root.thresh:warning",
+            # The platform's links are the network: no SMPI corrections of
+            # latency and bandwidth by message size (its defaults are
+            # calibrated for one particular cluster).
+            "--cfg=smpi/lat-factor:0:1", "--cfg=smpi/bw-factor:0:1"]
+# The measured runs had no added delay (tbf only); one way across the
+# namespaces, TCP and MPI took about 20 us: tnt-bench's 4 KiB allreduce of 2
+# ranks at 10 Gbit/s (one exchange) took 24.5 us, of which 4.4 us are the
+# bytes at 7.38 Gbit/s. The simulated route has 2 links of half that each.
+VALIDATE_LAT_US = 10.0
+# --scale compares the networks' use only: SMPI's MPI_Allreduce reduces and
+# copies for free in the simulation, so libtnt's copies and reductions are
+# free too (tnt-sim --copy-gbps 0).
+SCALE_COPY_GBPS = 0.0
+
+
+def find_sim(build):
+    path = os.path.join(build, "tools", "sim", "tnt-sim.so")
+    if not os.path.exists(path):
+        sys.exit(f"scale_bench: no {path}: build with SimGrid (libsimgrid-dev) installed")
+    return path
+
+
+def hostfile(dirname, hosts, per_host):
+    path = os.path.join(dirname, f"hosts_{hosts}x{per_host}")
+    with open(path, "w") as f:
+        for h in range(hosts):
+            f.write(f"host{h}\n" * per_host)
+    return path
+
+
+def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
+    """Runs tnt-sim --bench; returns (rows, wall seconds, error or None). A
+    run stopped at `timeout` keeps the sizes it finished."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = ["smpirun", "-np", str(hosts * per_host), "-platform", platform, "-hostfile",
+               hostfile(d, hosts, per_host), *SMPI_CFG, *extra_cfg, sim, "--bench", *args]
+        start = time.monotonic()
+        with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+            try:
+                rc, why = p.wait(timeout=timeout), None
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)  # smpirun and the simulation it started
+                rc, why = p.wait(), f"stopped after {timeout:g} s of wall time"
+            wall = time.monotonic() - start
+            out.seek(0)
+            err.seek(0)
+            rows = [json.loads(l) for l in out if l.startswith("{")]
+            if why is None and rc != 0:
+                why = (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
+        return rows, wall, why
+
+
+def platform_file(hosts, gbit):
+    path = os.path.join(PLATFORMS, f"fattree_{hosts}_{gbit}g.xml")
+    if not os.path.exists(path):
+        sys.exit(f"scale_bench: no {path} (tools/sim/gen_platform.sh --all {PLATFORMS})")
+    return path
+
+
+def validate(args, sim):
+    with open(args.measured) as f:
+        measured = json.load(f)
+    tcp = measured["config"]["tcp_gbit"]
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for r in measured["results"]:
+            key = f"{r['hosts']}x{r['ranks_per_host']}_{r['link']}"
+            plat = os.path.join(d, f"{key}.xml")
+            if not os.path.exists(plat):
+                with open(plat, "w") as f:
+                    subprocess.run([os.path.join(ROOT, "tools", "sim", "gen_platform.sh"),
+                                    "--hosts", str(r["hosts"]), "--gbit", str(tcp[key]),
+                                    "--lat-us", str(VALIDATE_LAT_US)], stdout=f, check=True)
+            size = str(r["bytes"])
+            rows, wall, err = run_sim(sim, plat, r["hosts"], r["ranks_per_host"],
+                                      ["--algos", "auto", "--min", size, "--max", size,
+                                       "--copy-gbps", f"{r['memcpy_gbps']:.3f}"])
+            if err or not rows:
+                sys.exit(f"scale_bench: {key} {size} B: {err or 'no result'}")
+            s = rows[0]
+            out.append({"hosts": r["hosts"], "ranks_per_host": r["ranks_per_host"],
+                        "link": r["link"], "sim_gbit": tcp[key], "bytes": r["bytes"],
+                        "measured_algorithm": r["algorithm"], "sim_algorithm": s["algorithm"],
+                        "measured_busbw": r["tnt_busbw"], "sim_busbw": s["busbw"],
+                        "ratio": s["busbw"] / r["tnt_busbw"], "copy_gbps": r["memcpy_gbps"],
+                        "wall_s": round(wall, 2)})
+            print(json.dumps(out[-1]), flush=True)
+    config = {"measured": os.path.relpath(args.measured, ROOT),
+              "latency_us_per_link": VALIDATE_LAT_US, "links_per_route": 2,
+              "link_gbit": tcp, "smpi_cfg": SMPI_CFG,
+              "copy": "memcpy_gbps measured at each size in the measured run"}
+    return {"config": config, "results": out}
+
+
+def scale(args, sim):
+    out, runs = [], []
+    algos = ["auto"] + [a for a in args.algos.split(",") if a and a != "auto"]
+    for gbit in args.gbit.split(","):
+        for hosts in (int(h) for h in args.hosts.split(",")):
+            plat = platform_file(hosts, gbit)
+            for per_host in (int(p) for p in args.per_host.split(",")):
+                jobs = [("tnt", ["--algos", ",".join(algos), "--copy-gbps",
+                                 str(SCALE_COPY_GBPS)], [])]
+                jobs += [(f"mpi_{sel}", ["--mpi"], [f"--cfg=smpi/coll-selector:{sel}"])
+                         for sel in ("ompi", "mpich")]
+                for impl, a, cfg in jobs:
+                    rows, wall, err = run_sim(sim, plat, hosts, per_host,
+                                              a + ["--min", args.min, "--max", args.max,
+                                                   "--iters", "1"], cfg, args.run_timeout)
+                    for r in rows:
+                        r.update(impl=impl, gbit=float(gbit),
+                                 per_host=per_host)
+                        out.append(r)
+                    run = {"impl": impl, "hosts": hosts, "per_host": per_host,
+                           "gbit": float(gbit), "wall_s": round(wall, 1), "sizes": len(rows),
+                           "error": err}
+                    runs.append(run)
+                    print(json.dumps(run), flush=True)
+    config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
+              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG,
+              "busbw": "bytes / time * 2(n-1)/n, n ranks, GB/s",
+              "timing": "one untimed call, then one call started after a barrier; "
+                        "the slowest rank's time"}
+    return {"config": config, "runs": runs, "results": out}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--validate", action="store_true")
+    mode.add_argument("--scale", action="store_true")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--measured",
+                   default=os.path.join(ROOT, "bench", "results", "sim_cluster_allreduce.json"))
+    p.add_argument("--hosts", default="8,64,256,1024")
+    p.add_argument("--per-host", default="1,8")
+    p.add_argument("--gbit", default="100")
+    p.add_argument("--algos", default="", help="fixed algorithms besides auto, e.g. ring,rd")
+    p.add_argument("--min", default="4K")
+    p.add_argument("--max", default="256M")
+    p.add_argument("--run-timeout", type=float, default=None,
+                   help="wall seconds per simulation; the sizes done by then are kept")
+    p.add_argument("--out", required=True)
+    p.add_argument("--append", action="store_true",
+                   help="with --scale: add to the runs and results already in --out")
+    args = p.parse_args()
+    sim = find_sim(args.build)
+    result = validate(args, sim) if args.validate else scale(args, sim)
+    if args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            old = json.load(f)
+        result["runs"] = old["runs"] + result["runs"]
+        result["results"] = old["results"] + result["results"]
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

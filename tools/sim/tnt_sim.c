@@ -1,0 +1,232 @@
+/*
+ * tnt-sim: an SMPI program (started by smpirun on a platform file) that
+ * runs libtnt's allreduce algorithms, or the simulated MPI's own
+ * MPI_Allreduce, on the simulated cluster. See sim.h for how libtnt's code
+ * runs unchanged on it, and docs/performance.md ("At scale") for the runs.
+ *
+ *   tnt-sim --check
+ *       every algorithm that can serve the layout, on the cases of
+ *       sim_check.h: exact sums checked on every rank, result hashes
+ *       printed by rank 0 (compared with the threads transport by the tests)
+ *   tnt-sim --bench [--algos auto,ring,rd,hier] [--mpi] [--min B] [--max B]
+ *       float32 sum at sizes min, 2 min, 4 min ... max: one JSON object per
+ *       line on stdout (rank 0): impl, algorithm, bytes, us, busbw
+ *   options: --copy-gbps G (memcpy GB/s of one rank, default 10),
+ *            --iters K (timed calls, default 1: each starts after a barrier
+ *            and the simulation is deterministic, so more only repeat it)
+ */
+#include <math.h>
+#include <mpi.h>
+#include <simgrid/actor.h>
+#include <simgrid/host.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/collectives.h"
+#include "sim.h"
+#include "sim_check.h"
+
+typedef struct args {
+  int check, bench, mpi, iters;
+  size_t min_bytes, max_bytes;
+  char algos[128];
+} args_t;
+
+static size_t parse_bytes(const char *s) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return 0;
+  switch (*end) {
+    case 'K': case 'k': v *= 1024.0; break;
+    case 'M': case 'm': v *= 1048576.0; break;
+    case 'G': case 'g': v *= 1073741824.0; break;
+    default: break;
+  }
+  return (size_t)v;
+}
+
+static int parse_args(int argc, char **argv, args_t *a) {
+  *a = (args_t){.iters = 1, .min_bytes = 4096, .max_bytes = 256u << 20};
+  snprintf(a->algos, sizeof a->algos, "auto");
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(o, "--check") == 0) a->check = 1;
+    else if (strcmp(o, "--bench") == 0) a->bench = 1;
+    else if (strcmp(o, "--mpi") == 0) a->mpi = 1;
+    else if (v != NULL && strcmp(o, "--algos") == 0) snprintf(a->algos, sizeof a->algos, "%s", argv[++i]);
+    else if (v != NULL && strcmp(o, "--min") == 0) a->min_bytes = parse_bytes(argv[++i]);
+    else if (v != NULL && strcmp(o, "--max") == 0) a->max_bytes = parse_bytes(argv[++i]);
+    else if (v != NULL && strcmp(o, "--iters") == 0) a->iters = atoi(argv[++i]);
+    else if (v != NULL && strcmp(o, "--copy-gbps") == 0) tnt_sim_opts.copy_gbps = atof(argv[++i]);
+    else {
+      fprintf(stderr, "tnt-sim: unknown or incomplete option '%s'; see the top of tools/sim/tnt_sim.c\n", o);
+      return -1;
+    }
+  }
+  if (a->check == a->bench) {
+    fprintf(stderr, "tnt-sim: give exactly one of --check and --bench\n");
+    return -1;
+  }
+  if (a->iters < 1 || a->min_bytes < 4 || a->max_bytes < a->min_bytes) {
+    fprintf(stderr, "tnt-sim: need --iters >= 1 and 4 <= --min <= --max\n");
+    return -1;
+  }
+  tnt_sim_opts.data = a->check;
+  return 0;
+}
+
+/* Host index of every rank, by first appearance (rank 0 computes it). */
+static sg_host_t *g_hosts;
+
+static int make_world(int rank, int size) {
+  if (rank == 0) g_hosts = calloc((size_t)size, sizeof *g_hosts);
+  MPI_Barrier(MPI_COMM_WORLD);
+  g_hosts[rank] = sg_host_self();
+  MPI_Barrier(MPI_COMM_WORLD);
+  int st = 0;
+  if (rank == 0) {
+    int *host_of = malloc((size_t)size * sizeof(int)), nh = 0;
+    sg_host_t *seen = malloc((size_t)size * sizeof *seen);
+    for (int r = 0; r < size && host_of && seen; r++) {
+      int h = 0;
+      while (h < nh && seen[h] != g_hosts[r]) h++;
+      if (h == nh) seen[nh++] = g_hosts[r];
+      host_of[r] = h;
+    }
+    st = host_of && seen ? tnt_sim_world_init(size, host_of, nh) : TNT_ERR_NO_MEMORY;
+    free(host_of);
+    free(seen);
+  }
+  MPI_Bcast(&st, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (st == 0) st = tnt_sim_bind(rank);
+  return st;
+}
+
+static tnt_status_t run_allreduce(tnt__comm_t *c, const void *in, void *out, size_t count) {
+  tnt__wait_ctx_t w = {.deadline = INFINITY, .timeout = INFINITY, .warn_at = INFINITY,
+                       .label = "simulated allreduce"};
+  const tnt__algo_t *a = tnt__algo_select(c, TNT__COLL_ALLREDUCE, count * sizeof(float));
+  return a->fn.allreduce(c, in, out, count, TNT_FLOAT32, TNT_SUM, &w);
+}
+
+static int check(tnt__comm_t *c, const tnt__algo_choice_t *resolved) {
+  size_t max = kSimCheckCounts[SIM_CHECK_NCOUNTS - 1];
+  float *in = malloc(max * sizeof *in), *out = malloc(max * sizeof *out);
+  uint64_t *hashes = malloc((size_t)c->size * sizeof *hashes);
+  int bad = 0;
+  for (size_t ai = 0; ai < SIM_CHECK_NALGOS && in && out && hashes; ai++) {
+    if (!sim_check_choose(c, kSimCheckAlgos[ai], resolved)) continue;
+    for (size_t ci = 0; ci < SIM_CHECK_NCOUNTS; ci++) {
+      for (int exact = 1; exact >= 0; exact--) {
+        size_t n = kSimCheckCounts[ci];
+        for (size_t i = 0; i < n; i++) in[i] = sim_check_input(exact, c->rank, i);
+        tnt_status_t st = run_allreduce(c, in, out, n);
+        if (st != TNT_OK) {
+          fprintf(stderr, "rank %d: %s of %zu failed: %s\n", c->rank, kSimCheckAlgos[ai], n,
+                  tnt_status_string(st));
+          return 1;
+        }
+        for (size_t i = 0; exact && i < n; i++) {
+          if (out[i] != sim_check_sum(c->size, i)) {
+            fprintf(stderr, "rank %d: %s of %zu: element %zu is %g, the sum is %g\n", c->rank,
+                    kSimCheckAlgos[ai], n, i, out[i], sim_check_sum(c->size, i));
+            bad = 1;
+            break;
+          }
+        }
+        uint64_t h = sim_check_hash(out, n * sizeof *out);
+        MPI_Gather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+        if (c->rank != 0) continue;
+        for (int r = 1; r < c->size; r++) {
+          if (hashes[r] != h) {
+            fprintf(stderr, "%s of %zu: rank %d's result differs from rank 0's\n",
+                    kSimCheckAlgos[ai], n, r);
+            bad = 1;
+          }
+        }
+        printf("%s %zu %s %016llx\n", kSimCheckAlgos[ai], n, exact ? "exact" : "bits",
+               (unsigned long long)h);
+      }
+    }
+  }
+  free(in);
+  free(out);
+  free(hashes);
+  int any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any;
+}
+
+/* Seconds per allreduce of `bytes`: the mean over `iters` calls of the
+ * slowest rank's time, each call started together after a barrier, after
+ * one untimed call. Back-to-back calls on a multi-level tree, where the
+ * ranks start each call at different times, run slower in the simulation
+ * than the same call started together (docs/performance.md, "At scale"). */
+static double time_one(tnt__comm_t *c, int mpi, float *buf, size_t bytes, int iters) {
+  size_t count = bytes / sizeof(float);
+  double sum = 0.0;
+  for (int i = 0; i <= iters; i++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    if (mpi) {
+      MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (run_allreduce(c, buf, buf, count) != TNT_OK) {
+      return -1.0;
+    }
+    double mine = MPI_Wtime() - t0, worst = 0.0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (i > 0) sum += worst;
+  }
+  return sum / iters;
+}
+
+static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *resolved) {
+  /* One buffer for every rank: a timing run moves no data (sim.h), and
+   * SMPI's shared allocation keeps MPI_Allreduce's buffers from costing
+   * memory per rank. */
+  static float *buf;
+  if (c->rank == 0) buf = SMPI_SHARED_MALLOC(a->max_bytes);
+  MPI_Barrier(MPI_COMM_WORLD);
+  char list[128];
+  snprintf(list, sizeof list, "%s", a->mpi ? "mpi" : a->algos);
+  for (char *save = NULL, *name = strtok_r(list, ",", &save); name != NULL;
+       name = strtok_r(NULL, ",", &save)) {
+    if (!a->mpi && !sim_check_choose(c, name, resolved)) continue;
+    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
+      const char *used = a->mpi ? "MPI_Allreduce"
+                                : tnt__algo_select(c, TNT__COLL_ALLREDUCE, bytes)->name;
+      double s = time_one(c, a->mpi, buf, bytes, a->iters);
+      if (s < 0) return 1;
+      if (c->rank == 0) {
+        double busbw = (double)bytes / s * 2.0 * (c->size - 1) / c->size / 1e9;
+        printf("{\"impl\": \"%s\", \"choice\": \"%s\", \"algorithm\": \"%s\", \"ranks\": %d, "
+               "\"hosts\": %d, \"bytes\": %zu, \"us\": %.3f, \"busbw\": %.6f}\n",
+               a->mpi ? "mpi" : "tnt", a->mpi ? "mpi" : name, used, c->size, c->num_hosts,
+               bytes, s * 1e6, busbw);
+        fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0, rc = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  args_t a;
+  tnt__transport_t *t = NULL;
+  tnt__comm_t *c = NULL;
+  if (parse_args(argc, argv, &a) != 0 || make_world(rank, size) != 0) goto out;
+  if (tnt_sim_transport_create(rank, &t) != TNT_OK || tnt__comm_create(t, &c) != TNT_OK) {
+    fprintf(stderr, "rank %d: cannot set up the simulated communicator\n", rank);
+    goto out;
+  }
+  tnt__algo_choice_t resolved = c->algos[TNT__COLL_ALLREDUCE];
+  rc = a.check ? check(c, &resolved) : bench(c, &a, &resolved);
+out:
+  MPI_Finalize();
+  return rc;
+}
