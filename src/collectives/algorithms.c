@@ -1,12 +1,16 @@
 /*
- * The algorithm tables and the choice by message size.
+ * The algorithm tables and the choice by message size and group size.
  *
  * On one host the shared-memory algorithms win at every size (measured with
  * tnt-bench against MPI_Allreduce). Across hosts, the allreduce is
  * hierarchical (shared memory within hosts, the pipelined ring among one
- * leader per host) when hosts are alike and hold several ranks each,
- * otherwise recursive doubling up to TNT__RD_MAX_BYTES and the pipelined
- * ring above. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
+ * leader per host) when hosts are alike and hold several ranks each.
+ * Otherwise it is recursive doubling up to TNT__RD_MAX_BYTES, Rabenseifner's
+ * algorithm above, and the pipelined ring from the size where the ring's
+ * 2(n-1) latencies cost less than what Rabenseifner's pays on top of the
+ * same traffic (ring_min_bytes: its unpipelined reductions, and for n not a
+ * power of two the whole vector sent twice more). On 2 or 3 ranks the ring
+ * wins at once. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
  * and TNT_ALLGATHER_ALGORITHM force one.
  *
  * A communicator resolves its choice once, when it is created
@@ -22,11 +26,20 @@
 #include "util/settings.h"
 #include "util/log.h"
 
+/* Recursive doubling up to this size: measured on 2 hosts (tnt-bench), and
+ * on simulated fat-trees of 64 to 1024 hosts it beats the MPI selectors up
+ * to 32-64 KiB (docs/performance.md, "At scale"). */
 #define TNT__RD_MAX_BYTES (64u * 1024u)
+/* The cost model of ring_min_bytes: a message's latency across the network
+ * times a link's rate (2 us at 12.5 GB/s, as the simulated 256-host
+ * fat-tree at 100 Gbit/s shows; 10 Gbit/s Ethernet at 20 us gives the same
+ * product), and a link's rate over one rank's reduction rate (10 GB/s). */
+#define TNT__LATENCY_BANDWIDTH_BYTES 25000.0
+#define TNT__LINK_OVER_REDUCE_RATE 1.25
 
 static const tnt__algo_t *const allreduce_algos[] = {
     &tnt__allreduce_shm, &tnt__allreduce_rd, &tnt__allreduce_ring, &tnt__allreduce_mpi,
-    &tnt__allreduce_hier, NULL};
+    &tnt__allreduce_hier, &tnt__allreduce_rabenseifner, NULL};
 static const tnt__algo_t *const broadcast_algos[] = {&tnt__broadcast_shm, &tnt__broadcast_tree,
                                                      NULL};
 static const tnt__algo_t *const allgatherv_algos[] = {&tnt__allgatherv_shm,
@@ -55,17 +68,41 @@ const tnt__algo_t *tnt__algo_at(tnt__coll_kind_t kind, int index) {
   return NULL;
 }
 
-/* The choice by message size. */
+/*
+ * The size above which the pipelined ring beats Rabenseifner's algorithm on
+ * n ranks, in units of the link rate B (times in bytes sent at B):
+ *   ring          2(n-1) L + 2(n-1)/n S    (reductions hidden by the pipeline)
+ *   Rabenseifner  2 log2(p) L + (p-1)/p S (2 + R)
+ *                 + (n > p: the pair's fold and result, 2 L + S (2 + R))
+ * with p the largest power of two <= n, L = latency x B and R = B / the
+ * reduction rate. Depends on n alone, so every rank computes the same.
+ */
+static size_t ring_min_bytes(int n) {
+  int p = 1, log2p = 0;
+  while (p * 2 <= n) p *= 2, log2p++;
+  const int fold = n > p;
+  const double L = TNT__LATENCY_BANDWIDTH_BYTES, R = TNT__LINK_OVER_REDUCE_RATE;
+  const double latency_saved = 2.0 * L * (n - 1 - log2p - fold);
+  const double per_byte_extra =
+      (double)(p - 1) / p * (2.0 + R) + fold * (2.0 + R) - 2.0 * (n - 1) / n;
+  if (latency_saved <= 0.0) return 0;
+  return (size_t)(latency_saved / per_byte_extra);
+}
+
+/* The choice by message size and group size. */
 static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
   const tnt__algo_t *const *t = tables[kind];
-  if (t[0]->usable(c)) return (tnt__algo_choice_t){t[0], t[0], SIZE_MAX}; /* shared memory */
-  if (kind == TNT__COLL_ALLREDUCE) {
-    if (tnt__allreduce_hier.usable(c)) {
-      return (tnt__algo_choice_t){&tnt__allreduce_hier, &tnt__allreduce_hier, SIZE_MAX};
-    }
-    return (tnt__algo_choice_t){&tnt__allreduce_rd, &tnt__allreduce_ring, TNT__RD_MAX_BYTES};
+  if (t[0]->usable(c)) return tnt__algo_only(t[0]); /* shared memory */
+  if (kind != TNT__COLL_ALLREDUCE) return tnt__algo_only(t[1]);
+  if (tnt__allreduce_hier.usable(c)) return tnt__algo_only(&tnt__allreduce_hier);
+  const size_t ring_from = ring_min_bytes(c->size);
+  if (ring_from <= TNT__RD_MAX_BYTES) {
+    return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_ring},
+                                {TNT__RD_MAX_BYTES, SIZE_MAX}};
   }
-  return (tnt__algo_choice_t){t[1], t[1], SIZE_MAX};
+  return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_rabenseifner,
+                               &tnt__allreduce_ring},
+                              {TNT__RD_MAX_BYTES, ring_from, SIZE_MAX}};
 }
 
 void tnt__algo_resolve(tnt__comm_t *c) {
@@ -76,7 +113,7 @@ void tnt__algo_resolve(tnt__comm_t *c) {
     if (word <= 0) continue; /* auto */
     const tnt__algo_t *a = tnt__algo_at(kind, word - 1);
     if (a->usable(c)) {
-      c->algos[k] = (tnt__algo_choice_t){a, a, SIZE_MAX};
+      c->algos[k] = tnt__algo_only(a);
       continue;
     }
     /* Warn once per process and kind: every group would repeat it. */

@@ -42,13 +42,21 @@ typedef enum tnt__coll_kind {
 /* The number of algorithm tables: one per kind before TNT__COLL_BARRIER. */
 #define TNT__ALGO_TABLE_COUNT 3
 
-/* A communicator's choice for one kind of collective: `small` up to
- * `small_max_bytes`, `large` above. Resolved once, at creation. */
+/* The most algorithms one choice switches between by size. */
+#define TNT__ALGO_TIERS 3
+
+/* A communicator's choice for one kind of collective: algo[i] serves the
+ * messages of at most max_bytes[i] bytes that no earlier tier serves; the
+ * last tier used has SIZE_MAX. Resolved once, at creation. */
 typedef struct tnt__algo_choice {
-  const tnt__algo_t *small;
-  const tnt__algo_t *large;
-  size_t small_max_bytes;
+  const tnt__algo_t *algo[TNT__ALGO_TIERS];
+  size_t max_bytes[TNT__ALGO_TIERS];
 } tnt__algo_choice_t;
+
+/* The choice of `a` at every size. */
+static inline tnt__algo_choice_t tnt__algo_only(const tnt__algo_t *a) {
+  return (tnt__algo_choice_t){{a}, {SIZE_MAX}};
+}
 
 /*
  * A communicator: one group's transports, shared memory and algorithm
@@ -110,6 +118,7 @@ extern const tnt__algo_t tnt__allreduce_rd;    /* allreduce_rd.c */
 extern const tnt__algo_t tnt__allreduce_mpi;   /* allreduce_mpi.c */
 extern const tnt__algo_t tnt__allreduce_shm;   /* allreduce_shm.c */
 extern const tnt__algo_t tnt__allreduce_hier;  /* allreduce_hier.c */
+extern const tnt__algo_t tnt__allreduce_rabenseifner; /* allreduce_rabenseifner.c */
 extern const tnt__algo_t tnt__broadcast_tree;  /* broadcast_tree.c */
 extern const tnt__algo_t tnt__broadcast_shm;   /* broadcast_shm.c */
 extern const tnt__algo_t tnt__allgatherv_ring; /* allgatherv_ring.c */
@@ -146,7 +155,9 @@ void tnt__algo_resolve(tnt__comm_t *c);
 static inline const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind,
                                                   size_t bytes) {
   const tnt__algo_choice_t *ch = &c->algos[kind];
-  return bytes <= ch->small_max_bytes ? ch->small : ch->large;
+  int i = 0;
+  while (bytes > ch->max_bytes[i]) i++;
+  return ch->algo[i];
 }
 
 /* Looks an algorithm up by name; NULL when unknown. */

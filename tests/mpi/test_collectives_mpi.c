@@ -10,8 +10,8 @@
  */
 #include "mpi_test_util.h"
 
-#define NALGOS 4
-static const char *const kAlgos[NALGOS] = {"shm", "ring", "rd", "mpi"};
+#define NALGOS 5
+static const char *const kAlgos[NALGOS] = {"shm", "ring", "rd", "mpi", "rabenseifner"};
 
 /* Ways to call a collective. */
 typedef enum mode {

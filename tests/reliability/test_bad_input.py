@@ -200,7 +200,7 @@ CASES = [
       "auto (default auto)"),
     E("TNT_SHM_SLOT_KB", "-3", "TNT_SHM_SLOT_KB=-3 is not a value TNT_SHM_SLOT_KB takes"),
     E("TNT_SHM_SLOT_KB", "1e12", "at most 1048576, or auto"),
-    E("TNT_ALLREDUCE_ALGORITHM", "nonsense", "use auto, shm, rd, ring, mpi or hier"),
+    E("TNT_ALLREDUCE_ALGORITHM", "nonsense", "use auto, shm, rd, ring, mpi, hier or rabenseifner"),
     E("TNT_BROADCAST_ALGORITHM", "nonsense", "use auto, shm or tree",
       args=BENCH[:4] + ("{bench}", "broadcast") + BENCH[6:]),
     E("TNT_LOG_LEVEL", "LOUD", "use DEBUG, INFO, WARNING or ERROR (default INFO)"),

@@ -90,7 +90,7 @@ static void test_bad_values_name_what_the_setting_takes(void **state) {
       {"TNT_OUTPUT_ON_ALL_DEVICES=maybe",
        "use on or off (also 1, true, yes or 0, false, no) (default off)"},
       {"TNT_FUSION_THRESHOLD_KB=-1", "use a number from 0 to 1048576, or auto (default 32)"},
-      {"TNT_ALLREDUCE_ALGORITHM=fast", "use auto, shm, rd, ring, mpi or hier"},
+      {"TNT_ALLREDUCE_ALGORITHM=fast", "use auto, shm, rd, ring, mpi, hier or rabenseifner"},
       {"TNT_SPLIT_HOSTS=0", "use a whole number from 1 to 1048576, or off"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

@@ -22,7 +22,7 @@
 
 static const size_t kSimCheckCounts[] = {1, 7, 1000, 6007, 100003};
 #define SIM_CHECK_NCOUNTS (sizeof kSimCheckCounts / sizeof kSimCheckCounts[0])
-static const char *const kSimCheckAlgos[] = {"ring", "rd", "hier", "shm", "auto"};
+static const char *const kSimCheckAlgos[] = {"ring", "rd", "rabenseifner", "hier", "shm", "auto"};
 #define SIM_CHECK_NALGOS (sizeof kSimCheckAlgos / sizeof kSimCheckAlgos[0])
 
 /* Element i of rank r's input. */
@@ -56,7 +56,7 @@ static inline int sim_check_choose(tnt__comm_t *c, const char *name,
   }
   const tnt__algo_t *a = tnt__algo_find(TNT__COLL_ALLREDUCE, name);
   if (a == NULL || !a->usable(c)) return 0;
-  c->algos[TNT__COLL_ALLREDUCE] = (tnt__algo_choice_t){a, a, SIZE_MAX};
+  c->algos[TNT__COLL_ALLREDUCE] = tnt__algo_only(a);
   return 1;
 }
 

@@ -1,0 +1,122 @@
+/*
+ * Rabenseifner's allreduce: a reduce-scatter by recursive halving followed
+ * by an allgather by recursive doubling. Each rank sends 2(p-1)/p of the
+ * vector, as the ring does, but in 2 log2(p) exchanges instead of 2(p-1):
+ * the algorithm for medium messages among many hosts, where the ring's
+ * steps each pay a network latency (see algorithms.c for the choice).
+ *
+ * The p participants are the largest power of two p <= n ranks. The first
+ * 2 * extra ranks (extra = n - p) pair up first, as in recursive doubling:
+ * even ones hand their vector to the odd one next to them, sit out, and
+ * receive the result at the end.
+ *
+ * Reduce-scatter: the vector is cut into p blocks (tnt__slice). In the
+ * exchange with the partner at distance d = p/2, p/4, ..., 1, the two
+ * partners split the range of blocks they still hold: the one whose bit d
+ * is clear keeps the lower half, the other the upper half; each sends the
+ * half it gives up and adds the partner's copy of the half it keeps. After
+ * the last exchange participant v holds the sum of block v over all ranks.
+ * Allgather: the same exchanges in reverse order (d = 1, 2, ..., p/2), each
+ * partner sending the range it holds, so that all end with every block.
+ *
+ * Each element is summed on exactly one rank, in a fixed binary-tree order
+ * (which depends only on n), and then copied, so every rank gets identical
+ * bits on every run.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/collectives.h"
+#include "util/reduce.h"
+
+static int rabenseifner_usable(const tnt__comm_t *c) {
+  (void)c;
+  return 1;
+}
+
+/* The transport rank of participant v (the odd rank of a pair for the
+ * first `extra` participants). */
+static int participant_rank(int v, int extra) { return v < extra ? v * 2 + 1 : v + extra; }
+
+/* Elements [*lo, *hi) of blocks [b0, b1) of p. */
+static void blocks(size_t count, size_t esz, int p, int b0, int b1, size_t *lo, size_t *hi) {
+  size_t unused;
+  tnt__slice(count, esz, p, b0, lo, &unused);
+  tnt__slice(count, esz, p, b1 - 1, &unused, hi);
+}
+
+static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
+                                      size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
+                                      int extra, int v, const tnt__wait_ctx_t *w) {
+  const size_t esz = tnt__dtype_size(dtype);
+  int b0 = 0, b1 = p; /* the blocks this participant holds */
+  for (int d = p / 2; d >= 1; d /= 2) {
+    const int peer = participant_rank(v ^ d, extra), mid = b0 + (b1 - b0) / 2;
+    const int keep_lower = (v & d) == 0;
+    size_t klo, khi, slo, shi;
+    blocks(count, esz, p, keep_lower ? b0 : mid, keep_lower ? mid : b1, &klo, &khi);
+    blocks(count, esz, p, keep_lower ? mid : b0, keep_lower ? b1 : mid, &slo, &shi);
+    TNT_CHECK(tnt__xsendrecv(t, buf + slo * esz, (shi - slo) * esz, peer, tmp,
+                             (khi - klo) * esz, peer, w));
+    tnt__reduce(buf + klo * esz, tmp, khi - klo, dtype, op);
+    if (keep_lower) b1 = mid;
+    else b0 = mid;
+  }
+  for (int d = 1; d < p; d *= 2) {
+    const int peer = participant_rank(v ^ d, extra), width = b1 - b0;
+    /* The partner holds the neighbouring range of the same width. */
+    const int p0 = (v & d) == 0 ? b1 : b0 - width;
+    size_t mlo, mhi, plo, phi;
+    blocks(count, esz, p, b0, b1, &mlo, &mhi);
+    blocks(count, esz, p, p0, p0 + width, &plo, &phi);
+    TNT_CHECK(tnt__xsendrecv(t, buf + mlo * esz, (mhi - mlo) * esz, peer, buf + plo * esz,
+                             (phi - plo) * esz, peer, w));
+    if (p0 < b0) b0 = p0;
+    else b1 = p0 + width;
+  }
+  return TNT_OK;
+}
+
+static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
+                                           size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                           const tnt__wait_ctx_t *w) {
+  tnt__transport_t *t = c->t;
+  const int n = t->size, r = t->rank;
+  const size_t bytes = count * tnt__dtype_size(dtype);
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
+  if (n == 1 || count == 0) {
+    tnt__reduce_finish(recvbuf, count, dtype, op, n);
+    return TNT_OK;
+  }
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;
+  /* The pair's whole vector, or the largest half of the first exchange. */
+  uint8_t *tmp = malloc(bytes);
+  if (tmp == NULL) return TNT_ERR_NO_MEMORY;
+  tnt_status_t st = TNT_OK;
+  if (r < 2 * extra && r % 2 == 0) {
+    TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r + 1, w), st, out);
+    TNT_CHECK_GOTO(tnt__xrecv(t, recvbuf, bytes, r + 1, w), st, out);
+    goto out;
+  }
+  if (r < 2 * extra) {
+    TNT_CHECK_GOTO(tnt__xrecv(t, tmp, bytes, r - 1, w), st, out);
+    tnt__reduce(recvbuf, tmp, count, dtype, op);
+  }
+  const int v = r < 2 * extra ? r / 2 : r - extra;
+  TNT_CHECK_GOTO(halve_then_double(t, recvbuf, tmp, count, dtype, op, p, extra, v, w), st, out);
+  tnt__reduce_finish(recvbuf, count, dtype, op, n);
+  if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);
+out:
+  free(tmp);
+  return st;
+}
+
+const tnt__algo_t tnt__allreduce_rabenseifner = {
+    .name = "rabenseifner",
+    .description = "recursive halving then doubling; ring-like traffic in 2 log2(n) steps, for "
+                   "medium messages across many hosts",
+    .usable = rabenseifner_usable,
+    .fn.allreduce = rabenseifner_allreduce,
+};

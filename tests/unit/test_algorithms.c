@@ -1,0 +1,96 @@
+/*
+ * Tests of the allreduce's choice of algorithm by message size and group
+ * size (src/collectives/algorithms.c), on communicators of up to 1024 ranks
+ * with one rank per host: the choice reads only the communicator's shape
+ * and the settings, so no transport is needed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/collectives.h"
+#include "tnt/tnt.h"
+
+/* The choice for n ranks on n hosts. */
+static tnt__comm_t flat(int n) {
+  tnt__comm_t c = {.rank = 0, .size = n, .local_rank = 0, .local_size = 1, .num_hosts = n};
+  tnt__algo_resolve(&c);
+  return c;
+}
+
+static const char *chosen(const tnt__comm_t *c, size_t bytes) {
+  return tnt__algo_select(c, TNT__COLL_ALLREDUCE, bytes)->name;
+}
+
+/* The smallest size at which n ranks choose the ring (searched in powers of
+ * two up to 1 GiB), 0 when none. */
+static size_t ring_from(int n) {
+  tnt__comm_t c = flat(n);
+  for (size_t b = 1; b <= ((size_t)1 << 30); b *= 2) {
+    if (strcmp(chosen(&c, b), "ring") == 0) return b;
+  }
+  return 0;
+}
+
+static void test_two_and_three_ranks_use_recursive_doubling_then_the_ring(void **state) {
+  (void)state;
+  for (int n = 2; n <= 3; n++) {
+    tnt__comm_t c = flat(n);
+    assert_string_equal(chosen(&c, 4), "rd");
+    assert_string_equal(chosen(&c, 64 * 1024), "rd");
+    assert_string_equal(chosen(&c, 64 * 1024 + 4), "ring");
+    assert_string_equal(chosen(&c, (size_t)1 << 28), "ring");
+  }
+}
+
+static void test_many_hosts_use_rabenseifner_for_medium_sizes(void **state) {
+  (void)state;
+  static const int sizes[] = {8, 16, 64, 256, 1024};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    tnt__comm_t c = flat(sizes[i]);
+    assert_string_equal(chosen(&c, 64 * 1024), "rd");
+    assert_string_equal(chosen(&c, 128 * 1024), "rabenseifner");
+    assert_string_equal(chosen(&c, (size_t)1 << 30), "ring");
+  }
+}
+
+/* The ring's 2(n-1) latencies make it worth its pipeline only at sizes
+ * that grow with n (powers of two; between them, folding the extra ranks
+ * into Rabenseifner's algorithm costs two more sends of the vector). */
+static void test_the_ring_threshold_grows_with_the_hosts(void **state) {
+  (void)state;
+  size_t before = 0;
+  for (int n = 4; n <= 1024; n *= 2) {
+    const size_t b = ring_from(n);
+    assert_true(b > before);
+    before = b;
+  }
+  assert_true(ring_from(1024) >= ((size_t)16 << 20));
+  assert_true(ring_from(8) <= ((size_t)1 << 20));
+}
+
+static void test_a_forced_algorithm_serves_every_size(void **state) {
+  (void)state;
+  setenv("TNT_ALLREDUCE_ALGORITHM", "rabenseifner", 1);
+  assert_int_equal(tnt_settings_load(), TNT_OK);
+  tnt__comm_t c = flat(2);
+  unsetenv("TNT_ALLREDUCE_ALGORITHM");
+  assert_int_equal(tnt_settings_load(), TNT_OK);
+  assert_string_equal(chosen(&c, 4), "rabenseifner");
+  assert_string_equal(chosen(&c, (size_t)1 << 30), "rabenseifner");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_two_and_three_ranks_use_recursive_doubling_then_the_ring),
+      cmocka_unit_test(test_many_hosts_use_rabenseifner_for_medium_sizes),
+      cmocka_unit_test(test_the_ring_threshold_grows_with_the_hosts),
+      cmocka_unit_test(test_a_forced_algorithm_serves_every_size),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
