@@ -13,11 +13,12 @@ Reads (each optional; a missing file is reported as "not run"):
   sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
   scale_validation.json, scale.json                               scale_bench.py (report_scale.py)
+  scale_timelines.json, scale_projection.json                     project_scale.py (report_scale.py)
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
-sim_cluster_allreduce.png, scale_allreduce.png,
+sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
 pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
 """
 import argparse

@@ -10,7 +10,8 @@ VALIDATION_BYTES = 256 * 1024
 MPI_MIN = 1.0                      # libtnt / the better SMPI MPI_Allreduce, every size
 LINK_MIN = 0.9                     # share of the link at >= LINK_BYTES
 LINK_BYTES = 64 << 20
-E_MIN = 0.9                        # projected E(1024), ResNet, 100 Gbit/s
+E_MIN = 0.9                        # projected E(E_HOSTS), ResNet, 100 Gbit/s
+E_HOSTS = 1024
 
 
 def layout(r):
@@ -149,6 +150,72 @@ def scale_part(h, d, plt, results, targets):
     return out
 
 
+def plot_projection(h, plt, results, res):
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for model in sorted({r["model"] for r in res}):
+        for mode, style in (("data-parallel", "o-"), ("hybrid", "s--")):
+            mine = sorted((r for r in res if r["model"] == model and r["mode"] == mode),
+                          key=lambda r: r["hosts"])
+            if mine:
+                ax.plot([r["hosts"] for r in mine], [r["E"] for r in mine], style, ms=3,
+                        label=f"{model}, {mode}")
+    ax.axhline(E_MIN, color="k", lw=1, label=f"target {E_MIN:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("hosts (one rank each)")
+    ax.set_ylabel("projected E(N)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    h.save(fig, results, "scale_projection.png")
+
+
+def projection_part(h, d, plt, results, targets):
+    out = ["### Training at scale, projected", ""]
+    name = f"at scale: projected E({E_HOSTS}), ResNet, 100 Gbit/s"
+    if d is None:
+        targets.append(h.Target(name, f">= {E_MIN:.1f}", note="not run"))
+        return out + ["Not run.", ""]
+    res = d["results"]
+    out += h.config_lines(d["config"])
+    out.append("Step time from each model's measured timeline (when each fusion bucket is "
+               "submitted) and libtnt's simulated allreduce of each bucket on N hosts "
+               "(`tools/bench/project_scale.py`); E(N) = compute / step at the same samples "
+               "per rank. Hybrid: K pipeline stages x N/K replicas.")
+    out.append("")
+    best = {}
+    for r in res:
+        k = (r["model"], r["hosts"])
+        if k not in best or r["E"] > best[k]["E"]:
+            best[k] = r
+    rows = [[r["model"], r["hosts"], r["mode"], r["stages"], f"{r['step_ms']:.2f}",
+             f"{r['E']:.3f}", "yes" if best[(r["model"], r["hosts"])] is r else ""]
+            for r in sorted(res, key=lambda r: (r["model"], r["hosts"], r["stages"]))]
+    out.append(h.table(["model", "hosts", "mode", "stages", "step ms", "E(N)", "chosen"], rows))
+    out.append("")
+    if d.get("check_2_hosts"):
+        out.append("The same projection of the measured 2-host runs, from their measured "
+                   "allreduce times:")
+        out.append("")
+        out.append(h.table(["model", "link", "projected step ms", "measured step ms",
+                            "projected / measured"],
+                           [[c["model"], c["link"], f"{c['projected_step_ms']:.2f}",
+                             f"{c['measured_step_ms']:.2f}", f"{c['ratio']:.2f}"]
+                            for c in d["check_2_hosts"]]))
+        out.append("")
+    resnet = best.get(("resnet", E_HOSTS))
+    if resnet is None:
+        targets.append(h.Target(name, f">= {E_MIN:.1f}",
+                                note=f"no simulated allreduce at {E_HOSTS} hosts"))
+    else:
+        targets.append(h.Target(name, f">= {E_MIN:.1f}", f"{resnet['E']:.3f}",
+                                resnet["E"] >= E_MIN, family="scale",
+                                note=f"{resnet['mode']}, {resnet['stages']} stage(s)"))
+    if plt is not None and res:
+        plot_projection(h, plt, results, res)
+        out += [h.image("scale_projection.png", results), ""]
+    return out
+
+
 def section(h, results, stages, plt, targets):
     """h: the report module (its table, Target and formatting helpers)."""
     out = ["## At scale (simulated)", "",
@@ -160,6 +227,6 @@ def section(h, results, stages, plt, targets):
     out += validation_part(h, val, targets)
     sc, _ = h.load_json(os.path.join(results, "scale.json"))
     out += scale_part(h, sc, plt, results, targets)
-    targets.append(h.Target("at scale: projected E(1024), ResNet, 100 Gbit/s",
-                            f">= {E_MIN:.1f}", note="the projection is not built yet"))
+    pr, _ = h.load_json(os.path.join(results, "scale_projection.json"))
+    out += projection_part(h, pr, plt, results, targets)
     return out

@@ -25,7 +25,8 @@
 #   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
 #                against SMPI's MPI_Allreduce, after a validation against the
 #                measured 2-host runs (scale_bench.py; needs tnt-sim, built
-#                when libsimgrid-dev is installed)
+#                when libsimgrid-dev is installed), and training projected
+#                to those clusters (project_scale.py)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -298,7 +299,7 @@ if wanted scale; then
     if [[ $QUICK == 1 ]]; then
       parts=("--hosts 8 --per-host 1,8 --max 16M")
     else
-      parts=("--hosts 8,64 --per-host 1,8 --max 64M" "--hosts 256 --per-host 1 --max 4M")
+      parts=("--hosts 8,64 --per-host 1,8 --max 64M" "--hosts 256,1024 --per-host 1 --max 4M")
     fi
     rm -f "$OUT/scale.json"
     for i in "${!parts[@]}"; do
@@ -308,6 +309,15 @@ if wanted scale; then
         "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --scale --build "$build" $part \
         --gbit 100 --run-timeout 1800 --append --out "$OUT/scale.json"
     done
+    # Training projected from measured timelines and those allreduces.
+    steps=$OUT/sim_cluster.json
+    [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.json
+    run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.json" \
+      "$PYTHON" "$ROOT/tools/bench/project_scale.py" --measure --out "$OUT/scale_timelines.json"
+    run_stage scale_projection 60 "$OUT/scale_projection.json" \
+      "$PYTHON" "$ROOT/tools/bench/project_scale.py" --project \
+      --timelines "$OUT/scale_timelines.json" --scale "$OUT/scale.json" \
+      --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.json"
   fi
 fi
 

@@ -139,6 +139,7 @@ def scale(args, sim):
                                  str(SCALE_COPY_GBPS)], [])]
                 jobs += [(f"mpi_{sel}", ["--mpi"], [f"--cfg=smpi/coll-selector:{sel}"])
                          for sel in ("ompi", "mpich")]
+                jobs = [j for j in jobs if j[0] in args.impls.split(",")]
                 for impl, a, cfg in jobs:
                     rows, wall, err = run_sim(sim, plat, hosts, per_host,
                                               a + ["--min", args.min, "--max", args.max,
@@ -177,16 +178,25 @@ def main():
     p.add_argument("--run-timeout", type=float, default=None,
                    help="wall seconds per simulation; the sizes done by then are kept")
     p.add_argument("--out", required=True)
+    p.add_argument("--impls", default="tnt,mpi_ompi,mpi_mpich",
+                   help="with --scale: which of tnt, mpi_ompi, mpi_mpich to simulate")
     p.add_argument("--append", action="store_true",
-                   help="with --scale: add to the runs and results already in --out")
+                   help="with --scale: add to the runs and results already in --out, "
+                        "replacing those of the same implementation and layout")
     args = p.parse_args()
     sim = find_sim(args.build)
     result = validate(args, sim) if args.validate else scale(args, sim)
     if args.append and os.path.exists(args.out):
         with open(args.out) as f:
             old = json.load(f)
-        result["runs"] = old["runs"] + result["runs"]
-        result["results"] = old["results"] + result["results"]
+        new = {(r["impl"], r["hosts"], r["per_host"], r["gbit"]) for r in result["runs"]}
+        keep = [r for r in old["runs"]
+                if (r["impl"], r["hosts"], r["per_host"], r["gbit"]) not in new]
+        kept = [r for r in old["results"]
+                if (r["impl"], r["hosts"], r["per_host"], r["gbit"])
+                not in new]
+        result["runs"] = keep + result["runs"]
+        result["results"] = kept + result["results"]
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0
