@@ -89,13 +89,9 @@ static size_t ring_min_bytes(int n) {
   return (size_t)(latency_saved / per_byte_extra);
 }
 
-/* The choice by message size and group size. */
-static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
-  const tnt__algo_t *const *t = tables[kind];
-  if (t[0]->usable(c)) return tnt__algo_only(t[0]); /* shared memory */
-  if (kind != TNT__COLL_ALLREDUCE) return tnt__algo_only(t[1]);
-  if (tnt__allreduce_hier.usable(c)) return tnt__algo_only(&tnt__allreduce_hier);
-  const size_t ring_from = ring_min_bytes(c->size);
+/* The allreduce of n ranks with one rank per host, by size. */
+static tnt__algo_choice_t across_hosts(int n) {
+  const size_t ring_from = ring_min_bytes(n);
   if (ring_from <= TNT__RD_MAX_BYTES) {
     return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_ring},
                                 {TNT__RD_MAX_BYTES, SIZE_MAX}};
@@ -105,7 +101,17 @@ static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
                               {TNT__RD_MAX_BYTES, ring_from, SIZE_MAX}};
 }
 
+/* The choice by message size and group size. */
+static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
+  const tnt__algo_t *const *t = tables[kind];
+  if (t[0]->usable(c)) return tnt__algo_only(t[0]); /* shared memory */
+  if (kind != TNT__COLL_ALLREDUCE) return tnt__algo_only(t[1]);
+  if (tnt__allreduce_hier.usable(c)) return tnt__algo_only(&tnt__allreduce_hier);
+  return across_hosts(c->size);
+}
+
 void tnt__algo_resolve(tnt__comm_t *c) {
+  if (c->cross != NULL) c->cross_allreduce = across_hosts(c->cross->size);
   for (int k = 0; k < TNT__ALGO_TABLE_COUNT; ++k) {
     const tnt__coll_kind_t kind = (tnt__coll_kind_t)k;
     c->algos[k] = by_size(c, kind);

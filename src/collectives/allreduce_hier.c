@@ -7,9 +7,11 @@
  *      memory into the leader's (the host's first member) receive buffer:
  *      every rank reduces its own slice of the block from all slots, in rank
  *      order, and the leader gathers the slices;
- *   2. the leaders run the pipelined ring across hosts over the block
- *      (allreduce_ring.c), so the network carries each host's data once
- *      instead of once per rank;
+ *   2. the leaders combine the block across hosts, so the network carries
+ *      each host's data once instead of once per rank: with the pipelined
+ *      ring (allreduce_ring.c), or, for blocks too small for the ring's
+ *      2(hosts - 1) steps, recursive doubling or Rabenseifner's algorithm,
+ *      as a group of one rank per host would choose (c->cross_allreduce);
  *   3. each leader broadcasts the block within its host through shared
  *      memory (broadcast_shm.c).
  * The stages overlap: while the ring of block b runs, the host broadcasts
@@ -17,8 +19,10 @@
  * inside its shared-memory waits), so the link is busy from the first
  * block's ring to the last one's, and only the first block's reduce and the
  * last one's broadcast come on top of the time on the network.
- * The combine order is fixed (rank order within a host, the ring's chain
- * across hosts), and every member copies its leader's bits, so all ranks get
+ * (Only the ring runs in the background; the other two run in the leader's
+ * turn, between the host's rounds.)
+ * The combine order is fixed (rank order within a host, the algorithm's
+ * order across hosts, chosen by size alone), and every member copies its leader's bits, so all ranks get
  * identical results on every run. With two hosts the result equals the
  * serial reduction (host 0's sum) (op) (host 1's sum).
  */
@@ -131,8 +135,19 @@ static tnt_status_t hier_allreduce(tnt__comm_t *c, const void *sendbuf, void *re
       }
       if (b < nblocks) {
         const size_t off = b * block, n = TNT__MIN(block, count - off);
-        TNT_CHECK_GOTO(
-            tnt__ring_start(&ring, c->cross, &c->ring, dst + off * esz, n, dtype, sum_op), st, out);
+        const tnt__algo_t *across = tnt__algo_choose(&c->cross_allreduce, n * esz);
+        if (across == &tnt__allreduce_rd) {
+          TNT_CHECK_GOTO(tnt__rd_allreduce(c->cross, dst + off * esz, n, dtype, sum_op, w), st,
+                         out);
+        } else if (across == &tnt__allreduce_rabenseifner) {
+          TNT_CHECK_GOTO(
+              tnt__rabenseifner_allreduce(c->cross, dst + off * esz, n, dtype, sum_op, w), st,
+              out);
+        } else {
+          TNT_CHECK_GOTO(
+              tnt__ring_start(&ring, c->cross, &c->ring, dst + off * esz, n, dtype, sum_op), st,
+              out);
+        }
       }
     }
     if (b > 0) {

@@ -77,13 +77,11 @@ static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t
   return TNT_OK;
 }
 
-static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
-                                           size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                           const tnt__wait_ctx_t *w) {
-  tnt__transport_t *t = c->t;
+tnt_status_t tnt__rabenseifner_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
+                                         tnt_dtype_t dtype, tnt_op_t op,
+                                         const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
   const size_t bytes = count * tnt__dtype_size(dtype);
-  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
   if (n == 1 || count == 0) {
     tnt__reduce_finish(recvbuf, count, dtype, op, n);
     return TNT_OK;
@@ -111,6 +109,13 @@ static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, 
 out:
   free(tmp);
   return st;
+}
+
+static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
+                                           size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                           const tnt__wait_ctx_t *w) {
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
+  return tnt__rabenseifner_allreduce(c->t, recvbuf, count, dtype, op, w);
 }
 
 const tnt__algo_t tnt__allreduce_rabenseifner = {

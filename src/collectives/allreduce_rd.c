@@ -19,13 +19,10 @@ static int rd_usable(const tnt__comm_t *c) {
   return 1;
 }
 
-static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
-                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                 const tnt__wait_ctx_t *w) {
-  tnt__transport_t *t = c->t;
+tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
+                               tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
   const size_t bytes = count * tnt__dtype_size(dtype);
-  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
   if (n == 1 || count == 0) {
     tnt__reduce_finish(recvbuf, count, dtype, op, n);
     return TNT_OK;
@@ -64,6 +61,13 @@ static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recv
 out:
   free(tmp);
   return st;
+}
+
+static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
+                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                 const tnt__wait_ctx_t *w) {
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
+  return tnt__rd_allreduce(c->t, recvbuf, count, dtype, op, w);
 }
 
 const tnt__algo_t tnt__allreduce_rd = {

@@ -78,6 +78,10 @@ typedef struct tnt__comm {
   int num_hosts;
   tnt__ring_cfg_t ring;
   tnt__algo_choice_t algos[TNT__ALGO_TABLE_COUNT];
+  /* The allreduce among one member per host (cross), by size: recursive
+   * doubling, Rabenseifner's or the ring, as for a group of that many
+   * hosts with one rank each. Set when cross != NULL. */
+  tnt__algo_choice_t cross_allreduce;
 } tnt__comm_t;
 
 /* Builds a communicator over `t` (collective over t's ranks; takes
@@ -149,15 +153,19 @@ void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len);
  * Reads the environment; called once per communicator. */
 void tnt__algo_resolve(tnt__comm_t *c);
 
+/* The algorithm of choice `ch` for a message of `bytes`. */
+static inline const tnt__algo_t *tnt__algo_choose(const tnt__algo_choice_t *ch, size_t bytes) {
+  int i = 0;
+  while (bytes > ch->max_bytes[i]) i++;
+  return ch->algo[i];
+}
+
 /* The algorithm for `kind` (< TNT__ALGO_TABLE_COUNT) on `c` and a message
  * of `bytes` (the full vector for allreduce and broadcast, the gathered
  * total for allgatherv): a lookup in c->algos. */
 static inline const tnt__algo_t *tnt__algo_select(const tnt__comm_t *c, tnt__coll_kind_t kind,
                                                   size_t bytes) {
-  const tnt__algo_choice_t *ch = &c->algos[kind];
-  int i = 0;
-  while (bytes > ch->max_bytes[i]) i++;
-  return ch->algo[i];
+  return tnt__algo_choose(&c->algos[kind], bytes);
 }
 
 /* Looks an algorithm up by name; NULL when unknown. */
@@ -197,6 +205,15 @@ tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint
 tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
                                  size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                  const tnt__wait_ctx_t *w);
+
+/* In-place recursive doubling and Rabenseifner's allreduce over transport
+ * `t` (allreduce_rd.c, allreduce_rabenseifner.c); AVERAGE divides by
+ * t->size. Used directly by the hierarchy for the step across hosts. */
+tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *buf, size_t count, tnt_dtype_t dtype,
+                               tnt_op_t op, const tnt__wait_ctx_t *w);
+tnt_status_t tnt__rabenseifner_allreduce(tnt__transport_t *t, void *buf, size_t count,
+                                         tnt_dtype_t dtype, tnt_op_t op,
+                                         const tnt__wait_ctx_t *w);
 
 /* A position in a ring's sequence of transfers: step k and segment j of the
  * chunk of that step. Positions run in (k, j) order; k == steps is the end. */
