@@ -5,12 +5,12 @@
  * tnt-bench against MPI_Allreduce). Across hosts, the allreduce is
  * hierarchical (shared memory within hosts, the pipelined ring among one
  * leader per host) when hosts are alike and hold several ranks each.
- * Otherwise it is recursive doubling up to TNT__RD_MAX_BYTES, Rabenseifner's
- * algorithm above, and the pipelined ring from the size where the ring's
- * 2(n-1) latencies cost less than what Rabenseifner's pays on top of the
- * same traffic (ring_min_bytes: its unpipelined reductions, and for n not a
- * power of two the whole vector sent twice more). On 2 or 3 ranks the ring
- * wins at once. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
+ * Otherwise it is recursive doubling for small messages, Rabenseifner's
+ * algorithm for medium ones and the pipelined ring for large ones, the
+ * sizes between them set by a cost model of the three that depends on the
+ * number of ranks (rd_max_bytes, ring_min_bytes). Where the model leaves
+ * Rabenseifner's no sizes of its own (2 to 7 ranks, and counts just above
+ * a power of two) the ring follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
  * and TNT_ALLGATHER_ALGORITHM force one.
  *
  * A communicator resolves its choice once, when it is created
@@ -26,14 +26,14 @@
 #include "util/settings.h"
 #include "util/log.h"
 
-/* Recursive doubling up to this size: measured on 2 hosts (tnt-bench), and
- * on simulated fat-trees of 64 to 1024 hosts it beats the MPI selectors up
- * to 32-64 KiB (docs/performance.md, "At scale"). */
+/* Recursive doubling at most up to this size: on 2 hosts it beats the ring
+ * up to here (measured with tnt-bench). */
 #define TNT__RD_MAX_BYTES (64u * 1024u)
-/* The cost model of ring_min_bytes: a message's latency across the network
- * times a link's rate (2 us at 12.5 GB/s, as the simulated 256-host
- * fat-tree at 100 Gbit/s shows; 10 Gbit/s Ethernet at 20 us gives the same
- * product), and a link's rate over one rank's reduction rate (10 GB/s). */
+/* The cost model of rd_max_bytes and ring_min_bytes: a message's latency
+ * across the network times a link's rate (2 us at 12.5 GB/s, as the
+ * simulated 256-host fat-tree at 100 Gbit/s shows; 10 Gbit/s Ethernet at
+ * 20 us gives the same product), and a link's rate over one rank's rate of
+ * reducing vectors that stream from memory (10 GB/s). */
 #define TNT__LATENCY_BANDWIDTH_BYTES 25000.0
 #define TNT__LINK_OVER_REDUCE_RATE 1.25
 
@@ -69,17 +69,42 @@ const tnt__algo_t *tnt__algo_at(tnt__coll_kind_t kind, int index) {
 }
 
 /*
- * The size above which the pipelined ring beats Rabenseifner's algorithm on
- * n ranks, in units of the link rate B (times in bytes sent at B):
- *   ring          2(n-1) L + 2(n-1)/n S    (reductions hidden by the pipeline)
- *   Rabenseifner  2 log2(p) L + (p-1)/p S (2 + R)
- *                 + (n > p: the pair's fold and result, 2 L + S (2 + R))
- * with p the largest power of two <= n, L = latency x B and R = B / the
- * reduction rate. Depends on n alone, so every rank computes the same.
+ * Times of the three algorithms on n ranks for S bytes, in units of the
+ * link rate B (times in bytes sent at B), with p the largest power of two
+ * <= n, L = latency x B and R = B / the reduction rate:
+ *   recursive doubling  log2(p) (L + S (1 + R))
+ *   Rabenseifner        2 log2(p) L + (p-1)/p S (2 + R)
+ *   ring                2(n-1) L + 2(n-1)/n S  (its pipeline hides the reductions)
+ * For n > p, recursive doubling and Rabenseifner's algorithm both fold the
+ * extra ranks in first and send them the result last (2 L + S (2 + R)).
+ * The thresholds depend on n alone, so every rank computes the same.
  */
+static void powers_below(int n, int *p, int *log2p) {
+  *p = 1, *log2p = 0;
+  while (*p * 2 <= n) *p *= 2, ++*log2p;
+}
+
+/* Recursive doubling up to here: where it ties with Rabenseifner's. At
+ * these sizes the vectors stay in cache and reducing them costs little next
+ * to the link (R = 0); on 64 to 1024 simulated hosts the crossing lies
+ * between 16 and 64 KiB, where this gives 37 to 31 KB. */
+static size_t rd_max_bytes(int n) {
+  int p, log2p;
+  powers_below(n, &p, &log2p);
+  const double per_byte_extra = log2p - 2.0 * (p - 1) / p;
+  const double latency_saved = TNT__LATENCY_BANDWIDTH_BYTES * log2p;
+  if (per_byte_extra <= 0.0 || latency_saved / per_byte_extra >= TNT__RD_MAX_BYTES) {
+    return TNT__RD_MAX_BYTES;
+  }
+  return (size_t)(latency_saved / per_byte_extra);
+}
+
+/* The ring from here on: where its 2(n-1) latencies cost less than what
+ * Rabenseifner's algorithm pays on top of the same traffic (its reductions,
+ * and for n > p the fold). */
 static size_t ring_min_bytes(int n) {
-  int p = 1, log2p = 0;
-  while (p * 2 <= n) p *= 2, log2p++;
+  int p, log2p;
+  powers_below(n, &p, &log2p);
   const int fold = n > p;
   const double L = TNT__LATENCY_BANDWIDTH_BYTES, R = TNT__LINK_OVER_REDUCE_RATE;
   const double latency_saved = 2.0 * L * (n - 1 - log2p - fold);
@@ -91,14 +116,13 @@ static size_t ring_min_bytes(int n) {
 
 /* The allreduce of n ranks with one rank per host, by size. */
 static tnt__algo_choice_t across_hosts(int n) {
-  const size_t ring_from = ring_min_bytes(n);
-  if (ring_from <= TNT__RD_MAX_BYTES) {
-    return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_ring},
-                                {TNT__RD_MAX_BYTES, SIZE_MAX}};
+  const size_t rd_max = rd_max_bytes(n), ring_from = ring_min_bytes(n);
+  if (ring_from <= rd_max) {
+    return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_ring}, {rd_max, SIZE_MAX}};
   }
   return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_rabenseifner,
                                &tnt__allreduce_ring},
-                              {TNT__RD_MAX_BYTES, ring_from, SIZE_MAX}};
+                              {rd_max, ring_from, SIZE_MAX}};
 }
 
 /* The choice by message size and group size. */

@@ -53,10 +53,32 @@ static void test_many_hosts_use_rabenseifner_for_medium_sizes(void **state) {
   static const int sizes[] = {8, 16, 64, 256, 1024};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     tnt__comm_t c = flat(sizes[i]);
-    assert_string_equal(chosen(&c, 64 * 1024), "rd");
+    assert_string_equal(chosen(&c, 16 * 1024), "rd");
     assert_string_equal(chosen(&c, 128 * 1024), "rabenseifner");
     assert_string_equal(chosen(&c, (size_t)1 << 30), "ring");
   }
+}
+
+/* The smallest size at which n ranks leave recursive doubling. */
+static size_t rd_until(int n) {
+  tnt__comm_t c = flat(n);
+  size_t b = 1;
+  while (strcmp(chosen(&c, b), "rd") == 0) b++;
+  return b;
+}
+
+/* Recursive doubling's log2(n) sends of the whole vector lose to
+ * Rabenseifner's 2(n-1)/n of it at smaller sizes as n grows, never above
+ * the 64 KiB measured on 2 hosts. */
+static void test_recursive_doubling_gives_way_sooner_on_more_hosts(void **state) {
+  (void)state;
+  size_t before = 64 * 1024 + 1;
+  for (int n = 2; n <= 1024; n *= 2) {
+    const size_t b = rd_until(n);
+    assert_true(b <= before);
+    before = b;
+  }
+  assert_true(rd_until(1024) >= 16 * 1024 && rd_until(1024) <= 64 * 1024);
 }
 
 /* The ring's 2(n-1) latencies make it worth its pipeline only at sizes
@@ -90,6 +112,7 @@ int main(void) {
       cmocka_unit_test(test_two_and_three_ranks_use_recursive_doubling_then_the_ring),
       cmocka_unit_test(test_many_hosts_use_rabenseifner_for_medium_sizes),
       cmocka_unit_test(test_the_ring_threshold_grows_with_the_hosts),
+      cmocka_unit_test(test_recursive_doubling_gives_way_sooner_on_more_hosts),
       cmocka_unit_test(test_a_forced_algorithm_serves_every_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
