@@ -12,7 +12,7 @@ Reads (each optional; a missing file is reported as "not run"):
   sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
   sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
-  scale_validation.json, scale.json                               scale_bench.py (report_scale.py)
+  scale_validation.json, scale.json, scale_check.json             scale_bench.py (report_scale.py)
   scale_timelines.json, scale_projection.json                     project_scale.py (report_scale.py)
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions

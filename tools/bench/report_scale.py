@@ -216,6 +216,31 @@ def projection_part(h, d, plt, results, targets):
     return out
 
 
+def check_part(h, d, targets):
+    out = ["### Correctness at scale", ""]
+    name = "at scale: simulated allreduce = the serial sum in its documented order"
+    if d is None:
+        targets.append(h.Target(name, "every layout", note="not run"))
+        return out + ["Not run.", ""]
+    res = d["results"]
+    out.append("`tnt-sim --check` on each layout (`scale_bench.py --check`): exact sums checked "
+               "on every rank, non-integer sums bit for bit against the serial sum in the order "
+               "each algorithm's file documents, the same bits on every rank "
+               f"({d['config']['cases']}).")
+    out.append("")
+    out.append(h.table(["layout", "ranks", "algorithms", "results", "ok", "wall s"],
+                       [[r["layout"], r["ranks"], r["algorithms"], r["results"],
+                         "yes" if r["ok"] else f"**no**: {r['error']}", f"{r['wall_s']:.0f}"]
+                        for r in res]))
+    out.append("")
+    bad = [r["layout"] for r in res if not r["ok"]]
+    targets.append(h.Target(name, "every layout",
+                            f"{len(res) - len(bad)} of {len(res)} layouts, up to "
+                            f"{max(r['ranks'] for r in res)} ranks", not bad, family="scale",
+                            note=("failed: " + ", ".join(bad)) if bad else ""))
+    return out
+
+
 def section(h, results, stages, plt, targets):
     """h: the report module (its table, Target and formatting helpers)."""
     out = ["## At scale (simulated)", "",
@@ -227,6 +252,8 @@ def section(h, results, stages, plt, targets):
     out += validation_part(h, val, targets)
     sc, _ = h.load_json(os.path.join(results, "scale.json"))
     out += scale_part(h, sc, plt, results, targets)
+    ck, _ = h.load_json(os.path.join(results, "scale_check.json"))
+    out += check_part(h, ck, targets)
     pr, _ = h.load_json(os.path.join(results, "scale_projection.json"))
     out += projection_part(h, pr, plt, results, targets)
     return out

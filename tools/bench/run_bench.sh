@@ -309,6 +309,10 @@ if wanted scale; then
         "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --scale --build "$build" $part \
         --gbit 100 --run-timeout 1800 --append --out "$OUT/scale.json"
     done
+    run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.json" \
+      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --check --build "$build" \
+      $([[ $QUICK == 1 ]] && echo "--layouts 64x1,100x1") --run-timeout 1800 \
+      --out "$OUT/scale_check.json"
     # Training projected from measured timelines and those allreduces.
     steps=$OUT/sim_cluster.json
     [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.json

@@ -55,12 +55,55 @@ def find_sim(build):
     return path
 
 
-def hostfile(dirname, hosts, per_host):
-    path = os.path.join(dirname, f"hosts_{hosts}x{per_host}")
+def hostfile(dirname, counts):
+    """A hostfile with counts[h] lines of host h."""
+    path = os.path.join(dirname, "hosts")
     with open(path, "w") as f:
-        for h in range(hosts):
-            f.write(f"host{h}\n" * per_host)
+        for h, k in enumerate(counts):
+            f.write(f"host{h}\n" * k)
     return path
+
+
+def layout_counts(spec):
+    """Ranks per host of a layout: HxP, or counts joined by '+'."""
+    if "x" in spec:
+        h, p = spec.split("x")
+        return [int(p)] * int(h)
+    return [int(k) for k in spec.split("+")]
+
+
+def check(args, sim):
+    """tnt-sim --check on each layout: exact sums on every rank, the other
+    sums bit for bit against the serial sum in each algorithm's documented
+    order, the same bits on every rank."""
+    out = []
+    for spec in args.layouts.split(","):
+        counts = layout_counts(spec)
+        with tempfile.TemporaryDirectory() as d:
+            plat = os.path.join(d, "p.xml")
+            # The platforms come in sizes up to 32, 64, 256 and 1024 hosts;
+            # a layout uses the first hosts of the smallest that holds it.
+            size = next(n for n in (len(counts), 64, 256, 1024) if n >= len(counts) and
+                        (n <= 32 or n in (64, 256, 1024)))
+            with open(plat, "w") as f:
+                subprocess.run([os.path.join(ROOT, "tools", "sim", "gen_platform.sh"), "--hosts",
+                                str(size), "--gbit", "100", "--lat-us", "1"], stdout=f,
+                               check=True)
+            cmd = ["smpirun", "-np", str(sum(counts)), "-platform", plat, "-hostfile",
+                   hostfile(d, counts), *SMPI_CFG, sim, "--check", "--algos", args.algos]
+            start = time.monotonic()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+                ok, why = p.returncode == 0, (p.stderr.strip().splitlines() or [""])[-1]
+                lines = [l for l in p.stdout.splitlines() if l.strip()]
+            except subprocess.TimeoutExpired:
+                ok, why, lines = False, f"stopped after {args.run_timeout:g} s", []
+        out.append({"layout": spec, "hosts": len(counts), "ranks": sum(counts),
+                    "algorithms": args.algos, "results": len(lines), "ok": ok,
+                    "error": None if ok else why, "wall_s": round(time.monotonic() - start, 1)})
+        print(json.dumps(out[-1]), flush=True)
+    return {"config": {"cases": "tools/sim/sim_check.h", "platform": "fat-tree, 100 Gbit/s"},
+            "results": out}
 
 
 def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
@@ -68,7 +111,7 @@ def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
     run stopped at `timeout` keeps the sizes it finished."""
     with tempfile.TemporaryDirectory() as d:
         cmd = ["smpirun", "-np", str(hosts * per_host), "-platform", platform, "-hostfile",
-               hostfile(d, hosts, per_host), *SMPI_CFG, *extra_cfg, sim, "--bench", *args]
+               hostfile(d, [per_host] * hosts), *SMPI_CFG, *extra_cfg, sim, "--bench", *args]
         start = time.monotonic()
         with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
             p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
@@ -166,6 +209,10 @@ def main():
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--validate", action="store_true")
     mode.add_argument("--scale", action="store_true")
+    mode.add_argument("--check", action="store_true",
+                      help="correctness on --layouts (exact and ordered sums)")
+    p.add_argument("--layouts", default="64x1,100x1,256x1,1024x1,5+1+8+3+2+7+4+6+1+2",
+                   help="with --check: HxP or ranks per host joined by '+', comma-separated")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--measured",
                    default=os.path.join(ROOT, "bench", "results", "sim_cluster_allreduce.json"))
@@ -185,6 +232,12 @@ def main():
                         "replacing those of the same implementation and layout")
     args = p.parse_args()
     sim = find_sim(args.build)
+    if args.check:
+        args.algos = args.algos or "rd,rabenseifner,auto"
+        result = check(args, sim)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return 0 if all(r["ok"] for r in result["results"]) else 1
     result = validate(args, sim) if args.validate else scale(args, sim)
     if args.append and os.path.exists(args.out):
         with open(args.out) as f:

@@ -10,13 +10,17 @@
  * it element by element. "bits" inputs are non-integer float32 values, whose
  * sum depends on the order of combination; the hash of the result must be
  * the same on every rank and the same as on the threads transport, which
- * runs the same algorithm in the same order.
+ * runs the same algorithm in the same order. tnt-sim also compares the
+ * "bits" results of the algorithms that serve any layout (ring, rd,
+ * rabenseifner) with the serial sum in the order each one's file documents
+ * (sim_check_ordered), at any number of ranks.
  */
 #ifndef TNT_SIM_SIM_CHECK_H
 #define TNT_SIM_SIM_CHECK_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "collectives/collectives.h"
 
@@ -43,6 +47,60 @@ static inline uint64_t sim_check_hash(const void *p, size_t bytes) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 1099511628211ull;
   return h;
+}
+
+/* The serial sum of element i of n ranks' "bits" inputs in the order of
+ * `algo` (NULL when tnt-sim has no serial reference for it), for a vector
+ * of `count` float32:
+ *   ring          chunk q of i (tnt__slice) summed along the chain
+ *                 q, q + 1, ..., q + n - 1 (mod n);
+ *   rd            the largest power of two p <= n participants: the first
+ *                 n - p of them hold ranks 2v and 2v + 1 summed, the others
+ *                 rank v + n - p; then a balanced binary tree over the
+ *                 participants in order (distance 1 first, then 2, 4, ...);
+ *   rabenseifner  the same participants and tree, the distances the other
+ *                 way round (p/2 first, then p/4, ..., 1).
+ * Floating-point addition is commutative, so only the tree matters. */
+static inline float sim_check_leaf(int n, int p, int v, size_t i) {
+  const int extra = n - p;
+  if (v < extra) return sim_check_input(0, 2 * v + 1, i) + sim_check_input(0, 2 * v, i);
+  return sim_check_input(0, v + extra, i);
+}
+
+/* The tree over the `span` participants v, v + stride, v + 2 stride, ...:
+ * rd joins the two contiguous halves last, rabenseifner (`far`) the even
+ * and the odd ones. */
+static inline float sim_check_tree(int n, int p, int v, int stride, int span, int far,
+                                   size_t i) {
+  if (span == 1) return sim_check_leaf(n, p, v, i);
+  if (far) {
+    return sim_check_tree(n, p, v, 2 * stride, span / 2, far, i) +
+           sim_check_tree(n, p, v + stride, 2 * stride, span / 2, far, i);
+  }
+  return sim_check_tree(n, p, v, stride, span / 2, far, i) +
+         sim_check_tree(n, p, v + stride * (span / 2), stride, span / 2, far, i);
+}
+
+static inline const char *sim_check_ordered(const char *algo, int n, size_t count, size_t i,
+                                            float *sum) {
+  if (strcmp(algo, "ring") == 0) {
+    int q = 0;
+    size_t lo, hi;
+    for (q = 0; q < n; q++) {
+      tnt__slice(count, sizeof(float), n, q, &lo, &hi);
+      if (lo <= i && i < hi) break;
+    }
+    float s = sim_check_input(0, q, i);
+    for (int k = 1; k < n; k++) s += sim_check_input(0, (q + k) % n, i);
+    *sum = s;
+    return algo;
+  }
+  const int far = strcmp(algo, "rabenseifner") == 0;
+  if (!far && strcmp(algo, "rd") != 0) return NULL;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  *sum = sim_check_tree(n, p, 0, 1, p, far, i);
+  return algo;
 }
 
 /* Sets c's allreduce choice to `name` ("auto": libtnt's own choice, made

@@ -4,10 +4,12 @@
  * MPI_Allreduce, on the simulated cluster. See sim.h for how libtnt's code
  * runs unchanged on it, and docs/performance.md ("At scale") for the runs.
  *
- *   tnt-sim --check
- *       every algorithm that can serve the layout, on the cases of
- *       sim_check.h: exact sums checked on every rank, result hashes
- *       printed by rank 0 (compared with the threads transport by the tests)
+ *   tnt-sim --check [--algos ring,rd,rabenseifner,hier,shm,auto]
+ *       every algorithm that can serve the layout (or those listed), on the
+ *       cases of sim_check.h: exact sums checked on every rank, the others
+ *       against the serial sum in the algorithm's documented order (rank 0),
+ *       result hashes printed by rank 0 (compared with the threads transport
+ *       by the tests)
  *   tnt-sim --bench [--algos auto,ring,rd,hier] [--mpi] [--min B] [--max B]
  *       float32 sum at sizes min, 2 min, 4 min ... max: one JSON object per
  *       line on stdout (rank 0): impl, algorithm, bytes, us, busbw
@@ -28,7 +30,7 @@
 #include "sim_check.h"
 
 typedef struct args {
-  int check, bench, mpi, iters;
+  int check, bench, mpi, iters, algos_given;
   size_t min_bytes, max_bytes;
   char algos[128];
 } args_t;
@@ -54,7 +56,10 @@ static int parse_args(int argc, char **argv, args_t *a) {
     if (strcmp(o, "--check") == 0) a->check = 1;
     else if (strcmp(o, "--bench") == 0) a->bench = 1;
     else if (strcmp(o, "--mpi") == 0) a->mpi = 1;
-    else if (v != NULL && strcmp(o, "--algos") == 0) snprintf(a->algos, sizeof a->algos, "%s", argv[++i]);
+    else if (v != NULL && strcmp(o, "--algos") == 0) {
+      snprintf(a->algos, sizeof a->algos, "%s", argv[++i]);
+      a->algos_given = 1;
+    }
     else if (v != NULL && strcmp(o, "--min") == 0) a->min_bytes = parse_bytes(argv[++i]);
     else if (v != NULL && strcmp(o, "--max") == 0) a->max_bytes = parse_bytes(argv[++i]);
     else if (v != NULL && strcmp(o, "--iters") == 0) a->iters = atoi(argv[++i]);
@@ -110,12 +115,39 @@ static tnt_status_t run_allreduce(tnt__comm_t *c, const void *in, void *out, siz
   return a->fn.allreduce(c, in, out, count, TNT_FLOAT32, TNT_SUM, &w);
 }
 
-static int check(tnt__comm_t *c, const tnt__algo_choice_t *resolved) {
+/* Compares a "bits" result with the serial sum in the order of the
+ * algorithm that ran it (sim_check_ordered); 0 when it matches or there is
+ * no serial reference for that algorithm. */
+static int ordered_differs(tnt__comm_t *c, const char *choice, const float *out, size_t n) {
+  const char *used = tnt__algo_select(c, TNT__COLL_ALLREDUCE, n * sizeof(float))->name;
+  for (size_t i = 0; i < n; i++) {
+    float want;
+    if (sim_check_ordered(used, c->size, n, i, &want) == NULL) return 0;
+    if (memcmp(&want, &out[i], sizeof want) != 0) {
+      fprintf(stderr, "%s (%s) of %zu: element %zu is %.9g, the serial sum in %s's order is "
+              "%.9g\n", choice, used, n, i, out[i], used, want);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Whether `name` is in the comma-separated `list`. */
+static int listed(const char *list, const char *name) {
+  const size_t len = strlen(name);
+  for (const char *p = list; (p = strstr(p, name)) != NULL; p += len) {
+    if ((p == list || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return 1;
+  }
+  return 0;
+}
+
+static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *resolved) {
   size_t max = kSimCheckCounts[SIM_CHECK_NCOUNTS - 1];
   float *in = malloc(max * sizeof *in), *out = malloc(max * sizeof *out);
   uint64_t *hashes = malloc((size_t)c->size * sizeof *hashes);
   int bad = 0;
   for (size_t ai = 0; ai < SIM_CHECK_NALGOS && in && out && hashes; ai++) {
+    if (a->algos_given && !listed(a->algos, kSimCheckAlgos[ai])) continue;
     if (!sim_check_choose(c, kSimCheckAlgos[ai], resolved)) continue;
     for (size_t ci = 0; ci < SIM_CHECK_NCOUNTS; ci++) {
       for (int exact = 1; exact >= 0; exact--) {
@@ -135,6 +167,7 @@ static int check(tnt__comm_t *c, const tnt__algo_choice_t *resolved) {
             break;
           }
         }
+        if (!exact && c->rank == 0 && ordered_differs(c, kSimCheckAlgos[ai], out, n)) bad = 1;
         uint64_t h = sim_check_hash(out, n * sizeof *out);
         MPI_Gather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
         if (c->rank != 0) continue;
@@ -225,7 +258,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   tnt__algo_choice_t resolved = c->algos[TNT__COLL_ALLREDUCE];
-  rc = a.check ? check(c, &resolved) : bench(c, &a, &resolved);
+  rc = a.check ? check(c, &a, &resolved) : bench(c, &a, &resolved);
 out:
   MPI_Finalize();
   return rc;
