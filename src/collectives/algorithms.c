@@ -9,8 +9,9 @@
  * algorithm for medium ones and the pipelined ring for large ones, the
  * sizes between them set by a cost model of the three that depends on the
  * number of ranks (rd_max_bytes, ring_min_bytes). Where the model leaves
- * Rabenseifner's no sizes of its own (2, 3 and 5 to 7 ranks) the ring follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM, TNT_BROADCAST_ALGORITHM
- * and TNT_ALLGATHER_ALGORITHM force one.
+ * Rabenseifner's no sizes of its own (2, 3 and 5 to 7 ranks) the ring
+ * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
+ * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
  *
  * A communicator resolves its choice once, when it is created
  * (tnt__algo_resolve): the collectives themselves only look it up, and
