@@ -28,10 +28,14 @@ when the last reduced bucket is back plus tail_ms:
   step(N) = max(compute_ms, done_last + tail_ms)
   E(N) = compute_ms / step(N)      (the same samples per rank at every N)
 
+The same with the compute (and the readiness times) divided by 10 and 100:
+the models on devices that much faster than this machine's CPU cores, on the
+same network.
+
 Hybrid, K pipeline stages x N/K replicas, M micro-batches: each stage
 computes compute_ms / K per micro-batch set, stretched by the pipeline's
-bubble (M + K - 1) / M, and reduces every K-th bucket (its share of the
-weights) among the N/K replicas, its buckets' readiness scaled alike:
+bubble (M + K - 1) / M, and reduces its 1/K of the weights among the N/K
+replicas (each bucket at 1/K of its bytes, its readiness scaled alike):
 
   E_hybrid(N) = compute_ms / (K * step_K(N/K))
 
@@ -71,6 +75,9 @@ HOSTS = (2, 8, 64, 256, 1024)
 GBIT = 100.0
 STAGES = (2, 4)          # hybrid: pipeline stages
 MICRO_BATCHES = 8        # hybrid: micro-batches per step
+# The measured compute, and the same step on devices 10 and 100 times
+# faster (the same network): where communication starts to show.
+SPEEDUPS = (1, 10, 100)
 CHECK_LINK = "10gbit_0.1ms"
 
 
@@ -179,13 +186,14 @@ class Curve:
         raise AssertionError
 
 
-def step_ms(prof, curve, stretch=1.0, every=1):
+def step_ms(prof, curve, stretch=1.0, share=1):
     """The projected step: buckets reduced one after another from their
-    submission (every `every`-th bucket, times stretched by `stretch`)."""
+    submission (each of 1/`share` of its bytes, times stretched by
+    `stretch`)."""
     compute = prof["compute_ms"] * stretch
     done = 0.0
-    for b in prof["buckets"][::every]:
-        done = max(b["ready_ms"] * stretch, done) + curve.ms(b["bytes"])
+    for b in prof["buckets"]:
+        done = max(b["ready_ms"] * stretch, done) + curve.ms(b["bytes"] / share)
     return max(compute, done + prof["tail_ms"] * stretch)
 
 
@@ -246,19 +254,23 @@ def project(args):
     profiles = {m: scaled(p, measured[m]["compute_ms"]) if m in measured else p
                 for m, p in timelines["models"].items()}
     rows = []
-    for model, prof in profiles.items():
-        for n in sorted(by_hosts):
-            s = step_ms(prof, by_hosts[n])
-            rows.append({"model": model, "hosts": n, "mode": "data-parallel", "stages": 1,
-                         "step_ms": round(s, 3), "E": round(prof["compute_ms"] / s, 4)})
-            for k in STAGES:
-                if n % k or n // k not in by_hosts:
-                    continue
-                bubble = (MICRO_BATCHES + k - 1) / MICRO_BATCHES
-                s = step_ms(prof, by_hosts[n // k], stretch=bubble / k, every=k)
-                rows.append({"model": model, "hosts": n, "mode": "hybrid", "stages": k,
-                             "micro_batches": MICRO_BATCHES, "step_ms": round(s, 3),
-                             "E": round(prof["compute_ms"] / (k * s), 4)})
+    for model, measured_prof in profiles.items():
+        for speedup in SPEEDUPS:
+            prof = scaled(measured_prof, measured_prof["compute_ms"] / speedup)
+            base = {"model": model, "compute_speedup": speedup}
+            for n in sorted(by_hosts):
+                s = step_ms(prof, by_hosts[n])
+                rows.append(base | {"hosts": n, "mode": "data-parallel", "stages": 1,
+                                    "step_ms": round(s, 4),
+                                    "E": round(prof["compute_ms"] / s, 4)})
+                for k in STAGES:
+                    if n % k or n // k not in by_hosts:
+                        continue
+                    bubble = (MICRO_BATCHES + k - 1) / MICRO_BATCHES
+                    s = step_ms(prof, by_hosts[n // k], stretch=bubble / k, share=k)
+                    rows.append(base | {"hosts": n, "mode": "hybrid", "stages": k,
+                                        "micro_batches": MICRO_BATCHES, "step_ms": round(s, 4),
+                                        "E": round(prof["compute_ms"] / (k * s), 4)})
     check = check_two_hosts(profiles, measured, allreduce) if allreduce else []
     config = {"timelines": os.path.relpath(args.timelines, ROOT),
               "allreduce": os.path.relpath(args.scale, ROOT) + ": libtnt's choice, 1 rank per "
