@@ -235,7 +235,7 @@ def _quiet(callback):
         callback.verbose = 0
 
 
-def _backup_atomically(callback):
+def _backup_atomically(callback, callbacks):
     """Makes a BackupAndRestore write on the master only, and so that a job
     killed at any moment leaves a consistent backup: the weights go to a
     new file named by epoch and batch (through a temporary file), and so
@@ -247,10 +247,15 @@ def _backup_atomically(callback):
     double_checkpoint=True the previous backup is kept and named in the
     metadata too, and a restore that cannot read the latest weights (an
     I/O error) restores the previous ones, as Keras's own BackupAndRestore
-    does."""
+    does. The backup also holds the logs of the finished epochs and the state
+    of the user's `callbacks` that fit keeps from epoch to epoch
+    (resume.callbacks_state), which a resumed fit gives back to them and to
+    its History when its first epoch begins, after every callback's
+    on_train_begin has reset them."""
     backup = internals.BackupState(callback)
     model_of = lambda: callback.model  # noqa: E731
     pending = {}  # the restored backup's position and state, until its epoch begins
+    finished = {}  # the logs of the finished epochs of the fit in progress
 
     def metadata():
         try:
@@ -295,10 +300,17 @@ def _backup_atomically(callback):
             backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
             restore_position(meta, "previous_")
 
+    keras_train_begin = callback.on_train_begin
+
+    def on_train_begin(logs=None):
+        finished.clear()
+        keras_train_begin(logs)
+
     def on_epoch_begin(epoch, logs=None):
         if not pending:
             return
         tables = pending.pop("tables")
+        finished.update(resume.restore_callbacks_state(user_callbacks, model_of(), tables))
         if not resume.restore_seeds(model_of(), tables):
             log.logger.info("BackupAndRestore: the backup was taken on %d ranks: training goes "
                             "on from it with fresh random seeds and metrics",
@@ -309,12 +321,14 @@ def _backup_atomically(callback):
 
     def on_epoch_end(epoch, logs=None):
         resume.end_of_epoch()
+        finished[epoch] = dict(logs or {})
         keras_epoch_end(epoch, logs)
 
     def save():
         tables = resume.gather(model_of())  # collective: every rank saves
         if not runtime.is_master_rank():
             return
+        tables.update(resume.callbacks_state(user_callbacks, finished))
         os.makedirs(callback.backup_dir, exist_ok=True)
         old = metadata()
         base = f"epoch{backup.epoch}-batch{backup.batch}"
@@ -349,8 +363,10 @@ def _backup_atomically(callback):
                 except FileNotFoundError:
                     pass
 
+    user_callbacks = [cb.callback if isinstance(cb, Callback) else cb for cb in callbacks]
     backup.keras_load_hook(load)
     backup.keras_save_hook(save)
+    callback.on_train_begin = on_train_begin
     callback.on_epoch_begin = on_epoch_begin
     callback.on_epoch_end = on_epoch_end
     if not runtime.is_master_rank():
@@ -358,8 +374,12 @@ def _backup_atomically(callback):
 
 
 def distribute(callbacks):
-    """The callbacks this rank runs, adapted as described above."""
-    out = []
+    """The callbacks this rank runs, adapted as described above. A
+    BackupAndRestore comes after the others, so that a backup taken at an
+    epoch's end holds their state after that epoch (EarlyStopping's count),
+    and a restored backup gives them their state after their on_train_begin
+    reset it."""
+    out, backups = [], []
     for cb in callbacks or []:
         if isinstance(cb, Callback):
             _quiet(cb.callback)
@@ -380,13 +400,14 @@ def distribute(callbacks):
                 out.append(_master_only(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            _backup_atomically(cb)
+            _backup_atomically(cb, callbacks)
         _quiet(cb)
         if isinstance(cb, _FOUND_BY_TYPE):
             out.append(cb)  # Keras looks for it by its type (else it adds its own)
         else:
-            out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
-    return out + [progress.Reporter()]
+            wrapped = forwarding(_Forwarding, cb, _forwarded_hooks(cb))
+            (backups if isinstance(cb, keras.callbacks.BackupAndRestore) else out).append(wrapped)
+    return out + backups + [progress.Reporter()]
 
 
 # The callbacks that Keras's CallbackList looks for by type, adding one of

@@ -58,6 +58,7 @@ def main():
     parser.add_argument("--kill-batch", type=int, default=3)
     parser.add_argument("--hang-file")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--early-stopping", action="store_true")
     args = parser.parse_args()
     tnt.init()
     keras.utils.set_random_seed(7)
@@ -74,6 +75,10 @@ def main():
                   metrics=["accuracy"])
     callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=args.save_freq,
                                                   delete_checkpoint=False)]
+    if args.early_stopping:
+        # The loss never improves by 1: training stops after epoch 2.
+        stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0)
+        callbacks.append(stopping)
     if args.kill_rank >= 0:
         callbacks.append(KillAt(args.kill_rank, args.kill_epoch, args.kill_batch, args.hang_file))
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
@@ -81,9 +86,12 @@ def main():
     if tnt.is_master_rank():
         np.savez(args.out, *model.get_weights())
         last = {k: float(v[-1]) for k, v in history.history.items()}
+        summary = {"epochs": history.epoch, "last": last, "history": history.history}
+        if args.early_stopping:
+            summary["early_stopping"] = {a: float(getattr(stopping, a)) for a in
+                                         ("wait", "best", "best_epoch", "stopped_epoch")}
         with open(args.out + ".json", "w") as f:
-            json.dump({"epochs": len(history.history["loss"]), "last": last,
-                       "history": history.history}, f)
+            json.dump(summary, f)
     print(f"rank {tnt.get_rank()} done")
 
 

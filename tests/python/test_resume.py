@@ -80,6 +80,25 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
     assert_same_run(got, uninterrupted)
 
 
+def test_history_and_early_stopping_survive_a_restart(tmp_path):
+    """EarlyStopping(patience=2) on a loss that never improves enough stops
+    fit after epoch 2. Rank 1 is killed in epoch 2 after the backup of step
+    16 (epoch 2, batch 3): the resumed fit must know the History of epochs 0
+    and 1 and EarlyStopping's count of 1 epoch without improvement, or it
+    would train a 4th epoch and return a History of epochs 2 and 3 only."""
+    _, expected = train(2, tmp_path / "uninterrupted", "--early-stopping")
+    proc, got = train(2, tmp_path / "killed", "--early-stopping", "--kill-rank", "1",
+                      "--kill-epoch", "2", "--kill-batch", "4", restarts=1)
+    assert_restarted_once(proc, 1, 2, 4)
+    assert_same_run(got, expected)
+    summary, expected_summary = got[1], expected[1]
+    assert expected_summary["epochs"] == [0, 1, 2]
+    assert expected_summary["early_stopping"]["stopped_epoch"] == 2
+    assert summary["epochs"] == expected_summary["epochs"]
+    assert summary["history"] == expected_summary["history"]
+    assert summary["early_stopping"] == expected_summary["early_stopping"]
+
+
 @pytest.mark.long
 def test_middle_rank_of_three_killed_and_resumed(tmp_path):
     _, expected = train(3, tmp_path / "uninterrupted")
