@@ -28,6 +28,7 @@ so Keras still dispatches the batch hooks of the others asynchronously.
 import contextlib
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -235,6 +236,39 @@ def _quiet(callback):
         callback.verbose = 0
 
 
+# The metadata's names of a backup's files.
+_BACKUP_FILES = ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state")
+
+
+def _remove_files(directory, names, keep):
+    """Removes the files `names` (None: none) of `directory` not in `keep`."""
+    for name in names:
+        if name is not None and name not in keep:
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def _backup_error(path, error, old):
+    """What went wrong when the master wrote the backup file `path`, and
+    which backup (the metadata `old`) is kept."""
+    cause = error
+    while cause.__cause__ is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    errno = getattr(cause, "errno", None)
+    if errno is None:
+        # h5py writes the errno into the message of the OSError it raises.
+        found = re.search(r"\[Errno (\d+)\]", str(cause))
+        errno = int(found.group(1)) if found else None
+    reason = (f"{os.strerror(errno)} (errno {errno})" if errno
+              else f"{type(error).__name__}: {error}")
+    kept = (f"the previous backup (epoch {old.get('epoch', 0)}, batch {old['batch']}) is kept, "
+            "and a fit started again resumes from it" if old.get("tnt_weights")
+            else "no earlier backup exists")
+    return f"BackupAndRestore could not write {path}: {reason}; {kept}"
+
+
 def _backup_atomically(callback, callbacks):
     """Makes a BackupAndRestore write on the master only, and so that a job
     killed at any moment leaves a consistent backup: the weights go to a
@@ -324,22 +358,23 @@ def _backup_atomically(callback, callbacks):
         finished[epoch] = dict(logs or {})
         keras_epoch_end(epoch, logs)
 
-    def save():
-        tables = resume.gather(model_of())  # collective: every rank saves
-        if not runtime.is_master_rank():
-            return
-        tables.update(resume.callbacks_state(user_callbacks, finished))
+    def write(tables, old, writing):
+        """Writes the backup's files, then the metadata that names them
+        (master). The file being written is writing[0]. Returns the names of
+        the files the metadata names."""
+        writing[0] = callback.backup_dir
         os.makedirs(callback.backup_dir, exist_ok=True)
-        old = metadata()
         base = f"epoch{backup.epoch}-batch{backup.batch}"
         name, state = f"{base}.weights.h5", f"{base}.state.npz"
+        writing[0] = os.path.join(callback.backup_dir, name)
         with _saves_of_this_rank(model_of()):
-            model_of().save_weights(os.path.join(callback.backup_dir, name))
+            model_of().save_weights(writing[0])
 
         def write_state(path):
             with open(path, "wb") as f:
                 np.savez(f, **tables)
-        saving.write_atomically(os.path.join(callback.backup_dir, state), write_state)
+        writing[0] = os.path.join(callback.backup_dir, state)
+        saving.write_atomically(writing[0], write_state)
         meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name,
                 "tnt_state": state, "tnt_batches_done": backup.batches_done(),
                 "tnt_iterators": resume.iterators_made(model_of())}
@@ -353,15 +388,30 @@ def _backup_atomically(callback, callbacks):
         def write_meta(path):
             with open(path, "w") as f:
                 f.write(text)
-        saving.write_atomically(backup.metadata_path, write_meta)
-        keep = {name, state, meta.get("tnt_previous"), meta.get("tnt_previous_state")}
-        for key in ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state"):
-            stale = old.get(key)
-            if stale is not None and stale not in keep:
-                try:
-                    os.remove(os.path.join(callback.backup_dir, stale))
-                except FileNotFoundError:
-                    pass
+        writing[0] = backup.metadata_path
+        saving.write_atomically(writing[0], write_meta)
+        return {meta.get(k) for k in _BACKUP_FILES}
+
+    def save():
+        tables = resume.gather(model_of())  # collective: every rank saves
+        error, text = None, None
+        if runtime.is_master_rank():
+            tables.update(resume.callbacks_state(user_callbacks, finished))
+            old, writing = metadata(), [None]
+            try:
+                keep = write(tables, old, writing)
+            except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
+                error, text = e, _backup_error(writing[0], e, old)
+                base = f"epoch{backup.epoch}-batch{backup.batch}"
+                # What this backup wrote before it failed; the previous backup is untouched.
+                _remove_files(callback.backup_dir, (f"{base}.weights.h5", f"{base}.state.npz"),
+                              {old.get(k) for k in _BACKUP_FILES})
+            else:
+                _remove_files(callback.backup_dir, (old.get(k) for k in _BACKUP_FILES), keep)
+        # The master's error, on every rank, so that all stop at once.
+        text = runtime.master_message(text)
+        if text is not None:
+            raise runtime.TarantellaError(text) from error
 
     user_callbacks = [cb.callback if isinstance(cb, Callback) else cb for cb in callbacks]
     backup.keras_load_hook(load)

@@ -5,7 +5,9 @@ itself (SIGKILL) at --kill-epoch/--kill-batch in the first attempt of the
 job (TNT_RESTART_COUNT=0), after a backup and before the next; the launcher
 then starts the job again and fit resumes from the backup. With
 --hang-file F, rank R instead creates F there and waits, for the test to
-take its host away. The master writes the final weights (and the logs of
+take its host away. With --fill-disk F, the master fills the file system of
+F (a small tmpfs) after step --fill-step, so that the next backup finds no
+space left. The master writes the final weights (and the logs of
 the epochs) to --out. --plain trains a model that draws no random numbers
 (no dropout) with SGD, whose result does not depend on the number of ranks
 beyond rounding (for a job that shrinks).
@@ -47,6 +49,25 @@ class KillAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class FillDisk(keras.callbacks.Callback):
+    """After global step `step`, writes `path` until the disk is full."""
+
+    def __init__(self, step, path):
+        super().__init__()
+        self.step, self.path, self.steps = step, path, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps != self.step:
+            return
+        with open(self.path, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError as e:
+                print(f"the disk is full: {e.strerror}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("backup_dir")
@@ -59,6 +80,8 @@ def main():
     parser.add_argument("--hang-file")
     parser.add_argument("--plain", action="store_true")
     parser.add_argument("--early-stopping", action="store_true")
+    parser.add_argument("--fill-disk")
+    parser.add_argument("--fill-step", type=int, default=5)
     args = parser.parse_args()
     tnt.init()
     keras.utils.set_random_seed(7)
@@ -79,6 +102,8 @@ def main():
         # The loss never improves by 1: training stops after epoch 2.
         stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0)
         callbacks.append(stopping)
+    if args.fill_disk and tnt.is_master_rank():
+        callbacks.append(FillDisk(args.fill_step, args.fill_disk))
     if args.kill_rank >= 0:
         callbacks.append(KillAt(args.kill_rank, args.kill_epoch, args.kill_batch, args.hang_file))
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
