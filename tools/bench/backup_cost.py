@@ -9,7 +9,11 @@ the order ABBA (so that a drift of the machine's speed hits both alike).
 A fit's time runs from the end of its first step to the end of its last, so
 that it holds every backup it takes but not fit's start. The cost is the
 ratio of the mean step times, with and without backups, minus one; the
-median over the rounds is reported, with every round's.
+median over the rounds is reported, with every round's. The time each
+backup takes on this rank (its batch hook, which gathers the state and, on
+the master, writes the files) is timed too: on a machine shared with other
+work, where the step times drift by more than the cost, that time over
+save_freq mean step times estimates the cost more steadily.
 
     tarantella -n 2 -- tools/bench/backup_cost.py --save-freq 50 \\
         [--dir /tmp/backup] [--json bench/results/backup_cost.json]
@@ -47,6 +51,23 @@ class StepClock(keras.callbacks.Callback):
             self.first = self.last
 
 
+class TimedBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore that records how long each of its backups takes:
+    with an integer save_freq it backs up after every save_freq-th batch
+    of the fit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.durations, self.batches = [], 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        start = time.perf_counter()
+        super().on_train_batch_end(batch, logs)
+        self.batches += 1
+        if self.batches % self.save_freq == 0:
+            self.durations.append(time.perf_counter() - start)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save-freq", type=int, default=50)
@@ -69,15 +90,17 @@ def main():
     root = args.dir or tempfile.mkdtemp(prefix="tnt-backup-cost-")
     clock = StepClock()
     times = {False: [], True: []}
+    backup_s = []
     for r in range(args.rounds):
         for with_backup in (False, True, True, False):
             # BackupAndRestore deletes its backup at the end of the fit.
             backup_dir = os.path.join(root, f"round{r}")
             callbacks = [clock]
             if with_backup:
-                callbacks.append(keras.callbacks.BackupAndRestore(backup_dir,
-                                                                  save_freq=args.save_freq))
+                callbacks.append(TimedBackup(backup_dir, save_freq=args.save_freq))
             model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
+            if with_backup:
+                backup_s += callbacks[-1].durations
             times[with_backup].append((clock.last - clock.first) / (args.steps - 1))
     if not tnt.is_master_rank():
         return
@@ -93,13 +116,19 @@ def main():
               f"with: {costs[r] * 100:+.1f} %")
     print(f"median cost {np.median(costs) * 100:+.1f} % "
           f"(range {costs.min() * 100:+.1f} % to {costs.max() * 100:+.1f} %)")
+    per_backup = float(np.median(backup_s))
+    estimate = per_backup / (args.save_freq * float(np.median(plain)))
+    print(f"a backup takes {per_backup * 1e3:.1f} ms on the master (median of {len(backup_s)}); "
+          f"over {args.save_freq} steps of {np.median(plain) * 1e3:.2f} ms: {estimate * 100:+.1f} %")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": tnt.get_size(), "global_batch": batch,
                        "save_freq": args.save_freq, "steps": args.steps,
                        "ms_per_step_without": (plain * 1e3).tolist(),
                        "ms_per_step_with": (backed * 1e3).tolist(),
-                       "cost": costs.tolist(), "median_cost": float(np.median(costs))}, f,
+                       "cost": costs.tolist(), "median_cost": float(np.median(costs)),
+                       "ms_per_backup": [t * 1e3 for t in backup_s],
+                       "estimated_cost": estimate}, f,
                       indent=1)
 
 
