@@ -250,6 +250,11 @@ def _remove_files(directory, names, keep):
                 pass
 
 
+def _savez(path, arrays):
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
 def _backup_error(path, error, old):
     """What went wrong when the master wrote the backup file `path`, and
     which backup (the metadata `old`) is kept."""
@@ -316,21 +321,17 @@ def _backup_atomically(callback, callbacks):
         name = meta.get("tnt_weights")
         if name is None:
             return backup.keras_load()
-        backup.weights_path = os.path.join(callback.backup_dir, name)
         try:
-            backup.keras_load()
+            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, name))
+            backup.set_initial_epoch(meta["epoch"])
             restore_position(meta, "")
-        except (OSError, runtime.TarantellaError) as e:
-            # tnt.Model.load_weights reports an unreadable file as a
-            # TarantellaError caused by the OSError.
-            unreadable = isinstance(e, OSError) or isinstance(e.__cause__, OSError)
+        except resume.UnreadableBackup:
             previous = meta.get("tnt_previous")
-            if not unreadable or not previous:
+            if not previous:
                 raise
             log.logger.warning("BackupAndRestore: cannot read %s; restoring the previous "
                                "backup %s", name, previous)
-            backup.weights_path = os.path.join(callback.backup_dir, previous)
-            backup.keras_load()
+            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, previous))
             backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
             restore_position(meta, "previous_")
 
@@ -358,23 +359,17 @@ def _backup_atomically(callback, callbacks):
         finished[epoch] = dict(logs or {})
         keras_epoch_end(epoch, logs)
 
-    def write(tables, old, writing):
+    def write(variables, tables, old, writing):
         """Writes the backup's files, then the metadata that names them
         (master). The file being written is writing[0]. Returns the names of
         the files the metadata names."""
         writing[0] = callback.backup_dir
         os.makedirs(callback.backup_dir, exist_ok=True)
         base = f"epoch{backup.epoch}-batch{backup.batch}"
-        name, state = f"{base}.weights.h5", f"{base}.state.npz"
-        writing[0] = os.path.join(callback.backup_dir, name)
-        with _saves_of_this_rank(model_of()):
-            model_of().save_weights(writing[0])
-
-        def write_state(path):
-            with open(path, "wb") as f:
-                np.savez(f, **tables)
-        writing[0] = os.path.join(callback.backup_dir, state)
-        saving.write_atomically(writing[0], write_state)
+        name, state = f"{base}.weights.npz", f"{base}.state.npz"
+        for file, arrays in ((name, variables), (state, tables)):
+            writing[0] = os.path.join(callback.backup_dir, file)
+            saving.write_atomically(writing[0], lambda path, arrays=arrays: _savez(path, arrays))
         meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name,
                 "tnt_state": state, "tnt_batches_done": backup.batches_done(),
                 "tnt_iterators": resume.iterators_made(model_of())}
@@ -399,12 +394,12 @@ def _backup_atomically(callback, callbacks):
             tables.update(resume.callbacks_state(user_callbacks, finished))
             old, writing = metadata(), [None]
             try:
-                keep = write(tables, old, writing)
+                keep = write(resume.variables_snapshot(model_of()), tables, old, writing)
             except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
                 error, text = e, _backup_error(writing[0], e, old)
                 base = f"epoch{backup.epoch}-batch{backup.batch}"
                 # What this backup wrote before it failed; the previous backup is untouched.
-                _remove_files(callback.backup_dir, (f"{base}.weights.h5", f"{base}.state.npz"),
+                _remove_files(callback.backup_dir, (f"{base}.weights.npz", f"{base}.state.npz"),
                               {old.get(k) for k in _BACKUP_FILES})
             else:
                 _remove_files(callback.backup_dir, (old.get(k) for k in _BACKUP_FILES), keep)

@@ -101,8 +101,8 @@ def test_history_and_early_stopping_survive_a_restart(tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 256 KiB tmpfs: room for the worker's first backup (24 KiB of
-    weights, 1 KiB of state), and for a file that fills it."""
+    """A 256 KiB tmpfs: room for the worker's first backup (a few KiB of
+    weights and state), and for a file that fills it."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     disk = tmp_path / "disk"
@@ -130,7 +130,7 @@ def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupt
                           env=dict(os.environ, TNT_TIMEOUT_S="60"))
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "the disk is full: No space left on device" in proc.stdout
-    message = (f"TarantellaError: BackupAndRestore could not write {backup}/epoch1-batch1.weights.h5: "
+    message = (f"TarantellaError: BackupAndRestore could not write {backup}/epoch1-batch1.weights.npz: "
                "No space left on device (errno 28); the previous backup (epoch 0, batch 3) is "
                "kept, and a fit started again resumes from it")
     run_dir = cmd[cmd.index("--run-dir") + 1]
@@ -141,7 +141,7 @@ def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupt
         meta = json.load(f)
     assert (meta["epoch"], meta["batch"]) == (0, 3), meta
     # Nothing of the failed backup is left behind.
-    assert sorted(os.listdir(backup)) == ["epoch0-batch3.state.npz", "epoch0-batch3.weights.h5",
+    assert sorted(os.listdir(backup)) == ["epoch0-batch3.state.npz", "epoch0-batch3.weights.npz",
                                           "training_metadata.json"]
     filler.unlink()
     out = str(tmp_path / "resumed.npz")
