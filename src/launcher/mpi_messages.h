@@ -21,11 +21,11 @@
 int tnt__mpi_message_line(const char *line, size_t len, int *in_frame);
 
 typedef struct {
-  int read_fd;   /* the reading end of the MPI launcher's stderr */
-  int log_fd;    /* <run dir>/mpirun.log, opened on the first message */
+  int read_fd; /* the reading end of the MPI launcher's stderr */
+  int log_fd;  /* <run dir>/mpirun.log, opened on the first message */
   char log_path[4200];
-  int stop;      /* set by tnt__mpi_messages_finish */
-  int lines;     /* the lines that went to the log */
+  int stop;  /* set by tnt__mpi_messages_finish */
+  int lines; /* the lines that went to the log */
   pthread_t thread;
 } tnt__mpi_messages_t;
 

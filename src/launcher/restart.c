@@ -90,17 +90,21 @@ static int blamed_host(const tnt__job_t *job, const tnt__attempt_t *a, tnt__blam
 }
 
 /* Leaves host out of the job's next attempts when at least min_ranks
- * ranks remain on the others; says which in one line. Returns whether it
- * did. */
-static int drop_host(tnt__job_t *job, int host, const char *why) {
+ * ranks remain on the others; says in one line whether it did. */
+/* The ranks the job would have without one of its hosts. */
+static int ranks_without_a_host(const tnt__job_t *job) {
+  return (job->hosts.count - 1) * job->plan.per_host;
+}
+
+static void drop_host(tnt__job_t *job, int host, const char *why) {
   tnt__hostlist_t *h = &job->hosts;
-  int remaining = (h->count - 1) * job->plan.per_host;
+  int remaining = ranks_without_a_host(job);
   if (remaining < job->min_ranks) {
     fprintf(stderr,
             "tarantella: host %s failed (%s) but is kept: without it %d rank(s) would remain, "
             "fewer than --min-ranks %d\n",
             h->names[host], why, remaining, job->min_ranks);
-    return 0;
+    return;
   }
   fprintf(stderr, "tarantella: host %s is dropped (%s); the job goes on with %d rank%s on %d "
           "host%s\n", h->names[host], why, remaining, remaining == 1 ? "" : "s", h->count - 1,
@@ -110,7 +114,6 @@ static int drop_host(tnt__job_t *job, int host, const char *why) {
   memmove(h->lines + host, h->lines + host + 1, (size_t)(h->count - host - 1) * sizeof *h->lines);
   --h->count;
   job->plan.total = remaining;
-  return 1;
 }
 
 static int is_fault_signal(int sig) {
@@ -195,7 +198,8 @@ int tnt__job_run(tnt__job_t *job) {
     int blamed = blamed_host(job, &a, &rule, blame, sizeof blame);
     /* Ranks that did not start on one host, in a job that made progress
      * before: the host was lost, not the program's fault. */
-    int lost_host = rule == TNT__BLAME_NOT_STARTED && progressed_before && !a.progressed;
+    int lost_host = rule == TNT__BLAME_NOT_STARTED && progressed_before && !a.progressed &&
+                    ranks_without_a_host(job) >= job->min_ranks;
     progressed_before |= a.progressed;
     const char *stop = no_restart_reason(job, attempt, &a, same, lost_host);
     if (stop != NULL) {
@@ -211,14 +215,7 @@ int tnt__job_run(tnt__job_t *job) {
     tnt__attempt_describe(&job->plan, &a, why, sizeof why);
     fprintf(stderr, "tarantella: attempt %d failed: %s; restart %d of %d in %g s\n", attempt, why,
             attempt, job->max_restarts, job->delay_s);
-    if (blamed >= 0 && !drop_host(job, blamed, blame) && lost_host) {
-      int code = tnt__run_report(&job->plan, &a);
-      fprintf(stderr,
-              "tarantella: error: attempt %d of at most %d failed and is not restarted: it failed "
-              "before any rank completed a training step\n",
-              attempt, job->max_restarts + 1);
-      return code;
-    }
+    if (blamed >= 0) drop_host(job, blamed, blame);
     if (job->delay_s > 0) sleep_seconds(job->delay_s);
     if (prepare_attempt(job, attempt + 1, err, sizeof err) != 0) {
       fprintf(stderr, "tarantella: error: cannot restart: %s\n", err);

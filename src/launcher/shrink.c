@@ -7,8 +7,8 @@
 
 /* How many hosts have a rank that meets `pred`; the first such host goes
  * to first_marked (-1 when none). */
-static int mark_hosts(const tnt__attempt_ranks_t *ar, int (*pred)(const tnt__attempt_ranks_t *, int),
-                      int *first_marked) {
+static int mark_hosts(const tnt__attempt_ranks_t *ar,
+                      int (*pred)(const tnt__attempt_ranks_t *, int), int *first_marked) {
   int hosts = ar->total / ar->per_host, marked = 0;
   *first_marked = -1;
   for (int h = 0; h < hosts; ++h) {

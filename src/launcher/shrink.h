@@ -29,18 +29,18 @@
 
 /* What a failed attempt left: the status of every rank. */
 typedef struct {
-  int total;                         /* ranks of the attempt */
-  int per_host;                      /* ranks on each host */
-  const int *have;                   /* have[r]: rank r wrote a status */
-  const tnt__rank_status_t *status;  /* status[r], when have[r] */
-  int first_failed;                  /* the first rank that failed of its own, or -1 */
+  int total;                        /* ranks of the attempt */
+  int per_host;                     /* ranks on each host */
+  const int *have;                  /* have[r]: rank r wrote a status */
+  const tnt__rank_status_t *status; /* status[r], when have[r] */
+  int first_failed;                 /* the first rank that failed of its own, or -1 */
 } tnt__attempt_ranks_t;
 
 typedef enum {
   TNT__BLAME_NONE = 0,
-  TNT__BLAME_NOT_STARTED,      /* rule 1 */
+  TNT__BLAME_NOT_STARTED,       /* rule 1 */
   TNT__BLAME_STOPPED_ANSWERING, /* rule 2 */
-  TNT__BLAME_SIGNAL            /* rule 3 */
+  TNT__BLAME_SIGNAL             /* rule 3 */
 } tnt__blame_t;
 
 /* The index (in the host list) of the host that the attempt's failure is

@@ -36,8 +36,8 @@ static void test_crash_report(void **state) {
   (void)state;
   int in_frame = 0;
   assert_true(sorted("[vm:01234] *** Process received signal ***", &in_frame));
-  assert_true(sorted("[node-1.cluster:77] [ 0] /lib/x86_64-linux-gnu/libc.so.6(+0x3c050)",
-                     &in_frame));
+  assert_true(
+      sorted("[node-1.cluster:77] [ 0] /lib/x86_64-linux-gnu/libc.so.6(+0x3c050)", &in_frame));
   assert_false(in_frame);
   /* Brackets of the program's own output. */
   assert_false(sorted("[tnt 1/2] ERROR: allreduce timed out", &in_frame));

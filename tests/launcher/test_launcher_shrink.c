@@ -28,8 +28,8 @@ static void healthy(attempt_t *t) {
     t->status[r].signal = SIGTERM;
     t->status[r].ended_by_request = 1;
   }
-  t->ar = (tnt__attempt_ranks_t){.total = RANKS, .per_host = 2, .have = t->have,
-                                 .status = t->status, .first_failed = -1};
+  t->ar = (tnt__attempt_ranks_t){
+      .total = RANKS, .per_host = 2, .have = t->have, .status = t->status, .first_failed = -1};
 }
 
 static int blame(attempt_t *t, tnt__blame_t *rule, char *why) {

@@ -130,7 +130,8 @@ def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupt
                           env=dict(os.environ, TNT_TIMEOUT_S="60"))
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "the disk is full: No space left on device" in proc.stdout
-    message = (f"TarantellaError: BackupAndRestore could not write {backup}/epoch1-batch1.weights.npz: "
+    message = (f"TarantellaError: BackupAndRestore could not write "
+               f"{backup}/epoch1-batch1.weights.npz: "
                "No space left on device (errno 28); the previous backup (epoch 0, batch 3) is "
                "kept, and a fit started again resumes from it")
     run_dir = cmd[cmd.index("--run-dir") + 1]

@@ -119,7 +119,8 @@ def main():
     per_backup = float(np.median(backup_s))
     estimate = per_backup / (args.save_freq * float(np.median(plain)))
     print(f"a backup takes {per_backup * 1e3:.1f} ms on the master (median of {len(backup_s)}); "
-          f"over {args.save_freq} steps of {np.median(plain) * 1e3:.2f} ms: {estimate * 100:+.1f} %")
+          f"over {args.save_freq} steps of {np.median(plain) * 1e3:.2f} ms: "
+          f"{estimate * 100:+.1f} %")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": tnt.get_size(), "global_batch": batch,
