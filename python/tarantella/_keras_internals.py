@@ -26,7 +26,6 @@ _USED = (
     ("BackupAndRestore._load_model", keras.callbacks.BackupAndRestore, "_load_model"),
     ("BackupAndRestore._save_model", keras.callbacks.BackupAndRestore, "_save_model"),
     ("BackupAndRestore._training_metadata_path", "backup", "_training_metadata_path"),
-    ("BackupAndRestore._weights_path", "backup", "_weights_path"),
     ("BackupAndRestore._current_epoch", "backup", "_current_epoch"),
     ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
     # A fit resumed in mid-epoch counts the batches to its next backup from
@@ -220,14 +219,6 @@ class BackupState:
         self.callback = callback
         self.keras_load = callback._load_model
         self.metadata_path = callback._training_metadata_path
-
-    @property
-    def weights_path(self):
-        return self.callback._weights_path
-
-    @weights_path.setter
-    def weights_path(self, path):
-        self.callback._weights_path = path
 
     @property
     def epoch(self):

@@ -28,6 +28,7 @@ so Keras still dispatches the batch hooks of the others asynchronously.
 import contextlib
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -235,7 +236,45 @@ def _quiet(callback):
         callback.verbose = 0
 
 
-def _backup_atomically(callback):
+# The metadata's names of a backup's files.
+_BACKUP_FILES = ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state")
+
+
+def _remove_files(directory, names, keep):
+    """Removes the files `names` (None: none) of `directory` not in `keep`."""
+    for name in names:
+        if name is not None and name not in keep:
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def _savez(path, arrays):
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _backup_error(path, error, old):
+    """What went wrong when the master wrote the backup file `path`, and
+    which backup (the metadata `old`) is kept."""
+    cause = error
+    while cause.__cause__ is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    errno = getattr(cause, "errno", None)
+    if errno is None:
+        # h5py writes the errno into the message of the OSError it raises.
+        found = re.search(r"\[Errno (\d+)\]", str(cause))
+        errno = int(found.group(1)) if found else None
+    reason = (f"{os.strerror(errno)} (errno {errno})" if errno
+              else f"{type(error).__name__}: {error}")
+    kept = (f"the previous backup (epoch {old.get('epoch', 0)}, batch {old['batch']}) is kept, "
+            "and a fit started again resumes from it" if old.get("tnt_weights")
+            else "no earlier backup exists")
+    return f"BackupAndRestore could not write {path}: {reason}; {kept}"
+
+
+def _backup_atomically(callback, callbacks):
     """Makes a BackupAndRestore write on the master only, and so that a job
     killed at any moment leaves a consistent backup: the weights go to a
     new file named by epoch and batch (through a temporary file), and so
@@ -247,10 +286,15 @@ def _backup_atomically(callback):
     double_checkpoint=True the previous backup is kept and named in the
     metadata too, and a restore that cannot read the latest weights (an
     I/O error) restores the previous ones, as Keras's own BackupAndRestore
-    does."""
+    does. The backup also holds the logs of the finished epochs and the state
+    of the user's `callbacks` that fit keeps from epoch to epoch
+    (resume.callbacks_state), which a resumed fit gives back to them and to
+    its History when its first epoch begins, after every callback's
+    on_train_begin has reset them."""
     backup = internals.BackupState(callback)
     model_of = lambda: callback.model  # noqa: E731
     pending = {}  # the restored backup's position and state, until its epoch begins
+    finished = {}  # the logs of the finished epochs of the fit in progress
 
     def metadata():
         try:
@@ -277,28 +321,31 @@ def _backup_atomically(callback):
         name = meta.get("tnt_weights")
         if name is None:
             return backup.keras_load()
-        backup.weights_path = os.path.join(callback.backup_dir, name)
         try:
-            backup.keras_load()
+            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, name))
+            backup.set_initial_epoch(meta["epoch"])
             restore_position(meta, "")
-        except (OSError, runtime.TarantellaError) as e:
-            # tnt.Model.load_weights reports an unreadable file as a
-            # TarantellaError caused by the OSError.
-            unreadable = isinstance(e, OSError) or isinstance(e.__cause__, OSError)
+        except resume.UnreadableBackup:
             previous = meta.get("tnt_previous")
-            if not unreadable or not previous:
+            if not previous:
                 raise
             log.logger.warning("BackupAndRestore: cannot read %s; restoring the previous "
                                "backup %s", name, previous)
-            backup.weights_path = os.path.join(callback.backup_dir, previous)
-            backup.keras_load()
+            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, previous))
             backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
             restore_position(meta, "previous_")
+
+    keras_train_begin = callback.on_train_begin
+
+    def on_train_begin(logs=None):
+        finished.clear()
+        keras_train_begin(logs)
 
     def on_epoch_begin(epoch, logs=None):
         if not pending:
             return
         tables = pending.pop("tables")
+        finished.update(resume.restore_callbacks_state(user_callbacks, model_of(), tables))
         if not resume.restore_seeds(model_of(), tables):
             log.logger.info("BackupAndRestore: the backup was taken on %d ranks: training goes "
                             "on from it with fresh random seeds and metrics",
@@ -309,23 +356,20 @@ def _backup_atomically(callback):
 
     def on_epoch_end(epoch, logs=None):
         resume.end_of_epoch()
+        finished[epoch] = dict(logs or {})
         keras_epoch_end(epoch, logs)
 
-    def save():
-        tables = resume.gather(model_of())  # collective: every rank saves
-        if not runtime.is_master_rank():
-            return
+    def write(variables, tables, old, writing):
+        """Writes the backup's files, then the metadata that names them
+        (master). The file being written is writing[0]. Returns the names of
+        the files the metadata names."""
+        writing[0] = callback.backup_dir
         os.makedirs(callback.backup_dir, exist_ok=True)
-        old = metadata()
         base = f"epoch{backup.epoch}-batch{backup.batch}"
-        name, state = f"{base}.weights.h5", f"{base}.state.npz"
-        with _saves_of_this_rank(model_of()):
-            model_of().save_weights(os.path.join(callback.backup_dir, name))
-
-        def write_state(path):
-            with open(path, "wb") as f:
-                np.savez(f, **tables)
-        saving.write_atomically(os.path.join(callback.backup_dir, state), write_state)
+        name, state = f"{base}.weights.npz", f"{base}.state.npz"
+        for file, arrays in ((name, variables), (state, tables)):
+            writing[0] = os.path.join(callback.backup_dir, file)
+            saving.write_atomically(writing[0], lambda path, arrays=arrays: _savez(path, arrays))
         meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name,
                 "tnt_state": state, "tnt_batches_done": backup.batches_done(),
                 "tnt_iterators": resume.iterators_made(model_of())}
@@ -339,18 +383,35 @@ def _backup_atomically(callback):
         def write_meta(path):
             with open(path, "w") as f:
                 f.write(text)
-        saving.write_atomically(backup.metadata_path, write_meta)
-        keep = {name, state, meta.get("tnt_previous"), meta.get("tnt_previous_state")}
-        for key in ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state"):
-            stale = old.get(key)
-            if stale is not None and stale not in keep:
-                try:
-                    os.remove(os.path.join(callback.backup_dir, stale))
-                except FileNotFoundError:
-                    pass
+        writing[0] = backup.metadata_path
+        saving.write_atomically(writing[0], write_meta)
+        return {meta.get(k) for k in _BACKUP_FILES}
 
+    def save():
+        tables = resume.gather(model_of())  # collective: every rank saves
+        error, text = None, None
+        if runtime.is_master_rank():
+            tables.update(resume.callbacks_state(user_callbacks, finished))
+            old, writing = metadata(), [None]
+            try:
+                keep = write(resume.variables_snapshot(model_of()), tables, old, writing)
+            except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
+                error, text = e, _backup_error(writing[0], e, old)
+                base = f"epoch{backup.epoch}-batch{backup.batch}"
+                # What this backup wrote before it failed; the previous backup is untouched.
+                _remove_files(callback.backup_dir, (f"{base}.weights.npz", f"{base}.state.npz"),
+                              {old.get(k) for k in _BACKUP_FILES})
+            else:
+                _remove_files(callback.backup_dir, (old.get(k) for k in _BACKUP_FILES), keep)
+        # The master's error, on every rank, so that all stop at once.
+        text = runtime.master_message(text)
+        if text is not None:
+            raise runtime.TarantellaError(text) from error
+
+    user_callbacks = [cb.callback if isinstance(cb, Callback) else cb for cb in callbacks]
     backup.keras_load_hook(load)
     backup.keras_save_hook(save)
+    callback.on_train_begin = on_train_begin
     callback.on_epoch_begin = on_epoch_begin
     callback.on_epoch_end = on_epoch_end
     if not runtime.is_master_rank():
@@ -358,8 +419,12 @@ def _backup_atomically(callback):
 
 
 def distribute(callbacks):
-    """The callbacks this rank runs, adapted as described above."""
-    out = []
+    """The callbacks this rank runs, adapted as described above. A
+    BackupAndRestore comes after the others, so that a backup taken at an
+    epoch's end holds their state after that epoch (EarlyStopping's count),
+    and a restored backup gives them their state after their on_train_begin
+    reset it."""
+    out, backups = [], []
     for cb in callbacks or []:
         if isinstance(cb, Callback):
             _quiet(cb.callback)
@@ -380,13 +445,14 @@ def distribute(callbacks):
                 out.append(_master_only(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            _backup_atomically(cb)
+            _backup_atomically(cb, callbacks)
         _quiet(cb)
         if isinstance(cb, _FOUND_BY_TYPE):
             out.append(cb)  # Keras looks for it by its type (else it adds its own)
         else:
-            out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
-    return out + [progress.Reporter()]
+            wrapped = forwarding(_Forwarding, cb, _forwarded_hooks(cb))
+            (backups if isinstance(cb, keras.callbacks.BackupAndRestore) else out).append(wrapped)
+    return out + backups + [progress.Reporter()]
 
 
 # The callbacks that Keras's CallbackList looks for by type, adding one of

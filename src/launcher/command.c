@@ -58,6 +58,7 @@ int tnt__command_env(const tnt__options_t *o, char *const *envp, tnt__strvec_t *
       {"TNT_OUTPUT_ON_ALL_DEVICES", o->output_on_all_devices ? "true" : NULL},
       {"TNT_FUSION_THRESHOLD_KB", o->fusion_threshold},
       {"TNT_MAX_RESTARTS", o->max_restarts},
+      {"TNT_MIN_RANKS", o->min_ranks},
   };
   for (size_t i = 0; i < sizeof settings / sizeof settings[0]; ++i) {
     if (settings[i].value == NULL) continue;

@@ -48,6 +48,10 @@ const char tnt__usage_text[] =
     "                            fails after a completed step (TNT_MAX_RESTARTS;\n"
     "                            default 0); each attempt logs to DIR/attempt<K>\n"
     "  --restart-delay S         wait S seconds before each restart (default 0)\n"
+    "  --min-ranks M             with --hostfile: restart without a host that failed\n"
+    "                            (its ranks did not start, stopped answering or were\n"
+    "                            killed by a signal) while M ranks remain\n"
+    "                            (TNT_MIN_RANKS; default: restart on every host)\n"
     "\n"
     "Environment and tuning:\n"
     "  -x NAME=VALUE [N2=V2 ...] set NAME on every rank (repeatable; several\n"
@@ -88,6 +92,7 @@ typedef enum {
   OPT_RUN_DIR,
   OPT_MAX_RESTARTS,
   OPT_RESTART_DELAY,
+  OPT_MIN_RANKS,
   OPT_DRY_RUN,
   OPT_SETTINGS,
   OPT_VERSION,
@@ -120,6 +125,7 @@ static const option_spec_t long_options[] = {
     {"--run-dir", OPT_RUN_DIR, 1},
     {"--max-restarts", OPT_MAX_RESTARTS, 1},
     {"--restart-delay", OPT_RESTART_DELAY, 1},
+    {"--min-ranks", OPT_MIN_RANKS, 1},
     {"--dry-run", OPT_DRY_RUN, 0},
     {"--settings", OPT_SETTINGS, 2},
     {"--version", OPT_VERSION, 0},
@@ -263,6 +269,10 @@ static int apply_option(tnt__options_t *o, const option_spec_t *spec, const char
     case OPT_MAX_RESTARTS:
       if (check_setting(TNT__S_MAX_RESTARTS, arg, value, err, err_len) != 0) return -1;
       o->max_restarts = value;
+      return 0;
+    case OPT_MIN_RANKS:
+      if (check_setting(TNT__S_MIN_RANKS, arg, value, err, err_len) != 0) return -1;
+      o->min_ranks = value;
       return 0;
     case OPT_RESTART_DELAY:
       if (parse_seconds(value, &o->restart_delay_s) != 0) {

@@ -33,6 +33,7 @@ typedef struct {
   const char *run_dir;          /* --run-dir; NULL for the default */
   const char *max_restarts;     /* --max-restarts as given (validated); NULL if not given */
   double restart_delay_s;       /* --restart-delay; 0 when not given */
+  const char *min_ranks;        /* --min-ranks as given (validated); NULL if not given */
   int dry_run;                  /* --dry-run */
   int settings;                 /* --settings: 1; --settings=markdown: 2; else 0 */
   const char **env;             /* -x arguments, "NAME=VALUE" or "NAME"; owned by the options */

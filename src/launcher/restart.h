@@ -13,6 +13,13 @@
  * attempt before it (the same exit code or program fault, and the same
  * last line in the failed rank's log). Signals sent from outside (SIGKILL,
  * SIGTERM, ...) are faults of the machine, never "the same error".
+ *
+ * With --min-ranks M (TNT_MIN_RANKS) and a host list, the next attempt
+ * leaves out the host that the failed attempt is blamed on (shrink.h), as
+ * long as at least M ranks remain on the others, with as many ranks per
+ * host as before; the launcher says so in one line. An attempt whose ranks
+ * did not start on one host is restarted without it even though it
+ * completed no step, once an earlier attempt had.
  */
 #ifndef TNT_LAUNCHER_RESTART_H
 #define TNT_LAUNCHER_RESTART_H
@@ -29,12 +36,15 @@ typedef struct {
   char attempt_dir[PATH_MAX];
   int max_restarts; /* 0: a single attempt, logging in run_dir itself */
   double delay_s;   /* between a failed attempt and the next */
+  int min_ranks;    /* fewest ranks a shrunk job may run on; 0: never shrink */
+  tnt__hostlist_t hosts; /* the hosts of the current attempt, when shrinking (owned) */
 } tnt__job_t;
 
 /* Prepares the first attempt of the job that plan describes (plan->run_dir
- * is the job's run directory and must outlive the job), with the restarts
- * and delay that the options and settings give. Returns 0, or -1 with a
- * message in err. Release the job with tnt__job_free either way. */
+ * is the job's run directory and must outlive the job), with the restarts,
+ * delay and fewest ranks that the options and settings give. Returns 0, or
+ * -1 with a message in err (--min-ranks without restarts or hosts, or more
+ * than the job's ranks). Release the job with tnt__job_free either way. */
 int tnt__job_init(tnt__job_t *job, const tnt__launch_plan_t *plan, char *err, size_t err_len);
 
 /* Runs the attempts; reports the end on stderr. Returns the launcher's exit

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mpi_messages.h"
 #include "proc.h"
 #include "status.h"
 #include "util/settings.h"
@@ -35,9 +36,11 @@
 /* Lines of a failed rank's log shown in the report. */
 #define TNT__LOG_TAIL_LINES 12
 
-/* The child side of fork: becomes the MPI launcher. Never returns. */
-static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t launcher) {
+/* The child side of fork: becomes the MPI launcher, with err_fd as its
+ * stderr. Never returns. */
+static void exec_mpi(const tnt__command_t *cmd, const sigset_t *mask, pid_t launcher, int err_fd) {
   setpgid(0, 0);
+  dup2(err_fd, STDERR_FILENO);
   /* If the launcher is killed outright, mpirun ends the job. */
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != launcher) _exit(127);
@@ -62,6 +65,15 @@ static int first_failure(const tnt__launch_plan_t *plan, tnt__rank_status_t *fou
     }
   }
   return rank;
+}
+
+/* Whether every rank's wrapper has reported that its program ended. */
+static int all_programs_ended(const tnt__launch_plan_t *plan) {
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (tnt__status_read(plan->run_dir, r, &s) != 0 || !s.finished) return 0;
+  }
+  return 1;
 }
 
 /* Lists the processes whose parent is this process. Returns their count. */
@@ -193,8 +205,9 @@ static int report_mpi_failure(const tnt__launch_plan_t *plan, int mpi_status) {
       ++silent;
     }
   }
-  fprintf(stderr, "tarantella: error: %s exited with status %d%s\n", plan->mpirun, mpi_status,
-          silent == plan->total ? " before any rank started; see its messages above" : "");
+  fprintf(stderr, "tarantella: error: %s exited with status %d%s%s%s\n", plan->mpirun,
+          mpi_status, silent == plan->total ? " before any rank started; see its messages in " : "",
+          silent == plan->total ? plan->run_dir : "", silent == plan->total ? "/mpirun.log" : "");
   return mpi_status > 0 && mpi_status < 256 ? mpi_status : 1;
 }
 
@@ -209,6 +222,10 @@ int tnt__run_report(const tnt__launch_plan_t *plan, const tnt__attempt_t *a) {
     code = report_failure(plan, a->failed_rank, &a->first);
   } else if (a->mpi_status != 0) {
     code = report_mpi_failure(plan, a->mpi_status);
+  }
+  if (code != 0 && a->mpi_messages > 0) {
+    fprintf(stderr, "tarantella: %s's own messages (%d lines) are in %s/mpirun.log\n",
+            plan->mpirun, a->mpi_messages, plan->run_dir);
   }
   return code;
 }
@@ -268,21 +285,31 @@ void tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd, tnt__at
    * would be taken for this run's. */
   for (int r = 0; r < plan->total; ++r) tnt__status_remove(plan->run_dir, r);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  fflush(NULL);
-  pid_t self = getpid();
-  pid_t mpi = fork();
-  if (mpi < 0) {
+  tnt__mpi_messages_t messages;
+  int child_err = -1;
+  if (tnt__mpi_messages_start(&messages, plan->run_dir, &child_err) != 0) {
     fprintf(stderr, "tarantella: error: cannot start %s: %s\n", plan->mpirun, strerror(errno));
     goto out;
   }
-  if (mpi == 0) exec_mpi(cmd, &old_mask, self);
+  fflush(NULL);
+  pid_t self = getpid();
+  pid_t mpi = fork();
+  if (mpi == 0) exec_mpi(cmd, &old_mask, self, child_err);
+  int fork_errno = errno;
+  close(child_err);
+  if (mpi < 0) {
+    tnt__mpi_messages_finish(&messages);
+    fprintf(stderr, "tarantella: error: cannot start %s: %s\n", plan->mpirun,
+            strerror(fork_errno));
+    goto out;
+  }
   setpgid(mpi, mpi);
   a->start_failed = 0;
 
   double abort_grace = tnt__setting_number(TNT__S_ABORT_GRACE_S);
   int interrupted = 0, mpi_status = -1;
   double term_at = 0, kill_at = 0, next_poll = tnt__clock() + TNT__STATUS_POLL_S;
-  int failure_seen = 0;
+  int failure_seen = 0, all_ended = 0;
   while (mpi_status < 0) {
     double now = tnt__clock();
     if (term_at > 0 && now >= term_at) {
@@ -294,12 +321,19 @@ void tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd, tnt__at
       signal_group(mpi, SIGKILL);
       kill_at = 0;
     }
-    if (!failure_seen && now >= next_poll) {
+    if (!all_ended && now >= next_poll) {
       tnt__rank_status_t s;
       next_poll = now + TNT__STATUS_POLL_S;
-      if (first_failure(plan, &s) >= 0) {
+      if (!failure_seen && first_failure(plan, &s) >= 0) {
         failure_seen = 1;
         if (term_at == 0 && kill_at == 0) term_at = now + abort_grace;
+      }
+      /* Once every rank's program has ended after a failure, the MPI
+       * launcher has nothing left to end: when it stays (a host it cannot
+       * reach any more), it is ended at once. */
+      if (failure_seen && all_programs_ended(plan)) {
+        all_ended = 1;
+        if (kill_at == 0) term_at = now;
       }
     }
     struct timespec tick = {.tv_sec = 0, .tv_nsec = 200 * 1000 * 1000};
@@ -328,6 +362,7 @@ void tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd, tnt__at
   /* Whatever is left of the MPI launcher's group goes with it. */
   kill(-mpi, SIGKILL);
   end_leftovers();
+  a->mpi_messages = tnt__mpi_messages_finish(&messages);
   a->interrupted = interrupted;
   a->mpi_status = mpi_status;
   a->failed_rank = first_failure(plan, &a->first);

@@ -19,6 +19,7 @@ typedef struct {
   int failed_rank;          /* the first rank that failed of its own, or -1 */
   tnt__rank_status_t first; /* that rank's status */
   int progressed;           /* some rank completed a step (tnt__status_progressed) */
+  int mpi_messages;         /* lines of the MPI launcher's own that went to mpirun.log */
 } tnt__attempt_t;
 
 /* Runs cmd for plan until every process of it has ended; says nothing

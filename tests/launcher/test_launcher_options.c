@@ -247,16 +247,19 @@ static void test_errors(void **state) {
 
 static void test_restart_options(void **state) {
   (void)state;
-  char *argv[] = {"tarantella", "--max-restarts", "3", "--restart-delay=2.5", "--", "m.py"};
+  char *argv[] = {"tarantella", "--max-restarts", "3", "--restart-delay=2.5", "--min-ranks", "2",
+                  "--", "m.py"};
   tnt__options_t o;
   char err[512];
   assert_int_equal(parse(ARGC(argv), argv, &o, err), TNT__PARSE_RUN);
   assert_string_equal(o.max_restarts, "3");
   assert_true(o.restart_delay_s == 2.5);
+  assert_string_equal(o.min_ranks, "2");
   tnt__options_free(&o);
   char *none[] = {"tarantella", "--", "m.py"};
   assert_int_equal(parse(ARGC(none), none, &o, err), TNT__PARSE_RUN);
   assert_null(o.max_restarts);
+  assert_null(o.min_ranks);
   assert_true(o.restart_delay_s == 0.0);
   tnt__options_free(&o);
   char *zero[] = {"tarantella", "--max-restarts=0", "--restart-delay", "0", "--", "m.py"};
@@ -270,6 +273,8 @@ static void test_restart_options(void **state) {
   expect_error(ARGC(word), word, "not 'many'");
   char *fraction[] = {"tarantella", "--max-restarts=1.5", "--", "m.py"};
   expect_error(ARGC(fraction), fraction, "not '1.5'");
+  char *no_ranks[] = {"tarantella", "--min-ranks", "0", "--", "m.py"};
+  expect_error(ARGC(no_ranks), no_ranks, "--min-ranks takes a whole number from 1 to 1000000");
   char *no_value[] = {"tarantella", "--max-restarts", "--", "m.py"};
   expect_error(ARGC(no_value), no_value, "--max-restarts needs a value");
   const char *bad_delays[] = {"-1", "soon", "1e9", "nan", "inf", "2s", ""};

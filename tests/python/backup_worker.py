@@ -1,7 +1,8 @@
 """BackupAndRestore(double_checkpoint=True) on the ranks of a job: training
 is interrupted at epoch 3, the latest backup's weights file is then damaged,
 and a new fit restores the previous backup (epoch 2) on every rank, as
-Keras's own BackupAndRestore falls back to its previous checkpoint."""
+Keras's own BackupAndRestore falls back to its previous checkpoint; the
+History it returns holds the epochs of the backup too."""
 import json
 import os
 import sys
@@ -18,6 +19,15 @@ class Interrupt(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 3:
             raise RuntimeError("interrupted")
+
+
+class EpochsRun(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
 
 
 def model():
@@ -43,9 +53,11 @@ def main():
         with open(os.path.join(backup_dir, meta["tnt_weights"]), "wb") as f:
             f.write(b"damaged")
     tnt.allreduce(np.zeros(1))  # every rank waits for the damage
+    ran = EpochsRun()
     history = model().fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=[
-        keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True)])
-    print(f"rank {tnt.get_rank()}: resumed for {len(history.history['loss'])} epochs")
+        keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True), ran])
+    print(f"rank {tnt.get_rank()}: resumed for epochs {ran.epochs}, History of epochs "
+          f"{history.epoch} with {len(history.history['loss'])} losses")
 
 
 if __name__ == "__main__":

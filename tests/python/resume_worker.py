@@ -3,8 +3,14 @@
 shuffles anew every epoch, and metrics. With --kill-rank R, rank R kills
 itself (SIGKILL) at --kill-epoch/--kill-batch in the first attempt of the
 job (TNT_RESTART_COUNT=0), after a backup and before the next; the launcher
-then starts the job again and fit resumes from the backup. The master
-writes the final weights (and the last epoch's logs) to --out.
+then starts the job again and fit resumes from the backup. With
+--hang-file F, rank R instead creates F there and waits, for the test to
+take its host away. With --fill-disk F, the master fills the file system of
+F (a small tmpfs) after step --fill-step, so that the next backup finds no
+space left. The master writes the final weights (and the logs of
+the epochs) to --out. --plain trains a model that draws no random numbers
+(no dropout) with SGD, whose result does not depend on the number of ranks
+beyond rounding (for a job that shrinks).
 
     resume_worker.py BACKUP_DIR --out W.npz [--save-freq N] [--kill-rank R ...]
 """
@@ -12,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,9 +29,10 @@ import tarantella as tnt  # noqa: E402
 
 
 class KillAt(keras.callbacks.Callback):
-    def __init__(self, rank, epoch, batch):
+    def __init__(self, rank, epoch, batch, hang_file):
         super().__init__()
         self.rank, self.epoch, self.batch = rank, epoch, batch
+        self.hang_file = hang_file
         self.current = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -33,8 +41,31 @@ class KillAt(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (tnt.get_rank() == self.rank and (self.current, batch) == (self.epoch, self.batch)
                 and os.environ["TNT_RESTART_COUNT"] == "0"):
+            if self.hang_file:
+                print(f"rank {self.rank} waits at epoch {self.epoch} batch {batch}", flush=True)
+                open(self.hang_file, "w").close()
+                time.sleep(600)
             print(f"rank {self.rank} kills itself at epoch {self.epoch} batch {batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FillDisk(keras.callbacks.Callback):
+    """After global step `step`, writes `path` until the disk is full."""
+
+    def __init__(self, step, path):
+        super().__init__()
+        self.step, self.path, self.steps = step, path, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps != self.step:
+            return
+        with open(self.path, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError as e:
+                print(f"the disk is full: {e.strerror}", flush=True)
 
 
 def main():
@@ -46,28 +77,46 @@ def main():
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-epoch", type=int, default=1)
     parser.add_argument("--kill-batch", type=int, default=3)
+    parser.add_argument("--hang-file")
+    parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--early-stopping", action="store_true")
+    parser.add_argument("--fill-disk")
+    parser.add_argument("--fill-step", type=int, default=5)
     args = parser.parse_args()
     tnt.init()
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(96, 8)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int32") + (x[:, 2] > 1).astype("int32")
-    model = tnt.Model(keras.Sequential([
-        keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.3),
-        keras.layers.Dense(3, activation="softmax")]))
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+    dropout = [] if args.plain else [keras.layers.Dropout(0.3)]
+    model = tnt.Model(keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu")] + dropout +
+        [keras.layers.Dense(3, activation="softmax")]))
+    optimizer = (keras.optimizers.SGD(0.1, momentum=0.9) if args.plain
+                 else keras.optimizers.Adam(0.01))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=args.save_freq,
                                                   delete_checkpoint=False)]
+    if args.early_stopping:
+        # The loss never improves by 1: training stops after epoch 2.
+        stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=2, min_delta=1.0)
+        callbacks.append(stopping)
+    if args.fill_disk and tnt.is_master_rank():
+        callbacks.append(FillDisk(args.fill_step, args.fill_disk))
     if args.kill_rank >= 0:
-        callbacks.append(KillAt(args.kill_rank, args.kill_epoch, args.kill_batch))
+        callbacks.append(KillAt(args.kill_rank, args.kill_epoch, args.kill_batch, args.hang_file))
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
                         callbacks=callbacks)
     if tnt.is_master_rank():
         np.savez(args.out, *model.get_weights())
         last = {k: float(v[-1]) for k, v in history.history.items()}
+        summary = {"epochs": history.epoch, "last": last, "history": history.history}
+        if args.early_stopping:
+            summary["early_stopping"] = {a: float(getattr(stopping, a)) for a in
+                                         ("wait", "best", "best_epoch", "stopped_epoch")}
         with open(args.out + ".json", "w") as f:
-            json.dump({"epochs": len(history.history["loss"]), "last": last}, f)
+            json.dump(summary, f)
     print(f"rank {tnt.get_rank()} done")
 
 

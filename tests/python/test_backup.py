@@ -13,7 +13,9 @@ def test_double_checkpoint_falls_back_to_the_previous_backup(tmp_path, python):
     out = proc.stdout
     meta = json.loads(next(l for l in out.splitlines() if l.startswith("metadata "))[9:])
     assert meta["epoch"] == 3 and meta["tnt_previous_epoch"] == 2, meta
-    assert "restoring the previous backup epoch2-batch0.weights.h5" in proc.stderr + out
-    # Resumed from epoch 2 of 5, on every rank.
+    assert "restoring the previous backup epoch2-batch0.weights.npz" in proc.stderr + out
+    # Resumed from epoch 2 of 5, on every rank; the History holds the two
+    # epochs of the previous backup too.
     for r in range(2):
-        assert f"rank {r}: resumed for 3 epochs" in out, out[-2000:]
+        assert (f"rank {r}: resumed for epochs [2, 3, 4], History of epochs [0, 1, 2, 3, 4] "
+                "with 5 losses") in out, out[-2000:]

@@ -80,6 +80,76 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
     assert_same_run(got, uninterrupted)
 
 
+def test_history_and_early_stopping_survive_a_restart(tmp_path):
+    """EarlyStopping(patience=2) on a loss that never improves enough stops
+    fit after epoch 2. Rank 1 is killed in epoch 2 after the backup of step
+    16 (epoch 2, batch 3): the resumed fit must know the History of epochs 0
+    and 1 and EarlyStopping's count of 1 epoch without improvement, or it
+    would train a 4th epoch and return a History of epochs 2 and 3 only."""
+    _, expected = train(2, tmp_path / "uninterrupted", "--early-stopping")
+    proc, got = train(2, tmp_path / "killed", "--early-stopping", "--kill-rank", "1",
+                      "--kill-epoch", "2", "--kill-batch", "4", restarts=1)
+    assert_restarted_once(proc, 1, 2, 4)
+    assert_same_run(got, expected)
+    summary, expected_summary = got[1], expected[1]
+    assert expected_summary["epochs"] == [0, 1, 2]
+    assert expected_summary["early_stopping"]["stopped_epoch"] == 2
+    assert summary["epochs"] == expected_summary["epochs"]
+    assert summary["history"] == expected_summary["history"]
+    assert summary["early_stopping"] == expected_summary["early_stopping"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs: room for the worker's first backup (a few KiB of
+    weights and state), and for a file that fills it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupted):
+    """The backup disk fills up after step 5 (the backup of step 4 is on
+    it): the backup of step 8 cannot be written. Every rank stops with an
+    error that names the file and says that the previous backup is kept;
+    the previous backup is intact, and a job started again once there is
+    room resumes from it and ends with the uninterrupted run's weights."""
+    backup, filler = small_disk / "backup", small_disk / "filler"
+    cmd = mpirun_command(2, sys.executable, WORKER, str(backup), "--out", str(tmp_path / "w.npz"),
+                         "--fill-disk", str(filler))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TNT_TIMEOUT_S="60"))
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "the disk is full: No space left on device" in proc.stdout
+    message = (f"TarantellaError: BackupAndRestore could not write "
+               f"{backup}/epoch1-batch1.weights.npz: "
+               "No space left on device (errno 28); the previous backup (epoch 0, batch 3) is "
+               "kept, and a fit started again resumes from it")
+    run_dir = cmd[cmd.index("--run-dir") + 1]
+    for r in range(2):
+        with open(os.path.join(run_dir, f"rank{r}.log")) as f:
+            assert message in f.read(), f"rank {r}: {proc.stderr[-4000:]}"
+    with open(backup / "training_metadata.json") as f:
+        meta = json.load(f)
+    assert (meta["epoch"], meta["batch"]) == (0, 3), meta
+    # Nothing of the failed backup is left behind.
+    assert sorted(os.listdir(backup)) == ["epoch0-batch3.state.npz", "epoch0-batch3.weights.npz",
+                                          "training_metadata.json"]
+    filler.unlink()
+    out = str(tmp_path / "resumed.npz")
+    run(mpirun_command(2, sys.executable, WORKER, str(backup), "--out", out))
+    assert_same_run(final(out), uninterrupted)
+
+
 @pytest.mark.long
 def test_middle_rank_of_three_killed_and_resumed(tmp_path):
     _, expected = train(3, tmp_path / "uninterrupted")

@@ -142,6 +142,12 @@ CASES = [
         "--max-restarts", v, *PROG, files=PROG_FILE) for v in ["-1", "many", "1.5"]],
     *[L(f"--restart-delay '{v}'", "--restart-delay needs a number of seconds from 0 to 86400",
         "--restart-delay", v, *PROG, files=PROG_FILE) for v in ["-5", "soon", "1e9"]],
+    *[L(f"--min-ranks '{v}'", "--min-ranks takes a whole number from 1 to 1000000, or off",
+        "--min-ranks", v, *PROG, files=PROG_FILE) for v in ["0", "half"]],
+    L("--min-ranks 1 without --max-restarts", "give --max-restarts N too", "--min-ranks", "1",
+      *PROG, files=PROG_FILE),
+    L("--min-ranks 1 without a hostfile", "give the hosts with --hostfile", "--max-restarts", "1",
+      "--min-ranks", "1", *PROG, files=PROG_FILE),
     L("--pin-to-socket -n 2 on 1 NUMA node", "1 NUMA node(s) for 2 ranks per host",
       "--pin-to-socket", "-n", "2", *PROG, files=PROG_FILE + NUMA1,
       env=(("TNT_SYS_ROOT", "{tmp}/sys"),)),
@@ -170,6 +176,8 @@ CASES = [
     H("a line starting with '-' (an ssh option)", "-oProxyCommand\n", "it starts with '-'"),
     H("a binary file", "a\x01b\n", "is this a text file?"),
     H("3 hosts with -n 4", "a\nb\nc\n", "does not split evenly", "-n", "4"),
+    H("2 hosts with --min-ranks 3", "a\nb\n", "--min-ranks 3 is more than the 2 ranks the job "
+      "starts with", "--max-restarts", "1", "--min-ranks", "3"),
     # ------------------------------------------------------------ programs
     L("a program that does not exist", "program 'no_such_model.py' not found", "--",
       "no_such_model.py", area="program"),

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The step-time cost of BackupAndRestore(save_freq=N) on the quick start.
+
+Trains the quick start's LeNet-5 on Fashion-MNIST (global batch 64, SGD
+with momentum, as examples/quick_start.py does) and times fits of --steps
+steps each, alternately without a backup and with
+keras.callbacks.BackupAndRestore(dir, save_freq=N), in --rounds rounds of
+the order ABBA (so that a drift of the machine's speed hits both alike).
+A fit's time runs from the end of its first step to the end of its last, so
+that it holds every backup it takes but not fit's start. The cost is the
+ratio of the mean step times, with and without backups, minus one; the
+median over the rounds is reported, with every round's. The time each
+backup takes on this rank (its batch hook, which gathers the state and, on
+the master, writes the files) is timed too: on a machine shared with other
+work, where the step times drift by more than the cost, that time over
+save_freq mean step times estimates the cost more steadily.
+
+    tarantella -n 2 -- tools/bench/backup_cost.py --save-freq 50 \\
+        [--dir /tmp/backup] [--json bench/results/backup_cost.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "examples"))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+from fashion_mnist import DATA_DIR, load_fashion_mnist  # noqa: E402
+from quick_start import lenet5_model_generator  # noqa: E402
+
+
+class StepClock(keras.callbacks.Callback):
+    """The time from the end of the first training step to the end of the last."""
+
+    def on_train_begin(self, logs=None):
+        self.first = self.last = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first = self.last
+
+
+class TimedBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore that records how long each of its backups takes:
+    with an integer save_freq it backs up after every save_freq-th batch
+    of the fit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.durations, self.batches = [], 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        start = time.perf_counter()
+        super().on_train_batch_end(batch, logs)
+        self.batches += 1
+        if self.batches % self.save_freq == 0:
+            self.durations.append(time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save-freq", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=200, help="steps of each timed fit")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of four fits (ABBA)")
+    parser.add_argument("--dir", help="where the backups go (default: a temporary folder)")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    tnt.init()
+    keras.utils.set_random_seed(42)
+    (x, y), _ = load_fashion_mnist(DATA_DIR)
+    batch = 64
+    data = tf.data.Dataset.from_tensor_slices((x[:batch * args.steps], y[:batch * args.steps]))
+    data = data.shuffle(batch * args.steps, seed=42).batch(batch)
+    model = tnt.Model(lenet5_model_generator())
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    model.fit(data, epochs=1, verbose=0)  # warm-up: tracing, the first allocation
+    root = args.dir or tempfile.mkdtemp(prefix="tnt-backup-cost-")
+    clock = StepClock()
+    times = {False: [], True: []}
+    backup_s = []
+    for r in range(args.rounds):
+        for with_backup in (False, True, True, False):
+            # BackupAndRestore deletes its backup at the end of the fit.
+            backup_dir = os.path.join(root, f"round{r}")
+            callbacks = [clock]
+            if with_backup:
+                callbacks.append(TimedBackup(backup_dir, save_freq=args.save_freq))
+            model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
+            if with_backup:
+                backup_s += callbacks[-1].durations
+            times[with_backup].append((clock.last - clock.first) / (args.steps - 1))
+    if not tnt.is_master_rank():
+        return
+    if args.dir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    plain = np.array(times[False]).reshape(args.rounds, 2).mean(axis=1)
+    backed = np.array(times[True]).reshape(args.rounds, 2).mean(axis=1)
+    costs = backed / plain - 1
+    print(f"{tnt.get_size()} ranks, global batch {batch}, BackupAndRestore(save_freq="
+          f"{args.save_freq}), {args.steps} steps per fit, {args.rounds} ABBA rounds")
+    for r in range(args.rounds):
+        print(f"round {r}: {plain[r] * 1e3:.2f} ms/step without backups, {backed[r] * 1e3:.2f} "
+              f"with: {costs[r] * 100:+.1f} %")
+    print(f"median cost {np.median(costs) * 100:+.1f} % "
+          f"(range {costs.min() * 100:+.1f} % to {costs.max() * 100:+.1f} %)")
+    per_backup = float(np.median(backup_s))
+    estimate = per_backup / (args.save_freq * float(np.median(plain)))
+    print(f"a backup takes {per_backup * 1e3:.1f} ms on the master (median of {len(backup_s)}); "
+          f"over {args.save_freq} steps of {np.median(plain) * 1e3:.2f} ms: "
+          f"{estimate * 100:+.1f} %")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": tnt.get_size(), "global_batch": batch,
+                       "save_freq": args.save_freq, "steps": args.steps,
+                       "ms_per_step_without": (plain * 1e3).tolist(),
+                       "ms_per_step_with": (backed * 1e3).tolist(),
+                       "cost": costs.tolist(), "median_cost": float(np.median(costs)),
+                       "ms_per_backup": [t * 1e3 for t in backup_s],
+                       "estimated_cost": estimate}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
