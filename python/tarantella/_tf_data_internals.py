@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.util import structure
+from tensorflow.python.ops import gen_dataset_ops
 
 # Dataset classes by what they do; tf.data keeps them private, so they are
 # recognised by name.
@@ -27,6 +28,7 @@ SOURCES = {"TensorSliceDataset", "_TensorSliceDataset", "RangeDataset", "_RangeD
            "TensorDataset", "_TensorDataset", "TFRecordDatasetV2", "TextLineDatasetV2",
            "FixedLengthRecordDatasetV2", "_GeneratorDataset"}
 MAP = {"_MapDataset", "_ParallelMapDataset"}
+SHUFFLE = {"_ShuffleDataset"}
 PREFETCH = {"_PrefetchDataset"}
 OPTIONS = {"_OptionsDataset"}
 # Stateful ops that give the same result whichever elements a rank maps.
@@ -50,6 +52,18 @@ def describe(dataset):
 def input_of(dataset):
     """The dataset that `dataset`'s last transformation reads, or None."""
     return getattr(dataset, "_input_dataset", None)
+
+
+def slices_of(dataset):
+    """The tensors that `dataset` = tf.data.Dataset.from_tensor_slices(...)
+    slices, one per component in tf.nest's order, where every component is a
+    dense tensor held in memory; else None."""
+    if kind(dataset) != "_TensorSliceDataset" or not tf.executing_eagerly():
+        return None
+    if not all(type(s) is tf.TensorSpec for s in tf.nest.flatten(dataset.element_spec)):
+        return None
+    tensors = list(dataset._tensors)
+    return tensors if all(hasattr(t, "numpy") for t in tensors) else None
 
 
 def batch_params(dataset):
@@ -113,6 +127,24 @@ def remap(map_dataset, dataset, call=None):
 def reprefetch(prefetch_dataset, dataset):
     """`dataset` prefetched as `prefetch_dataset` is."""
     return dataset.prefetch(int(tf.get_static_value(prefetch_dataset._buffer_size)))
+
+
+class Reshuffled(dataset_ops.UnaryUnchangedStructureDataset):
+    """`input_dataset` shuffled as the shuffle `shuffled` shuffles its input:
+    with its buffer size, its seeds and its reshuffling at every iteration.
+    tf.data's shuffle draws its positions whatever the elements are, so that
+    the i-th iteration of both gives the same permutation (of the indices
+    of the samples, say, instead of the samples). Its seed generator is its
+    own: iterations count from its first one."""
+
+    def __init__(self, shuffled, input_dataset):
+        self._input_dataset, self._name = input_dataset, None
+        variant = gen_dataset_ops.shuffle_dataset_v3(
+            input_dataset._variant_tensor, buffer_size=shuffled._buffer_size,
+            seed=shuffled._seed, seed2=shuffled._seed2,
+            seed_generator=gen_dataset_ops.dummy_seed_generator(),
+            reshuffle_each_iteration=shuffled._reshuffle_each_iteration, **self._common_args)
+        super().__init__(input_dataset, variant)
 
 
 class _PassThrough(dataset_ops.UnaryUnchangedStructureDataset):

@@ -292,6 +292,85 @@ def _rows(base, part, size, batch_size, drop, count):
         lambda _, sample: sample)
 
 
+def _positions(part, size, batch_size, drop, count):
+    """The places, in an epoch of `count` samples, of this rank's rows of
+    every global batch of `batch_size` (the partial last one unless
+    `drop`), in order."""
+    full, last = divmod(count, batch_size)
+    sizes = micro_batch_sizes(batch_size, size)
+    rows = (np.arange(full, dtype=np.int64)[:, None] * batch_size + sum(sizes[:part]) +
+            np.arange(sizes[part], dtype=np.int64)).ravel()
+    if last and not drop:
+        tail = micro_batch_sizes(last, size)
+        begin = full * batch_size + sum(tail[:part])
+        rows = np.concatenate([rows, np.arange(begin, begin + tail[part], dtype=np.int64)])
+    return rows
+
+
+# Per shuffle of a source: the indices of the source's samples, shuffled as
+# it shuffles the samples (kept, so that a later fit goes on with the next
+# permutations, as the shuffle itself would).
+_orders = weakref.WeakKeyDictionary()
+
+
+def _order(shuffled, count):
+    """An iteration of it is one element: the indices of the `count` samples
+    of the source in the order in which `shuffled` (shuffles of the source)
+    gives them at the same iteration."""
+    try:
+        order = _orders.get(shuffled)
+    except TypeError:
+        order = None
+    if order is None:
+        shuffles, ds = [], shuffled
+        while tfdi.kind(ds) in tfdi.SHUFFLE:
+            shuffles.append(ds)
+            ds = tfdi.input_of(ds)
+        order = tf.data.Dataset.range(count)
+        for step in reversed(shuffles):
+            order = tfdi.Reshuffled(step, order)
+        order = order.batch(count)
+        try:
+            _orders[shuffled] = order
+        except TypeError:
+            pass
+    return order
+
+
+def _gathered(base, keys, part, size, batch_size, drop, count):
+    """What _rows gives (each row behind its key where the endless dataset
+    `keys` is given: (key, row)), read by this rank alone, for a `base`
+    that is from_tensor_slices of tensors, shuffled or not; else None.
+
+    The rank gathers its rows from the source's tensors by their indices,
+    so that it neither reads nor shuffles the others: a shuffle permutes the
+    indices of the samples instead (tfdi.Reshuffled: the same permutation),
+    and at every iteration one element, the epoch's order and the keys of
+    its samples, gives the rank's rows of the epoch."""
+    source = base
+    while tfdi.kind(source) in tfdi.SHUFFLE:
+        source = tfdi.input_of(source)
+    tensors = tfdi.slices_of(source)
+    if tensors is None or count <= 0:
+        return None
+    spec = source.element_spec
+    positions = tf.constant(_positions(part, size, batch_size, drop, count))
+    if source is base and keys is None:
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.pack_sequence_as(spec, [tf.gather(t, positions) for t in tensors]))
+    epoch = {}
+    if source is not base:
+        epoch["order"] = _order(base, count)
+    if keys is not None:
+        epoch["keys"] = keys.batch(count)
+
+    def rows_of_epoch(epoch):
+        rows = tf.gather(epoch["order"], positions) if "order" in epoch else positions
+        sample = tf.nest.pack_sequence_as(spec, [tf.gather(t, rows) for t in tensors])
+        return (tf.gather(epoch["keys"], positions), sample) if "keys" in epoch else sample
+    return tf.data.Dataset.zip(epoch).take(1).map(rows_of_epoch).unbatch()
+
+
 # Per dataset given by the user: the stream of per-sample keys its shares
 # draw from (kept, so that an epoch of a later fit draws other numbers).
 _keys = weakref.WeakKeyDictionary()
@@ -323,10 +402,11 @@ def _share_rows(plan, part, size, count):
     random maps draw from (seed, the row's key). The key goes along with
     each row up to the last random map, which drops it (a map of its own
     for that would cost each row a function call)."""
-    base = plan.base
-    if plan.random:
-        base = tf.data.Dataset.zip((_sample_keys(plan.given), base))
-    mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
+    keys = _sample_keys(plan.given) if plan.random else None
+    mine = _gathered(plan.base, keys, part, size, plan.batch_size, plan.drop, count)
+    if mine is None:
+        base = plan.base if keys is None else tf.data.Dataset.zip((keys, plan.base))
+        mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
     last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
     for k, step in enumerate(plan.moved):
         if tfdi.kind(step) in tfdi.PREFETCH:

@@ -156,6 +156,55 @@ def test_maps_after_a_shuffle_and_parallel_unordered_maps(data_share):
         assert sum(c for _, c in parts) == 30
 
 
+@pytest.mark.parametrize("random", [False, True], ids=["deterministic", "random"])
+def test_each_rank_reads_only_its_rows(random, data_share, monkeypatch):
+    """From from_tensor_slices, shuffled or not, a rank gathers its rows by
+    their indices and shuffles indices instead of samples. Its rows equal
+    those that reading every sample and selecting afterwards gives (the same
+    pipeline over a source that cannot be indexed: a range mapped to the
+    rows), over epochs that reshuffle and over two fits of one dataset (the
+    second goes on with the next permutations), random draws included."""
+    data_share("1")
+    images = np.arange(58, dtype=np.float32).reshape(29, 2)
+    gathered = []
+    real = data._gathered
+
+    def spy(*args):
+        mine = real(*args)
+        gathered.append(mine is not None)
+        return mine
+    monkeypatch.setattr(data, "_gathered", spy)
+
+    def augment(x, y):
+        return (x + tf.random.uniform([2]) if random else x * 2), y
+
+    def build(indexable, shuffle):
+        tf.random.set_seed(42)  # what tnt.init does on every rank
+        if indexable:
+            ds = tf.data.Dataset.from_tensor_slices((images, np.arange(29)))
+        else:
+            ds = tf.data.Dataset.range(29).map(lambda i: (tf.gather(images, i), i))
+        if shuffle:
+            ds = ds.shuffle(29, seed=4).shuffle(7)
+        return ds.map(augment).batch(6)
+
+    for shuffle in (False, True):
+        for size in (1, 2, 3) if random else (2, 3):
+            for part in range(size):
+                got = {}
+                for indexable in (True, False):
+                    ds = build(indexable, shuffle)
+                    fits = [data.distribute(ds, parts=(part, size)) for _ in range(2)]
+                    got[indexable] = [[b[0].tolist(), b[1].tolist()] for fit in fits
+                                      for _ in range(2) for b in fit.as_numpy_iterator()]
+                assert gathered[-4:] == [True, True, False, False]
+                assert got[True] == got[False], f"shuffle={shuffle}, rank {part} of {size}"
+                epochs = np.array_split(np.array([r for b in got[True] for r in b[1]]), 4)
+                assert all(len(e) == len(epochs[0]) for e in epochs)
+                if shuffle:  # every epoch, later fits included, has another order
+                    assert len({tuple(e) for e in epochs}) == 4
+
+
 def test_a_stateful_map_needs_the_mark(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
 
