@@ -134,7 +134,8 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     shared = share(dataset, part, size, what, given)
     if shared is None and size == 1:
         return dataset
-    return _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
+    mine = _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
+    return tfdi.DeletesIteratorsAside(mine) if size > 1 else mine
 
 
 def shard_here():
@@ -492,29 +493,19 @@ def _random_note(plan):
 
 
 def for_ranks(dataset):
-    """`dataset` as ranks that train together need it: without tf.data's
-    autotuning, unless the dataset's options ask for it, and with the
-    parallelism of this rank's share of the host's cores.
-
-    Autotuning: TensorFlow 2.21 destroys an autotuned iterator only when the
-    iterator's tuning thread wakes from a sleep that grows to a minute, and
-    Keras drops an iterator at every epoch's start: each rank then stands
-    still for seconds (2 to 17 s an epoch measured on the quick start), at
-    another moment than the others, which wait for it. Keeping one iterator
-    through all epochs instead moved the wait to the end of fit (over 30 s
-    there, once in two runs) and changed the order of reshuffled epochs
-    against serial Keras. Without autotuning, AUTOTUNE map parallelism is the
-    size of the dataset's thread pool, which the share below sets, and
-    ``prefetch(AUTOTUNE)`` grows its buffer by itself.
-
-    Cores: ranks on one host would otherwise each size tf.data's parallelism
-    to all of the host's cores and oversubscribe them. A rank whose
+    """`dataset` as ranks that train together need it: with the parallelism
+    of this rank's share of the host's cores. Ranks on one host would
+    otherwise each size tf.data's parallelism (and its autotuning's CPU
+    budget) to all of the host's cores and oversubscribe them. A rank whose
     affinity the launcher narrowed gets the cores it may run on. Options
-    that the dataset sets itself win."""
+    that the dataset sets itself win.
+
+    tf.data autotunes the dataset as it does for plain Keras: the stall
+    that deleting an autotuned iterator caused at epoch starts is gone
+    with the iterators deleted aside (tfdi.DeletesIteratorsAside, which
+    distribute puts around a rank's dataset)."""
     given = dataset.options()
     options = tf.data.Options()
-    if given.autotune.enabled is None:
-        options.autotune.enabled = False
     share = core_share()
     if share is not None:
         if given.autotune.cpu_budget is None:

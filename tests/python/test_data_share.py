@@ -9,6 +9,9 @@ takes the part explicitly); fit on 2 ranks against serial Keras is at the end.
 import logging
 import os
 import sys
+import threading
+import time
+import weakref
 
 import keras
 import numpy as np
@@ -445,29 +448,47 @@ def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_pat
 
 
 def test_ranks_get_their_share_of_the_cores(monkeypatch):
-    """On several ranks: autotuning off and the rank's share of the cores,
-    unless the dataset's options say otherwise; a prefetch ends the rank's
-    dataset. On 1 rank the options stay the dataset's own (autotuned, as in
-    Keras)."""
+    """On several ranks: the rank's share of the cores, unless the dataset's
+    options say otherwise, and tf.data's autotuning as the dataset has it
+    (on by default, as in Keras); a prefetch ends the rank's dataset, whose
+    iterators are deleted aside. On 1 rank the options stay the dataset's
+    own."""
     monkeypatch.setattr(data, "core_share", lambda: 3)
     one = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 1))
     assert one.options().autotune.enabled is None
     assert one.options().threading.private_threadpool_size is None
     mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
     options = mine.options()
-    assert options.autotune.enabled is False
+    assert options.autotune.enabled is None
     assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (3, 3)
-    assert tfdi.kind(mine) in tfdi.PREFETCH
+    assert isinstance(mine, tfdi.DeletesIteratorsAside)
+    assert tfdi.kind(tfdi.input_of(mine)) in tfdi.PREFETCH
     own = tf.data.Options()
-    own.autotune.enabled = True
+    own.autotune.enabled = False
     own.threading.private_threadpool_size = 5
     mine = data.distribute(pairs(20).map(Counter()).batch(4).with_options(own), parts=(1, 2))
     options = mine.options()
-    assert options.autotune.enabled is True
+    assert options.autotune.enabled is False
     assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (5, 3)
     # Rank 1 of 2: rows 2 and 3 of every batch of 4, mapped (x * 10).
     assert rows(mine) == [[[10 * i, 10 * (i + 1)], [i / 2, (i + 1) / 2]]
                           for i in range(2, 20, 4)]
+
+
+def test_iterators_are_deleted_aside():
+    """An iterator of a rank's dataset is deleted in the thread that holds
+    it once the program dropped it, not where the program drops it."""
+    mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
+    deleted_in = []
+    iterator = iter(mine)
+    next(iterator)
+    weakref.finalize(iterator, lambda: deleted_in.append(threading.current_thread().name))
+    del iterator
+    for _ in range(200):  # the thread looks every 50 ms; 10 s at most
+        if deleted_in:
+            break
+        time.sleep(0.05)
+    assert deleted_in == ["tnt-iterators"]
 
 
 def test_core_share_without_a_launcher():
