@@ -240,7 +240,8 @@ def _plan(dataset, rewrite_random=True):
         ds = tfdi.input_of(ds)
     if mark is not None:
         ds = tfdi.input_of(mark)
-    if not any(tfdi.kind(m) in tfdi.MAP for m in moved):
+    if not any(tfdi.kind(m) in tfdi.MAP for m in moved) and (mark is not None or
+                                                             _slices_below(ds) is None):
         return None, reason or "no map comes between tnt.data.shard_here() and the batch"
     moved.reverse()
     after.reverse()
@@ -338,6 +339,14 @@ def _order(shuffled, count):
     return order
 
 
+def _slices_below(base):
+    """The from_tensor_slices source (of tensors in memory) that `base` is,
+    or shuffles; else None."""
+    while tfdi.kind(base) in tfdi.SHUFFLE:
+        base = tfdi.input_of(base)
+    return base if tfdi.slices_of(base) is not None else None
+
+
 def _gathered(base, keys, part, size, batch_size, drop, count):
     """What _rows gives (each row behind its key where the endless dataset
     `keys` is given: (key, row)), read by this rank alone, for a `base`
@@ -348,12 +357,10 @@ def _gathered(base, keys, part, size, batch_size, drop, count):
     indices of the samples instead (tfdi.Reshuffled: the same permutation),
     and at every iteration one element, the epoch's order and the keys of
     its samples, gives the rank's rows of the epoch."""
-    source = base
-    while tfdi.kind(source) in tfdi.SHUFFLE:
-        source = tfdi.input_of(source)
-    tensors = tfdi.slices_of(source)
-    if tensors is None or count <= 0:
+    source = _slices_below(base)
+    if source is None or count <= 0:
         return None
+    tensors = tfdi.slices_of(source)
     spec = source.element_spec
     positions = tf.constant(_positions(part, size, batch_size, drop, count))
     if source is base and keys is None:
@@ -460,7 +467,10 @@ def share(dataset, part, size, what="training", given=None):
     if size == 1 and not plan.random:
         return None
     maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
-    if size > 1:
+    if size > 1 and maps == 0:
+        _report(given, what, "each rank reads only its rows of every global batch from the "
+                "source (from_tensor_slices), in the order that the dataset's shuffle gives")
+    elif size > 1:
         _report(given, what, "each rank maps only its share of the samples: its rows of every "
                 "global batch are selected before %d map(s)%s", maps, _random_note(plan))
     else:

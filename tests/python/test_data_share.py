@@ -159,15 +159,16 @@ def test_maps_after_a_shuffle_and_parallel_unordered_maps(data_share):
         assert sum(c for _, c in parts) == 30
 
 
-@pytest.mark.parametrize("random", [False, True], ids=["deterministic", "random"])
-def test_each_rank_reads_only_its_rows(random, data_share, monkeypatch):
+@pytest.mark.parametrize("maps", ["deterministic", "random", "none"])
+def test_each_rank_reads_only_its_rows(maps, data_share, monkeypatch):
     """From from_tensor_slices, shuffled or not, a rank gathers its rows by
     their indices and shuffles indices instead of samples. Its rows equal
     those that reading every sample and selecting afterwards gives (the same
     pipeline over a source that cannot be indexed: a range mapped to the
-    rows), over epochs that reshuffle and over two fits of one dataset (the
-    second goes on with the next permutations), random draws included."""
-    data_share("1")
+    rows; without maps, the whole pipeline on every rank), over epochs that
+    reshuffle and over two fits of one dataset (the second goes on with the
+    next permutations), random draws included."""
+    random = maps == "random"
     images = np.arange(58, dtype=np.float32).reshape(29, 2)
     gathered = []
     real = data._gathered
@@ -189,18 +190,21 @@ def test_each_rank_reads_only_its_rows(random, data_share, monkeypatch):
             ds = tf.data.Dataset.range(29).map(lambda i: (tf.gather(images, i), i))
         if shuffle:
             ds = ds.shuffle(29, seed=4).shuffle(7)
-        return ds.map(augment).batch(6)
+        return (ds if maps == "none" else ds.map(augment)).batch(6)
 
     for shuffle in (False, True):
         for size in (1, 2, 3) if random else (2, 3):
             for part in range(size):
                 got = {}
                 for indexable in (True, False):
-                    ds = build(indexable, shuffle)
+                    # Without maps, the whole pipeline: TNT_DATA_SHARE=0.
+                    data_share("0" if maps == "none" and not indexable else "1")
+                    ds = build(indexable or maps == "none", shuffle)
                     fits = [data.distribute(ds, parts=(part, size)) for _ in range(2)]
                     got[indexable] = [[b[0].tolist(), b[1].tolist()] for fit in fits
                                       for _ in range(2) for b in fit.as_numpy_iterator()]
-                assert gathered[-4:] == [True, True, False, False]
+                assert gathered[-4:] == [True, True, False, False] if maps != "none" else \
+                    gathered[-2:] == [True, True]
                 assert got[True] == got[False], f"shuffle={shuffle}, rank {part} of {size}"
                 epochs = np.array_split(np.array([r for b in got[True] for r in b[1]]), 4)
                 assert all(len(e) == len(epochs[0]) for e in epochs)
@@ -239,7 +243,7 @@ def test_the_mark_changes_nothing_without_distribution():
     ("after_batch", "a transformation (map) follows the batch"),
     ("small_last", "last global batch holds 1 samples, fewer than the 2 ranks"),
     ("unknown_count", "number of samples before the maps is unknown"),
-    ("no_map", "no map comes between tensor_slice and the batch"),
+    ("no_map", "no map comes between repeat and the batch"),
 ])
 def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog):
     # A pipeline without maps has nothing to share: it is said in DEBUG only.
@@ -264,7 +268,7 @@ def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog
         "after_batch": lambda c: pairs(20).map(c).batch(4).map(lambda x, y: (x - 1, y)),
         "small_last": lambda c: pairs(21).map(c).batch(4),
         "unknown_count": lambda c: pairs(20).filter(lambda x, y: x > 2).map(c).batch(4),
-        "no_map": lambda c: pairs(20).batch(4),
+        "no_map": lambda c: pairs(20).repeat(1).batch(4),
     }
     samples = {"small_last": 21, "unknown_count": 17, "no_map": 0}.get(case, 20)
     if case == "random_off":
