@@ -469,7 +469,7 @@ def share(dataset, part, size, what="training", given=None):
     maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
     if size > 1 and maps == 0:
         _report(given, what, "each rank reads only its rows of every global batch from the "
-                "source (from_tensor_slices), in the order that the dataset's shuffle gives")
+                "source (from_tensor_slices)")
     elif size > 1:
         _report(given, what, "each rank maps only its share of the samples: its rows of every "
                 "global batch are selected before %d map(s)%s", maps, _random_note(plan))
