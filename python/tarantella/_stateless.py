@@ -48,14 +48,20 @@ def _fold(seed, value):
 
 class Rewritten:
     """A map function whose random draws depend on (seed, a key per sample)
-    only: ``call(element, sample_key)`` returns what the map returns. Per
-    sample, one fold and one split give every draw its seed (few ops: in a
-    light augmentation each op costs a noticeable share of a sample's time)."""
+    only: ``call(element, sample_key)`` returns what the map returns. Draw d
+    of a sample is seeded with the pair (a number of the map's own for that
+    draw, drawn once from the map's key; the sample's key): stateless ops
+    hash their seed pair, so that every pair starts its own stream. Per
+    sample that is three ops (a fold and a split per sample, as
+    tf.random.fold_in and split would do it, cost about twice as much: in a
+    light augmentation each op is a noticeable share of a sample's time)."""
 
     def __init__(self, graph_def, inputs, outputs, captured, key, draws, input_structure,
                  output_structure):
         self._graph_def, self._inputs, self._outputs = graph_def, inputs, outputs
-        self._captured, self._key, self._draws = captured, key, draws
+        self._captured, self._draws = captured, draws
+        self._per_draw = tf.cast(tf.random.experimental.stateless_split(key, len(draws))[:, 0],
+                                 tf.int64)
         self._in, self._out = input_structure, output_structure
 
     @tf.autograph.experimental.do_not_convert
@@ -64,8 +70,8 @@ class Rewritten:
         # tf.identity brings the captured values (eager tensors, variable
         # handles) into the graph of the map that calls this.
         feed = dict(zip(self._inputs, flat + [tf.identity(c) for c in self._captured]))
-        seeds = tf.unstack(tf.random.experimental.stateless_split(
-            _fold(self._key, sample_key), len(self._draws)))
+        seeds = tf.unstack(tf.stack(
+            [self._per_draw, tf.fill([len(self._draws)], sample_key)], axis=1))
         for (name, dtype), seed in zip(self._draws, seeds):
             feed[name] = tf.cast(seed, dtype)
         out = tf.graph_util.import_graph_def(self._graph_def, input_map=feed,

@@ -134,7 +134,8 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     shared = share(dataset, part, size, what, given)
     if shared is None and size == 1:
         return dataset
-    return _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
+    mine = _prefetched(shared if shared is not None else dataset.map(_slicer(part, size)))
+    return tfdi.DeletesIteratorsAside(mine) if size > 1 else mine
 
 
 def shard_here():
@@ -239,7 +240,8 @@ def _plan(dataset, rewrite_random=True):
         ds = tfdi.input_of(ds)
     if mark is not None:
         ds = tfdi.input_of(mark)
-    if not any(tfdi.kind(m) in tfdi.MAP for m in moved):
+    if not any(tfdi.kind(m) in tfdi.MAP for m in moved) and (mark is not None or
+                                                             _slices_below(ds) is None):
         return None, reason or "no map comes between tnt.data.shard_here() and the batch"
     moved.reverse()
     after.reverse()
@@ -292,6 +294,91 @@ def _rows(base, part, size, batch_size, drop, count):
         lambda _, sample: sample)
 
 
+def _positions(part, size, batch_size, drop, count):
+    """The places, in an epoch of `count` samples, of this rank's rows of
+    every global batch of `batch_size` (the partial last one unless
+    `drop`), in order."""
+    full, last = divmod(count, batch_size)
+    sizes = micro_batch_sizes(batch_size, size)
+    rows = (np.arange(full, dtype=np.int64)[:, None] * batch_size + sum(sizes[:part]) +
+            np.arange(sizes[part], dtype=np.int64)).ravel()
+    if last and not drop:
+        tail = micro_batch_sizes(last, size)
+        begin = full * batch_size + sum(tail[:part])
+        rows = np.concatenate([rows, np.arange(begin, begin + tail[part], dtype=np.int64)])
+    return rows
+
+
+# Per shuffle of a source: the indices of the source's samples, shuffled as
+# it shuffles the samples (kept, so that a later fit goes on with the next
+# permutations, as the shuffle itself would).
+_orders = weakref.WeakKeyDictionary()
+
+
+def _order(shuffled, count):
+    """An iteration of it is one element: the indices of the `count` samples
+    of the source in the order in which `shuffled` (shuffles of the source)
+    gives them at the same iteration."""
+    try:
+        order = _orders.get(shuffled)
+    except TypeError:
+        order = None
+    if order is None:
+        shuffles, ds = [], shuffled
+        while tfdi.kind(ds) in tfdi.SHUFFLE:
+            shuffles.append(ds)
+            ds = tfdi.input_of(ds)
+        order = tf.data.Dataset.range(count)
+        for step in reversed(shuffles):
+            order = tfdi.Reshuffled(step, order)
+        order = order.batch(count)
+        try:
+            _orders[shuffled] = order
+        except TypeError:
+            pass
+    return order
+
+
+def _slices_below(base):
+    """The from_tensor_slices source (of tensors in memory) that `base` is,
+    or shuffles; else None."""
+    while tfdi.kind(base) in tfdi.SHUFFLE:
+        base = tfdi.input_of(base)
+    return base if tfdi.slices_of(base) is not None else None
+
+
+def _gathered(base, keys, part, size, batch_size, drop, count):
+    """What _rows gives (each row behind its key where the endless dataset
+    `keys` is given: (key, row)), read by this rank alone, for a `base`
+    that is from_tensor_slices of tensors, shuffled or not; else None.
+
+    The rank gathers its rows from the source's tensors by their indices,
+    so that it neither reads nor shuffles the others: a shuffle permutes the
+    indices of the samples instead (tfdi.Reshuffled: the same permutation),
+    and at every iteration one element, the epoch's order and the keys of
+    its samples, gives the rank's rows of the epoch."""
+    source = _slices_below(base)
+    if source is None or count <= 0:
+        return None
+    tensors = tfdi.slices_of(source)
+    spec = source.element_spec
+    positions = tf.constant(_positions(part, size, batch_size, drop, count))
+    if source is base and keys is None:
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.pack_sequence_as(spec, [tf.gather(t, positions) for t in tensors]))
+    epoch = {}
+    if source is not base:
+        epoch["order"] = _order(base, count)
+    if keys is not None:
+        epoch["keys"] = keys.batch(count)
+
+    def rows_of_epoch(epoch):
+        rows = tf.gather(epoch["order"], positions) if "order" in epoch else positions
+        sample = tf.nest.pack_sequence_as(spec, [tf.gather(t, rows) for t in tensors])
+        return (tf.gather(epoch["keys"], positions), sample) if "keys" in epoch else sample
+    return tf.data.Dataset.zip(epoch).take(1).map(rows_of_epoch).unbatch()
+
+
 # Per dataset given by the user: the stream of per-sample keys its shares
 # draw from (kept, so that an epoch of a later fit draws other numbers).
 _keys = weakref.WeakKeyDictionary()
@@ -323,10 +410,11 @@ def _share_rows(plan, part, size, count):
     random maps draw from (seed, the row's key). The key goes along with
     each row up to the last random map, which drops it (a map of its own
     for that would cost each row a function call)."""
-    base = plan.base
-    if plan.random:
-        base = tf.data.Dataset.zip((_sample_keys(plan.given), base))
-    mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
+    keys = _sample_keys(plan.given) if plan.random else None
+    mine = _gathered(plan.base, keys, part, size, plan.batch_size, plan.drop, count)
+    if mine is None:
+        base = plan.base if keys is None else tf.data.Dataset.zip((keys, plan.base))
+        mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
     last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
     for k, step in enumerate(plan.moved):
         if tfdi.kind(step) in tfdi.PREFETCH:
@@ -379,7 +467,10 @@ def share(dataset, part, size, what="training", given=None):
     if size == 1 and not plan.random:
         return None
     maps = sum(tfdi.kind(step) in tfdi.MAP for step in plan.moved)
-    if size > 1:
+    if size > 1 and maps == 0:
+        _report(given, what, "each rank reads only its rows of every global batch from the "
+                "source (from_tensor_slices)")
+    elif size > 1:
         _report(given, what, "each rank maps only its share of the samples: its rows of every "
                 "global batch are selected before %d map(s)%s", maps, _random_note(plan))
     else:
@@ -412,29 +503,19 @@ def _random_note(plan):
 
 
 def for_ranks(dataset):
-    """`dataset` as ranks that train together need it: without tf.data's
-    autotuning, unless the dataset's options ask for it, and with the
-    parallelism of this rank's share of the host's cores.
-
-    Autotuning: TensorFlow 2.21 destroys an autotuned iterator only when the
-    iterator's tuning thread wakes from a sleep that grows to a minute, and
-    Keras drops an iterator at every epoch's start: each rank then stands
-    still for seconds (2 to 17 s an epoch measured on the quick start), at
-    another moment than the others, which wait for it. Keeping one iterator
-    through all epochs instead moved the wait to the end of fit (over 30 s
-    there, once in two runs) and changed the order of reshuffled epochs
-    against serial Keras. Without autotuning, AUTOTUNE map parallelism is the
-    size of the dataset's thread pool, which the share below sets, and
-    ``prefetch(AUTOTUNE)`` grows its buffer by itself.
-
-    Cores: ranks on one host would otherwise each size tf.data's parallelism
-    to all of the host's cores and oversubscribe them. A rank whose
+    """`dataset` as ranks that train together need it: with the parallelism
+    of this rank's share of the host's cores. Ranks on one host would
+    otherwise each size tf.data's parallelism (and its autotuning's CPU
+    budget) to all of the host's cores and oversubscribe them. A rank whose
     affinity the launcher narrowed gets the cores it may run on. Options
-    that the dataset sets itself win."""
+    that the dataset sets itself win.
+
+    tf.data autotunes the dataset as it does for plain Keras: the stall
+    that deleting an autotuned iterator caused at epoch starts is gone
+    with the iterators deleted aside (tfdi.DeletesIteratorsAside, which
+    distribute puts around a rank's dataset)."""
     given = dataset.options()
     options = tf.data.Options()
-    if given.autotune.enabled is None:
-        options.autotune.enabled = False
     share = core_share()
     if share is not None:
         if given.autotune.cpu_budget is None:

@@ -9,6 +9,9 @@ takes the part explicitly); fit on 2 ranks against serial Keras is at the end.
 import logging
 import os
 import sys
+import threading
+import time
+import weakref
 
 import keras
 import numpy as np
@@ -156,6 +159,59 @@ def test_maps_after_a_shuffle_and_parallel_unordered_maps(data_share):
         assert sum(c for _, c in parts) == 30
 
 
+@pytest.mark.parametrize("maps", ["deterministic", "random", "none"])
+def test_each_rank_reads_only_its_rows(maps, data_share, monkeypatch):
+    """From from_tensor_slices, shuffled or not, a rank gathers its rows by
+    their indices and shuffles indices instead of samples. Its rows equal
+    those that reading every sample and selecting afterwards gives (the same
+    pipeline over a source that cannot be indexed: a range mapped to the
+    rows; without maps, the whole pipeline on every rank), over epochs that
+    reshuffle and over two fits of one dataset (the second goes on with the
+    next permutations), random draws included."""
+    random = maps == "random"
+    images = np.arange(58, dtype=np.float32).reshape(29, 2)
+    gathered = []
+    real = data._gathered
+
+    def spy(*args):
+        mine = real(*args)
+        gathered.append(mine is not None)
+        return mine
+    monkeypatch.setattr(data, "_gathered", spy)
+
+    def augment(x, y):
+        return (x + tf.random.uniform([2]) if random else x * 2), y
+
+    def build(indexable, shuffle):
+        tf.random.set_seed(42)  # what tnt.init does on every rank
+        if indexable:
+            ds = tf.data.Dataset.from_tensor_slices((images, np.arange(29)))
+        else:
+            ds = tf.data.Dataset.range(29).map(lambda i: (tf.gather(images, i), i))
+        if shuffle:
+            ds = ds.shuffle(29, seed=4).shuffle(7)
+        return (ds if maps == "none" else ds.map(augment)).batch(6)
+
+    for shuffle in (False, True):
+        for size in (1, 2, 3) if random else (2, 3):
+            for part in range(size):
+                got = {}
+                for indexable in (True, False):
+                    # Without maps, the whole pipeline: TNT_DATA_SHARE=0.
+                    data_share("0" if maps == "none" and not indexable else "1")
+                    ds = build(indexable or maps == "none", shuffle)
+                    fits = [data.distribute(ds, parts=(part, size)) for _ in range(2)]
+                    got[indexable] = [[b[0].tolist(), b[1].tolist()] for fit in fits
+                                      for _ in range(2) for b in fit.as_numpy_iterator()]
+                assert gathered[-4:] == [True, True, False, False] if maps != "none" else \
+                    gathered[-2:] == [True, True]
+                assert got[True] == got[False], f"shuffle={shuffle}, rank {part} of {size}"
+                epochs = np.array_split(np.array([r for b in got[True] for r in b[1]]), 4)
+                assert all(len(e) == len(epochs[0]) for e in epochs)
+                if shuffle:  # every epoch, later fits included, has another order
+                    assert len({tuple(e) for e in epochs}) == 4
+
+
 def test_a_stateful_map_needs_the_mark(data_share, caplog):
     caplog.set_level(logging.INFO, logger="tarantella")
 
@@ -187,7 +243,7 @@ def test_the_mark_changes_nothing_without_distribution():
     ("after_batch", "a transformation (map) follows the batch"),
     ("small_last", "last global batch holds 1 samples, fewer than the 2 ranks"),
     ("unknown_count", "number of samples before the maps is unknown"),
-    ("no_map", "no map comes between tensor_slice and the batch"),
+    ("no_map", "no map comes between repeat and the batch"),
 ])
 def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog):
     # A pipeline without maps has nothing to share: it is said in DEBUG only.
@@ -212,7 +268,7 @@ def test_unsafe_pipelines_fall_back_and_say_why(case, reason, data_share, caplog
         "after_batch": lambda c: pairs(20).map(c).batch(4).map(lambda x, y: (x - 1, y)),
         "small_last": lambda c: pairs(21).map(c).batch(4),
         "unknown_count": lambda c: pairs(20).filter(lambda x, y: x > 2).map(c).batch(4),
-        "no_map": lambda c: pairs(20).batch(4),
+        "no_map": lambda c: pairs(20).repeat(1).batch(4),
     }
     samples = {"small_last": 21, "unknown_count": 17, "no_map": 0}.get(case, 20)
     if case == "random_off":
@@ -396,29 +452,47 @@ def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_pat
 
 
 def test_ranks_get_their_share_of_the_cores(monkeypatch):
-    """On several ranks: autotuning off and the rank's share of the cores,
-    unless the dataset's options say otherwise; a prefetch ends the rank's
-    dataset. On 1 rank the options stay the dataset's own (autotuned, as in
-    Keras)."""
+    """On several ranks: the rank's share of the cores, unless the dataset's
+    options say otherwise, and tf.data's autotuning as the dataset has it
+    (on by default, as in Keras); a prefetch ends the rank's dataset, whose
+    iterators are deleted aside. On 1 rank the options stay the dataset's
+    own."""
     monkeypatch.setattr(data, "core_share", lambda: 3)
     one = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 1))
     assert one.options().autotune.enabled is None
     assert one.options().threading.private_threadpool_size is None
     mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
     options = mine.options()
-    assert options.autotune.enabled is False
+    assert options.autotune.enabled is None
     assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (3, 3)
-    assert tfdi.kind(mine) in tfdi.PREFETCH
+    assert isinstance(mine, tfdi.DeletesIteratorsAside)
+    assert tfdi.kind(tfdi.input_of(mine)) in tfdi.PREFETCH
     own = tf.data.Options()
-    own.autotune.enabled = True
+    own.autotune.enabled = False
     own.threading.private_threadpool_size = 5
     mine = data.distribute(pairs(20).map(Counter()).batch(4).with_options(own), parts=(1, 2))
     options = mine.options()
-    assert options.autotune.enabled is True
+    assert options.autotune.enabled is False
     assert (options.threading.private_threadpool_size, options.autotune.cpu_budget) == (5, 3)
     # Rank 1 of 2: rows 2 and 3 of every batch of 4, mapped (x * 10).
     assert rows(mine) == [[[10 * i, 10 * (i + 1)], [i / 2, (i + 1) / 2]]
                           for i in range(2, 20, 4)]
+
+
+def test_iterators_are_deleted_aside():
+    """An iterator of a rank's dataset is deleted in the thread that holds
+    it once the program dropped it, not where the program drops it."""
+    mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
+    deleted_in = []
+    iterator = iter(mine)
+    next(iterator)
+    weakref.finalize(iterator, lambda: deleted_in.append(threading.current_thread().name))
+    del iterator
+    for _ in range(200):  # the thread looks every 50 ms; 10 s at most
+        if deleted_in:
+            break
+        time.sleep(0.05)
+    assert deleted_in == ["tnt-iterators"]
 
 
 def test_core_share_without_a_launcher():
