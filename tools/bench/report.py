@@ -190,12 +190,15 @@ def image(name, results):
 # What would close a missed target, from the analysis of earlier runs (the
 # per-target note gives this run's figures).
 NEXT_STEPS = {
-    "scale": "at 64 hosts and more the pipelined ring's 2(n-1) latency steps lose to "
-             "recursive doubling up to a threshold that grows with n, and SMPI's Open MPI "
-             "selector (recursive halving and doubling) wins at medium sizes: the threshold "
-             "rule and the algorithm to add are in docs/performance.md, \"At scale\". The "
-             "simulated ring also loses some pipelining (SimGrid shares a link among a "
-             "connection's messages in flight).",
+    "scale": "where libtnt runs the pipelined ring (64 hosts from 8 MiB, 256 hosts from "
+             "16 MiB) the free-copy simulation is its worst case: the reductions it hides cost "
+             "nothing there, and SimGrid's link sharing and a multi-level tree's lock-step "
+             "slow it (docs/performance.md, \"At scale\"); the threshold comes from a cost "
+             "model that a real cluster should check (TNT_ALLREDUCE_ALGORITHM=rabenseifner "
+             "forces the alternative). At 8 hosts x 1, recursive doubling's 4-32 KiB calls "
+             "take about 1 us more per call than SMPI's: not explained yet. Sizes of 64 MiB "
+             "and more at 256 and 1024 hosts were not simulated (SMPI's memory, the ring's "
+             "2(n-1) steps in wall time).",
     "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
                         "which the simulation does not model; at 10 Gbit/s the measured ring "
                         "beat the TCP stream rate the simulated link is set to. Next: measure "
