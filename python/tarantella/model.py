@@ -195,6 +195,19 @@ class Model(keras.Model, metaclass=_ModelType):
                 "serialize_keras_object(model)")
         return distributed(km)
 
+    def __call__(self, *args, **kwargs):
+        tnt_state = getattr(self, "_tnt", None)
+        pipeline = tnt_state.pipeline if tnt_state is not None else None
+        if pipeline is not None and not pipeline.whole.depth and \
+                not internals.in_shape_inference():
+            raise runtime.TarantellaError(
+                f"model '{self.name}' is pipelined: each rank holds the weights of its own "
+                "stage only, so the whole model cannot run on one rank; a pipeline trains "
+                "through the model's own fit (its stages exchange micro-batches), evaluates "
+                "with evaluate and predicts with predict: use those, or "
+                "ParallelStrategy.DATA for a custom loop")
+        return super().__call__(*args, **kwargs)
+
     # ---------------------------------------------------------------- steps
 
     def train_step(self, data):

@@ -183,8 +183,10 @@ class Pipeline:
             # outputs, not a forward pass of the whole model on this stage.
             outputs = [tf.zeros((1,) + shape, t.dtype) for shape, t in zip(shapes, model.outputs)]
             metrics.build(y, outputs[0] if len(outputs) == 1 else outputs)
-        else:
-            metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x), training=False))
+        else:  # outputs of unknown shapes: from the whole model, gathered for it
+            with self.whole():
+                metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x),
+                                       training=False))
 
     # ------------------------------------------------------------- the steps
 
