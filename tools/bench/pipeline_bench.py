@@ -30,11 +30,11 @@
                benchmark sets on each process before the model is built
                (RLIMIT_DATA: the process's data size then, plus
                CAP_BUDGET_W = 0.9 times the whole model's weights): serial
-               Keras and CAP_STAGES = 4 stages given the model built must
-               fail; 4 stages given the function that builds it must train
+               Keras and CAP_STAGES = 8 stages given the model built must
+               fail; 8 stages given the function that builds it must train
                (SGD, SGD with momentum), each rank holding its stage's
                weights only, and end with the weights of the same model
-               trained on 4 stages built whole without a limit (bitwise).
+               trained on 8 stages built whole without a limit (bitwise).
                Per rank: weights held, peak data size, margin; for the
                model built whole, the weights held before and after the
                cut (the other stages' weights are freed).
@@ -93,13 +93,16 @@ SIM_IN, SIM_WIDTH, SIM_OUT, SIM_BATCH, SIM_MICRO = 1024, 2048, 16, 64, 4
 SIM_LINK_BPS = 1e9
 
 # Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (128 MiB of float32
-# weights, W), cut into CAP_STAGES stages; each process may hold
-# CAP_BUDGET_W x W beyond what it holds before the model is built: less
-# than the whole model's weights, so serial Keras, and stages that build
-# the whole model first, cannot even build it. A stage built by a function
-# holds W / 4 of weights and as much of gradients (SGD: about 0.5 W), and
-# as much again of momentums (about 0.75 W).
-CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 2048, 8, 32, 4, 0.9
+# weights, W), cut into CAP_STAGES stages of one layer; each process may
+# hold CAP_BUDGET_W x W beyond what it holds before the model is built:
+# less than the whole model's weights, so serial Keras, and stages that
+# build the whole model first, cannot even build it. A stage's step holds
+# its weights (W / K), the sum of its micro-batches' gradients, a
+# micro-batch's new gradients and their next sum (4 W / K at the peak with
+# SGD; momentums add W / K): on K = 4 stages that was measured at 96 to
+# 108 MiB above the base without a limit (0.75 to 0.85 W), too close to
+# 0.9 W to train under it, so the benchmark cuts K = 8 stages.
+CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 2048, 8, 32, 8, 0.9
 
 
 # ------------------------------------------------------------------ helpers
