@@ -231,6 +231,11 @@ def allocate(variable, initializer=None):
     variable._deferred_initialize()
 
 
+def initializer(variable):
+    """The initializer that allocates an unallocated `variable`."""
+    return variable._initializer
+
+
 def unallocate(variable, guard):
     """Drops `variable`'s value; `guard(shape, dtype)` answers any later
     read of it (Variable.value calls the initializer of a variable without a

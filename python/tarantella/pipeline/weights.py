@@ -92,6 +92,23 @@ def allocate_all(variables):
             internals.allocate(v)
 
 
+@contextlib.contextmanager
+def allocated_meanwhile(variables):
+    """Within it, the unallocated ones of `variables` hold their
+    initializers' values (automatic cutting times the whole model);
+    afterwards they are unallocated again, with the same initializers, so
+    that a stage allocated later starts as a normal build would."""
+    waiting = [(v, internals.initializer(v)) for v in variables
+               if not internals.is_allocated(v)]
+    try:
+        for v, _ in waiting:
+            internals.allocate(v)
+        yield
+    finally:
+        for v, init in waiting:
+            internals.unallocate(v, init)
+
+
 def hold_stage(stage_models, stage, deferred=()):
     """Makes this rank hold stage `stage` of `stage_models` (the Keras
     models of the stages) only: allocates its unallocated variables, and
