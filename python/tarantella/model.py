@@ -163,10 +163,12 @@ class Model(keras.Model, metaclass=_ModelType):
     num_micro_batches=None, num_stages=None)``: a keras.Model that trains
     `model` on all ranks. `model` may also be a function without arguments
     that returns the model: Tarantella then builds it without allocating
-    its weights, and a pipelined rank allocates its stage's weights only. It is a new model of `model`'s own class (a
-    Functional, a Sequential or the user's subclass, with the methods below
-    in front) over the same layers and weights; `model` itself stays a
-    plain Keras model. A model can be distributed any number of times.
+    its weights, and a pipelined rank allocates its stage's weights only.
+    It is a new model of `model`'s own class (a Functional, a Sequential or
+    the user's subclass, with the methods below in front) over the same
+    layers and weights; `model` itself stays a plain Keras model (pipelined,
+    its weights of the other stages are freed on each rank). A model can be
+    distributed any number of times.
 
     With PIPELINING or ALL, `model` (functional or Sequential) is cut at its
     SplitLayers into K stages, or by Tarantella into `num_stages` balanced
