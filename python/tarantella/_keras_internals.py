@@ -50,6 +50,15 @@ _USED = (
     ("Tracker.add_to_store", "tracker", "add_to_store"),
     ("Tracker.locked", "tracker", "locked"),
     ("Tracker._lock_violation_msg", "tracker", "_lock_violation_msg"),
+    # A pipeline stage holds only its own weights (pipeline/weights.py):
+    # a variable made inside StatelessScope(initialize_variables=False) has
+    # no value (_value None) and its initializer (_initializer) waits in a
+    # list of pending variables until _deferred_initialize allocates it.
+    # Keras has no public way to allocate one variable, to leave one out of
+    # the pending list, or to free a variable's value.
+    ("Variable._value", "variable", "_value"),
+    ("Variable._initializer", "variable", "_initializer"),
+    ("Variable._deferred_initialize", "variable", "_deferred_initialize"),
 )
 
 
@@ -75,6 +84,13 @@ def verify():
     from keras.src.saving import object_registration
     if not isinstance(getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None), dict):
         _missing("object_registration.GLOBAL_CUSTOM_NAMES")
+    instances["variable"] = keras.Variable(keras.initializers.Zeros(), shape=(1,))
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common import symbolic_scope
+    if not callable(getattr(symbolic_scope, "in_symbolic_scope", None)):
+        _missing("symbolic_scope.in_symbolic_scope")
+    if not callable(getattr(global_state, "get_global_attribute", None)):
+        _missing("global_state.get_global_attribute")
     instances["compiled"] = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     instances["compiled"].compile(optimizer="sgd", loss="mse", metrics=["mae"])
     for what, owner, attribute in _USED:
@@ -189,6 +205,49 @@ def global_seed_generator():
     from keras.src.backend.common import global_state
     from keras.src.random import seed_generator
     return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
+def pending_variables():
+    """The variables made inside StatelessScope(initialize_variables=False)
+    that Keras allocates when the next top-level StatelessScope ends (a
+    list that Keras keeps among its global attributes; changing it changes
+    what Keras allocates)."""
+    from keras.src.backend.common import global_state
+    return global_state.get_global_attribute("uninitialized_variables", [],
+                                             set_to_default=True)
+
+
+def is_allocated(variable):
+    """True when `variable` holds a value."""
+    return variable._value is not None
+
+
+def allocate(variable, initializer=None):
+    """Gives an unallocated `variable` its value: its own initializer's draw
+    (the draw of a normal build with the same seed), or `initializer`'s."""
+    if initializer is not None:
+        variable._initializer = initializer
+    variable._deferred_initialize()
+
+
+def initializer(variable):
+    """The initializer that allocates an unallocated `variable`."""
+    return variable._initializer
+
+
+def unallocate(variable, guard):
+    """Drops `variable`'s value; `guard(shape, dtype)` answers any later
+    read of it (Variable.value calls the initializer of a variable without a
+    value)."""
+    variable._value = None
+    variable._initializer = guard
+
+
+def in_shape_inference():
+    """True while Keras infers shapes symbolically (compute_output_spec),
+    where an unallocated variable may stand for its value."""
+    from keras.src.backend.common import symbolic_scope
+    return symbolic_scope.in_symbolic_scope()
 
 
 def flatten_layers(model):

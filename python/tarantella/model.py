@@ -29,8 +29,12 @@ With ``parallel_strategy=ParallelStrategy.PIPELINING`` (or ``ALL``) the
 model is cut into stages at its SplitLayers and each rank trains one stage
 (pipeline/): ``train_step`` and ``test_step`` run the rank's stage on
 micro-batches, the datasets are split among the replicas of the pipeline
-instead of among all ranks, and the whole model is gathered on every rank
-before it is saved, its weights are read, or it predicts.
+instead of among all ranks. Each rank holds its stage's weights only
+(pipeline/weights.py); ``tnt.Model(build_fn, ...)`` builds the model
+without allocating any weight, so that none of its ranks ever holds the
+whole model while it trains. The whole model is gathered on every rank of
+the pipeline, and freed again, while it is saved, its weights are read, or
+it predicts.
 """
 import contextlib
 import hashlib
@@ -54,6 +58,7 @@ from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
 from tarantella.pipeline import stage as pipeline_stage
+from tarantella.pipeline import weights as stage_weights
 from tarantella.pipeline.layout import ParallelStrategy
 
 
@@ -118,8 +123,12 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
     `model`'s class with tnt.Model's methods in front, over `model`'s
     layers and variables (`model` itself is left as it is); see Model."""
     runtime.require_init()
+    deferred = ()
+    if callable(model) and not isinstance(model, (keras.Model, keras.layers.Layer)):
+        model, deferred = stage_weights.build_deferred(model)
     if not isinstance(model, keras.Model):
-        raise TypeError(f"tnt.Model wraps a keras.Model; got {type(model).__name__}")
+        raise TypeError(f"tnt.Model wraps a keras.Model, or a function that returns one; got "
+                        f"{type(model).__name__}")
     if not isinstance(strategy, ParallelStrategy):
         raise runtime.TarantellaError(
             f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
@@ -137,9 +146,10 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
         pipelined = False
     if pipelined:
         wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
-                                                        num_stages)
+                                                        num_stages, deferred)
         wrapped._tnt.resources = wrapped._tnt.pipeline.resources()
     else:
+        stage_weights.allocate_all(deferred)
         batch_norm.synchronize(wrapped)
     if wrapped.compiled:
         # A model compiled before (or loaded compiled): distributed as
@@ -151,10 +161,14 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
 class Model(keras.Model, metaclass=_ModelType):
     """``tnt.Model(model, parallel_strategy=ParallelStrategy.DATA,
     num_micro_batches=None, num_stages=None)``: a keras.Model that trains
-    `model` on all ranks. It is a new model of `model`'s own class (a
-    Functional, a Sequential or the user's subclass, with the methods below
-    in front) over the same layers and weights; `model` itself stays a
-    plain Keras model. A model can be distributed any number of times.
+    `model` on all ranks. `model` may also be a function without arguments
+    that returns the model: Tarantella then builds it without allocating
+    its weights, and a pipelined rank allocates its stage's weights only.
+    It is a new model of `model`'s own class (a Functional, a Sequential or
+    the user's subclass, with the methods below in front) over the same
+    layers and weights; `model` itself stays a plain Keras model (pipelined,
+    its weights of the other stages are freed on each rank). A model can be
+    distributed any number of times.
 
     With PIPELINING or ALL, `model` (functional or Sequential) is cut at its
     SplitLayers into K stages, or by Tarantella into `num_stages` balanced
@@ -182,6 +196,19 @@ class Model(keras.Model, metaclass=_ModelType):
                 "(type(model).from_config(config)), or give keras.saving."
                 "serialize_keras_object(model)")
         return distributed(km)
+
+    def __call__(self, *args, **kwargs):
+        tnt_state = getattr(self, "_tnt", None)
+        pipeline = tnt_state.pipeline if tnt_state is not None else None
+        if pipeline is not None and not pipeline.whole.depth and \
+                not internals.in_shape_inference():
+            raise runtime.TarantellaError(
+                f"model '{self.name}' is pipelined: each rank holds the weights of its own "
+                "stage only, so the whole model cannot run on one rank; a pipeline trains "
+                "through the model's own fit (its stages exchange micro-batches), evaluates "
+                "with evaluate and predicts with predict: use those, or "
+                "ParallelStrategy.DATA for a custom loop")
+        return super().__call__(*args, **kwargs)
 
     # ---------------------------------------------------------------- steps
 
@@ -236,13 +263,12 @@ class Model(keras.Model, metaclass=_ModelType):
     # ---------------------------------------------------------------- weights
 
     def _tnt_broadcast_weights(self):
-        """Makes every rank hold the master's weights; an error names the
-        ranks whose weight shapes differ from the master's."""
+        """Makes every rank hold the master's weights (pipelined: every
+        replica of a stage those of the stage's first replica); an error
+        names the ranks whose weight shapes differ from the master's."""
         self._tnt.broadcast_pending = False
         if runtime.get_size() == 1:
             return
-        if self._tnt.pipeline is not None:
-            self._tnt.pipeline.gather(self)  # the master's copy of every stage is current
         weights = self.weights
         signature = ";".join(f"{w.dtype}{tuple(w.shape)}" for w in weights).encode()
         digest = int(np.frombuffer(hashlib.sha256(signature).digest()[:8], dtype=np.int64)[0])
@@ -252,7 +278,10 @@ class Model(keras.Model, metaclass=_ModelType):
             raise runtime.TarantellaError(
                 f"ranks {differ} have models whose weight shapes differ from the master rank's; "
                 "every rank must build the same model")
-        runtime.broadcast_values(weights)
+        if self._tnt.pipeline is not None:
+            self._tnt.pipeline.broadcast_stage()
+        else:
+            runtime.broadcast_values(weights)
 
     def _tnt_prepare(self, dataset):
         """Builds the model if needed, broadcasts the weights once, and
@@ -271,14 +300,23 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def get_weights(self):
         """The weights of the whole model (collective when pipelined: every
-        rank gathers the stages)."""
+        rank gathers the stages, holding the whole model's weights twice
+        while it runs, once as NumPy arrays it returns)."""
         if self._tnt.pipeline is not None:
-            self._tnt.pipeline.gather(self)
+            with self._tnt.pipeline.whole():
+                return super().get_weights()
         return super().get_weights()
 
     def set_weights(self, weights):
         """Sets the weights on every rank to the master's `weights`
-        (collective: call it on every rank)."""
+        (collective: call it on every rank; pipelined, every rank keeps its
+        stage's part)."""
+        if self._tnt.pipeline is not None:
+            with self._tnt.pipeline.whole(fill=False):
+                super().set_weights(weights)
+                if runtime.get_size() > 1:
+                    runtime.broadcast_values(self.weights)
+            return
         super().set_weights(weights)
         self._tnt_broadcast_weights()
 
@@ -292,7 +330,8 @@ class Model(keras.Model, metaclass=_ModelType):
         try:
             if self._tnt.pipeline is not None:
                 # The file holds the whole optimizer; the stage keeps its part.
-                with self._tnt.pipeline.whole_optimizer(self, fill=False):
+                with self._tnt.pipeline.whole(fill=False), \
+                        self._tnt.pipeline.whole_optimizer(self, fill=False):
                     result = super().load_weights(filepath, *args, **kwargs)
             else:
                 result = super().load_weights(filepath, *args, **kwargs)
@@ -338,8 +377,7 @@ class Model(keras.Model, metaclass=_ModelType):
             batch_norm.average_moving_statistics(self)
             saving.write_on_master(filepath, overwrite, all_devices, write)
             return
-        self._tnt.pipeline.gather(self)
-        with self._tnt.pipeline.whole_optimizer(self):
+        with self._tnt.pipeline.whole(), self._tnt.pipeline.whole_optimizer(self):
             saving.write_on_master(filepath, overwrite, all_devices, write)
 
     @contextlib.contextmanager
@@ -457,9 +495,7 @@ class Model(keras.Model, metaclass=_ModelType):
         train = resume.track_training_data(self, train)  # BackupAndRestore's data position
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                               validation_data=val, shuffle=False, **kwargs)
-        if self._tnt.pipeline is not None:
-            self._tnt.pipeline.gather(self)
-        else:
+        if self._tnt.pipeline is None:
             batch_norm.average_moving_statistics(self)
         history.history = {k: v for k, v in history.history.items()
                            if not k.startswith(tnt_callbacks.LOCAL_PREFIX)}
@@ -541,8 +577,13 @@ class Model(keras.Model, metaclass=_ModelType):
         dist = ds if micro_done else data.distribute(ds, None, "prediction")
         self._tnt_prepare(dist)
         if self._tnt.pipeline is not None:
-            self._tnt.pipeline.gather(self)  # every rank predicts with the whole model
-        local = super().predict(dist, verbose=verbose, **kwargs)
+            # Every rank predicts with the whole model, gathered for it; the
+            # traced prediction holds the gathered weights, so it goes too.
+            with self._tnt.pipeline.whole():
+                local = super().predict(dist, verbose=verbose, **kwargs)
+            self.predict_function = None
+        else:
+            local = super().predict(dist, verbose=verbose, **kwargs)
         return data.gather_batches(local, info.size)
 
     def summary(self, *args, **kwargs):

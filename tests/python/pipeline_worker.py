@@ -10,9 +10,15 @@ evaluate's results, predictions, and the weights of the whole model):
          layers of each stage, through its own SplitLayer)
   cls    a classifier (sparse categorical cross-entropy, accuracy), with L2
          regularization on every stage's kernel
+  seq    the mlp as a keras.Sequential model
 150 samples in global batches of 20: the replicas and the micro-batches get
 unequal shares, and the last batch is partial. With --save PATH the model
-is saved after training (the master writes it).
+is saved after training (the master writes it). With --build-fn the model
+is given to tnt.Model as the function that builds it; then every rank also
+writes DIR/rank<r>-stage.npz: its stage's weights before training
+("init/<path>"; serially, those of a normal build), and the error that
+reading a weight of another stage raised after building, fit, evaluate,
+predict and save ("guard/<when>").
 """
 import argparse
 import os
@@ -49,13 +55,19 @@ def build(case, stages):
     the same for every number of stages (up to 4): only its cuts move."""
     keras.utils.set_random_seed(11)
     inputs = keras.Input((6,), name="x")
-    if case == "mlp":
-        h = inputs
+    if case in ("mlp", "seq"):
+        layers = []
         for k in range(3):
-            h = keras.layers.Dense(12, activation="tanh", name=f"d{k}")(h)
+            layers.append(keras.layers.Dense(12, activation="tanh", name=f"d{k}"))
             if k < stages - 1:
-                h = Split(name=f"cut{k + 1}")(h)
-        return keras.Model(inputs, keras.layers.Dense(3, name="out")(h), name="mlp")
+                layers.append(Split(name=f"cut{k + 1}"))
+        layers.append(keras.layers.Dense(3, name="out"))
+        if case == "seq":
+            return keras.Sequential([inputs] + layers, name="seq")
+        h = inputs
+        for layer in layers:
+            h = layer(h)
+        return keras.Model(inputs, h, name="mlp")
     reg = keras.regularizers.L2(1e-3) if case == "cls" else None
     h = keras.layers.Dense(12, activation="tanh", kernel_regularizer=reg, name="d0")(inputs)
     skip = keras.layers.Dense(5, name="s0")(inputs) if case == "skip" else None
@@ -84,9 +96,28 @@ def compile_model(model, case, opt):
         model.compile(optimizer=optimizer(opt), loss="mse", metrics=["mae"])
 
 
+def guard(model, when, out):
+    """Reads every weight of the other stages of a model given as a build
+    function; each read must fail. out["guard/<when>"]: the first error, or
+    the weights that were read."""
+    if not hasattr(model, "_tnt"):
+        return
+    mine = {id(v) for v in model._tnt.pipeline.model.weights}
+    read, first = [], None
+    for v in model.weights:
+        if id(v) in mine:
+            continue
+        try:
+            np.asarray(v)
+            read.append(v.path)
+        except tnt.TarantellaError as e:
+            first = first or str(e)
+    out[f"guard/{when}"] = np.array(f"read: {read}" if read else first or "no other weights")
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["mlp", "skip", "cls"])
+    p.add_argument("case", choices=["mlp", "skip", "cls", "seq"])
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     p.add_argument("--stages", type=int, default=2)
@@ -94,6 +125,8 @@ def main():
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--save")
+    p.add_argument("--build-fn", action="store_true",
+                   help="give tnt.Model the function that builds the model")
     p.add_argument("--num-stages", type=int,
                    help="build the model without SplitLayers and let Tarantella cut it into "
                         "this many stages (num_stages); the cuts go to the results as 'cuts'")
@@ -106,7 +139,11 @@ def main():
     if args.mixed:
         keras.mixed_precision.set_global_policy(args.mixed)
     x, y = data(args.case)
-    model = build(args.case, 1 if args.num_stages else args.stages)
+    stages = 1 if args.num_stages else args.stages
+    if args.build_fn:
+        model = lambda: build(args.case, stages)  # noqa: E731
+    else:
+        model = build(args.case, stages)
     rank = 0
     if not args.serial:
         tnt.init()
@@ -116,6 +153,13 @@ def main():
         auto = {"num_stages": args.num_stages} if args.num_stages else {}
         model = tnt.Model(model, parallel_strategy=strategy,
                           num_micro_batches=args.micro_batches, **auto)
+    stage_file = {}
+    if args.build_fn and args.serial:  # a normal build's weights, to compare with
+        model = model()
+        stage_file.update({f"init/{v.path}": v.numpy() for v in model.weights})
+    elif args.build_fn:
+        stage_file.update({f"init/{v.path}": v.numpy() for v in model._tnt.pipeline.model.weights})
+        guard(model, "build", stage_file)
     compile_model(model, args.case, args.optimizer)
     callbacks = []
     if args.callbacks:
@@ -126,6 +170,7 @@ def main():
             keras.callbacks.EarlyStopping("val_loss", patience=5, restore_best_weights=True)]
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                         validation_data=(x[:50], y[:50]), callbacks=callbacks)
+    guard(model, "fit", stage_file)
     metric = "accuracy" if args.case == "cls" else "mae"
     results = {"loss": np.array(history.history["loss"]),
                "metric": np.array(history.history[metric]),
@@ -133,13 +178,17 @@ def main():
                "evaluate": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
                "predict": np.asarray(model.predict(x, batch_size=BATCH, verbose=0), np.float32),
                "learning_rate": np.array(history.history.get("learning_rate", []))}
+    guard(model, "evaluate and predict", stage_file)
     if args.num_stages and not args.serial:
         results["cuts"] = np.array([",".join(c) for c in model._tnt.pipeline.partition.cut_names])
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = w
     if args.save:
         model.save(args.save)
+        guard(model, "save", stage_file)
     os.makedirs(args.out, exist_ok=True)
+    if stage_file:
+        np.savez(os.path.join(args.out, f"rank{rank}-stage.npz"), **stage_file)
     np.savez(os.path.join(args.out, f"rank{rank}.npz"), **results)
 
 

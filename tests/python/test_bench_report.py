@@ -202,49 +202,59 @@ def test_report_sim_allreduce_section(tmp_path):
     assert "- **sim_allreduce**:" in closing
 
 
-def capacity_result(serial_error, stage_errors):
-    """pipeline_capacity.json: serial Keras under the limit failing with
-    `serial_error` (None: it trains), and 2 stages failing with
-    `stage_errors` per rank (None: the rank trains)."""
-    def run(pipelined, errors):
+def capacity_result(serial_error, whole_error, fn_errors, equal=True):
+    """pipeline_capacity.json: under the limit, serial Keras failing with
+    `serial_error` (None: it trains), 4 stages given the model built failing
+    with `whole_error`, and 4 stages given its build function failing with
+    `fn_errors` per rank (None: the rank trains); `equal`: their weights
+    equal the unlimited run's."""
+    def run(errors):
         ranks = []
         for rank, error in enumerate(errors):
-            doc = {"rank": rank, "pipelined": pipelined, "weights_mib": 128.1,
-                   "limit_above_model_mib": 352.3}
+            doc = {"rank": rank, "weights_mib": 128.1, "limit_above_base_mib": 115.3}
             if error is None:
-                doc.update(trained=True, peak_data_above_model_mib=264.3 + 30 * rank,
-                           margin_mib=88.0 - 30 * rank, peak_rss_above_model_mib=250.0)
+                doc.update(trained=True, held_weights_mib=32.0, peak_data_above_base_mib=70.0,
+                           margin_mib=45.0 - 10 * rank)
             else:
                 doc.update(trained=False, error=error)
             ranks.append(doc)
         return {"job_ok": all(e is None for e in errors), "ranks": ranks,
                 "trained": all(e is None for e in errors), "tail": ""}
-    return {"config": {"benchmark": "pipeline_capacity", "budget_times_weights": 2.75},
-            "results": {"serial, limited": run(False, [serial_error]),
-                        "2 stages, limited": run(True, stage_errors),
-                        "serial, no limit": run(False, [None]),
-                        "2 stages, no limit": run(True, [None, None])}}
+    return {"config": {"benchmark": "pipeline_capacity", "budget_times_weights": 0.9,
+                       "stages": 4},
+            "results": {"serial, limited": run([serial_error]),
+                        "4 stages, built whole, limited": run([whole_error] * 4),
+                        "4 stages, build_fn, SGD, limited": run(fn_errors),
+                        "4 stages, build_fn, SGD momentum, limited": run([None] * 4),
+                        "4 stages, built whole, SGD, no limit": run([None] * 4),
+                        "bitwise equal": equal}}
 
 
 def test_report_capacity_target(tmp_path):
-    name = "Under a memory limit, serial Keras fails and 2 stages train"
+    name = "Under a memory limit below the model's weights, only stages built by a function train"
     oom = "ResourceExhaustedError: OOM when allocating tensor with shape[2048,2048]"
+    fine = [None] * 4
     cases = [
-        # serial fails for lack of memory and both stages train: met
-        (oom, [None, None], "| yes | PASS |",
-         ["serial fails (ResourceExhaustedError: OOM", "2 stages train",
-          "margins under the limit +88 MiB, +58 MiB", "+ 2.75x its weights"]),
-        # a stage runs out of memory too
-        ("MemoryError: std::bad_alloc", [None, "MemoryError: std::bad_alloc"],
-         "| no | **MISS** |", ["serial fails (MemoryError", "2 stages fail (MemoryError"]),
+        # serial and the model built whole fail for lack of memory, the
+        # stages built by a function train and end equal: met
+        (oom, oom, fine, True, "| yes | PASS |",
+         ["serial fails (ResourceExhaustedError: OOM", "built whole fails (Resource",
+          "build_fn, SGD trains (margins +45, +35, +25, +15 MiB)",
+          "weights equal the unlimited run's", "+ 0.9x the whole model's weights"]),
+        # a stage built by a function runs out of memory too
+        (oom, oom, [None, "MemoryError: std::bad_alloc", None, None], True,
+         "| no | **MISS** |", ["build_fn, SGD fails (MemoryError"]),
         # serial failing for another reason does not show the limit works
-        ("ValueError: bad input", [None, None], "| no | **MISS** |",
-         ["serial fails, but not for lack of memory: ValueError", "2 stages train"]),
-        # serial training under the limit: the limit is too loose
-        (None, [None, None], "| no | **MISS** |", ["serial trains; 2 stages train"]),
+        ("ValueError: bad input", oom, fine, True, "| no | **MISS** |",
+         ["serial fails, but not for lack of memory: ValueError"]),
+        # the model built whole training under the limit: the limit is too loose
+        (oom, None, fine, True, "| no | **MISS** |", ["built whole trains"]),
+        # trained, but not to the same weights
+        (oom, oom, fine, False, "| no | **MISS** |", ["weights differ from the unlimited"]),
     ]
-    for serial_error, stage_errors, verdict, details in cases:
-        write(tmp_path / "pipeline_capacity.json", capacity_result(serial_error, stage_errors))
+    for serial_error, whole_error, fn_errors, equal, verdict, details in cases:
+        write(tmp_path / "pipeline_capacity.json",
+              capacity_result(serial_error, whole_error, fn_errors, equal))
         row = target_row(report(tmp_path), name)
         assert verdict in row, row
         for detail in details:

@@ -26,13 +26,18 @@
   memory       2 stages, a model with large activations and small weights:
                each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
                fresh job per (schedule, M), since a peak never goes down.
-  capacity     a model whose optimizer state (Adam) and gradients exceed a
-               memory limit that the benchmark sets on each process
-               (RLIMIT_DATA: what the process holds once the model is built,
-               plus CAP_BUDGET_W times the weights' size): does serial Keras
-               fail and do 2 stages train (each holds the whole model's
-               weights, but only its stage's optimizer state and gradients)?
-               And, without the limit, what each needs beyond the model.
+  capacity     a model whose weights alone exceed a memory limit that the
+               benchmark sets on each process before the model is built
+               (RLIMIT_DATA: the process's data size then, plus
+               CAP_BUDGET_W = 0.9 times the whole model's weights): serial
+               Keras and CAP_STAGES = 8 stages given the model built must
+               fail; 8 stages given the function that builds it must train
+               (SGD, SGD with momentum), each rank holding its stage's
+               weights only, and end with the weights of the same model
+               trained on 8 stages built whole without a limit (bitwise).
+               Per rank: weights held, peak data size, margin; for the
+               model built whole, the weights held before and after the
+               cut (the other stages' weights are freed).
                Runs with TF_ENABLE_ONEDNN_OPTS=0 and MALLOC_MMAP_THRESHOLD_
                = 1 MiB, so that freed buffers leave the data size.
   sim_cluster  a simulated 2-host cluster (tests/launcher/sim_cluster.sh, one
@@ -87,14 +92,17 @@ MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
 SIM_IN, SIM_WIDTH, SIM_OUT, SIM_BATCH, SIM_MICRO = 1024, 2048, 16, 64, 4
 SIM_LINK_BPS = 1e9
 
-# Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (about 128 MiB of
-# float32 weights), cut in the middle; each process may hold CAP_BUDGET_W
-# times the weights' size beyond what it holds once the model is built.
-# Serial Adam needs about 3x (two slots, the gradients, the update's
-# temporaries); a stage's peak, with its half of the slots and gradients,
-# was measured at about 2.3x (the stage's gradient sum and Adam's
-# temporaries live at once after the pipeline's flush).
-CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_BUDGET_W = 2048, 8, 32, 2.75
+# Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (128 MiB of float32
+# weights, W), cut into CAP_STAGES stages of one layer; each process may
+# hold CAP_BUDGET_W x W beyond what it holds before the model is built:
+# less than the whole model's weights, so serial Keras, and stages that
+# build the whole model first, cannot even build it. A stage's step holds
+# its weights (W / K), the sum of its micro-batches' gradients, a
+# micro-batch's new gradients and their next sum (4 W / K at the peak with
+# SGD; momentums add W / K): on K = 4 stages that was measured at 96 to
+# 108 MiB above the base without a limit (0.75 to 0.85 W), too close to
+# 0.9 W to train under it, so the benchmark cuts K = 8 stages.
+CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 2048, 8, 32, 8, 0.9
 
 
 # ------------------------------------------------------------------ helpers
@@ -516,15 +524,21 @@ def memory(args):
 
 # ------------------------------------------------------------------ capacity
 
-def capacity_model(keras, tnt):
+def capacity_model(keras, tnt, stages):
+    """CAP_LAYERS dense layers, cut into `stages` stages of equal layers."""
     keras.utils.set_random_seed(5)
     inputs = keras.Input((CAP_WIDTH,), name="x")
     h = inputs
     for k in range(CAP_LAYERS):
-        if k == CAP_LAYERS // 2:
-            h = tnt.keras.layers.SplitLayer(name="cut1")(h)
+        if k and stages > 1 and k % (CAP_LAYERS // stages) == 0:
+            h = tnt.keras.layers.SplitLayer(name=f"cut{k}")(h)
         h = keras.layers.Dense(CAP_WIDTH, activation="tanh", name=f"d{k}")(h)
     return keras.Model(inputs, h, name="large")
+
+
+def capacity_weights_bytes():
+    """The whole model's float32 weights, known before it is built."""
+    return CAP_LAYERS * (CAP_WIDTH * CAP_WIDTH + CAP_WIDTH) * 4
 
 
 class PeakData:
@@ -555,53 +569,95 @@ class PeakData:
 
 
 def capacity_worker(args):
-    """Trains the large model serially (--m 0) or on 2 stages, under the
-    memory limit; writes whether it trained, its peak data size and peak
-    RSS above the built model, and the margin left under the limit."""
+    """Builds and trains the large model serially (--stages 0) or on
+    --stages K stages, given to tnt.Model built (--form built) or as the
+    function that builds it (--form fn), under a memory limit set before
+    the model is built; writes whether it trained, the weights it held,
+    its peak data size above the start, the margin left under the limit,
+    and a digest of its stage's weights after training."""
+    import hashlib
     import resource
     tf_setup()
     import numpy as np
     import keras
     import tarantella as tnt
-    pipelined = args.m > 0
+    from tarantella.pipeline import weights as stage_weights
+    pipelined = args.stages > 0
     rank = 0
     if pipelined:
         tnt.init()
         rank = tnt.get_rank()
-    model = capacity_model(keras, tnt)
-    weights_bytes = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
-    if pipelined:
-        model = tnt.Model(model, parallel_strategy=tnt.ParallelStrategy.PIPELINING,
-                          num_micro_batches=args.m)
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(CAP_BATCH * 2, CAP_WIDTH)).astype(np.float32)
-    data_kib = proc_status_kib("VmData")
+    # TensorFlow's runtime (thread pools, kernels) starts with a first fit
+    # of a tiny model, so that the base below is the runtime's and the
+    # limit the model's.
+    tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+    tiny.compile(optimizer="sgd", loss="mse")
+    tiny.fit(x[:8, :4], x[:8, :4], epochs=1, verbose=0)
+    del tiny
+    weights_bytes = capacity_weights_bytes()
+    base_kib = proc_status_kib("VmData")
     allowed = int(args.budget * weights_bytes) if args.budget > 0 else None
     if allowed is not None:
         resource.setrlimit(resource.RLIMIT_DATA,
-                           (data_kib * 1024 + allowed, resource.RLIM_INFINITY))
-    doc = {"rank": rank, "pipelined": pipelined, "weights_mib": round(weights_bytes / MIB, 1),
-           "limit_above_model_mib": round(allowed / MIB, 1) if allowed is not None else None,
-           "vmdata_with_model_mib": round(data_kib / 1024, 1)}
+                           (base_kib * 1024 + allowed, resource.RLIM_INFINITY))
+    doc = {"rank": rank, "stages": args.stages, "form": args.form,
+           "optimizer": args.optimizer, "weights_mib": round(weights_bytes / MIB, 1),
+           "limit_above_base_mib": round(allowed / MIB, 1) if allowed is not None else None,
+           "vmdata_base_mib": round(base_kib / 1024, 1)}
+    optimizer = {"sgd": lambda: keras.optimizers.SGD(1e-3),
+                 "momentum": lambda: keras.optimizers.SGD(1e-3, momentum=0.9),
+                 "adam": lambda: keras.optimizers.Adam(1e-4)}[args.optimizer]
     try:
         reset_peak_rss()
-        rss_kib = proc_status_kib("VmRSS")
         with PeakData() as peak:
+            stages = max(args.stages, 1)
+            if args.form == "fn" and pipelined:
+                model = lambda: capacity_model(keras, tnt, stages)  # noqa: E731
+            else:
+                model = capacity_model(keras, tnt, stages)
+                doc["held_weights_built_mib"] = round(
+                    stage_weights.allocated_bytes(model.variables) / MIB, 1)
+                doc["vmdata_built_above_base_mib"] = round(
+                    (proc_status_kib("VmData") - base_kib) / 1024, 1)
+            if pipelined:
+                model = tnt.Model(model, parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                                  num_micro_batches=args.m)
+            doc["held_weights_mib"] = round(
+                stage_weights.allocated_bytes(model.variables) / MIB, 1)
+            doc["vmdata_cut_above_base_mib"] = round(
+                (proc_status_kib("VmData") - base_kib) / 1024, 1)
+            model.compile(optimizer=optimizer(), loss="mse")
             model.fit(x, x, batch_size=CAP_BATCH, epochs=1, verbose=0, shuffle=False)
-        doc.update(trained=True, peak_data_above_model_mib=peak.mib,
-                   vmdata_after_fit_above_model_mib=round(
-                       (proc_status_kib("VmData") - data_kib) / 1024, 1),
-                   peak_rss_above_model_mib=round((proc_status_kib("VmHWM") - rss_kib) / 1024, 1))
+        doc.update(trained=True, peak_data_above_base_mib=peak.mib,
+                   vmdata_after_fit_above_base_mib=round(
+                       (proc_status_kib("VmData") - base_kib) / 1024, 1))
         if allowed is not None:
             doc["margin_mib"] = round(allowed / MIB - peak.mib, 1)
+        held = model._tnt.pipeline.model.weights if pipelined else model.weights
+        digest = hashlib.sha256()
+        for w in held:
+            digest.update(np.ascontiguousarray(w.numpy()).tobytes())
+        doc["weights_sha256"] = digest.hexdigest()
     except Exception as e:  # the limit shows as TensorFlow's ResourceExhausted or MemoryError
         lines = str(e).splitlines() or [""]
         what = next((line.strip() for line in lines if "OOM" in line), lines[0])
         doc.update(trained=False, error=f"{type(e).__name__}: {what[:300]}")
     write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
     if pipelined and not doc["trained"]:
-        os._exit(1)  # the other stage waits for this one: end the job
+        os._exit(1)  # the other stages wait for this one: end the job
+
+
+# (name, stages, form, optimizer, limited)
+CAPACITY_RUNS = [
+    ("serial, limited", 0, "built", "sgd", True),
+    (f"{CAP_STAGES} stages, built whole, limited", CAP_STAGES, "built", "sgd", True),
+    (f"{CAP_STAGES} stages, build_fn, SGD, limited", CAP_STAGES, "fn", "sgd", True),
+    (f"{CAP_STAGES} stages, build_fn, SGD momentum, limited", CAP_STAGES, "fn", "momentum",
+     True),
+    (f"{CAP_STAGES} stages, built whole, SGD, no limit", CAP_STAGES, "built", "sgd", False),
+]
 
 
 def capacity(args):
@@ -616,35 +672,47 @@ def capacity(args):
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     cfg = new_config(
         benchmark="pipeline_capacity", layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
-        optimizer="Adam", budget_times_weights=CAP_BUDGET_W,
-        limit="RLIMIT_DATA = VmData once the model is built + budget x weights bytes, per process",
+        stages=CAP_STAGES, budget_times_weights=CAP_BUDGET_W,
+        limit="RLIMIT_DATA = VmData before the model is built + budget x the whole model's "
+              "weights bytes, per process",
         environment={k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")})
     results = {}
-    for limited in (True, False):
-        for name, m in (("serial", 0), ("2 stages", 4)):
-            work = tempfile.mkdtemp(prefix="tnt-pipebench-cap-")
-            worker = ["--worker", "capacity", "--work", work, "--m", str(m),
-                      "--budget", str(CAP_BUDGET_W if limited else 0)]
-            if m == 0:
-                cmd, ranks = [sys.executable, os.path.abspath(__file__)] + worker, 1
-            else:
-                cmd = mpirun_cmd(args, 2, *worker, env=(
-                    "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_"))
-                ranks = 2
-            ok, tail = run_job(cmd, timeout=args.job_timeout, env=env)
-            docs = load_rank_files(work, ranks)
-            shutil.rmtree(work, ignore_errors=True)
-            key = f"{name}, {'limited' if limited else 'no limit'}"
-            results[key] = {"job_ok": ok, "ranks": docs,
-                            "trained": len(docs) == ranks and all(d["trained"] for d in docs),
-                            "tail": "" if ok else tail[-1500:]}
-            print(f"capacity: {key}: trained={results[key]['trained']}: " + "; ".join(
-                d.get("error", f"{d.get('peak_data_above_model_mib')} MiB peak data above the "
-                               "model" + (f", margin {d.get('margin_mib')} MiB" if limited else ""))
-                for d in docs), flush=True)
+    for key, stages, form, optimizer, limited in CAPACITY_RUNS:
+        work = tempfile.mkdtemp(prefix="tnt-pipebench-cap-")
+        worker = ["--worker", "capacity", "--work", work, "--m", str(2 * max(stages, 1)),
+                  "--stages", str(stages), "--form", form, "--optimizer", optimizer,
+                  "--budget", str(CAP_BUDGET_W if limited else 0)]
+        if stages == 0:
+            cmd, ranks = [sys.executable, os.path.abspath(__file__)] + worker, 1
+        else:
+            cmd = mpirun_cmd(args, stages, *worker, env=(
+                "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_"))
+            ranks = stages
+        ok, tail = run_job(cmd, timeout=args.job_timeout, env=env)
+        docs = load_rank_files(work, ranks)
+        shutil.rmtree(work, ignore_errors=True)
+        results[key] = {"job_ok": ok, "ranks": docs,
+                        "trained": len(docs) == ranks and all(d["trained"] for d in docs),
+                        "tail": "" if ok else tail[-1500:]}
+        print(f"capacity: {key}: trained={results[key]['trained']}: " + "; ".join(
+            d.get("error", f"held {d.get('held_weights_mib')} MiB of weights, peak "
+                           f"{d.get('peak_data_above_base_mib')} MiB data above the base"
+                  + (f", margin {d.get('margin_mib')} MiB" if limited else ""))
+            for d in docs), flush=True)
+    reference = results[CAPACITY_RUNS[-1][0]]["ranks"]
+    limited_sgd = results[CAPACITY_RUNS[2][0]]["ranks"]
+    results["bitwise equal"] = (
+        len(reference) == len(limited_sgd) == CAP_STAGES
+        and all(a.get("weights_sha256") is not None
+                and a.get("weights_sha256") == b.get("weights_sha256")
+                for a, b in zip(reference, limited_sgd)))
     write_json(args.json, {"config": finish_config(cfg), "results": results})
-    print(f"capacity: under the limit serial trains: {results['serial, limited']['trained']}, "
-          f"2 stages train: {results['2 stages, limited']['trained']}")
+    print(f"capacity: under the limit serial trains: {results[CAPACITY_RUNS[0][0]]['trained']}, "
+          f"{CAP_STAGES} stages built whole train: {results[CAPACITY_RUNS[1][0]]['trained']}, "
+          f"built by a function they train: {results[CAPACITY_RUNS[2][0]]['trained']} (SGD), "
+          f"{results[CAPACITY_RUNS[3][0]]['trained']} (momentum); the stages' weights after "
+          "training equal those of the model built whole without a limit: "
+          f"{results['bitwise equal']}")
     return 0
 
 
@@ -775,6 +843,9 @@ def main():
     p.add_argument("--reps", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--m", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--stages", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--form", choices=["built", "fn"], default="built", help=argparse.SUPPRESS)
+    p.add_argument("--optimizer", default="sgd", help=argparse.SUPPRESS)
     p.add_argument("--stage-reps", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--micro-batches", default="1,2,4,8", help=argparse.SUPPRESS)
     args = p.parse_args()

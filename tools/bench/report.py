@@ -1252,38 +1252,57 @@ def _pipeline_memory(results, stages, plt, targets):
 MEMORY_ERRORS = ("ResourceExhausted", "OOM", "MemoryError", "bad_alloc")
 
 
+def _memory_failure(run):
+    """(failed for lack of memory, its error) of a capacity run."""
+    error = " ".join(d.get("error", "") for d in run.get("ranks", []))
+    return (not run.get("trained", True) and any(word in error for word in MEMORY_ERRORS),
+            error)
+
+
 def capacity_verdict(res, budget):
     """(met, detail) of the capacity target from pipeline_capacity.json's
-    results: met when serial Keras fails under the limit for lack of
-    memory and every stage of the 2-stage pipeline trains under it."""
-    serial = res.get("serial, limited") or {}
-    stages = res.get("2 stages, limited") or {}
-    serial_error = " ".join(d.get("error", "") for d in serial.get("ranks", []))
-    serial_oom = not serial.get("trained", True) and any(
-        word in serial_error for word in MEMORY_ERRORS)
-    if serial.get("trained", True):
-        said = "serial trains"
-    elif serial_oom:
-        said = f"serial fails ({serial_error[:60]})"
-    else:
-        said = ("serial fails, but not for lack of memory: "
-                + (serial_error[:60] or "its job failed without a result"))
-    if stages.get("trained"):
-        margins = ", ".join(f"{d['margin_mib']:+.0f} MiB" for d in stages["ranks"]
-                            if d.get("margin_mib") is not None)
-        said += f"; 2 stages train (margins under the limit {margins or 'not measured'})"
-    else:
-        errors = "; ".join(d["error"] for d in stages.get("ranks", []) if d.get("error"))
-        said += "; 2 stages fail" + (f" ({errors[:60]})" if errors else "")
-    return (serial_oom and bool(stages.get("trained")),
-            f"limit: the built model + {budget}x its weights; {said}")
+    results: met when, under a limit below the whole model's weights, serial
+    Keras and the stages given the model built fail for lack of memory,
+    every run of stages given the function that builds it trains, and their
+    weights end equal to those of the model trained built whole without a
+    limit."""
+    said, met = [], True
+    for key in ("serial, limited", next((k for k in res if "built whole, limited" in k), None)):
+        run = res.get(key) or {}
+        oom, error = _memory_failure(run)
+        what = key.split(",")[0] if key == "serial, limited" else "built whole"
+        if run.get("trained", True):
+            said.append(f"{what} trains")
+        elif oom:
+            said.append(f"{what} fails ({error[:50]})")
+        else:
+            said.append(f"{what} fails, but not for lack of memory: "
+                        + (error[:50] or "its job failed without a result"))
+        met = met and oom
+    by_fn = [(k, r) for k, r in res.items() if "build_fn" in k and k.endswith("limited")
+             and isinstance(r, dict)]
+    for key, run in by_fn:
+        name = key.split(", ", 1)[1].rsplit(", ", 1)[0]
+        if run.get("trained"):
+            margins = ", ".join(f"{d['margin_mib']:+.0f}" for d in run["ranks"]
+                                if d.get("margin_mib") is not None)
+            said.append(f"{name} trains (margins {margins or 'not measured'} MiB)")
+        else:
+            errors = "; ".join(d["error"] for d in run.get("ranks", []) if d.get("error"))
+            said.append(f"{name} fails" + (f" ({errors[:50]})" if errors else ""))
+            met = False
+    equal = res.get("bitwise equal") is True
+    said.append("weights equal the unlimited run's" if equal
+                else "weights differ from the unlimited run's")
+    met = met and bool(by_fn) and equal
+    return met, f"limit: the base + {budget}x the whole model's weights; " + "; ".join(said)
 
 
 def _pipeline_capacity(results, stages, targets):
-    name = "Under a memory limit, serial Keras fails and 2 stages train"
+    name = "Under a memory limit below the model's weights, only stages built by a function train"
     out, d = open_section(results, stages, targets, "pipeline_capacity.json",
                           ["pipeline_capacity", "pipeline"],
-                          "### Capacity: a model whose optimizer state does not fit one process",
+                          "### Capacity: a model whose weights do not fit one process",
                           [(name, "yes")])
     if d is None:
         return out
@@ -1292,22 +1311,24 @@ def _pipeline_capacity(results, stages, targets):
     t.ok, t.note = capacity_verdict(res, cfg.get("budget_times_weights", "?"))
     t.measured = "yes" if t.ok else "no"
     targets.append(t)
-    out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units (Adam), "
-               "cut in the middle. The limit (RLIMIT_DATA) allows each process what it holds "
-               f"once the model is built plus {cfg.get('budget_times_weights', '?')}x the "
-               "weights' size. Every rank holds the whole model's weights; a stage's optimizer "
-               "state and gradients are its stage's only. The margin is the limit less the "
-               "peak data size above the built model.")
+    out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units, "
+               f"{cfg.get('stages', '?')} stages. The limit (RLIMIT_DATA) allows each process "
+               f"what it holds before the model is built plus "
+               f"{cfg.get('budget_times_weights', '?')}x the whole model's weights. A stage "
+               "given the function that builds the model holds its own weights only. The "
+               "margin is the limit less the peak data size above the base.")
     out.append("")
     rows = []
     for key, r in res.items():
+        if not isinstance(r, dict):
+            continue
         for doc in r.get("ranks") or [{}]:
             rows.append([key, doc.get("rank", "-"), "yes" if doc.get("trained") else "no",
-                         doc.get("peak_data_above_model_mib", "-"), doc.get("margin_mib", "-"),
-                         doc.get("peak_rss_above_model_mib", "-"),
+                         doc.get("held_weights_mib", "-"),
+                         doc.get("peak_data_above_base_mib", "-"), doc.get("margin_mib", "-"),
                          (doc.get("error") or ("" if r.get("job_ok") else "the job failed"))[:80]])
-    out.append(table(["run", "rank", "trained", "peak data above model (MiB)",
-                      "margin (MiB)", "peak RSS above model (MiB)", "error"], rows))
+    out.append(table(["run", "rank", "trained", "weights held (MiB)",
+                      "peak data above base (MiB)", "margin (MiB)", "error"], rows))
     out.append("")
     return out
 

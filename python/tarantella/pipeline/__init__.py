@@ -8,6 +8,8 @@ replicas of the pipeline train data-parallel.
 * schedule.py   1F1B and GPipe
 * stage.py      the pipelined training and evaluation steps; gathering the
                 whole model for saving
+* weights.py    each rank holds its stage's weights only; building a model
+                without allocating its weights
 """
 from tarantella.pipeline.layers import SplitLayer
 from tarantella.pipeline.layout import ParallelStrategy

@@ -23,10 +23,11 @@ zero, so the global results, computed from the sum of every rank's state
 (metrics.py), are those of the last stages of all replicas. The loss shown
 also holds the regularization losses of every stage.
 
-Every stage holds the whole Keras model, but trains only its stage's
-weights; gather() copies every stage's weights (and its optimizer's slots)
-from the rank that trains them to the other ranks of the pipeline, before
-the model is saved or its weights are read.
+Every rank holds the whole Keras model's layers, but the weights of its
+stage only (weights.py); whole() gives it every stage's weights (and
+whole_optimizer() every stage's optimizer slots), copied from the ranks
+that train them, for as long as the model is saved, its weights are read
+or it predicts, and frees them afterwards.
 """
 import contextlib
 import weakref
@@ -44,6 +45,7 @@ from tarantella import subclass
 from tarantella.pipeline import autocut
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
+from tarantella.pipeline import weights as weights_lib
 from tarantella.pipeline.layers import is_split_layer
 from tarantella.pipeline.layout import Layout
 from tarantella.pipeline.layout import ParallelStrategy
@@ -87,7 +89,9 @@ def is_one_stage(model, strategy, num_stages):
 class Pipeline:
     """The pipeline of one tnt.Model on this rank."""
 
-    def __init__(self, model, strategy, num_micro_batches, num_stages=None):
+    def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
+        """`deferred`: the variables of a model built by
+        weights.build_deferred, none of them allocated yet."""
         if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
               or num_micro_batches > MAX_MICRO_BATCHES):
             raise runtime.TarantellaError(
@@ -111,7 +115,10 @@ class Pipeline:
                     f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
                     "given: either place the cuts (SplitLayers) or let Tarantella choose them "
                     "(num_stages), not both")
-            plan = autocut.plan(model, int(num_stages))
+            # Timing the blocks needs their weights: a model built without
+            # them holds them all while it is cut (see docs/pipelining.md).
+            with weights_lib.allocated_meanwhile(deferred):
+                plan = autocut.plan(model, int(num_stages))
             self.partition = partition_lib.Partition(model, cut_after=plan.cuts)
             self.partition.costs = [plan.cost_text(s) for s in range(plan.num_stages)]
         else:
@@ -125,6 +132,9 @@ class Pipeline:
         self.trainable = list(self.model.trainable_variables)
         for v in model.weights:
             _pipelined[id(v)] = v
+        others = weights_lib.hold_stage(self.partition.stages, self.stage, deferred)
+        self.whole = weights_lib.Whole(
+            others, self.stage, lambda: self._from_each_stage(self.partition.variables))
         self.described = False
 
     # ------------------------------------------------------------- placement
@@ -176,8 +186,10 @@ class Pipeline:
             # outputs, not a forward pass of the whole model on this stage.
             outputs = [tf.zeros((1,) + shape, t.dtype) for shape, t in zip(shapes, model.outputs)]
             metrics.build(y, outputs[0] if len(outputs) == 1 else outputs)
-        else:
-            metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x), training=False))
+        else:  # outputs of unknown shapes: from the whole model, gathered for it
+            with self.whole():
+                metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x),
+                                       training=False))
 
     # ------------------------------------------------------------- the steps
 
@@ -348,10 +360,12 @@ class Pipeline:
 
     # ------------------------------------------------------------- the whole model
 
-    def gather(self, model):
-        """Every rank of each pipeline gets every stage's weights from the
-        rank that trains them. Collective."""
-        self._from_each_stage(self.partition.variables)
+    def broadcast_stage(self):
+        """Every replica of this rank's stage takes replica 0's weights (a
+        broadcast within the stage's replica group). Collective."""
+        if self.layout.replica_group is not None:
+            runtime.broadcast_values(self.model.weights, root=0,
+                                     group=self.layout.replica_group)
 
     def _from_each_stage(self, per_stage, sources=None):
         """Assigns to the variables `per_stage[s]` the values that the rank
@@ -406,9 +420,10 @@ def _by_name(variables):
 class _WholeModelForSavers:
     """Shared by the two callbacks below: around the hooks in which the
     callbacks that save run (each epoch's end, and every batch's end when
-    one saves every few batches), the first gathers the whole model on
-    every rank and gives it the whole optimizer; the last one, after those
-    callbacks, gives the stage's optimizer back."""
+    one saves every few batches), the first gives every rank the whole
+    model's weights and the whole optimizer; the last one, after those
+    callbacks, frees the other stages' weights and gives the stage's
+    optimizer back."""
 
     def __init__(self, pipeline, every_batch):
         self.pipeline = pipeline
@@ -416,9 +431,9 @@ class _WholeModelForSavers:
         self.context = None
 
     def enter(self, model):
-        self.pipeline.gather(model)
-        self.context = self.pipeline.whole_optimizer(model)
-        self.context.__enter__()
+        self.context = contextlib.ExitStack()
+        self.context.enter_context(self.pipeline.whole())
+        self.context.enter_context(self.pipeline.whole_optimizer(model))
 
     def exit(self):
         if self.context is not None:
