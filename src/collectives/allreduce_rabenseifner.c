@@ -34,10 +34,6 @@ static int rabenseifner_usable(const tnt__comm_t *c) {
   return 1;
 }
 
-/* The transport rank of participant v (the odd rank of a pair for the
- * first `extra` participants). */
-static int participant_rank(int v, int extra) { return v < extra ? v * 2 + 1 : v + extra; }
-
 /* Elements [*lo, *hi) of blocks [b0, b1) of p. */
 static void blocks(size_t count, size_t esz, int p, int b0, int b1, size_t *lo, size_t *hi) {
   size_t unused;
@@ -51,7 +47,7 @@ static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t
   const size_t esz = tnt__dtype_size(dtype);
   int b0 = 0, b1 = p; /* the blocks this participant holds */
   for (int d = p / 2; d >= 1; d /= 2) {
-    const int peer = participant_rank(v ^ d, extra), mid = b0 + (b1 - b0) / 2;
+    const int peer = tnt__participant_rank(v ^ d, extra), mid = b0 + (b1 - b0) / 2;
     const int keep_lower = (v & d) == 0;
     size_t klo, khi, slo, shi;
     blocks(count, esz, p, keep_lower ? b0 : mid, keep_lower ? mid : b1, &klo, &khi);
@@ -63,7 +59,7 @@ static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t
     else b0 = mid;
   }
   for (int d = 1; d < p; d *= 2) {
-    const int peer = participant_rank(v ^ d, extra), width = b1 - b0;
+    const int peer = tnt__participant_rank(v ^ d, extra), width = b1 - b0;
     /* The partner holds the neighbouring range of the same width. */
     const int p0 = (v & d) == 0 ? b1 : b0 - width;
     size_t mlo, mhi, plo, phi;
@@ -80,35 +76,7 @@ static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t
 tnt_status_t tnt__rabenseifner_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
                                          tnt_dtype_t dtype, tnt_op_t op,
                                          const tnt__wait_ctx_t *w) {
-  const int n = t->size, r = t->rank;
-  const size_t bytes = count * tnt__dtype_size(dtype);
-  if (n == 1 || count == 0) {
-    tnt__reduce_finish(recvbuf, count, dtype, op, n);
-    return TNT_OK;
-  }
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int extra = n - p;
-  /* The pair's whole vector, or the largest half of the first exchange. */
-  uint8_t *tmp = malloc(bytes);
-  if (tmp == NULL) return TNT_ERR_NO_MEMORY;
-  tnt_status_t st = TNT_OK;
-  if (r < 2 * extra && r % 2 == 0) {
-    TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r + 1, w), st, out);
-    TNT_CHECK_GOTO(tnt__xrecv(t, recvbuf, bytes, r + 1, w), st, out);
-    goto out;
-  }
-  if (r < 2 * extra) {
-    TNT_CHECK_GOTO(tnt__xrecv(t, tmp, bytes, r - 1, w), st, out);
-    tnt__reduce(recvbuf, tmp, count, dtype, op);
-  }
-  const int v = r < 2 * extra ? r / 2 : r - extra;
-  TNT_CHECK_GOTO(halve_then_double(t, recvbuf, tmp, count, dtype, op, p, extra, v, w), st, out);
-  tnt__reduce_finish(recvbuf, count, dtype, op, n);
-  if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);
-out:
-  free(tmp);
-  return st;
+  return tnt__allreduce_folded(t, recvbuf, count, dtype, op, halve_then_double, w);
 }
 
 static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,

@@ -19,48 +19,57 @@ static int rd_usable(const tnt__comm_t *c) {
   return 1;
 }
 
-tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
-                               tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
+int tnt__participant_rank(int v, int extra) { return v < extra ? v * 2 + 1 : v + extra; }
+
+tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, void *recvbuf, size_t count,
+                                   tnt_dtype_t dtype, tnt_op_t op, tnt__participants_fn among,
+                                   const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
   const size_t bytes = count * tnt__dtype_size(dtype);
   if (n == 1 || count == 0) {
     tnt__reduce_finish(recvbuf, count, dtype, op, n);
     return TNT_OK;
   }
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  const int extra = n - p2;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;
   uint8_t *tmp = malloc(bytes);
   if (tmp == NULL) return TNT_ERR_NO_MEMORY;
   tnt_status_t st = TNT_OK;
-  int vr; /* rank among the p2 participants, -1 when sitting out */
-  if (r < 2 * extra) {
-    if (r % 2 == 0) {
-      TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r + 1, w), st, out);
-      vr = -1;
-    } else {
-      TNT_CHECK_GOTO(tnt__xrecv(t, tmp, bytes, r - 1, w), st, out);
-      tnt__reduce(recvbuf, tmp, count, dtype, op);
-      vr = r / 2;
-    }
-  } else {
-    vr = r - extra;
-  }
-  if (vr >= 0) {
-    for (int mask = 1; mask < p2; mask <<= 1) {
-      int vp = vr ^ mask;
-      int peer = vp < extra ? vp * 2 + 1 : vp + extra;
-      TNT_CHECK_GOTO(tnt__xsendrecv(t, recvbuf, bytes, peer, tmp, bytes, peer, w), st, out);
-      tnt__reduce(recvbuf, tmp, count, dtype, op);
-    }
-    tnt__reduce_finish(recvbuf, count, dtype, op, n);
-    if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);
-  } else {
+  if (r < 2 * extra && r % 2 == 0) { /* sits out */
+    TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r + 1, w), st, out);
     TNT_CHECK_GOTO(tnt__xrecv(t, recvbuf, bytes, r + 1, w), st, out);
+    goto out;
   }
+  if (r < 2 * extra) {
+    TNT_CHECK_GOTO(tnt__xrecv(t, tmp, bytes, r - 1, w), st, out);
+    tnt__reduce(recvbuf, tmp, count, dtype, op);
+  }
+  const int v = r < 2 * extra ? r / 2 : r - extra;
+  TNT_CHECK_GOTO(among(t, recvbuf, tmp, count, dtype, op, p, extra, v, w), st, out);
+  tnt__reduce_finish(recvbuf, count, dtype, op, n);
+  if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);
 out:
   free(tmp);
   return st;
+}
+
+/* Exchanges of the whole vector with the participants at distance 1, 2, 4... */
+static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
+                             tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
+                             const tnt__wait_ctx_t *w) {
+  const size_t bytes = count * tnt__dtype_size(dtype);
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int peer = tnt__participant_rank(v ^ mask, extra);
+    TNT_CHECK(tnt__xsendrecv(t, buf, bytes, peer, tmp, bytes, peer, w));
+    tnt__reduce(buf, tmp, count, dtype, op);
+  }
+  return TNT_OK;
+}
+
+tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
+                               tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
+  return tnt__allreduce_folded(t, recvbuf, count, dtype, op, doubling, w);
 }
 
 static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
