@@ -229,6 +229,12 @@ class Model(keras.Model, metaclass=_ModelType):
         with step.model_step(self._tnt.resources, data) as current:
             return metrics.global_logs(self, super().test_step(data), current)
 
+    def predict_step(self, data):
+        if self._tnt.pipeline is not None:
+            with step.model_step(self._tnt.resources, data):
+                return self._tnt.pipeline.predict_step(self, data)
+        return super().predict_step(data)
+
     def get_metrics_result(self):
         current = step.current()
         if current is not None:
@@ -541,7 +547,9 @@ class Model(keras.Model, metaclass=_ModelType):
     def predict(self, x, batch_size=None, verbose="auto", tnt_micro_batch_size=None,
                 tnt_distribute_dataset=True, **kwargs):
         """Predictions for every sample of `x`, in order, on every rank; each
-        rank computes its micro-batches and the results are gathered."""
+        rank computes its micro-batches (pipelined: each replica, through
+        its stages, without gathering the model's weights) and the results
+        are gathered."""
         size = runtime.get_size()
         if isinstance(x, tf.data.Dataset):
             if batch_size is not None:
@@ -557,34 +565,35 @@ class Model(keras.Model, metaclass=_ModelType):
             raise runtime.TarantellaError(
                 f"unsupported prediction input of type {type(x).__name__}: pass a "
                 "tf.data.Dataset or NumPy arrays")
+        parts = self._tnt_replicas()
         if tnt_micro_batch_size is not None and isinstance(x, tf.data.Dataset):
-            ds = data.distribute(ds, tnt_micro_batch_size, "prediction")
+            ds = data.distribute(ds, tnt_micro_batch_size, "prediction", parts)
             micro_done = True
         else:
             micro_done = False
         info = data.batch_info(ds)
         data.require_batched(info, "prediction")
         verbose = self._tnt_verbose(verbose)
+        pipeline = self._tnt.pipeline
         if size == 1 or not tnt_distribute_dataset or info.size is None:
             if size > 1 and tnt_distribute_dataset:
-                log.logger.info("prediction: the dataset's batch size is unknown; every rank "
-                                "predicts all of it")
+                log.logger.info("prediction: the dataset's batch size is unknown; every %s "
+                                "predicts all of it", "replica" if pipeline else "rank")
             if size == 1 and tnt_distribute_dataset and info.size is not None and not micro_done:
                 # Random maps draw as they do on any number of ranks.
                 ds = data.distribute(ds, None, "prediction")
             self._tnt_prepare(None)
-            return super().predict(ds, verbose=verbose, **kwargs)
-        dist = ds if micro_done else data.distribute(ds, None, "prediction")
+            local = super().predict(ds, verbose=verbose, **kwargs)
+            if pipeline is None:
+                return local
+            # Every replica predicted all of it: the first one's last stage
+            # gives every rank its rows.
+            return data.gather_batches(local, None, pipeline.predicting_ranks()[:1])
+        dist = ds if micro_done else data.distribute(ds, None, "prediction", parts)
         self._tnt_prepare(dist)
-        if self._tnt.pipeline is not None:
-            # Every rank predicts with the whole model, gathered for it; the
-            # traced prediction holds the gathered weights, so it goes too.
-            with self._tnt.pipeline.whole():
-                local = super().predict(dist, verbose=verbose, **kwargs)
-            self.predict_function = None
-        else:
-            local = super().predict(dist, verbose=verbose, **kwargs)
-        return data.gather_batches(local, info.size)
+        local = super().predict(dist, verbose=verbose, **kwargs)
+        return data.gather_batches(local, info.size,
+                                   pipeline.predicting_ranks() if pipeline else None)
 
     def summary(self, *args, **kwargs):
         if runtime.is_master_rank() or runtime.output_on_all_devices():

@@ -146,6 +146,7 @@ class Partition:
                        else [layers[n].output for n in self.cut_names[s]])
             self.stages.append(keras.Model(inputs, outputs, name=f"{fm.name}_stage_{s}"))
         self.variables = [list(m.weights) for m in self.stages]
+        self.output = fm.output  # the structure of the model's outputs (KerasTensors)
         owner = {}
         for s, vs in enumerate(self.variables):
             for v in vs:

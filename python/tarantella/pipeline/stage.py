@@ -213,9 +213,10 @@ class Pipeline:
     def _send(self, tensor, dtype, peer, tag):
         return ops.pipe_send(tf.cast(tensor, dtype), self.layout.pipeline_group, peer, tag)
 
-    def _run(self, model, data, training):
+    def _run(self, model, data, training, predicting=False):
         """Runs this stage's schedule on `data`; returns the summed weight
-        gradients (training) or None."""
+        gradients (training), the last stage's outputs of each micro-batch
+        (predicting), or None."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         k, s, m = self.partition.num_stages, self.stage, self.num_micro_batches
         last = s == k - 1
@@ -232,7 +233,7 @@ class Pipeline:
         nf = tf.cast(n, tf.float32)
         ops_ = (schedule_lib.training(self.schedule_name, s, k, m) if training
                 else schedule_lib.inference(m))
-        saved, grads, after = {}, None, []
+        saved, grads, after, predicted = {}, None, [], []
         timeline = _core.timeline_enabled()  # TNT_TIMELINE: spans of every F and B
         for kind, i in ops_:
             n_i = sizes[i]
@@ -257,7 +258,7 @@ class Pipeline:
                     objective = tf.constant(0.0)
                     reg = [tf.cast(l, tf.float32) for l in self.model.losses]
                     reg = tf.add_n(reg) if reg else None
-                    if last:
+                    if last and not predicting:
                         loss = internals.compiled_loss(model, ys[i], outputs, ws[i])
                         loss = tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
                         total = loss + reg if reg is not None else loss
@@ -267,7 +268,10 @@ class Pipeline:
                     if training and model.optimizer is not None:
                         # Mixed precision: every stage scales alike (see train_step).
                         objective = model.optimizer.scale_loss(objective)
-                if last:
+                if last and predicting:
+                    predicted.append(outputs)
+                    after = tf.nest.flatten(outputs)[:1]
+                elif last:
                     if timeline:
                         total = ops.span(began, total, f"forward {i}")
                     tracker.update_state(total, sample_weight=n_i)
@@ -330,6 +334,8 @@ class Pipeline:
         # this stage's part of the schedule is over, never while it needs
         # the threads.
         step.current().record(flush)
+        if predicting:
+            return predicted if last else None
         if grads is None:
             return None
         with tf.control_dependencies([flush]):
@@ -357,6 +363,28 @@ class Pipeline:
     def test_step(self, model, data):
         self._run(model, data, training=False)
         return model.get_metrics_result()
+
+    def predict_step(self, model, data):
+        """The predictions of this replica's part of the batch, in the
+        structure of the model's outputs, on the last stage; no rows on the
+        other stages (model.predict gathers the last stages' rows)."""
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        predicted = self._run(model, (x,), training=False, predicting=True)
+        leaves = tf.nest.flatten(self.partition.output)
+        if predicted is None:
+            flat = [tf.zeros([0] + list(t.shape[1:]), t.dtype) for t in leaves]
+        else:
+            flat = [tf.concat(parts, axis=0) for parts in
+                    zip(*[tf.nest.flatten(outputs) for outputs in predicted])]
+        if len(flat) == 1:
+            return flat[0]
+        return tf.nest.pack_sequence_as(self.partition.output, flat)
+
+    def predicting_ranks(self):
+        """The ranks that hold the predictions, in the order of the parts of
+        a global batch: the last stage of each replica."""
+        k = self.partition.num_stages
+        return [r * k + k - 1 for r in range(self.num_replicas)]
 
     # ------------------------------------------------------------- the whole model
 
