@@ -162,3 +162,20 @@ def sim_cluster(prefix, names):
                 except (ProcessLookupError, ValueError):
                     pass
         subprocess.run([SIM, "down", sim_id] + hosts, capture_output=True)
+
+
+def cluster_env(net, **extra):
+    """The launcher's environment on a simulated cluster whose network is
+    `net`: Open MPI starts its daemon on each host through the agent, as it
+    would through ssh, and talks to the hosts over their network only."""
+    return base_env(OMPI_MCA_plm_rsh_agent=f"{SIM} agent", OMPI_MCA_plm_rsh_no_tree_spawn="1",
+                    OMPI_MCA_oob_tcp_if_include=net, OMPI_MCA_btl_tcp_if_include=net,
+                    OMPI_MCA_btl="self,vader,tcp", TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+def write_hostfile(directory, hosts):
+    """A hostfile in `directory` naming `hosts`, one per line; its path."""
+    path = os.path.join(directory, "hostfile")
+    with open(path, "w") as f:
+        f.write("\n".join(hosts) + "\n")
+    return path

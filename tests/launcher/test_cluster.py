@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from launcher_util import (HERE, QUICK_START, SIM, base_env, cluster_skip_reason,
+from launcher_util import (HERE, QUICK_START, base_env, cluster_env, cluster_skip_reason,
                            kill_leftovers, processes_with, read_status, run_launcher,
                            sim_cluster, start_launcher, wait_for)
 
@@ -43,16 +43,7 @@ def cluster(tmp_path_factory):
         d = tmp_path_factory.mktemp("cluster")
         hostfile = d / "hostfile"
         hostfile.write_text(f"# the simulated cluster\n{hosts[0]}\n\n{hosts[1]}  # second host\n")
-        env = base_env(
-            # Open MPI starts its daemon on each host through the agent, as it
-            # would through ssh, and talks to the hosts over their network only.
-            OMPI_MCA_plm_rsh_agent=f"{SIM} agent",
-            OMPI_MCA_plm_rsh_no_tree_spawn="1",
-            OMPI_MCA_oob_tcp_if_include=net,
-            OMPI_MCA_btl_tcp_if_include=net,
-            OMPI_MCA_btl="self,vader,tcp",
-            TF_CPP_MIN_LOG_LEVEL="3")
-        yield str(hostfile), env, hosts
+        yield str(hostfile), cluster_env(net), hosts
 
 
 @pytest.fixture

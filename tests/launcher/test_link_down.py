@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from launcher_util import (SIM, base_env, cluster_skip_reason, processes_with, read_status,
-                           sim_cluster, start_launcher, wait_for)
+from launcher_util import (cluster_env, cluster_skip_reason, processes_with, read_status,
+                           sim_cluster, start_launcher, wait_for, write_hostfile)
 
 pytestmark = pytest.mark.skipif(cluster_skip_reason() is not None,
                                 reason=str(cluster_skip_reason()))
@@ -24,13 +24,8 @@ TIMEOUT_S = 10
 def test_link_down_ends_the_job_within_the_timeout(launcher, marked):
     marker, d = marked
     with sim_cluster("tnt-lnk", ["a", "b"]) as (hosts, net, _):
-        hostfile = os.path.join(d, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write("\n".join(hosts) + "\n")
-        env = base_env(OMPI_MCA_plm_rsh_agent=f"{SIM} agent", OMPI_MCA_plm_rsh_no_tree_spawn="1",
-                       OMPI_MCA_oob_tcp_if_include=net, OMPI_MCA_btl_tcp_if_include=net,
-                       OMPI_MCA_btl="self,vader,tcp", TF_CPP_MIN_LOG_LEVEL="3",
-                       TNT_TIMEOUT_S=str(TIMEOUT_S))
+        hostfile = write_hostfile(d, hosts)
+        env = cluster_env(net, TNT_TIMEOUT_S=str(TIMEOUT_S))
         run_dir = os.path.join(d, "run")
         proc = start_launcher(["--hostfile", hostfile, "--run-dir", run_dir, "--",
                                os.path.join(d, "quick_start.py"), "--epochs", "100"], env=env)

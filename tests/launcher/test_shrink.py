@@ -31,8 +31,9 @@ import time
 import numpy as np
 import pytest
 
-from launcher_util import (ROOT, SIM, assert_nothing_left, base_env, cluster_skip_reason,
-                           run_launcher, sim_cluster, start_launcher, wait_for)
+from launcher_util import (ROOT, assert_nothing_left, base_env, cluster_env,
+                           cluster_skip_reason, run_launcher, sim_cluster, start_launcher,
+                           wait_for, write_hostfile)
 
 WORKER = os.path.join(ROOT, "tests", "python", "resume_worker.py")
 
@@ -68,12 +69,8 @@ def test_job_shrinks_to_the_remaining_host_and_resumes(launcher, marked):
     assert proc.returncode == 0, proc.stderr
 
     with sim_cluster("tnt-shr", ["a", "b"]) as (hosts, net, _):
-        hostfile = os.path.join(d, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write("\n".join(hosts) + "\n")
-        env = base_env(OMPI_MCA_plm_rsh_agent=f"{SIM} agent", OMPI_MCA_plm_rsh_no_tree_spawn="1",
-                       OMPI_MCA_oob_tcp_if_include=net, OMPI_MCA_btl_tcp_if_include=net,
-                       OMPI_MCA_btl="self,vader,tcp", TF_CPP_MIN_LOG_LEVEL="3")
+        hostfile = write_hostfile(d, hosts)
+        env = cluster_env(net)
         run_dir, out = os.path.join(d, "run"), os.path.join(d, "shrunk.npz")
         hang = os.path.join(d, "rank1-waits")
         # Rank 1 (on the second host) stops after batch 3 of epoch 1, after
