@@ -29,15 +29,21 @@
   capacity     a model whose weights alone exceed a memory limit that the
                benchmark sets on each process before the model is built
                (RLIMIT_DATA: the process's data size then, plus
-               CAP_BUDGET_W = 0.9 times the whole model's weights): serial
-               Keras and CAP_STAGES = 8 stages given the model built must
-               fail; 8 stages given the function that builds it must train
-               (SGD, SGD with momentum), each rank holding its stage's
-               weights only, and end with the weights of the same model
-               trained on 8 stages built whole without a limit (bitwise).
-               Per rank: weights held, peak data size, margin; for the
-               model built whole, the weights held before and after the
-               cut (the other stages' weights are freed).
+               CAP_BUDGET_W = 0.9 times the whole model's weights W): serial
+               Keras and CAP_STAGES = 4 stages given the model built must
+               fail; 4 stages given the function that builds it must train
+               and predict (SGD; SGD with momentum), each rank holding its
+               stage's weights only, and end with the weights of the same
+               model trained on 4 stages built whole without a limit
+               (bitwise). Per rank: weights held, peak data size, margin;
+               for the model built whole, the weights held before and after
+               the cut (the other stages' weights are freed). Then, without
+               a limit, the memory table: each rank's peak against K = 1
+               (serial), 2 and 4 stages for SGD and Adam, against the whole
+               model's need / K (2 W with SGD, 4 W with Adam). With momentum
+               a stage's peak (3.8 W / K above its weights) exceeds the limit
+               on 4 stages: a run on 8 stages shows it within.
+               --quick: serial and SGD on stages, limited, only.
                Runs with TF_ENABLE_ONEDNN_OPTS=0 and MALLOC_MMAP_THRESHOLD_
                = 1 MiB, so that freed buffers leave the data size.
   sim_cluster  a simulated 2-host cluster (tests/launcher/sim_cluster.sh, one
@@ -49,7 +55,7 @@
 
     python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
-    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json
+    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json [--quick]
     sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
 
 Every step time is the median of the per-step times between Keras's batch
@@ -92,17 +98,21 @@ MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
 SIM_IN, SIM_WIDTH, SIM_OUT, SIM_BATCH, SIM_MICRO = 1024, 2048, 16, 64, 4
 SIM_LINK_BPS = 1e9
 
-# Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (128 MiB of float32
-# weights, W), cut into CAP_STAGES stages of one layer; each process may
+# Capacity: CAP_LAYERS dense layers of CAP_WIDTH units (512 MiB of float32
+# weights, W), cut into CAP_STAGES stages of two layers; each process may
 # hold CAP_BUDGET_W x W beyond what it holds before the model is built:
 # less than the whole model's weights, so serial Keras, and stages that
-# build the whole model first, cannot even build it. A stage's step holds
-# its weights (W / K), the sum of its micro-batches' gradients, a
-# micro-batch's new gradients and their next sum (4 W / K at the peak with
-# SGD; momentums add W / K): on K = 4 stages that was measured at 96 to
-# 108 MiB above the base without a limit (0.75 to 0.85 W), too close to
-# 0.9 W to train under it, so the benchmark cuts K = 8 stages.
-CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 2048, 8, 32, 8, 0.9
+# build the whole model first, cannot even build it. Besides its weights a
+# stage's step holds the sum of its micro-batches' gradients, a layer's new
+# gradients and the optimizer's temporaries (measured: 1.8 W / K above the
+# weights with SGD, 3.8 W / K with momentum, the latter one W / K of
+# momentums) and TensorFlow's traced step (about 40 MiB, whatever the
+# model): W is large enough for that fixed part to stay small beside it.
+CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 4096, 8, 32, 4, 0.9
+# The memory table: each rank's peak against the number of stages, for
+# these optimizers, without a limit (K = 1: serial Keras).
+TABLE_STAGES, TABLE_OPTIMIZERS, TABLE_MAX_RATIO = (1, 2, 4), ("sgd", "adam"), 1.3
+TABLE_NEED_TIMES_WEIGHTS = {"sgd": 2, "adam": 4}  # the whole model's need, in W
 
 
 # ------------------------------------------------------------------ helpers
@@ -573,8 +583,9 @@ def capacity_worker(args):
     --stages K stages, given to tnt.Model built (--form built) or as the
     function that builds it (--form fn), under a memory limit set before
     the model is built; writes whether it trained, the weights it held,
-    its peak data size above the start, the margin left under the limit,
-    and a digest of its stage's weights after training."""
+    its peak data size above the start (training and predicting), the
+    margin left under the limit, and a digest of its stage's weights after
+    training."""
     import hashlib
     import resource
     tf_setup()
@@ -630,7 +641,9 @@ def capacity_worker(args):
                 (proc_status_kib("VmData") - base_kib) / 1024, 1)
             model.compile(optimizer=optimizer(), loss="mse")
             model.fit(x, x, batch_size=CAP_BATCH, epochs=1, verbose=0, shuffle=False)
-        doc.update(trained=True, peak_data_above_base_mib=peak.mib,
+            predicted = model.predict(x, batch_size=CAP_BATCH, verbose=0)
+        doc.update(trained=True, predicted=bool(predicted.shape == x.shape),
+                   peak_data_above_base_mib=peak.mib,
                    vmdata_after_fit_above_base_mib=round(
                        (proc_status_kib("VmData") - base_kib) / 1024, 1))
         if allowed is not None:
@@ -656,8 +669,38 @@ CAPACITY_RUNS = [
     (f"{CAP_STAGES} stages, build_fn, SGD, limited", CAP_STAGES, "fn", "sgd", True),
     (f"{CAP_STAGES} stages, build_fn, SGD momentum, limited", CAP_STAGES, "fn", "momentum",
      True),
+    (f"{CAP_LAYERS} stages, build_fn, SGD momentum, limited", CAP_LAYERS, "fn", "momentum",
+     True),
     (f"{CAP_STAGES} stages, built whole, SGD, no limit", CAP_STAGES, "built", "sgd", False),
 ]
+# --quick: whether a model larger than the limit trains on stages at all.
+QUICK_CAPACITY_RUNS = [CAPACITY_RUNS[0], CAPACITY_RUNS[2]]
+TABLE_RUNS = [(f"table: {k} stage(s), {opt}", 0 if k == 1 else k, "fn" if k > 1 else "built",
+               opt, False) for k in TABLE_STAGES for opt in TABLE_OPTIMIZERS]
+
+
+def memory_table(results):
+    """Per optimizer and number of stages K, the largest peak of a rank
+    above its base, against the whole model's need divided by K: its
+    weights and gradients with SGD (2 W), also the two moments with Adam
+    (4 W); and, for comparison, against the serial run's peak / K."""
+    whole = capacity_weights_bytes() / MIB
+    rows = []
+    for opt in TABLE_OPTIMIZERS:
+        serial = results.get(f"table: 1 stage(s), {opt}", {}).get("ranks") or [{}]
+        serial_peak = serial[0].get("peak_data_above_base_mib")
+        need = TABLE_NEED_TIMES_WEIGHTS[opt] * whole
+        for k in TABLE_STAGES:
+            docs = results.get(f"table: {k} stage(s), {opt}", {}).get("ranks") or []
+            peaks = [d.get("peak_data_above_base_mib") for d in docs]
+            peak = max(peaks) if peaks and None not in peaks else None
+            ratio = round(peak / (need / k), 2) if peak is not None else None
+            rows.append({"optimizer": opt, "stages": k, "peak_mib": peak,
+                         "need_over_k_mib": round(need / k, 1), "ratio": ratio,
+                         "serial_peak_over_k_mib": (round(serial_peak / k, 1)
+                                                    if serial_peak else None),
+                         "met": ratio is not None and ratio <= TABLE_MAX_RATIO})
+    return rows
 
 
 def capacity(args):
@@ -672,12 +715,14 @@ def capacity(args):
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     cfg = new_config(
         benchmark="pipeline_capacity", layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
-        stages=CAP_STAGES, budget_times_weights=CAP_BUDGET_W,
+        stages=CAP_STAGES, budget_times_weights=CAP_BUDGET_W, quick=bool(args.quick),
+        table_max_ratio=TABLE_MAX_RATIO,
         limit="RLIMIT_DATA = VmData before the model is built + budget x the whole model's "
               "weights bytes, per process",
         environment={k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")})
     results = {}
-    for key, stages, form, optimizer, limited in CAPACITY_RUNS:
+    runs = QUICK_CAPACITY_RUNS if args.quick else CAPACITY_RUNS + TABLE_RUNS
+    for key, stages, form, optimizer, limited in runs:
         work = tempfile.mkdtemp(prefix="tnt-pipebench-cap-")
         worker = ["--worker", "capacity", "--work", work, "--m", str(2 * max(stages, 1)),
                   "--stages", str(stages), "--form", form, "--optimizer", optimizer,
@@ -699,20 +744,24 @@ def capacity(args):
                            f"{d.get('peak_data_above_base_mib')} MiB data above the base"
                   + (f", margin {d.get('margin_mib')} MiB" if limited else ""))
             for d in docs), flush=True)
-    reference = results[CAPACITY_RUNS[-1][0]]["ranks"]
-    limited_sgd = results[CAPACITY_RUNS[2][0]]["ranks"]
-    results["bitwise equal"] = (
-        len(reference) == len(limited_sgd) == CAP_STAGES
-        and all(a.get("weights_sha256") is not None
-                and a.get("weights_sha256") == b.get("weights_sha256")
-                for a, b in zip(reference, limited_sgd)))
+    if not args.quick:
+        reference = results[CAPACITY_RUNS[-1][0]]["ranks"]
+        limited_sgd = results[CAPACITY_RUNS[2][0]]["ranks"]
+        results["bitwise equal"] = (
+            len(reference) == len(limited_sgd) == CAP_STAGES
+            and all(a.get("weights_sha256") is not None
+                    and a.get("weights_sha256") == b.get("weights_sha256")
+                    for a, b in zip(reference, limited_sgd)))
+        results["memory table"] = memory_table(results)
+        for row in results["memory table"]:
+            print(f"capacity: peak per rank, {row['optimizer']}, {row['stages']} stage(s): "
+                  f"{row['peak_mib']} MiB, {row['ratio']}x the whole model's need / K",
+                  flush=True)
     write_json(args.json, {"config": finish_config(cfg), "results": results})
-    print(f"capacity: under the limit serial trains: {results[CAPACITY_RUNS[0][0]]['trained']}, "
-          f"{CAP_STAGES} stages built whole train: {results[CAPACITY_RUNS[1][0]]['trained']}, "
-          f"built by a function they train: {results[CAPACITY_RUNS[2][0]]['trained']} (SGD), "
-          f"{results[CAPACITY_RUNS[3][0]]['trained']} (momentum); the stages' weights after "
-          "training equal those of the model built whole without a limit: "
-          f"{results['bitwise equal']}")
+    trained = [f"{key}: {results[key]['trained']}" for key, *_, limited in runs if limited]
+    print("capacity: trained under the limit: " + "; ".join(trained)
+          + ("" if args.quick else "; the stages' weights after training equal those of the "
+             f"model built whole without a limit: {results['bitwise equal']}"))
     return 0
 
 

@@ -1298,12 +1298,16 @@ def capacity_verdict(res, budget):
     return met, f"limit: the base + {budget}x the whole model's weights; " + "; ".join(said)
 
 
+CAPACITY_TABLE_TARGET = ("Peak per rank on K stages, against the whole model's need / K "
+                         "(SGD, Adam; K = 1, 2, 4)")
+
+
 def _pipeline_capacity(results, stages, targets):
     name = "Under a memory limit below the model's weights, only stages built by a function train"
     out, d = open_section(results, stages, targets, "pipeline_capacity.json",
                           ["pipeline_capacity", "pipeline"],
                           "### Capacity: a model whose weights do not fit one process",
-                          [(name, "yes")])
+                          [(name, "yes"), (CAPACITY_TABLE_TARGET, "<= 1.3x")])
     if d is None:
         return out
     cfg, res = d.get("config", {}), d.get("results", {})
@@ -1330,6 +1334,30 @@ def _pipeline_capacity(results, stages, targets):
     out.append(table(["run", "rank", "trained", "weights held (MiB)",
                       "peak data above base (MiB)", "margin (MiB)", "error"], rows))
     out.append("")
+    memory = res.get("memory table")
+    if memory:
+        limit = cfg.get("table_max_ratio", 1.3)
+        t = Target(CAPACITY_TABLE_TARGET, f"<= {limit}x", family="pipeline")
+        ratios = [row["ratio"] for row in memory]
+        if None not in ratios:
+            t.measured = f"{max(ratios):.2f}x"
+            t.ok = all(row["met"] for row in memory)
+            worst = max(memory, key=lambda row: row["ratio"])
+            t.note = f"largest: {worst['optimizer']} on {worst['stages']} stage(s)"
+        else:
+            t.note = "a run of the table has no peak"
+        targets.append(t)
+        out.append("Peak data size above the base per rank (the largest rank) without a "
+                   "limit, against the whole model's need divided by K (weights and "
+                   "gradients, 2 W, with SGD; and the two moments, 4 W, with Adam), and the "
+                   "serial run's peak divided by K for comparison:")
+        out.append("")
+        out.append(table(["optimizer", "stages K", "peak (MiB)", "need / K (MiB)", "ratio",
+                          "serial peak / K (MiB)"],
+                         [[row["optimizer"], row["stages"], row["peak_mib"],
+                           row["need_over_k_mib"], row["ratio"],
+                           row.get("serial_peak_over_k_mib", "-")] for row in memory]))
+        out.append("")
     return out
 
 

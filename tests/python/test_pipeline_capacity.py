@@ -1,0 +1,50 @@
+"""A model whose weights exceed what one process may hold trains and
+predicts on pipeline stages built from a function, each holding its own
+stage only.
+
+This is the quick form of the benchmark's capacity stage
+(tools/bench/pipeline_bench.py capacity --quick): each process is limited
+(RLIMIT_DATA) to its data size before the model is built plus 0.9x the
+whole model's weights W (8 dense layers of 4096 units, 512 MiB). Serial
+Keras cannot hold the model under that limit: its weights alone are more
+than 0.9 W, so it must fail for lack of memory. On 4 stages every rank
+must hold exactly its two layers' weights, W / 4, and train and predict
+under the same limit. How much room each rank has left is machine-dependent
+(TensorFlow's temporaries) and is what the benchmark reports."""
+import json
+import os
+import sys
+
+from conftest import ROOT, run
+
+BENCH = os.path.join(ROOT, "tools", "bench", "pipeline_bench.py")
+sys.path.insert(0, os.path.dirname(BENCH))
+import pipeline_bench  # noqa: E402
+
+MIB = 1 << 20
+MEMORY_ERRORS = ("OOM", "ResourceExhausted", "MemoryError", "bad_alloc")
+
+
+def test_stages_built_from_a_function_train_a_model_larger_than_the_limit(tmp_path):
+    out = tmp_path / "capacity.json"
+    run([sys.executable, BENCH, "capacity", "--quick", "--json", str(out)], timeout=900)
+    with open(out) as f:
+        results = json.load(f)["results"]
+
+    serial = results["serial, limited"]
+    assert not serial["trained"]
+    error = serial["ranks"][0]["error"]
+    assert any(word in error for word in MEMORY_ERRORS), error
+
+    stages = pipeline_bench.CAP_STAGES
+    run_ = results[f"{stages} stages, build_fn, SGD, limited"]
+    assert run_["trained"], run_
+    ranks = run_["ranks"]
+    assert [d["rank"] for d in ranks] == list(range(stages))
+    whole = pipeline_bench.capacity_weights_bytes()
+    for d in ranks:
+        assert d["predicted"], d
+        # Two layers of 4096 x 4096 + 4096 float32 weights, to the 0.1 MiB
+        # the benchmark rounds to.
+        assert abs(d["held_weights_mib"] - whole / stages / MIB) <= 0.05, d
+        assert d["limit_above_base_mib"] < 0.95 * whole / MIB
