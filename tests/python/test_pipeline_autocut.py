@@ -3,7 +3,8 @@ SplitLayers): the model cut by Tarantella into 2 and 3 stages, and into 2
 stages of 2 replicas each (ParallelStrategy.ALL), trains like serial Keras
 and every rank holds the same cuts; the cut points found in a
 graph; the balancing of given costs; the measurement (a heavy layer gets a
-stage of its own, the model's state is left untouched); the errors for a
+stage of its own, the model's state is left untouched, a model built
+without its weights is allocated one block at a time); the errors for a
 model that cannot be cut into that many stages and for num_stages with
 SplitLayers."""
 import os
@@ -186,6 +187,35 @@ def test_measuring_leaves_the_model_as_it_was():
     autocut.measure(model, found)
     for v, b in zip(model.variables, before):
         assert np.array_equal(v.numpy(), b), f"{v.path} changed"
+
+
+def test_a_model_built_without_its_weights_is_timed_one_block_at_a_time():
+    """Given a model built from a function (nothing allocated), measuring
+    allocates each block's weights while it times it and frees them after:
+    at no tick does the model hold more than its largest block's weights,
+    and at the end it holds none (checked through Keras's variables)."""
+    from tarantella.pipeline import weights
+
+    def build():
+        i = keras.Input((8,))
+        h = keras.layers.Dense(64, name="a")(i)
+        h = keras.layers.Dense(256, name="b")(h)
+        h = keras.layers.Dense(64, name="c")(h)
+        return keras.Model(i, keras.layers.Dense(1, name="d")(h))
+
+    model, made = weights.build_deferred(build)
+    assert made and weights.allocated_bytes(model.variables) == 0
+    found = autocut.candidates(model)
+    assert found == ["a", "b", "c"]
+    held = []
+    blocks, whole, _ = autocut.measure(
+        model, found, lambda: held.append(weights.allocated_bytes(model.variables)),
+        hold=weights.allocated_meanwhile)
+    largest = max(sum(int(np.prod(w.shape)) * 4 for w in model.get_layer(n).weights)
+                  for n in ("a", "b", "c", "d"))
+    assert len(blocks) == 4 and whole is None
+    assert held and max(held) == largest, (held, largest)
+    assert weights.allocated_bytes(model.variables) == 0
 
 
 # ------------------------------------------------------------ errors

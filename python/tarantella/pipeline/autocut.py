@@ -14,13 +14,16 @@ balanced pipeline stages (``tnt.Model(model, num_stages=K)``).
    blocks. The master measures each block's forward and backward time
    (gradients of its weights and of its input) as a traced function, on a
    forward pass of a synthetic batch of BATCH samples (random normal floats,
-   integer zeros): the blocks take turns over several repetitions after a
-   warm-up; a block's cost is its fastest time (on a busy machine noise
-   only adds) less the time of calling an empty traced step. Timing blocks
-   rather than single layers, and taking off the call, keeps the sum of the
-   blocks close to the whole model's time (the log shows both). The
-   model's state (BatchNormalization statistics, dropout seeds) is put back
-   as it was, so that training is unchanged. Should a block fail to run on
+   integer zeros): one block after the other, each over several repetitions
+   after a warm-up; a block's cost is its fastest time (on a busy machine
+   noise only adds) less the time of calling an empty traced step. Timing
+   blocks rather than single layers, and taking off the call, keeps the sum
+   of the blocks close to the whole model's time (the log shows both). A
+   model built from a function without its weights (``tnt.Model(build_fn)``)
+   has each block's weights allocated while it is timed and freed after, so
+   the master never holds more than one block; the whole model is then not
+   timed. The model's state (BatchNormalization statistics, dropout seeds)
+   is put back as it was, so that training is unchanged. Should a block fail to run on
    synthetic data, the parameter counts stand in for the times (with a
    warning): the cuts stay valid, only their balance is a guess.
 3. Choice. The K - 1 cuts minimize the largest stage cost (dynamic
@@ -34,6 +37,7 @@ balanced pipeline stages (``tnt.Model(model, num_stages=K)``).
    out while it measures (each single step, such as tracing one block,
    must take less than that timeout).
 """
+import contextlib
 import time
 
 import keras
@@ -48,7 +52,7 @@ from tarantella.pipeline import partition as partition_lib
 BATCH = 32            # samples of the synthetic batch
 WARMUP = 2            # untimed calls of every block (the first traces it)
 MIN_REPEATS, MAX_REPEATS = 5, 25
-BUDGET_S = 3.0        # the timed repetitions stop around this
+BUDGET_S = 3.0        # the timed repetitions of all blocks stop around this
 
 
 class Plan:
@@ -58,6 +62,7 @@ class Plan:
     when ``measured`` is False; ``whole_cost`` the whole model's time."""
 
     def __init__(self, cuts, stage_costs, whole_cost, measured):
+        # whole_cost: None when the blocks were timed one at a time
         self.cuts = list(cuts)
         self.stage_costs = list(stage_costs)
         self.whole_cost = whole_cost
@@ -206,13 +211,16 @@ class _Nothing:
         return tf.identity(x)
 
 
-def measure(model, cuts, tick=lambda: None):
+def measure(model, cuts, tick=lambda: None, hold=None):
     """Forward+backward milliseconds of each block between `cuts` (layer
-    names, in order) and of the whole model, on a synthetic batch, less the
-    cost of calling a traced function (measured on an empty one, and given
-    as the third result); the model's state is left as it was. `tick` is
-    called between the steps of the work (plan() keeps the other ranks
-    informed from it)."""
+    names, in order) and of the whole model (None when `hold` is given), on
+    a synthetic batch, less the cost of calling a traced function (measured
+    on an empty one, and given as the third result); the model's state is
+    left as it was. `hold(variables)`: a context within which `variables`
+    hold values, for a model built without allocating its weights: each
+    block is then allocated, timed and freed in turn, so that no more than
+    one block's weights are held at once. `tick` is called between the
+    steps of the work (plan() keeps the other ranks informed from it)."""
     fm = partition_lib._functional(model)
     ends = [fm.get_layer(n).output for n in cuts]
     blocks = []
@@ -222,40 +230,64 @@ def measure(model, cuts, tick=lambda: None):
         blocks.append(keras.Model(fm.input if b == 0 else ends[b - 1],
                                   fm.output if b == len(cuts) else ends[b],
                                   name=f"tnt_autocut_block_{b}"))
-    state = list(fm.non_trainable_variables)
-    saved = [v.numpy() for v in state]
     quiet = tf.get_logger().level
     tf.get_logger().setLevel("ERROR")  # one traced step per block: no retracing warnings
     try:
         batch = tf.nest.pack_sequence_as(fm.input, _synthetic(fm))
-        feeds = [batch]
-        for block in blocks[:-1]:
-            feeds.append(tf.convert_to_tensor(block(feeds[-1], training=False)))
+        feed, ms = batch, []
+        budget = BUDGET_S / (len(blocks) + (1 if hold is None else 0))
+        for b, block in enumerate(blocks):
+            with (hold or _nothing_to_hold)(block.variables), _state_kept(block):
+                ms.append(_time(_step(block, b > 0), feed, tick, budget))
+                if b + 1 < len(blocks):
+                    feed = tf.convert_to_tensor(block(feed, training=False))
             tick()
-        steps = [_step(block, b > 0) for b, block in enumerate(blocks)]
-        steps += [_step(fm, False), _step(_Nothing(), True)]
-        feeds += [batch, tf.zeros((BATCH, 1))]
-        for _ in range(WARMUP):
-            for f, x in zip(steps, feeds):
-                f(x).numpy()
-                tick()
-        times = [[] for _ in steps]
-        started = time.perf_counter()
-        for r in range(MAX_REPEATS):
-            for i, (f, x) in enumerate(zip(steps, feeds)):
-                t0 = time.perf_counter()
-                f(x).numpy()
-                times[i].append(time.perf_counter() - t0)
-            tick()
-            if r + 1 >= MIN_REPEATS and time.perf_counter() - started > BUDGET_S:
-                break
+        whole = None
+        if hold is None:
+            with _state_kept(fm):
+                whole = _time(_step(fm, False), batch, tick, budget)
+        call = _time(_step(_Nothing(), True), tf.zeros((BATCH, 1)), tick, budget)
     finally:
         tf.get_logger().setLevel(quiet)
+    return ([max(0.0, t - call) for t in ms],
+            None if whole is None else max(0.0, whole - call), call)
+
+
+@contextlib.contextmanager
+def _nothing_to_hold(variables):
+    yield
+
+
+@contextlib.contextmanager
+def _state_kept(block):
+    """Puts back `block`'s non-trainable state (BatchNormalization
+    statistics, seeds) as it was, so that training is unchanged."""
+    state = list(block.non_trainable_variables)
+    saved = [v.numpy() for v in state]
+    try:
+        yield
+    finally:
         for v, value in zip(state, saved):
             v.assign(value)
-    ms = [1000.0 * min(t) for t in times]
-    call = ms[-1]
-    return [max(0.0, t - call) for t in ms[:-2]], max(0.0, ms[-2] - call), call
+
+
+def _time(step, x, tick, budget):
+    """The fastest of the timed calls of `step` on `x`, in milliseconds
+    (on a busy machine noise only adds), after WARMUP untimed ones (the
+    first traces it); repeats MIN_REPEATS times at least, and stops after
+    `budget` seconds or MAX_REPEATS."""
+    for _ in range(WARMUP):
+        step(x).numpy()
+        tick()
+    times, started = [], time.perf_counter()
+    for r in range(MAX_REPEATS):
+        t0 = time.perf_counter()
+        step(x).numpy()
+        times.append(time.perf_counter() - t0)
+        tick()
+        if r + 1 >= MIN_REPEATS and time.perf_counter() - started > budget:
+            break
+    return 1000.0 * min(times)
 
 
 def _parameters(model, cuts):
@@ -303,9 +335,9 @@ class _Heartbeat:
             pass
 
 
-def plan(model, num_stages):
+def plan(model, num_stages, hold=None):
     """The Plan for `model` in `num_stages` stages, the same on every rank
-    (collective: every rank calls it)."""
+    (collective: every rank calls it). `hold`: see measure()."""
     found = candidates(model)
     if len(found) + 1 < num_stages:
         most = (f"at most {len(found) + 1} stages are possible: pass num_stages={len(found) + 1}"
@@ -322,8 +354,8 @@ def plan(model, num_stages):
     beat = _Heartbeat()
     if runtime.is_master_rank():
         try:
-            blocks, whole, _ = measure(model, found, beat)
-            costs[:], header[:] = blocks, (1.0, whole)
+            blocks, whole, _ = measure(model, found, beat, hold)
+            costs[:], header[:] = blocks, (1.0, np.nan if whole is None else whole)
         except Exception as e:  # noqa: BLE001  the cuts must not depend on a timing
             if beat.error is not None:
                 raise
@@ -340,15 +372,17 @@ def plan(model, num_stages):
     bounds = [-1] + [int(j) for j in chosen] + [len(costs) - 1]
     stage_costs = [float(sum(costs[bounds[s] + 1:bounds[s + 1] + 1]))
                    for s in range(num_stages)]
-    result = Plan([found[j] for j in chosen], stage_costs,
-                  float(header[1]) if header[0] else None, bool(header[0]))
+    whole = float(header[1]) if header[0] and not np.isnan(header[1]) else None
+    result = Plan([found[j] for j in chosen], stage_costs, whole, bool(header[0]))
     if result.measured:
         log.logger.info(
             "pipeline: automatic cutting of model '%s' into %d stages after %s, from %d "
             "possible cuts; forward+backward per batch of %d: stages %s ms; the blocks "
-            "between possible cuts sum to %.3f ms, the whole model takes %.3f ms",
-            model.name, num_stages, ", ".join(result.cuts), len(found), BATCH,
-            ", ".join(f"{c:.3f}" for c in stage_costs), sum(costs), result.whole_cost)
+            "between possible cuts sum to %.3f ms, %s", model.name, num_stages,
+            ", ".join(result.cuts), len(found), BATCH,
+            ", ".join(f"{c:.3f}" for c in stage_costs), sum(costs),
+            f"the whole model takes {whole:.3f} ms" if whole is not None else
+            "timed one block at a time (the model's weights are not all allocated)")
     else:
         log.logger.info("pipeline: automatic cutting of model '%s' into %d stages after %s "
                         "(balancing parameter counts %s)", model.name, num_stages,

@@ -115,10 +115,10 @@ class Pipeline:
                     f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
                     "given: either place the cuts (SplitLayers) or let Tarantella choose them "
                     "(num_stages), not both")
-            # Timing the blocks needs their weights: a model built without
-            # them holds them all while it is cut (see docs/pipelining.md).
-            with weights_lib.allocated_meanwhile(deferred):
-                plan = autocut.plan(model, int(num_stages))
+            # Timing a block needs its weights: a model built without them
+            # allocates one block at a time while it is cut.
+            plan = autocut.plan(model, int(num_stages),
+                                weights_lib.allocated_meanwhile if deferred else None)
             self.partition = partition_lib.Partition(model, cut_after=plan.cuts)
             self.partition.costs = [plan.cost_text(s) for s in range(plan.num_stages)]
         else:
