@@ -310,3 +310,102 @@ class BackupState:
 
     def keras_save_hook(self, save):
         self.callback._save_model = save
+
+
+# A pipelined model is saved stage by stage in Keras's own weights layout.
+# Keras decides that layout (which group of the file holds which variable,
+# under which key) by walking the model into a store (saving_lib._save_state
+# into an H5IOStore); it has no public way to learn the layout without
+# writing every value. saved_layout() runs the same walk into a store that
+# records instead of writing.
+
+def saved_layout(saveable, inner_path="", skip=()):
+    """Keras's weights layout of `saveable` (a model, or an optimizer at
+    `inner_path`), leaving out the objects in `skip`: a list of (path, metadata,
+    saveable, entries), one per group that Keras writes, in its order, where
+    entries are the (key, value) pairs the saveable stores: a layer's
+    variables themselves (nothing is read), an optimizer's values read from
+    its variables (optimizer.variables[int(key)] is the variable)."""
+    import sys
+    from keras.src.saving import saving_lib
+
+    class Recorder(saving_lib.H5IOStore):
+        def __init__(self):  # no file: the walk's calls are recorded
+            self.mode = "w"
+            self.groups = []
+
+        def __bool__(self):
+            return True
+
+        def make(self, path, metadata=None):
+            # _save_state calls make() right before saveable.save_own_variables.
+            saveable = sys._getframe(1).f_locals.get("saveable")
+            self.groups.append((path, metadata, saveable, []))
+            return self
+
+        def __setitem__(self, key, value):
+            self.groups[-1][3].append((key, value))
+
+        def close(self):
+            pass
+
+    recorder = Recorder()
+    saving_lib._save_state(saveable, weights_store=recorder, assets_store=None,
+                           inner_path=inner_path, visited_saveables={id(o) for o in skip})
+    return recorder.groups
+
+
+def save_assets(model, archive):
+    """Writes the assets of `model`'s layers (vocabularies, ...) into the
+    zip `archive` as keras.saving.save_model does (its walk with no weights
+    store)."""
+    from keras.src.saving import saving_lib
+    store = saving_lib.DiskIOStore("assets", archive=archive, mode="w")
+    try:
+        saving_lib._save_state(model, weights_store=None, assets_store=store, inner_path="",
+                               visited_saveables=set())
+    finally:
+        store.close()
+
+
+def model_file_json(model):
+    """The config.json and metadata.json that keras.saving.save_model puts
+    into a .keras file for `model` (JSON strings)."""
+    from keras.src.saving import saving_lib
+    return saving_lib._serialize_model_as_json(model)
+
+
+def optimizer_layout(config, variables):
+    """Which model variable each variable of an optimizer holds state for:
+    for an optimizer made from `config` (keras.optimizers.serialize) and
+    built over `variables`, one item per optimizer variable, in the order of
+    optimizer.variables (the order of its files): (i, k) for the k-th
+    variable it makes for variables[i], or (None, q) for the q-th of those
+    it holds for no variable (iterations, learning rate). Keras has no
+    public map; optimizers name what they make for a variable after its
+    path (add_variable_from_reference) or its name (Adafactor), so the
+    optimizer is built once over stand-ins of the same ranks and dtypes,
+    named "tntref<i>x", with one element each. Returns (that optimizer,
+    the list)."""
+    import re
+
+    import numpy as np
+    stand_ins = []
+    for i, v in enumerate(variables):
+        s = keras.Variable(np.zeros((1,) * len(v.shape), dtype=keras.backend.standardize_dtype(
+            v.dtype)), name=f"tntref{i}x", trainable=v.trainable)
+        s.overwrite_with_gradient = getattr(v, "overwrite_with_gradient", False)
+        stand_ins.append(s)
+    optimizer = keras.optimizers.deserialize(config)
+    optimizer.build(stand_ins)
+    layout, made, shared = [], {}, 0
+    for ov in optimizer.variables:
+        found = re.search(r"tntref(\d+)x", ov.name)
+        if found is None:
+            layout.append((None, shared))
+            shared += 1
+        else:
+            i = int(found.group(1))
+            layout.append((i, made.get(i, 0)))
+            made[i] = made.get(i, 0) + 1
+    return optimizer, layout

@@ -1,0 +1,155 @@
+"""Checkpoints of a pipelined model, round trip.
+
+  checkpoint_worker.py save   CASE --dir DIR --stages K   (on K ranks)
+  checkpoint_worker.py keras  CASE --dir DIR              (one process, plain Keras)
+  checkpoint_worker.py resume CASE --dir DIR --stages K'  (on K' ranks)
+
+CASE: "functional" or "sequential", the same four Dense layers, without
+SplitLayers: Tarantella cuts them into K stages (num_stages).
+
+save: a model built by a function, on K stages, trains one epoch with Adam,
+then writes DIR/ckpt.weights.json (sharded), DIR/one.weights.h5 and
+DIR/model.keras; writes DIR/save.npz (rank 0): the predictions then, the
+whole model's weights and the optimizer's variables then ("w/<path>",
+"opt/<i>"), and those after one more epoch ("after/<path>"). Every rank
+writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
+gave after the saves.
+keras: plain Keras loads each file into the model built whole; writes
+DIR/keras.npz: per file, its predictions and optimizer variables.
+resume: tnt.models.load_model(DIR/model.keras) on K' stages (other cuts),
+and a model built by a function that loads DIR/ckpt.weights.json, each
+train one more epoch; writes DIR/resume.npz (rank 0): the weights after it
+("keras/<path>", "json/<path>"), and DIR/guard-resume-<rank>.txt.
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+SAMPLES, BATCH, MICRO_BATCHES = 96, 24, 2
+FILES = ("ckpt.weights.json", "one.weights.h5", "model.keras")
+
+
+def data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(SAMPLES, 8)).astype(np.float32)
+    y = np.tanh(x @ rng.normal(size=(8, 3))).astype(np.float32)
+    return x, y
+
+
+def build(case):
+    keras.utils.set_random_seed(7)
+    layers = [keras.layers.Dense(16, activation="tanh", name=f"d{k}") for k in range(3)]
+    layers.append(keras.layers.Dense(3, name="out"))
+    if case == "sequential":
+        return keras.Sequential([keras.Input((8,), name="x")] + layers, name="seq")
+    h = inputs = keras.Input((8,), name="x")
+    for layer in layers:
+        h = layer(h)
+    return keras.Model(inputs, h, name="fun")
+
+
+def compile_model(model):
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+
+
+def fit(model, x, y):
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+
+def guard(tnt, model):
+    """What reading every weight of the other stages gives: each read must
+    raise (the weight is not allocated on this rank)."""
+    mine = {id(v) for v in model._tnt.pipeline.model.weights}
+    read, errors = [], 0
+    for v in model.weights:
+        if id(v) in mine:
+            continue
+        try:
+            np.asarray(v)
+            read.append(v.path)
+        except tnt.TarantellaError:
+            errors += 1
+    return f"read: {read}" if read else f"refused: {errors}"
+
+
+def weights(model, prefix):
+    return {f"{prefix}/{v.path}": np.asarray(w) for v, w in zip(model.weights,
+                                                               model.get_weights())}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["save", "keras", "resume"])
+    p.add_argument("case", choices=["functional", "sequential"])
+    p.add_argument("--dir", required=True)
+    p.add_argument("--stages", type=int, default=2)
+    args = p.parse_args()
+    x, y = data()
+    path = lambda name: os.path.join(args.dir, name)  # noqa: E731
+    if args.mode == "keras":
+        out = {}
+        for name in FILES:
+            if name.endswith(".keras"):
+                model = keras.saving.load_model(path(name))
+            else:
+                model = build(args.case)
+                compile_model(model)
+                model.optimizer.build(model.trainable_variables)
+                model.load_weights(path(name))
+            out[f"{name}/predict"] = model.predict(x, batch_size=BATCH, verbose=0)
+            for i, v in enumerate(model.optimizer.variables):
+                out[f"{name}/opt/{i}"] = np.asarray(v)
+            out.update(weights(model, f"{name}/w"))
+        np.savez(path("keras.npz"), **out)
+        return 0
+
+    import tarantella as tnt
+    tnt.init()
+    rank = tnt.get_rank()
+    pipelining = dict(parallel_strategy=tnt.ParallelStrategy.PIPELINING,
+                      num_micro_batches=MICRO_BATCHES, num_stages=args.stages)
+    if args.mode == "save":
+        model = tnt.Model(lambda: build(args.case), **pipelining)
+        compile_model(model)
+        fit(model, x, y)
+        model.save_weights(path(FILES[0]))
+        model.save_weights(path(FILES[1]))
+        model.save(path(FILES[2]))
+        with open(path(f"guard-save-{rank}.txt"), "w") as f:
+            f.write(guard(tnt, model))
+        out = {"predict": model.predict(x, batch_size=BATCH, verbose=0)}
+        out.update(weights(model, "w"))
+        fit(model, x, y)
+        out.update(weights(model, "after"))
+        if rank == 0:
+            np.savez(path("save.npz"), **out)
+        return 0
+
+    loaded = tnt.models.load_model(path(FILES[2]), **pipelining)
+    by_fn = tnt.Model(lambda: build(args.case), **pipelining)
+    compile_model(by_fn)
+    by_fn.load_weights(path(FILES[0]))
+    with open(path(f"guard-resume-{rank}.txt"), "w") as f:
+        f.write(f"{guard(tnt, loaded)} {guard(tnt, by_fn)}")
+    fit(loaded, x, y)
+    fit(by_fn, x, y)
+    out = {"cuts": np.array([",".join(c) for c in by_fn._tnt.pipeline.partition.cut_names])}
+    out.update(weights(loaded, "keras"))
+    out.update(weights(by_fn, "json"))
+    if rank == 0:
+        np.savez(path("resume.npz"), **out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
