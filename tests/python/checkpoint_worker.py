@@ -9,7 +9,7 @@ SplitLayers: Tarantella cuts them into K stages (num_stages).
 
 save: a model built by a function, on K stages, trains one epoch with Adam,
 then writes DIR/ckpt.weights.json (sharded), DIR/one.weights.h5 and
-DIR/model.keras; writes DIR/save.npz (rank 0): the predictions then, the
+DIR/model.keras (values streamed in pieces of 256 bytes); writes DIR/save.npz (rank 0): the predictions then, the
 whole model's weights and the optimizer's variables then ("w/<path>",
 "opt/<i>"), and those after one more epoch ("after/<path>"). Every rank
 writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
@@ -119,6 +119,10 @@ def main():
     pipelining = dict(parallel_strategy=tnt.ParallelStrategy.PIPELINING,
                       num_micro_batches=MICRO_BATCHES, num_stages=args.stages)
     if args.mode == "save":
+        # Values travel in pieces of at most 256 bytes here (16 MiB by
+        # default): a 16 x 16 kernel goes in four, a bias in one.
+        from tarantella.pipeline import checkpoint
+        checkpoint.CHUNK_BYTES = 256
         model = tnt.Model(lambda: build(args.case), **pipelining)
         compile_model(model)
         fit(model, x, y)
