@@ -59,6 +59,12 @@ _USED = (
     ("Variable._value", "variable", "_value"),
     ("Variable._initializer", "variable", "_initializer"),
     ("Variable._deferred_initialize", "variable", "_deferred_initialize"),
+    # A layer that a model calls more than once (a Sequential built from a
+    # config calls its layers again at each add) has the output of its first
+    # call as layer.output; the stages of a pipeline need the one in the
+    # model's own graph, which Keras keeps only in these.
+    ("Function._nodes_by_depth", "functional", "_nodes_by_depth"),
+    ("Node.output_tensors", "node", "output_tensors"),
 )
 
 
@@ -75,6 +81,10 @@ def verify():
     instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
                  "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
     instances["tracker"] = instances["model"]._tracker
+    functional_input = keras.Input((1,))
+    instances["functional"] = keras.Model(functional_input,
+                                          keras.layers.Dense(1)(functional_input))
+    instances["node"] = instances["functional"].layers[-1]._inbound_nodes[0]
     if set(instances["tracker"].config) != set(_TRACKED):
         _missing(f"the tracker's lists {_TRACKED}")
     fresh = keras.layers.Dense(1)
@@ -248,6 +258,17 @@ def in_shape_inference():
     where an unallocated variable may stand for its value."""
     from keras.src.backend.common import symbolic_scope
     return symbolic_scope.in_symbolic_scope()
+
+
+def output_in_graph(functional, layer):
+    """The output of `layer` where the graph of `functional` calls it
+    (layer.output is that of its first call, maybe in another graph)."""
+    for nodes in functional._nodes_by_depth.values():
+        for node in nodes:
+            if node.operation is layer:
+                outputs = node.output_tensors
+                return outputs[0] if len(outputs) == 1 else outputs
+    return layer.output
 
 
 def flatten_layers(model):

@@ -10,16 +10,16 @@ SplitLayers: Tarantella cuts them into K stages (num_stages).
 save: a model built by a function, on K stages, trains one epoch with Adam,
 then writes DIR/ckpt.weights.json (sharded), DIR/one.weights.h5 and
 DIR/model.keras (values streamed in pieces of 256 bytes); writes DIR/save.npz (rank 0): the predictions then, the
-whole model's weights and the optimizer's variables then ("w/<path>",
-"opt/<i>"), and those after one more epoch ("after/<path>"). Every rank
+whole model's weights then ("w/<i>": model.weights[i]), and those after
+one more epoch ("after/<i>"). Every rank
 writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
 gave after the saves.
 keras: plain Keras loads each file into the model built whole; writes
-DIR/keras.npz: per file, its predictions and optimizer variables.
+DIR/keras.npz: per file, its predictions, weights and optimizer variables.
 resume: tnt.models.load_model(DIR/model.keras) on K' stages (other cuts),
 and a model built by a function that loads DIR/ckpt.weights.json, each
 train one more epoch; writes DIR/resume.npz (rank 0): the weights after it
-("keras/<path>", "json/<path>"), and DIR/guard-resume-<rank>.txt.
+("keras/<i>", "json/<i>"), and DIR/guard-resume-<rank>.txt.
 """
 import argparse
 import os
@@ -83,8 +83,9 @@ def guard(tnt, model):
 
 
 def weights(model, prefix):
-    return {f"{prefix}/{v.path}": np.asarray(w) for v, w in zip(model.weights,
-                                                               model.get_weights())}
+    """The whole model's weights, by their place in model.weights (a path
+    may hold the name of the model, which Keras may change on loading)."""
+    return {f"{prefix}/{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
 
 
 def main():
