@@ -396,10 +396,10 @@ def model_file_json(model):
     return saving_lib._serialize_model_as_json(model)
 
 
-def optimizer_layout(config, variables):
+def optimizer_layout(like, variables):
     """Which model variable each variable of an optimizer holds state for:
-    for an optimizer made from `config` (keras.optimizers.serialize) and
-    built over `variables`, one item per optimizer variable, in the order of
+    for an optimizer of the class and config of the optimizer `like`, built
+    over `variables`, one item per optimizer variable, in the order of
     optimizer.variables (the order of its files): (i, k) for the k-th
     variable it makes for variables[i], or (None, q) for the q-th of those
     it holds for no variable (iterations, learning rate). Keras has no
@@ -417,7 +417,7 @@ def optimizer_layout(config, variables):
             v.dtype)), name=f"tntref{i}x", trainable=v.trainable)
         s.overwrite_with_gradient = getattr(v, "overwrite_with_gradient", False)
         stand_ins.append(s)
-    optimizer = keras.optimizers.deserialize(config)
+    optimizer = type(like).from_config(like.get_config())
     optimizer.build(stand_ins)
     layout, made, shared = [], {}, 0
     for ov in optimizer.variables:

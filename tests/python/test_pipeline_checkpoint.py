@@ -109,3 +109,53 @@ def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, res
                 text = f.read()
             assert "read:" not in text, f"rank {r} after {what}: {text}"
             assert all(int(n) > 0 for n in text.split()[1::2]), f"rank {r}: {text}"
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda k: k.optimizers.SGD(momentum=0.9),
+    "adam": lambda k: k.optimizers.Adam(),
+    "adam-amsgrad": lambda k: k.optimizers.Adam(amsgrad=True),
+    "adamw": lambda k: k.optimizers.AdamW(),
+    "adafactor": lambda k: k.optimizers.Adafactor(),
+    "rmsprop-centered-momentum": lambda k: k.optimizers.RMSprop(momentum=0.5, centered=True),
+    "adagrad": lambda k: k.optimizers.Adagrad(),
+    "adadelta": lambda k: k.optimizers.Adadelta(),
+    "adamax": lambda k: k.optimizers.Adamax(),
+    "nadam": lambda k: k.optimizers.Nadam(),
+    "ftrl": lambda k: k.optimizers.Ftrl(),
+    "lion": lambda k: k.optimizers.Lion(),
+    "lamb": lambda k: k.optimizers.Lamb(),
+    "loss-scale-adam": lambda k: k.optimizers.LossScaleOptimizer(k.optimizers.Adam()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_state_maps_to_each_weight(name):
+    """The map from an optimizer's variables to the model's weights (which
+    a stage's slots go where in the whole model's file) agrees with the
+    optimizer built over the real weights: each slot is named after its
+    weight (its path, or its name for Adafactor) and shaped from it, and
+    the optimizer's own variables (iterations, ...) are those named after
+    no weight."""
+    import keras
+    from tarantella import _keras_internals as internals
+    inputs = keras.Input((3, 5))
+    h = keras.layers.Dense(4, name="first")(inputs)
+    h = keras.layers.Conv1D(2, 2, name="conv")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="last")(h))
+    weights = model.trainable_variables
+    optimizer = OPTIMIZERS[name](keras)
+    optimizer.build(weights)
+    _, layout = internals.optimizer_layout(optimizer, weights)
+    assert len(layout) == len(optimizer.variables)
+    slots = {}
+    for (i, k), v in zip(layout, optimizer.variables):
+        if i is None:
+            assert not any(w.path.replace("/", "_") in v.name for w in weights), v.name
+            continue
+        w = weights[i]
+        assert w.path.replace("/", "_") in v.name or v.name == w.name, (v.name, w.path)
+        assert len(v.shape) <= len(w.shape) and all(d in w.shape for d in v.shape)
+        assert k == slots.get(i, 0)
+        slots[i] = k + 1
+    assert sorted(slots) == list(range(len(weights)))  # every weight has state

@@ -86,14 +86,12 @@ class Plan:
         """The entries of the whole model's optimizer, mapped to the state
         of the stage optimizers (built over their stages' trainable
         variables, in the stage models' order)."""
-        with subclass.original_classes([optimizer]):
-            config = keras.optimizers.serialize(optimizer)
-        whole = list(model.trainable_variables)
-        stand_in, layout = internals.optimizer_layout(config, whole)
         if not optimizer.built:  # as fit builds it: for the stage's weights
             optimizer.build(pipeline.trainable)
-        own = list(pipeline.trainable)
-        _, own_layout = internals.optimizer_layout(config, own)
+        whole, own = list(model.trainable_variables), list(pipeline.trainable)
+        with subclass.original_classes([optimizer]):
+            stand_in, layout = internals.optimizer_layout(optimizer, whole)
+            _, own_layout = internals.optimizer_layout(optimizer, own)
         if len(own_layout) != len(optimizer.variables):
             raise runtime.TarantellaError(
                 f"optimizer {type(optimizer).__name__} holds {len(optimizer.variables)} "
