@@ -13,7 +13,9 @@ DIR/model.keras (values streamed in pieces of 256 bytes); writes DIR/save.npz (r
 whole model's weights then ("w/<i>": model.weights[i]), and those after
 one more epoch ("after/<i>"). Every rank
 writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
-gave after the saves.
+gave after the saves, and DIR/errors-<rank>.txt: the errors of a save to a
+file name without a weights ending, and of one over an existing file with
+overwrite=False (one per line).
 keras: plain Keras loads each file into the model built whole; writes
 DIR/keras.npz: per file, its predictions, weights and optimizer variables.
 resume: tnt.models.load_model(DIR/model.keras) on K' stages (other cuts),
@@ -132,6 +134,16 @@ def main():
         model.save(path(FILES[2]))
         with open(path(f"guard-save-{rank}.txt"), "w") as f:
             f.write(guard(tnt, model))
+        errors = []
+        for bad in (lambda: model.save_weights(path("w.h5")),
+                    lambda: model.save_weights(path(FILES[1]), overwrite=False)):
+            try:
+                bad()
+                errors.append("no error")
+            except tnt.TarantellaError as e:
+                errors.append(str(e))
+        with open(path(f"errors-{rank}.txt"), "w") as f:
+            f.write("\n".join(errors))
         out = {"predict": model.predict(x, batch_size=BATCH, verbose=0)}
         out.update(weights(model, "w"))
         fit(model, x, y)

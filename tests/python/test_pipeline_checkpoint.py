@@ -100,6 +100,17 @@ def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resum
     check_round_trip(runs(case, stages, resume_stages), stages, resume_stages)
 
 
+@pytest.mark.parametrize("case,stages,resume_stages", CASES[:1])
+def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case, stages,
+                                                                     resume_stages):
+    d = runs(case, stages, resume_stages)
+    for r in range(stages):
+        with open(os.path.join(d, f"errors-{r}.txt")) as f:
+            name, overwrite = f.read().split("\n")
+        assert "w.h5" in name and ".weights.h5" in name and ".weights.json" in name, name
+        assert "exists and overwrite=False" in overwrite, overwrite
+
+
 @pytest.mark.parametrize("case,stages,resume_stages", CASES)
 def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages):
     d = runs(case, stages, resume_stages)

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tarantella import _core
 from tarantella import _keras_internals as internals
+from tarantella import log
 from tarantella import runtime
 from tarantella import saving
 from tarantella import subclass
@@ -64,9 +65,9 @@ class Plan:
     the same on every rank; sources are known on the ranks that hold them."""
 
     def __init__(self, model, pipeline):
-        stage_of = {}
-        for s, variables in enumerate(pipeline.partition.variables):
-            for v in variables:
+        stage_of = {}  # every variable of a stage (weights, seed generators' states)
+        for s, stage_model in enumerate(pipeline.partition.stages):
+            for v in stage_model.variables:
                 stage_of.setdefault(id(v), s)
         optimizer = getattr(model, "optimizer", None)
         self.groups, self.entries = [], []
@@ -419,15 +420,23 @@ def load(model, pipeline, filepath):
     plan = Plan(model, pipeline)
     reader = _Reader(filepath)
     try:
-        counts = {}
+        skipped = set()
         for path, _ in plan.groups:
-            counts[path] = sum(len(g) for g in reader.group(path))
+            want = sum(1 for e in plan.entries if e.path == path)
+            have = sum(len(g) for g in reader.group(path))
+            if path.startswith("optimizer") and have != want:
+                # As Keras does: an optimizer state of another size is not loaded.
+                skipped.add(path)
+                if runtime.is_master_rank():
+                    log.logger.warning(
+                        "%s holds %d variables for the optimizer (%s), which has %d: its "
+                        "state is not loaded (it was saved for another optimizer, or without "
+                        "one)", filepath, have, path, want)
         for e in plan.entries:
             if e.variable is None or (e.stage is not None and e.stage != pipeline.stage):
                 continue
-            if e.path.startswith("optimizer") and counts[e.path] != sum(
-                    1 for x in plan.entries if x.path == e.path):
-                continue  # Keras skips an optimizer state of another size (it warns)
+            if e.path in skipped:
+                continue
             found = [g[e.key] for g in reader.group(e.path) if e.key in g]
             if not found:
                 raise runtime.TarantellaError(

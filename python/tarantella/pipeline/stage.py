@@ -26,8 +26,9 @@ also holds the regularization losses of every stage.
 Every rank holds the whole Keras model's layers, but the weights of its
 stage only (weights.py); whole() gives it every stage's weights (and
 whole_optimizer() every stage's optimizer slots), copied from the ranks
-that train them, for as long as the model is saved, its weights are read
-or it predicts, and frees them afterwards.
+that train them, for as long as its weights are read, it predicts or a
+saving callback runs, and frees them afterwards. save and save_weights
+stream the stages to the writer instead (checkpoint.py).
 """
 import contextlib
 import weakref
