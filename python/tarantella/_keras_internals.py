@@ -187,27 +187,6 @@ def loss_tracker(model):
     return model._loss_tracker
 
 
-def optimizer_slots(optimizer, variable_lists):
-    """For each list of model variables, the optimizer variables that belong
-    to them (momentums, velocities, ...). Keras names the optimizer variable
-    it makes for a model variable after the model variable's path
-    (Optimizer.add_variable_from_reference: "<path with _ for />_<name>"),
-    and has no public map between them."""
-    if optimizer is None:
-        return [[] for _ in variable_lists]
-    prefixes = []
-    for s, vs in enumerate(variable_lists):
-        prefixes += [(v.path.replace("/", "_") + "_", s) for v in vs]
-    prefixes.sort(key=lambda p: -len(p[0]))
-    out = [[] for _ in variable_lists]
-    for ov in optimizer.variables:
-        for prefix, s in prefixes:
-            if ov.name.startswith(prefix):
-                out[s].append(ov)
-                break
-    return out
-
-
 def global_seed_generator():
     """The SeedGenerator behind keras.random calls without a seed, or None
     when none was made (asking Keras for it would make one, drawing from

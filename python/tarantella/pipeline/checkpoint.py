@@ -60,15 +60,52 @@ class Entry:
         self.variable, self.value = variable, value
 
 
+def stage_of_variables(pipeline):
+    """{id(variable): its stage} for every variable of every stage (its
+    weights, and the states of its seed generators)."""
+    stage_of = {}
+    for s, stage_model in enumerate(pipeline.partition.stages):
+        for v in stage_model.variables:
+            stage_of.setdefault(id(v), s)
+    return stage_of
+
+
+def optimizer_sources(optimizer, whole, pipeline, stage_of):
+    """Where the state of the whole model's optimizer lives: for an
+    optimizer like `optimizer` (this stage's, built over the stage's
+    trainable variables) built over `whole` (the model's trainable
+    variables), one (stage, variable) per variable in its order: the stage
+    that holds the state (None: every stage, as the iterations), and this
+    rank's optimizer variable that holds it (None on other stages). Returns
+    (that optimizer, built over stand-ins, as _keras_internals.
+    optimizer_layout makes it; the list)."""
+    own = list(pipeline.trainable)
+    with subclass.original_classes([optimizer]):
+        stand_in, layout = internals.optimizer_layout(optimizer, whole)
+        _, own_layout = internals.optimizer_layout(optimizer, own)
+    if len(own_layout) != len(optimizer.variables):
+        raise runtime.TarantellaError(
+            f"optimizer {type(optimizer).__name__} holds {len(optimizer.variables)} variables "
+            f"on stage {pipeline.stage}, but one built the same way over the stage's weights "
+            f"holds {len(own_layout)}: its state cannot be mapped to the whole model's "
+            "variable by variable; use one of Keras's built-in optimizers, or save the "
+            "weights of a model compiled without an optimizer")
+    mine = {}  # (id of a model variable, or None; k) -> this stage's optimizer variable
+    for (i, k), v in zip(own_layout, optimizer.variables):
+        mine[(None if i is None else id(own[i]), k)] = v
+    sources = []
+    for i, k in layout:
+        key = (None if i is None else id(whole[i]), k)
+        sources.append((None if i is None else stage_of.get(key[0]), mine.get(key)))
+    return stand_in, sources
+
+
 class Plan:
     """The groups (path, metadata) and entries of the whole model's file,
     the same on every rank; sources are known on the ranks that hold them."""
 
     def __init__(self, model, pipeline):
-        stage_of = {}  # every variable of a stage (weights, seed generators' states)
-        for s, stage_model in enumerate(pipeline.partition.stages):
-            for v in stage_model.variables:
-                stage_of.setdefault(id(v), s)
+        stage_of = stage_of_variables(pipeline)
         optimizer = getattr(model, "optimizer", None)
         self.groups, self.entries = [], []
         with model._tnt_plain():
@@ -80,40 +117,21 @@ class Plan:
                     self.entries.append(Entry(path, key, stage_of.get(id(value)), value))
                 else:
                     self.entries.append(Entry(path, key, None, value=np.asarray(value)))
-        if optimizer is not None:
-            self._optimizer(model, optimizer, pipeline, stage_of)
-
-    def _optimizer(self, model, optimizer, pipeline, stage_of):
-        """The entries of the whole model's optimizer, mapped to the state
-        of the stage optimizers (built over their stages' trainable
-        variables, in the stage models' order)."""
+        if optimizer is None:
+            return
         if not optimizer.built:  # as fit builds it: for the stage's weights
             optimizer.build(pipeline.trainable)
-        whole, own = list(model.trainable_variables), list(pipeline.trainable)
-        with subclass.original_classes([optimizer]):
-            stand_in, layout = internals.optimizer_layout(optimizer, whole)
-            _, own_layout = internals.optimizer_layout(optimizer, own)
-        if len(own_layout) != len(optimizer.variables):
-            raise runtime.TarantellaError(
-                f"optimizer {type(optimizer).__name__} holds {len(optimizer.variables)} "
-                f"variables on stage {pipeline.stage}, but one built the same way over the "
-                f"stage's weights holds {len(own_layout)}: its state cannot be mapped to the "
-                "whole model's variable by variable; use one of Keras's built-in optimizers, "
-                "or save the weights of a model compiled without an optimizer")
-        mine = {}  # layout item -> this stage's optimizer variable
-        for (i, k), v in zip(own_layout, optimizer.variables):
-            mine[(None, k) if i is None else (id(own[i]), k)] = v
+        stand_in, sources = optimizer_sources(optimizer, list(model.trainable_variables),
+                                              pipeline, stage_of)
         position = {id(v): p for p, v in enumerate(stand_in.variables)}
+        # Where Keras's walk puts model.optimizer (and, for a
+        # LossScaleOptimizer, its inner optimizer below it).
         for path, metadata, saveable, pairs in internals.saved_layout(
                 stand_in, inner_path="optimizer"):
             self.groups.append((path, metadata))
             for key, _ in pairs:
-                i, k = layout[position[id(saveable.variables[int(key)])]]
-                if i is None:
-                    self.entries.append(Entry(path, key, None, mine.get((None, k))))
-                else:
-                    stage = stage_of.get(id(whole[i]))
-                    self.entries.append(Entry(path, key, stage, mine.get((id(whole[i]), k))))
+                stage, variable = sources[position[id(saveable.variables[int(key)])]]
+                self.entries.append(Entry(path, key, stage, variable))
 
 
 # ------------------------------------------------------------------ writing
