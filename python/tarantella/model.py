@@ -165,7 +165,7 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
 def _no_options(what, kwargs):
     if kwargs:
         raise runtime.TarantellaError(
-            f"{what}() of a pipelined model takes no {sorted(kwargs)}: it writes Keras's "
+            f"{what}() of a pipelined model takes no {sorted(kwargs)}: it handles Keras's "
             "default layout stage by stage; drop them")
 
 
@@ -344,6 +344,8 @@ class Model(keras.Model, metaclass=_ModelType):
         try:
             if self._tnt.pipeline is not None:
                 # Each rank reads its stage's values (and its optimizer's) only.
+                _no_options("load_weights",  # Keras's (filepath, skip_mismatch, ...)
+                            dict(kwargs, **({"skip_mismatch": args[0]} if args else {})))
                 result = checkpoint.load(self, self._tnt.pipeline, path)
             else:
                 result = super().load_weights(filepath, *args, **kwargs)
