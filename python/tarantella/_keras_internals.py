@@ -59,6 +59,12 @@ _USED = (
     ("Variable._value", "variable", "_value"),
     ("Variable._initializer", "variable", "_initializer"),
     ("Variable._deferred_initialize", "variable", "_deferred_initialize"),
+    # A layer that a model calls more than once (a Sequential built from a
+    # config calls its layers again at each add) has the output of its first
+    # call as layer.output; the stages of a pipeline need the one in the
+    # model's own graph, which Keras keeps only in these.
+    ("Function._nodes_by_depth", "functional", "_nodes_by_depth"),
+    ("Node.output_tensors", "node", "output_tensors"),
 )
 
 
@@ -75,6 +81,10 @@ def verify():
     instances = {None: bn, "backup": keras.callbacks.BackupAndRestore("unused"),
                  "model": keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])}
     instances["tracker"] = instances["model"]._tracker
+    functional_input = keras.Input((1,))
+    instances["functional"] = keras.Model(functional_input,
+                                          keras.layers.Dense(1)(functional_input))
+    instances["node"] = instances["functional"].layers[-1]._inbound_nodes[0]
     if set(instances["tracker"].config) != set(_TRACKED):
         _missing(f"the tracker's lists {_TRACKED}")
     fresh = keras.layers.Dense(1)
@@ -177,27 +187,6 @@ def loss_tracker(model):
     return model._loss_tracker
 
 
-def optimizer_slots(optimizer, variable_lists):
-    """For each list of model variables, the optimizer variables that belong
-    to them (momentums, velocities, ...). Keras names the optimizer variable
-    it makes for a model variable after the model variable's path
-    (Optimizer.add_variable_from_reference: "<path with _ for />_<name>"),
-    and has no public map between them."""
-    if optimizer is None:
-        return [[] for _ in variable_lists]
-    prefixes = []
-    for s, vs in enumerate(variable_lists):
-        prefixes += [(v.path.replace("/", "_") + "_", s) for v in vs]
-    prefixes.sort(key=lambda p: -len(p[0]))
-    out = [[] for _ in variable_lists]
-    for ov in optimizer.variables:
-        for prefix, s in prefixes:
-            if ov.name.startswith(prefix):
-                out[s].append(ov)
-                break
-    return out
-
-
 def global_seed_generator():
     """The SeedGenerator behind keras.random calls without a seed, or None
     when none was made (asking Keras for it would make one, drawing from
@@ -248,6 +237,17 @@ def in_shape_inference():
     where an unallocated variable may stand for its value."""
     from keras.src.backend.common import symbolic_scope
     return symbolic_scope.in_symbolic_scope()
+
+
+def output_in_graph(functional, layer):
+    """The output of `layer` where the graph of `functional` calls it
+    (layer.output is that of its first call, maybe in another graph)."""
+    for nodes in functional._nodes_by_depth.values():
+        for node in nodes:
+            if node.operation is layer:
+                outputs = node.output_tensors
+                return outputs[0] if len(outputs) == 1 else outputs
+    return layer.output
 
 
 def flatten_layers(model):
@@ -310,3 +310,102 @@ class BackupState:
 
     def keras_save_hook(self, save):
         self.callback._save_model = save
+
+
+# A pipelined model is saved stage by stage in Keras's own weights layout.
+# Keras decides that layout (which group of the file holds which variable,
+# under which key) by walking the model into a store (saving_lib._save_state
+# into an H5IOStore); it has no public way to learn the layout without
+# writing every value. saved_layout() runs the same walk into a store that
+# records instead of writing.
+
+def saved_layout(saveable, inner_path="", skip=()):
+    """Keras's weights layout of `saveable` (a model, or an optimizer at
+    `inner_path`), leaving out the objects in `skip`: a list of (path, metadata,
+    saveable, entries), one per group that Keras writes, in its order, where
+    entries are the (key, value) pairs the saveable stores: a layer's
+    variables themselves (nothing is read), an optimizer's values read from
+    its variables (optimizer.variables[int(key)] is the variable)."""
+    import sys
+    from keras.src.saving import saving_lib
+
+    class Recorder(saving_lib.H5IOStore):
+        def __init__(self):  # no file: the walk's calls are recorded
+            self.mode = "w"
+            self.groups = []
+
+        def __bool__(self):
+            return True
+
+        def make(self, path, metadata=None):
+            # _save_state calls make() right before saveable.save_own_variables.
+            saveable = sys._getframe(1).f_locals.get("saveable")
+            self.groups.append((path, metadata, saveable, []))
+            return self
+
+        def __setitem__(self, key, value):
+            self.groups[-1][3].append((key, value))
+
+        def close(self):
+            pass
+
+    recorder = Recorder()
+    saving_lib._save_state(saveable, weights_store=recorder, assets_store=None,
+                           inner_path=inner_path, visited_saveables={id(o) for o in skip})
+    return recorder.groups
+
+
+def save_assets(model, archive):
+    """Writes the assets of `model`'s layers (vocabularies, ...) into the
+    zip `archive` as keras.saving.save_model does (its walk with no weights
+    store)."""
+    from keras.src.saving import saving_lib
+    store = saving_lib.DiskIOStore("assets", archive=archive, mode="w")
+    try:
+        saving_lib._save_state(model, weights_store=None, assets_store=store, inner_path="",
+                               visited_saveables=set())
+    finally:
+        store.close()
+
+
+def model_file_json(model):
+    """The config.json and metadata.json that keras.saving.save_model puts
+    into a .keras file for `model` (JSON strings)."""
+    from keras.src.saving import saving_lib
+    return saving_lib._serialize_model_as_json(model)
+
+
+def optimizer_layout(like, variables):
+    """Which model variable each variable of an optimizer holds state for:
+    for an optimizer of the class and config of the optimizer `like`, built
+    over `variables`, one item per optimizer variable, in the order of
+    optimizer.variables (the order of its files): (i, k) for the k-th
+    variable it makes for variables[i], or (None, q) for the q-th of those
+    it holds for no variable (iterations, learning rate). Keras has no
+    public map; optimizers name what they make for a variable after its
+    path (add_variable_from_reference) or its name (Adafactor), so the
+    optimizer is built once over stand-ins of the same ranks and dtypes,
+    named "tntref<i>x", with one element each. Returns (that optimizer,
+    the list)."""
+    import re
+
+    import numpy as np
+    stand_ins = []
+    for i, v in enumerate(variables):
+        s = keras.Variable(np.zeros((1,) * len(v.shape), dtype=keras.backend.standardize_dtype(
+            v.dtype)), name=f"tntref{i}x", trainable=v.trainable)
+        s.overwrite_with_gradient = getattr(v, "overwrite_with_gradient", False)
+        stand_ins.append(s)
+    optimizer = type(like).from_config(like.get_config())
+    optimizer.build(stand_ins)
+    layout, made, shared = [], {}, 0
+    for ov in optimizer.variables:
+        found = re.search(r"tntref(\d+)x", ov.name)
+        if found is None:
+            layout.append((None, shared))
+            shared += 1
+        else:
+            i = int(found.group(1))
+            layout.append((i, made.get(i, 0)))
+            made[i] = made.get(i, 0) + 1
+    return optimizer, layout

@@ -32,9 +32,12 @@ micro-batches, the datasets are split among the replicas of the pipeline
 instead of among all ranks. Each rank holds its stage's weights only
 (pipeline/weights.py); ``tnt.Model(build_fn, ...)`` builds the model
 without allocating any weight, so that none of its ranks ever holds the
-whole model while it trains. The whole model is gathered on every rank of
-the pipeline, and freed again, while it is saved, its weights are read, or
-it predicts.
+whole model while it trains. ``save`` and ``save_weights`` stream the
+stages' values to the master, which writes the file (``.weights.json``:
+Keras's sharded format, one shard per stage), and ``load_weights`` reads
+each rank's stage only (pipeline/checkpoint.py). The whole model is
+gathered on every rank of the pipeline, and freed again, while its weights
+are read (get_weights), it predicts, or a saving callback runs.
 """
 import contextlib
 import hashlib
@@ -57,6 +60,7 @@ from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
+from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
 from tarantella.pipeline import weights as stage_weights
 from tarantella.pipeline.layout import ParallelStrategy
@@ -156,6 +160,13 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
         # compile would, with the optimizer it holds.
         wrapped._tnt_compiled()
     return wrapped
+
+
+def _no_options(what, kwargs):
+    if kwargs:
+        raise runtime.TarantellaError(
+            f"{what}() of a pipelined model takes no {sorted(kwargs)}: it handles Keras's "
+            "default layout stage by stage; drop them")
 
 
 class Model(keras.Model, metaclass=_ModelType):
@@ -258,7 +269,8 @@ class Model(keras.Model, metaclass=_ModelType):
         if subclass.base_class(self).compile is not keras.Model.compile:
             return super().compile_from_config(config)  # Keras's warning for custom compiles
         self.compile(**keras.saving.deserialize_keras_object(config))
-        if self.built:
+        if self.built and self._tnt.pipeline is None:
+            # (a pipeline's optimizer is built for its stage, by fit or load_weights)
             self.optimizer.build(self.trainable_variables)
 
     def _tnt_compiled(self):
@@ -328,17 +340,19 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def load_weights(self, filepath, *args, **kwargs):
         """Loads weights on every rank; the master's are broadcast before the
-        next fit, evaluate or predict."""
+        next fit, evaluate or predict. Pipelined, each rank reads the values
+        of its stage (and its optimizer's state) only, from a .weights.h5,
+        .weights.json (sharded) or .keras file that it can read."""
         path = os.fspath(filepath)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such file; give the path that save_weights() "
                                     "wrote")
         try:
             if self._tnt.pipeline is not None:
-                # The file holds the whole optimizer; the stage keeps its part.
-                with self._tnt.pipeline.whole(fill=False), \
-                        self._tnt.pipeline.whole_optimizer(self, fill=False):
-                    result = super().load_weights(filepath, *args, **kwargs)
+                # Each rank reads its stage's values (and its optimizer's) only.
+                _no_options("load_weights",  # Keras's (filepath, skip_mismatch, ...)
+                            dict(kwargs, **({"skip_mismatch": args[0]} if args else {})))
+                result = checkpoint.load(self, self._tnt.pipeline, path)
             else:
                 result = super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError) as e:
@@ -357,7 +371,12 @@ class Model(keras.Model, metaclass=_ModelType):
     def save(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the whole model from the master rank (every rank with
         tnt_save_all_devices=True), atomically, as a file that plain Keras
-        loads; collective."""
+        loads; collective. Pipelined, the master writes a .keras file from
+        the stages' values, streamed to it (pipeline/checkpoint.py)."""
+        if self._tnt.pipeline is not None and not self._tnt.saves_of_this_rank:
+            _no_options("save", kwargs)
+            return checkpoint.save(self, self._tnt.pipeline, filepath, overwrite,
+                                   tnt_save_all_devices)
         keras_save = subclass.base_class(self).save
 
         def write(path):
@@ -367,7 +386,15 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the weights from the master rank (every rank with
-        tnt_save_all_devices=True), atomically; collective."""
+        tnt_save_all_devices=True), atomically; collective. Pipelined, the
+        master writes the stages' values, streamed to it: a .weights.h5
+        file, or with a .weights.json path Keras's sharded format with one
+        shard per stage (max_shard_size does not apply)."""
+        if self._tnt.pipeline is not None and not self._tnt.saves_of_this_rank:
+            kwargs.pop("max_shard_size", None)
+            _no_options("save_weights", kwargs)
+            return checkpoint.save_weights(self, self._tnt.pipeline, filepath, overwrite,
+                                           tnt_save_all_devices)
         keras_save_weights = subclass.base_class(self).save_weights
         self._tnt_write(filepath, overwrite, tnt_save_all_devices,
                         lambda path: keras_save_weights(self, path, overwrite=True, **kwargs))
@@ -379,12 +406,8 @@ class Model(keras.Model, metaclass=_ModelType):
                                               "it or pass overwrite=True")
             saving.write_atomically(filepath, write)
             return
-        if self._tnt.pipeline is None:
-            batch_norm.average_moving_statistics(self)
-            saving.write_on_master(filepath, overwrite, all_devices, write)
-            return
-        with self._tnt.pipeline.whole(), self._tnt.pipeline.whole_optimizer(self):
-            saving.write_on_master(filepath, overwrite, all_devices, write)
+        batch_norm.average_moving_statistics(self)
+        saving.write_on_master(filepath, overwrite, all_devices, write)
 
     @contextlib.contextmanager
     def _tnt_saves_of_this_rank(self):

@@ -4,6 +4,7 @@ Files are written once and atomically (saving.py) and are ordinary Keras
 files. Loading returns a tnt.Model, compiled when the model was saved
 compiled.
 """
+import json
 import os
 import zipfile
 
@@ -28,7 +29,8 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
     """A tnt.Model from a file written by save; compiled if it was saved
     compiled (and compile=True), distributed as tnt.Model(model,
     parallel_strategy, num_micro_batches, num_stages) does (a file's
-    SplitLayers are its cuts)."""
+    SplitLayers are its cuts). Pipelined, a .keras file is built without
+    allocating the weights and each rank reads its stage's only."""
     runtime.require_init()
     path = os.fspath(filepath)
     if not os.path.exists(path):
@@ -37,9 +39,32 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
         raise runtime.TarantellaError(
             f"{path} is not a .keras file written by save() (it is not a zip archive): the "
             "file is damaged, or of another kind")
+    if ParallelStrategy.PIPELINING in parallel_strategy and path.endswith(".keras"):
+        return _load_pipelined(path, custom_objects, compile, safe_mode, parallel_strategy,
+                               num_micro_batches, num_stages)
     return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
                                          compile=compile, safe_mode=safe_mode),
                  parallel_strategy, num_micro_batches, num_stages)
+
+
+def _load_pipelined(path, custom_objects, compile, safe_mode, strategy, num_micro_batches,
+                    num_stages):
+    """load_model for a pipeline: the model is built from the file's config
+    without allocating a weight (tnt.Model of a build function), then each
+    rank reads its stage's values only (the file must be readable on every
+    rank)."""
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+    compile_config = config.pop("compile_config", None)
+
+    def build():
+        return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects,
+                                                     safe_mode=safe_mode)
+    model = Model(build, strategy, num_micro_batches, num_stages)
+    if compile and compile_config:
+        model.compile_from_config(compile_config)
+    model.load_weights(path)
+    return model
 
 
 def model_from_config(config, custom_objects=None):

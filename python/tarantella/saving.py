@@ -45,9 +45,10 @@ def write_atomically(filepath, write):
             os.remove(tmp)
 
 
-def write_on_master(filepath, overwrite, all_devices, write):
-    """write_atomically on the master (or every rank), then every rank waits.
-    Collective."""
+def write_on_master(filepath, overwrite, all_devices, write, others=None):
+    """write_atomically on the master (or every rank), then every rank waits;
+    meanwhile the ranks that do not write run `others()` (those that send
+    the writer what it writes). Collective."""
     filepath = os.fspath(filepath)
     if not overwrite and os.path.exists(filepath):
         raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove it or "
@@ -57,6 +58,11 @@ def write_on_master(filepath, overwrite, all_devices, write):
         try:
             write_atomically(filepath, write)
         except Exception as e:  # reported after the ranks met, so no rank hangs
+            error = e
+    elif others is not None:
+        try:
+            others()
+        except Exception as e:
             error = e
     if runtime.get_size() > 1:
         # Every rank learns which ranks failed to write, instead of only a barrier.

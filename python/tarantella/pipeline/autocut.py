@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import runtime
 from tarantella.pipeline import partition as partition_lib
@@ -119,7 +120,7 @@ def candidates(model):
         if isinstance(layer, keras.layers.InputLayer):
             continue
         try:
-            out = layer.output
+            out = internals.output_in_graph(fm, layer)
         except (AttributeError, ValueError):
             continue
         if len(tf.nest.flatten(out)) != 1:
@@ -222,7 +223,7 @@ def measure(model, cuts, tick=lambda: None, hold=None):
     one block's weights are held at once. `tick` is called between the
     steps of the work (plan() keeps the other ranks informed from it)."""
     fm = partition_lib._functional(model)
-    ends = [fm.get_layer(n).output for n in cuts]
+    ends = [internals.output_in_graph(fm, fm.get_layer(n)) for n in cuts]
     blocks = []
     for b in range(len(cuts) + 1):
         # Named, so that Keras's automatic names (counted per process) stay

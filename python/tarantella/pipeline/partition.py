@@ -16,6 +16,7 @@ stages. Anything else is an error that names the layer and what to change.
 import keras
 import numpy as np
 
+from tarantella import _keras_internals as internals
 from tarantella import runtime
 from tarantella.pipeline.layers import is_split_layer
 
@@ -141,9 +142,11 @@ class Partition:
 
         self.stages = []
         for s in range(num_stages):
-            inputs = fm.inputs if s == 0 else [layers[n].output for n in self.cut_names[s - 1]]
+            inputs = fm.inputs if s == 0 else [internals.output_in_graph(fm, layers[n])
+                                               for n in self.cut_names[s - 1]]
             outputs = (fm.outputs if s == num_stages - 1
-                       else [layers[n].output for n in self.cut_names[s]])
+                       else [internals.output_in_graph(fm, layers[n])
+                             for n in self.cut_names[s]])
             self.stages.append(keras.Model(inputs, outputs, name=f"{fm.name}_stage_{s}"))
         self.variables = [list(m.weights) for m in self.stages]
         self.output = fm.output  # the structure of the model's outputs (KerasTensors)

@@ -26,8 +26,9 @@ also holds the regularization losses of every stage.
 Every rank holds the whole Keras model's layers, but the weights of its
 stage only (weights.py); whole() gives it every stage's weights (and
 whole_optimizer() every stage's optimizer slots), copied from the ranks
-that train them, for as long as the model is saved, its weights are read
-or it predicts, and frees them afterwards.
+that train them, for as long as its weights are read or a saving callback
+runs, and frees them afterwards. save and save_weights stream the stages
+to the writer instead (checkpoint.py); predict runs through the stages.
 """
 import contextlib
 import weakref
@@ -43,6 +44,7 @@ from tarantella import runtime
 from tarantella import step
 from tarantella import subclass
 from tarantella.pipeline import autocut
+from tarantella.pipeline import checkpoint
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
 from tarantella.pipeline import weights as weights_lib
@@ -416,19 +418,20 @@ class Pipeline:
             yield
             return
         with subclass.original_classes([optimizer]):
-            config = keras.optimizers.serialize(optimizer)
-        whole = keras.optimizers.deserialize(config)
+            whole = type(optimizer).from_config(optimizer.get_config())
         whole.build(model.trainable_variables)
-        ours = _by_name(optimizer.variables)
-        slots = internals.optimizer_slots(whole, self.partition.variables)
-        in_slots = {id(v) for vs in slots for v in vs}
-        shared = [v for v in whole.variables if id(v) not in in_slots]  # iterations, ...
+        _, sources = checkpoint.optimizer_sources(optimizer, list(model.trainable_variables),
+                                                  self, checkpoint.stage_of_variables(self))
+        pairs = list(zip(whole.variables, sources))
+        shared = [(v, mine) for v, (s, mine) in pairs if s is None]  # iterations, ...
+        slots = [[v for v, (s, _) in pairs if s == stage]
+                 for stage in range(self.partition.num_stages)]
+        own = [(v, mine) for v, (s, mine) in pairs if s == self.stage]
         if fill:
-            for v in shared:
-                if v.name in ours:
-                    v.assign(ours[v.name])
-            self._from_each_stage(slots, [[ours[v.name] for v in vs] if i == self.stage else []
-                                          for i, vs in enumerate(slots)])
+            for v, mine in shared:
+                v.assign(mine)
+            self._from_each_stage(slots, [[mine for _, mine in own] if i == self.stage else []
+                                          for i in range(len(slots))])
         model.optimizer = whole
         try:
             yield
@@ -436,13 +439,8 @@ class Pipeline:
             model.optimizer = optimizer
         # What changed meanwhile (a callback's new learning rate, a file's
         # state) goes to the stage's optimizer.
-        for v in shared + ([] if fill else slots[self.stage]):
-            if v.name in ours:
-                ours[v.name].assign(v)
-
-
-def _by_name(variables):
-    return {v.name: v for v in variables}
+        for v, mine in shared + ([] if fill else own):
+            mine.assign(v)
 
 
 class _WholeModelForSavers:

@@ -1,0 +1,172 @@
+"""Checkpoints of a pipelined model that no rank gathers whole.
+
+A model built by a function trains one epoch on K stages (3; 4 in the long
+test) and saves a sharded checkpoint (a shard per stage), a .weights.h5
+file and a .keras file, the master writing each from the stages' values
+streamed to it (checkpoint_worker.py). Plain Keras, in one process, loads
+each into the model built whole: the weights are those of the pipeline
+bitwise (copied, never computed), and its predictions are within 1e-5 of
+the pipeline's. Loaded on 2 stages cut elsewhere (by tnt.models.load_model
+from the .keras file, and by load_weights from the sharded one), one more
+epoch gives the weights of one more epoch of the uninterrupted model. After
+the saves and the loads, reading any weight of another stage raises on
+every rank: none is allocated there.
+
+Tolerances. Predictions: plain Keras computes each output from the same
+float32 weights in other batch shapes and graphs than the pipeline (whose
+stages run separately), so each of the 4 layers may round its 8- or
+16-term dot products differently: about 16 * 2**-24 relative per layer, on
+values of magnitude <= 4 (tanh outputs times weights of magnitude < 1
+summed), 4 layers: 4 * 16 * 4 * 6e-8 = 1.5e-5 at the very worst, 1e-5 with
+the usual cancellation; the outputs are of magnitude ~1. Weights after one
+more epoch: both runs make the same 4 Adam steps (learning rate 0.01) from
+the same state; Adam moves a weight by at most the learning rate times
+m / sqrt(v), which a relative gradient difference d changes by about d;
+gradients computed with other cuts differ by rounding only (d <= 1e-4,
+generously), so 4 * 0.01 * 1e-4 = 4e-6 < 1e-5.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+
+WORKER = os.path.join(ROOT, "tests", "python", "checkpoint_worker.py")
+FILES = ("ckpt.weights.json", "one.weights.h5", "model.keras")
+STEPS = 4  # 96 samples in global batches of 24 (checkpoint_worker.py)
+
+
+def round_trip(d, case, stages, resume_stages):
+    run(mpirun_command(stages, sys.executable, WORKER, "save", case, "--dir", d,
+                       "--stages", str(stages)))
+    run([sys.executable, WORKER, "keras", case, "--dir", d])
+    run(mpirun_command(resume_stages, sys.executable, WORKER, "resume", case, "--dir", d,
+                       "--stages", str(resume_stages)))
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def get(case, stages, resume_stages):
+        key = (case, stages, resume_stages)
+        if key not in cache:
+            d = str(tmp_path_factory.mktemp(f"{case}-{stages}-{resume_stages}"))
+            cache[key] = round_trip(d, *key)
+        return cache[key]
+    return get
+
+
+CASES = [("functional", 3, 2), ("sequential", 3, 2),
+         pytest.param("functional", 4, 2, marks=pytest.mark.long)]
+
+
+def check_round_trip(d, stages, resume_stages):
+    saved, keras_ = np.load(os.path.join(d, "save.npz")), np.load(os.path.join(d, "keras.npz"))
+    paths = [k[2:] for k in saved if k.startswith("w/")]
+    for name in FILES:
+        for p in paths:
+            assert np.array_equal(keras_[f"{name}/w/{p}"], saved[f"w/{p}"]), f"{name}: {p}"
+        diff = np.abs(keras_[f"{name}/predict"] - saved["predict"]).max()
+        assert diff <= 1e-5, f"plain Keras's predictions from {name} differ by {diff}"
+        # Adam: iterations, learning rate, then m and v of each of the 8 weights.
+        opt = [keras_[f"{name}/opt/{i}"] for i in range(2 + 2 * len(paths))]
+        assert f"{name}/opt/{2 + 2 * len(paths)}" not in keras_
+        assert int(opt[0]) == STEPS
+        assert all(np.any(v != 0) for v in opt[2:]), f"{name}: an optimizer slot is empty"
+        for i, v in enumerate(opt):
+            assert np.array_equal(v, keras_[f"{FILES[0]}/opt/{i}"]), f"{name}: opt/{i}"
+    with open(os.path.join(d, FILES[0])) as f:
+        weight_map = json.load(f)["weight_map"]
+    shards = {n for v in weight_map.values() for n in ([v] if isinstance(v, str) else v)}
+    assert shards == {f"ckpt_{s:05}.weights.h5" for s in range(stages)}
+    assert len(weight_map["/optimizer/vars"]) == stages  # each stage's slots in its shard
+
+    resumed = np.load(os.path.join(d, "resume.npz"))
+    assert len(resumed["cuts"]) == resume_stages - 1
+    for via in ("keras", "json"):
+        for p in paths:
+            diff = np.abs(resumed[f"{via}/{p}"] - saved[f"after/{p}"]).max()
+            assert diff <= 1e-5, f"resumed from {via}: {p} differs by {diff}"
+            assert not np.array_equal(saved[f"after/{p}"], saved[f"w/{p}"])  # it trained
+
+
+@pytest.mark.parametrize("case,stages,resume_stages", CASES)
+def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resume_stages):
+    check_round_trip(runs(case, stages, resume_stages), stages, resume_stages)
+
+
+@pytest.mark.parametrize("case,stages,resume_stages", CASES[:1])
+def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case, stages,
+                                                                     resume_stages):
+    d = runs(case, stages, resume_stages)
+    for r in range(stages):
+        with open(os.path.join(d, f"errors-{r}.txt")) as f:
+            name, overwrite = f.read().split("\n")
+        assert "w.h5" in name and ".weights.h5" in name and ".weights.json" in name, name
+        assert "exists and overwrite=False" in overwrite, overwrite
+
+
+@pytest.mark.parametrize("case,stages,resume_stages", CASES)
+def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages):
+    d = runs(case, stages, resume_stages)
+    for what, ranks in (("save", stages), ("resume", resume_stages)):
+        for r in range(ranks):
+            with open(os.path.join(d, f"guard-{what}-{r}.txt")) as f:
+                text = f.read()
+            assert "read:" not in text, f"rank {r} after {what}: {text}"
+            assert all(int(n) > 0 for n in text.split()[1::2]), f"rank {r}: {text}"
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda k: k.optimizers.SGD(momentum=0.9),
+    "adam": lambda k: k.optimizers.Adam(),
+    "adam-amsgrad": lambda k: k.optimizers.Adam(amsgrad=True),
+    "adamw": lambda k: k.optimizers.AdamW(),
+    "adafactor": lambda k: k.optimizers.Adafactor(),
+    "rmsprop-centered-momentum": lambda k: k.optimizers.RMSprop(momentum=0.5, centered=True),
+    "adagrad": lambda k: k.optimizers.Adagrad(),
+    "adadelta": lambda k: k.optimizers.Adadelta(),
+    "adamax": lambda k: k.optimizers.Adamax(),
+    "nadam": lambda k: k.optimizers.Nadam(),
+    "ftrl": lambda k: k.optimizers.Ftrl(),
+    "lion": lambda k: k.optimizers.Lion(),
+    "lamb": lambda k: k.optimizers.Lamb(),
+    "loss-scale-adam": lambda k: k.optimizers.LossScaleOptimizer(k.optimizers.Adam()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_state_maps_to_each_weight(name):
+    """The map from an optimizer's variables to the model's weights (which
+    a stage's slots go where in the whole model's file) agrees with the
+    optimizer built over the real weights: each slot is named after its
+    weight (its path, or its name for Adafactor) and shaped from it, and
+    the optimizer's own variables (iterations, ...) are those named after
+    no weight."""
+    import keras
+    from tarantella import _keras_internals as internals
+    inputs = keras.Input((3, 5))
+    h = keras.layers.Dense(4, name="first")(inputs)
+    h = keras.layers.Conv1D(2, 2, name="conv")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="last")(h))
+    weights = model.trainable_variables
+    optimizer = OPTIMIZERS[name](keras)
+    optimizer.build(weights)
+    _, layout = internals.optimizer_layout(optimizer, weights)
+    assert len(layout) == len(optimizer.variables)
+    slots = {}
+    for (i, k), v in zip(layout, optimizer.variables):
+        if i is None:
+            assert not any(w.path.replace("/", "_") in v.name for w in weights), v.name
+            continue
+        w = weights[i]
+        assert w.path.replace("/", "_") in v.name or v.name == w.name, (v.name, w.path)
+        assert len(v.shape) <= len(w.shape) and all(d in w.shape for d in v.shape)
+        assert k == slots.get(i, 0)
+        slots[i] = k + 1
+    assert sorted(slots) == list(range(len(weights)))  # every weight has state
