@@ -31,8 +31,9 @@
                (RLIMIT_DATA: the process's data size then, plus
                CAP_BUDGET_W = 0.9 times the whole model's weights W): serial
                Keras and CAP_STAGES = 4 stages given the model built must
-               fail; 4 stages given the function that builds it must train
-               and predict (SGD; SGD with momentum), each rank holding its
+               fail; 4 stages given the function that builds it must train,
+               predict and save a .keras file and a sharded checkpoint (SGD;
+               SGD with momentum), each rank holding its
                stage's weights only, and end with the weights of the same
                model trained on 4 stages built whole without a limit
                (bitwise). Per rank: weights held, peak data size, margin;
@@ -583,9 +584,10 @@ def capacity_worker(args):
     --stages K stages, given to tnt.Model built (--form built) or as the
     function that builds it (--form fn), under a memory limit set before
     the model is built; writes whether it trained, the weights it held,
-    its peak data size above the start (training and predicting), the
-    margin left under the limit, and a digest of its stage's weights after
-    training."""
+    its peak data size above the start (training, predicting and, for
+    stages under a limit, saving a .keras file and a sharded checkpoint),
+    the margin left under the limit, and a digest of its stage's weights
+    after training."""
     import hashlib
     import resource
     tf_setup()
@@ -642,6 +644,12 @@ def capacity_worker(args):
             model.compile(optimizer=optimizer(), loss="mse")
             model.fit(x, x, batch_size=CAP_BATCH, epochs=1, verbose=0, shuffle=False)
             predicted = model.predict(x, batch_size=CAP_BATCH, verbose=0)
+            if pipelined and allowed is not None:
+                # Both files a pipeline writes without gathering the model,
+                # under the same limit (the master writes them).
+                model.save(os.path.join(args.work, "capacity.keras"))
+                model.save_weights(os.path.join(args.work, "capacity.weights.json"))
+                doc["saved"] = True
         doc.update(trained=True, predicted=bool(predicted.shape == x.shape),
                    peak_data_above_base_mib=peak.mib,
                    vmdata_after_fit_above_base_mib=round(
