@@ -44,7 +44,6 @@ import collections
 from tarantella import runtime
 from tarantella import settings
 
-KINDS = ("RECV_F", "F", "SEND_F", "RECV_B", "B", "SEND_B")
 NAMES = ("1f1b", "gpipe", "interleaved")
 MAX_TAG = 32767  # libtnt's transfer tags
 
@@ -52,7 +51,8 @@ _Action = collections.namedtuple("Action", "kind stage micro_batch")
 
 
 class Action(_Action):
-    """One step of a rank's list: `kind` (KINDS) of `micro_batch` on `stage`."""
+    """One step of a rank's list: `kind` (RECV_F, F, SEND_F, RECV_B, B,
+    SEND_B) of `micro_batch` on `stage`."""
     __slots__ = ()
 
     def __str__(self):
@@ -103,11 +103,7 @@ class Schedule:
 
     def held(self, rank):
         """The most activations `rank`'s list holds at once."""
-        held = most = 0
-        for a in self.actions[rank]:
-            held += {"F": 1, "B": -1}.get(a.kind, 0)
-            most = max(most, held)
-        return most
+        return max((held for _, held in _holding(self.actions[rank])), default=0)
 
 
 def _passes(stage, num_stages, kind, micro_batch):
@@ -201,26 +197,11 @@ def inference(num_stages, num_ranks, num_micro_batches):
 
 def idle_share(schedule, forward=1.0, backward=2.0):
     """The bubble of a checked training `schedule`: the share of a step
-    that its ranks idle, when the whole model's
-    forward takes `forward` per micro-batch and its backward `backward`,
-    split evenly among the stages, and transfers take no time (the ideal
-    that the schedule allows)."""
-    f, b = forward / schedule.num_stages, backward / schedule.num_stages
-    clock = [0.0] * schedule.num_ranks
-    position = [0] * schedule.num_ranks
-    posted = {}
-    while any(position[r] < len(acts) for r, acts in enumerate(schedule.actions)):
-        for r, actions in enumerate(schedule.actions):
-            while position[r] < len(actions):
-                a = actions[position[r]]
-                if a.kind.startswith("RECV"):
-                    if _matching_send(a) not in posted:
-                        break
-                    clock[r] = max(clock[r], posted[_matching_send(a)])
-                clock[r] += {"F": f, "B": b}.get(a.kind, 0.0)
-                if a.kind.startswith("SEND"):
-                    posted[a] = clock[r]
-                position[r] += 1
+    that its ranks idle, when the whole model's forward takes `forward` per
+    micro-batch and its backward `backward`, split evenly among the stages,
+    and transfers take no time (the ideal that the schedule allows)."""
+    _, clock = _simulate(schedule, forward / schedule.num_stages,
+                         backward / schedule.num_stages)
     busy = schedule.num_micro_batches * (forward + backward) / schedule.num_ranks
     return 1.0 - busy / max(clock)
 
@@ -278,11 +259,18 @@ def _check_order(schedule):
             done.add(a)
 
 
+def _holding(actions):
+    """(action, the activations held after it) along `actions`: a forward
+    keeps its micro-batch's until its backward."""
+    held = 0
+    for a in actions:
+        held += {"F": 1, "B": -1}.get(a.kind, 0)
+        yield a, held
+
+
 def _check_memory(schedule):
     for r, actions in enumerate(schedule.actions):
-        held = 0
-        for a in actions:
-            held += {"F": 1, "B": -1}.get(a.kind, 0)
+        for a, held in _holding(actions):
             if held > schedule.bound[r]:
                 raise ScheduleError(
                     f"action {a} of rank {r} ({schedule.name} schedule) holds {held} "
@@ -297,23 +285,35 @@ def _matching_send(a):
     return Action("SEND_B", a.stage + 1, a.micro_batch)
 
 
-def _check_progress(schedule):
-    """Runs every rank's list as far as it can: sends are posted at once,
-    a receive waits for its send. Raises when ranks wait for each other."""
+def _simulate(schedule, forward=0.0, backward=0.0):
+    """Runs every rank's list as far as it can: a send is posted at once, a
+    receive waits for its send, a forward takes `forward`, a backward
+    `backward`. Returns each rank's position (its length when it got
+    through) and clock."""
     position = [0] * schedule.num_ranks
-    posted = set()
+    clock = [0.0] * schedule.num_ranks
+    posted = {}
     moved = True
     while moved:
         moved = False
         for r, actions in enumerate(schedule.actions):
             while position[r] < len(actions):
                 a = actions[position[r]]
-                if a.kind.startswith("RECV") and _matching_send(a) not in posted:
-                    break
+                if a.kind.startswith("RECV"):
+                    if _matching_send(a) not in posted:
+                        break
+                    clock[r] = max(clock[r], posted[_matching_send(a)])
+                clock[r] += {"F": forward, "B": backward}.get(a.kind, 0.0)
                 if a.kind.startswith("SEND"):
-                    posted.add(a)
+                    posted[a] = clock[r]
                 position[r] += 1
                 moved = True
+    return position, clock
+
+
+def _check_progress(schedule):
+    """Raises when ranks would wait for each other forever."""
+    position, _ = _simulate(schedule)
     waiting = [(r, schedule.actions[r][position[r]]) for r in range(schedule.num_ranks)
                if position[r] < len(schedule.actions[r])]
     if waiting:
