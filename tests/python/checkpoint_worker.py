@@ -71,7 +71,8 @@ def fit(model, x, y):
 def guard(tnt, model):
     """What reading every weight of the other stages gives: each read must
     raise (the weight is not allocated on this rank)."""
-    mine = {id(v) for v in model._tnt.pipeline.model.weights}
+    pipeline = model._tnt.pipeline
+    mine = {id(v) for s in pipeline.stages for v in pipeline.models[s].weights}
     read, errors = [], 0
     for v in model.weights:
         if id(v) in mine:

@@ -102,7 +102,8 @@ def guard(model, when, out):
     the weights that were read."""
     if not hasattr(model, "_tnt"):
         return
-    mine = {id(v) for v in model._tnt.pipeline.model.weights}
+    pipeline = model._tnt.pipeline
+    mine = {id(v) for s in pipeline.stages for v in pipeline.models[s].weights}
     read, first = [], None
     for v in model.weights:
         if id(v) in mine:

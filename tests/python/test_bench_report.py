@@ -114,7 +114,12 @@ def test_report_pipeline_section(tmp_path):
                "fit_ratios": [q, q], "ratio_of_minima": q, "gpipe_bound": (k - 1) / (m + k - 1),
                "measured_idle_share": 0.2, "steps": 20}
               for k, q in ((2, 1.10), (3, 1.40)) for m in (1, 2, 4, 8)]
-    write(tmp_path / "pipeline_bubble.json", {"config": {"quick": True}, "results": bubble})
+    interleaved = [{"stages": 4, "ranks": 2, "chunks": 2, "micro_batches": m, "step_ms": 30.0,
+                    "t_stage_ms": 10.0, "t_stage_busy_ms": 12.0, "ideal_ms": 25.0,
+                    "ratio_to_ideal": 1.2, "interleaved_bound": 1 / (2 * m + 1),
+                    "measured_idle_share": 0.1} for m in (4, 8)]
+    write(tmp_path / "pipeline_bubble.json", {"config": {"quick": True}, "results": bubble,
+                                              "interleaved": interleaved})
     memory = [{"schedule": s, "micro_batches": m, "stage": st, "peak_rss_mib": 600.0 + grow,
                "peak_above_base_mib": grow, "rss_before_fit_mib": 500.0}
               for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8) for st in (0, 1)
@@ -138,6 +143,7 @@ def test_report_pipeline_section(tmp_path):
     row = target_row(summary, "Pipelined / data-parallel throughput")
     assert "NOT RUN" in row and "needs root" in row
     assert "## 6. Pipeline parallelism" in summary
+    assert "| 2 | 2 | 8 | 30.00 | 10.00 | 12.00 | 25.00 | 1.200 | 0.059 | 0.100 |" in summary
 
 
 def test_report_data_share_section(tmp_path):

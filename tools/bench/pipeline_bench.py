@@ -23,6 +23,12 @@
                2-core reference host t_busy is about 1.4x t_alone, so
                (M + K - 1) * t_alone, also reported, is an ideal no pipeline
                on that host can reach.
+               Beside them, interleaved 1F1B on K = 2 ranks of v = 2 chunks
+               (4 stages of half the layers, so a rank computes as much per
+               micro-batch), M = 4 and 8, against its ideal
+               (K t_alone + (v M - 1) t_busy) / v and its bound
+               (K - 1) / (v M + K - 1); its timeline goes to
+               traces/pipeline_timeline_interleaved.rank<R>.json.
   memory       2 stages, a model with large activations and small weights:
                each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
                fresh job per (schedule, M), since a peak never goes down.
@@ -81,6 +87,8 @@ from bench_results import finish_config, new_config, print_problems, traces_dir,
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 MICRO_BATCHES = (1, 2, 4, 8)
+# Interleaved 1F1B beside them: 2 ranks of INTERLEAVED_CHUNKS chunks each.
+INTERLEAVED_CHUNKS, INTERLEAVED_M = 2, (4, 8)
 
 # Bubble: every stage is LAYERS dense layers of WIDTH units on micro-batches
 # of MICRO samples: 14 ms per stage and micro-batch on the reference host, so
@@ -181,15 +189,17 @@ def dense_stack(keras, h, width, layers, prefix):
     return h
 
 
-def bubble_model(keras, tnt, stages):
+def bubble_model(keras, tnt, ranks, chunks=1):
+    """`ranks` x `chunks` stages of BUBBLE_LAYERS / `chunks` layers: every
+    rank computes BUBBLE_LAYERS layers per micro-batch."""
     keras.utils.set_random_seed(3)
     inputs = keras.Input((BUBBLE_WIDTH,), name="x")
     h = inputs
-    for s in range(stages):
+    for s in range(ranks * chunks):
         if s:
             h = tnt.keras.layers.SplitLayer(name=f"cut{s}")(h)
-        h = dense_stack(keras, h, BUBBLE_WIDTH, BUBBLE_LAYERS, f"s{s}")
-    return keras.Model(inputs, h, name=f"bubble{stages}")
+        h = dense_stack(keras, h, BUBBLE_WIDTH, BUBBLE_LAYERS // chunks, f"s{s}")
+    return keras.Model(inputs, h, name=f"bubble{ranks}x{chunks}")
 
 
 def memory_model(keras, tnt):
@@ -312,7 +322,7 @@ def bubble_worker(args):
         x = rng.normal(size=(batch * args.steps, BUBBLE_WIDTH)).astype(np.float32)
         y = np.tanh(x[:, ::-1]).copy()
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
-        model = tnt.Model(bubble_model(keras, tnt, k),
+        model = tnt.Model(bubble_model(keras, tnt, k, args.chunks),
                           parallel_strategy=tnt.ParallelStrategy.PIPELINING,
                           num_micro_batches=m)
         model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
@@ -339,103 +349,142 @@ def bubble_worker(args):
     write_json(os.path.join(args.work, f"rank{rank}.json"),
                {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
     if rank == 0:
-        print(f"worker: {k} stages, " + ", ".join(
+        print(f"worker: {k} ranks x {args.chunks} chunks, " + ", ".join(
             f"M={m} {statistics.median(t for f in fs for t in f['step_s']) * 1e3:.1f} ms"
             for m, fs in fits.items()), flush=True)
 
 
-def timeline_job(args, path):
-    """A few 1F1B steps of 2 stages and 4 micro-batches with TNT_TIMELINE=path
-    (each rank writes path with .rank<R>), for report.py's picture."""
+def timeline_job(args, path, schedule="1f1b", chunks=1):
+    """A few steps of `schedule` on 2 ranks (`chunks` stages each) and 4
+    micro-batches with TNT_TIMELINE=path (each rank writes path with
+    .rank<R>), for report.py's picture."""
     work = tempfile.mkdtemp(prefix="tnt-pipebench-timeline-")
-    env = dict(os.environ, TNT_TIMELINE=path, TNT_PIPELINE_SCHEDULE="1f1b")
+    env = dict(os.environ, TNT_TIMELINE=path, TNT_PIPELINE_SCHEDULE=schedule)
     run_job(mpirun_cmd(args, 2, "--worker", "bubble", "--work", work, "--steps", "3",
                        "--reps", "1", "--stage-reps", "1", "--micro-batches", "4",
+                       "--chunks", str(chunks),
                        env=("TF_CPP_MIN_LOG_LEVEL", "TNT_TIMELINE", "TNT_PIPELINE_SCHEDULE")),
             timeout=args.job_timeout, env=env)
     shutil.rmtree(work, ignore_errors=True)
 
 
+def bubble_rows(k, chunks, fits, ms):
+    """The results of one bubble job: K = `k` ranks of `chunks` stages each,
+    against the ideal K t_alone / v + (v M - 1) t_busy / v (a chunk's pass
+    takes 1 / v of a rank's share), which is GPipe's and 1F1B's with v = 1,
+    and the schedule's bound (K - 1) / (v M + K - 1)."""
+    rows, v = [], chunks
+    for m in ms:
+        fs = [f for f in fits.get(str(m), []) if f["step_s"]]
+        if not fs:
+            continue
+        # Each fit against the stage times taken just before it.
+        def ideal(alone, busy):
+            return (k * alone + (v * m - 1) * busy) / v
+
+        def ratios(ideal_of):
+            return [statistics.median(f["step_s"]) / ideal_of(f) for f in fs]
+        fit_ratios = ratios(lambda f: ideal(f["t_stage_s"], f["t_stage_busy_s"]))
+        step = statistics.median(t for f in fs for t in f["step_s"])
+        busy = statistics.median(f["t_stage_busy_s"] for f in fs)
+        ratio = statistics.median(fit_ratios)
+        bound = "gpipe_bound" if v == 1 else "interleaved_bound"
+        rows.append({
+            "stages": k * v, "ranks": k, "chunks": v, "micro_batches": m,
+            "micro_batch": BUBBLE_MICRO, "global_batch": m * BUBBLE_MICRO,
+            "oversubscribed": k > os.cpu_count(),
+            "step_ms": round(step * 1e3, 3),
+            "t_stage_ms": round(statistics.median(f["t_stage_s"] for f in fs) * 1e3, 3),
+            "t_stage_busy_ms": round(busy * 1e3, 3),
+            "ideal_ms": round(step / ratio * 1e3, 3), "ratio_to_ideal": round(ratio, 3),
+            "fit_ratios": [round(q, 3) for q in fit_ratios],
+            # Less sensitive to other work on the host: the fastest step
+            # against the ideal of the fastest stage times.
+            "ratio_of_minima": round(min(t for f in fs for t in f["step_s"]) / ideal(
+                min(f["t_stage_s"] for f in fs), min(f["t_stage_busy_s"] for f in fs)), 3),
+            "ratio_to_alone_ideal": round(statistics.median(
+                ratios(lambda f: (v * m + k - 1) * f["t_stage_s"] / v)), 3),
+            "ratio_to_busy_ideal": round(statistics.median(
+                ratios(lambda f: (v * m + k - 1) * f["t_stage_busy_s"] / v)), 3),
+            bound: round((k - 1) / (v * m + k - 1), 4),
+            # The share of the step in which a rank does not compute a
+            # micro-batch, at the speed ranks compute side by side.
+            "measured_idle_share": round(max(0.0, 1 - m * busy / step), 4),
+            "t_stage_fits_ms": [round(f["t_stage_s"] * 1e3, 3) for f in fs],
+            "steps": sum(len(f["step_s"]) for f in fs)})
+    return rows
+
+
+def bubble_job(args, k, chunks, ms, steps, reps, stage_reps, schedule):
+    """Rank 0's fits of a bubble job, or (None, the job's output)."""
+    work = tempfile.mkdtemp(prefix=f"tnt-pipebench-bubble{k}x{chunks}-")
+    env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule)
+    ok, tail = run_job(mpirun_cmd(args, k, "--worker", "bubble", "--work", work,
+                                  "--steps", str(steps), "--reps", str(reps),
+                                  "--stage-reps", str(stage_reps),
+                                  "--micro-batches", ",".join(str(m) for m in ms),
+                                  "--chunks", str(chunks),
+                                  env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE")),
+                       timeout=args.job_timeout, env=env)
+    docs = load_rank_files(work, k)
+    shutil.rmtree(work, ignore_errors=True)
+    if not ok or not docs:
+        return None, tail
+    return next(d for d in docs if d["rank"] == 0)["fits"], tail
+
+
 def bubble(args):
     steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
-    ncores = os.cpu_count()
-    ms = ",".join(str(m) for m in MICRO_BATCHES)
     cfg = new_config(
         benchmark="pipeline_bubble", width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
         micro_batch=BUBBLE_MICRO, micro_batches=list(MICRO_BATCHES), steps_per_fit=steps,
         fits=reps, quick=bool(args.quick),
         schedule=pipeline_schedule(), optimizer="SGD", loss="mse",
+        interleaved=f"K = 2 ranks of v = {INTERLEAVED_CHUNKS} chunks ({INTERLEAVED_CHUNKS * 2} "
+                    f"stages of {BUBBLE_LAYERS // INTERLEAVED_CHUNKS} layers: every rank "
+                    f"computes as much as a stage above), M = {INTERLEAVED_M}; in "
+                    "'interleaved', t_alone and t_busy being a rank's share of a micro-batch "
+                    "(all its chunks)",
         t_stage=f"t_alone: median of {stage_reps} runs of a middle stage's forward + backward "
                 "on one micro-batch, on rank 0 alone (the other ranks asleep), right before "
                 "each fit",
         t_stage_busy="t_busy: the same, timed on rank 0 while every rank computes it at once "
                      "(as all stages do in a full pipeline), right before each fit",
         ideal="K t_alone + (M-1) t_busy: the first micro-batch through the K stages, one "
-              "after the other, then a slot per micro-batch with every stage computing",
+              "after the other, then a slot per micro-batch with every stage computing; "
+              "interleaved (v chunks per rank): (K t_alone + (v M - 1) t_busy) / v",
         statistic="ratio: median over fits of (rank 0's median step time in the fit) / (the "
                   "ideal of the stage times taken before the fit); step_ms, t_stage_ms, "
                   "t_stage_busy_ms: medians; ideal_ms = step_ms / ratio")
-    results, problems = [], cfg["problems"]
+    results, interleaved, problems = [], [], cfg["problems"]
+    traces = traces_dir(os.path.dirname(os.path.abspath(args.json)))
     for k in (2, 3):
-        work = tempfile.mkdtemp(prefix=f"tnt-pipebench-bubble{k}-")
-        ok, tail = run_job(mpirun_cmd(args, k, "--worker", "bubble", "--work", work,
-                                      "--steps", str(steps), "--reps", str(reps),
-                                      "--stage-reps", str(stage_reps), "--micro-batches", ms,
-                                      env=("TF_CPP_MIN_LOG_LEVEL",)),
-                           timeout=args.job_timeout)
-        docs = load_rank_files(work, k)
-        shutil.rmtree(work, ignore_errors=True)
-        if not ok or not docs:
+        fits, tail = bubble_job(args, k, 1, MICRO_BATCHES, steps, reps, stage_reps,
+                                pipeline_schedule())
+        if fits is None:
             problems[f"{k} stages"] = tail[-1500:]
             continue
-        fits = next(d for d in docs if d["rank"] == 0)["fits"]
         if k == 2:
-            timeline_job(args, os.path.join(traces_dir(os.path.dirname(os.path.abspath(
-                args.json))), "pipeline_timeline.json"))
-        for m in MICRO_BATCHES:
-            fs = [f for f in fits.get(str(m), []) if f["step_s"]]
-            if not fs:
-                continue
-            # Each fit against the stage times taken just before it.
-            def ideal(alone, busy):
-                return k * alone + (m - 1) * busy
-
-            def ratios(ideal_of):
-                return [statistics.median(f["step_s"]) / ideal_of(f) for f in fs]
-            fit_ratios = ratios(lambda f: ideal(f["t_stage_s"], f["t_stage_busy_s"]))
-            step = statistics.median(t for f in fs for t in f["step_s"])
-            busy = statistics.median(f["t_stage_busy_s"] for f in fs)
-            ratio = statistics.median(fit_ratios)
-            results.append({
-                "stages": k, "micro_batches": m, "micro_batch": BUBBLE_MICRO,
-                "global_batch": m * BUBBLE_MICRO, "oversubscribed": k > ncores,
-                "step_ms": round(step * 1e3, 3),
-                "t_stage_ms": round(statistics.median(f["t_stage_s"] for f in fs) * 1e3, 3),
-                "t_stage_busy_ms": round(busy * 1e3, 3),
-                "ideal_ms": round(step / ratio * 1e3, 3), "ratio_to_ideal": round(ratio, 3),
-                "fit_ratios": [round(q, 3) for q in fit_ratios],
-                # Less sensitive to other work on the host: the fastest step
-                # against the ideal of the fastest stage times.
-                "ratio_of_minima": round(min(t for f in fs for t in f["step_s"]) / ideal(
-                    min(f["t_stage_s"] for f in fs), min(f["t_stage_busy_s"] for f in fs)), 3),
-                "ratio_to_alone_ideal": round(statistics.median(
-                    ratios(lambda f: (m + k - 1) * f["t_stage_s"])), 3),
-                "ratio_to_busy_ideal": round(statistics.median(
-                    ratios(lambda f: (m + k - 1) * f["t_stage_busy_s"])), 3),
-                "gpipe_bound": round((k - 1) / (m + k - 1), 4),
-                # The share of the step in which a stage does not compute a
-                # micro-batch, at the speed stages compute side by side.
-                "measured_idle_share": round(max(0.0, 1 - m * busy / step), 4),
-                "t_stage_fits_ms": [round(f["t_stage_s"] * 1e3, 3) for f in fs],
-                "steps": sum(len(f["step_s"]) for f in fs)})
-    write_json(args.json, {"config": finish_config(cfg), "results": results})
-    print(f"{'K':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} {'ratio':>6} "
+            timeline_job(args, os.path.join(traces, "pipeline_timeline.json"))
+        results += bubble_rows(k, 1, fits, MICRO_BATCHES)
+    fits, tail = bubble_job(args, 2, INTERLEAVED_CHUNKS, INTERLEAVED_M, steps, reps,
+                            stage_reps, "interleaved")
+    if fits is None:
+        problems["interleaved"] = tail[-1500:]
+    else:
+        timeline_job(args, os.path.join(traces, "pipeline_timeline_interleaved.json"),
+                     "interleaved", INTERLEAVED_CHUNKS)
+        interleaved = bubble_rows(2, INTERLEAVED_CHUNKS, fits, INTERLEAVED_M)
+    write_json(args.json, {"config": finish_config(cfg), "results": results,
+                           "interleaved": interleaved})
+    print(f"{'K':>2} {'v':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} {'ratio':>6} "
           f"{'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
-    for r in results:
-        print(f"{r['stages']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
+    for r in results + interleaved:
+        bound = r.get("gpipe_bound", r.get("interleaved_bound"))
+        print(f"{r['ranks']:>2} {r['chunks']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
               f"{r['t_stage_ms']:8.2f} {r['t_stage_busy_ms']:8.2f} {r['ratio_to_ideal']:6.3f} "
               f"{r['ratio_to_alone_ideal']:7.3f} {r['ratio_to_busy_ideal']:6.3f} "
-              f"{r['gpipe_bound']:6.3f} "
+              f"{bound:6.3f} "
               f"{r['measured_idle_share']:6.3f}  {r['fit_ratios']} min/min {r['ratio_of_minima']}"
               f"{'  oversubscribed' if r['oversubscribed'] else ''}")
     print_problems(cfg)
@@ -905,6 +954,7 @@ def main():
     p.add_argument("--optimizer", default="sgd", help=argparse.SUPPRESS)
     p.add_argument("--stage-reps", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--micro-batches", default="1,2,4,8", help=argparse.SUPPRESS)
+    p.add_argument("--chunks", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         {"bubble": bubble_worker, "memory": memory_worker, "capacity": capacity_worker,

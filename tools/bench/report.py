@@ -1184,6 +1184,20 @@ def _pipeline_bubble(results, stages, plt, targets):
             "speed too."]
     if any(r.get("oversubscribed") for r in res):
         out += ["", "\\* oversubscribed: more stages (one rank each) than cores."]
+    inter = d.get("interleaved", [])
+    if inter:
+        out += ["", "Interleaved 1F1B (`TNT_PIPELINE_SCHEDULE=interleaved`): K ranks of v "
+                "chunks each (stages of 1/v the layers, so a rank computes as much per "
+                "micro-batch as a stage above); t_alone and t_busy are a rank's share of a "
+                "micro-batch; ideal = (K t_alone + (v M - 1) t_busy) / v, bound "
+                "(K-1)/(v M+K-1).", ""]
+        out.append(table(
+            ["ranks K", "chunks v", "M", "step ms", "t_alone ms", "t_busy ms", "ideal ms",
+             "step / ideal", "interleaved bound", "idle share measured"],
+            [[r["ranks"], r["chunks"], r["micro_batches"], f2(r["step_ms"]),
+              f2(r["t_stage_ms"]), f2(r.get("t_stage_busy_ms")), f2(r["ideal_ms"]),
+              f"{r['ratio_to_ideal']:.3f}", f"{r['interleaved_bound']:.3f}",
+              f"{r['measured_idle_share']:.3f}"] for r in inter]))
     out += problem_lines(cfg)
     out.append("")
     return out

@@ -1,13 +1,14 @@
 """Pipeline parallelism: a model cut into stages at its SplitLayers, one
-stage per rank, fed with micro-batches; with ParallelStrategy.ALL, several
-replicas of the pipeline train data-parallel.
+stage per rank (or, interleaved, several non-adjacent ones), fed with
+micro-batches; with ParallelStrategy.ALL, several replicas of the pipeline
+train data-parallel.
 
 * layers.py     SplitLayer, the mark of a cut
 * partition.py  the stages of a model, as Keras models sharing its layers
 * layout.py     ParallelStrategy; which rank runs which stage; the groups
-* schedule.py   1F1B and GPipe
-* stage.py      the pipelined training and evaluation steps; gathering the
-                whole model for saving
+* schedule.py   schedules as checked lists of actions: 1F1B, GPipe, interleaved
+* stage.py      the pipelined training and evaluation steps (the interpreter
+                of the actions); gathering the whole model for saving
 * weights.py    each rank holds its stage's weights only; building a model
                 without allocating its weights
 """

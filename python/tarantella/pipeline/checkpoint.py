@@ -183,7 +183,7 @@ def _stream(plan, pipeline, make_sink, all_devices):
     array) for its pieces. A value of another stage comes from that stage's
     rank of this pipeline (collective within it). A failing sink stops
     writing, not receiving; its error is raised at the end."""
-    group, stage = pipeline.layout.pipeline_group, pipeline.stage
+    group = pipeline.layout.pipeline_group
     error = None
 
     def call(fn, *args):
@@ -204,17 +204,18 @@ def _stream(plan, pipeline, make_sink, all_devices):
     for path, metadata in plan.groups:
         call(getattr(sink, "group", None), path, metadata, stages.get(path, 0))
     for e in plan.entries:
-        moved = e.stage is not None and (all_devices or e.stage != 0) and runtime.get_size() > 1
+        root = None if e.stage is None else pipeline.rank_of(e.stage)
+        moved = root is not None and (all_devices or root != 0) and runtime.get_size() > 1
         if not moved and make_sink is None:
             continue
         if e.value is not None:
             call(getattr(sink, "put", None), call(getattr(sink, "dataset", None), e,
                                                   e.value.shape, e.value.dtype), None, e.value)
             continue
-        source = e.variable if e.stage in (None, stage) else None
+        source = e.variable if e.stage is None or e.stage in pipeline.stages else None
         if moved:
             header = _broadcast(_header(tuple(source.shape), source.dtype)
-                                if source is not None else None, _HEADER * 8, e.stage,
+                                if source is not None else None, _HEADER * 8, root,
                                 group).view(np.int64)
             shape, dtype = _from_header(header)
         else:
@@ -228,7 +229,7 @@ def _stream(plan, pipeline, make_sink, all_devices):
             count = 1 if piece is None else piece[1] - piece[0]
             nbytes = count * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
             raw = _broadcast(_read(source, piece) if source is not None else None, nbytes,
-                             e.stage, group)
+                             root, group)
             call(getattr(sink, "put", None), dataset, piece,
                  raw.view(dtype).reshape(shape if piece is None else (count,) + shape[1:]))
     if error is not None:
@@ -451,7 +452,7 @@ def load(model, pipeline, filepath):
                         "state is not loaded (it was saved for another optimizer, or without "
                         "one)", filepath, have, path, want)
         for e in plan.entries:
-            if e.variable is None or (e.stage is not None and e.stage != pipeline.stage):
+            if e.variable is None or (e.stage is not None and e.stage not in pipeline.stages):
                 continue
             if e.path in skipped:
                 continue

@@ -21,27 +21,31 @@ class ParallelStrategy(enum.Flag):
 
 
 class Layout:
-    """This rank's place: its stage and replica, and the groups."""
+    """This rank's place: its place in its pipeline (`stage`) and replica,
+    and the groups. A pipeline has `num_ranks` ranks (by default one per
+    stage); with fewer, rank r of a pipeline runs stages r, r + num_ranks,
+    ... (the interleaved schedule's chunks)."""
 
-    def __init__(self, strategy, num_stages):
+    def __init__(self, strategy, num_stages, num_ranks=None):
+        k = num_ranks or num_stages
         size, rank = runtime.get_size(), runtime.get_rank()
         if ParallelStrategy.DATA in strategy:
-            if size % num_stages != 0:
+            if size % k != 0:
                 raise runtime.TarantellaError(
-                    f"the model has {num_stages} pipeline stages, which do not divide the "
-                    f"{size} ranks: with ParallelStrategy.ALL, run a multiple of {num_stages} "
+                    f"the model has {k} pipeline stages, which do not divide the "
+                    f"{size} ranks: with ParallelStrategy.ALL, run a multiple of {k} "
                     "ranks (each replica of the pipeline takes one rank per stage)")
-        elif size != num_stages:
+        elif size != k:
             raise runtime.TarantellaError(
-                f"the model has {num_stages} pipeline stages but runs on {size} ranks: with "
-                f"ParallelStrategy.PIPELINING run exactly {num_stages} ranks (one per stage), "
+                f"the model has {k} pipeline stages but runs on {size} ranks: with "
+                f"ParallelStrategy.PIPELINING run exactly {k} ranks (one per stage), "
                 "or use ParallelStrategy.ALL for replicas of the pipeline")
         self.num_stages = num_stages
-        self.num_replicas = size // num_stages
-        self.stage = rank % num_stages
-        self.replica = rank // num_stages
-        self.pipeline_ranks = [self.replica * num_stages + s for s in range(num_stages)]
-        self.replica_ranks = [r * num_stages + self.stage for r in range(self.num_replicas)]
+        self.num_replicas = size // k
+        self.stage = rank % k
+        self.replica = rank // k
+        self.pipeline_ranks = [self.replica * k + s for s in range(k)]
+        self.replica_ranks = [r * k + self.stage for r in range(self.num_replicas)]
         # Every rank creates its pipeline group, then its replica group: no
         # two ranks wait for each other's creations in opposite orders.
         self.pipeline_group = _core.create_group(self.pipeline_ranks)

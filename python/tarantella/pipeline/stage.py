@@ -1,12 +1,14 @@
-"""A pipelined tnt.Model's steps: this rank runs its stage of the model on
-the micro-batches of its replica's share of each global batch.
+"""A pipelined tnt.Model's steps: this rank runs its stage of the model (or,
+interleaved, its stages) on the micro-batches of its replica's share of
+each global batch.
 
 A training step of stage s (inside Keras's traced train function):
 
 1. the replica's batch of n samples is split into M micro-batches of
    n // M samples, one more for the first n % M (as data.py splits a global
    batch among ranks);
-2. the schedule (schedule.py) runs: a forward receives the micro-batch's
+2. the rank's list of actions (schedule.py) runs through one interpreter
+   (_Step, a method per kind of action): a forward receives the micro-batch's
    activations from stage s - 1 (stage 0 reads the data), runs the stage
    under a GradientTape and sends the outputs to stage s + 1; the last stage
    computes the loss and updates the metrics. A backward receives the
@@ -126,17 +128,39 @@ class Pipeline:
         else:
             self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
-        self.layout = Layout(strategy, k)
         self.num_micro_batches = int(num_micro_batches or 2 * k)
         self.schedule_name = schedule_lib.name_from_settings()
+        ranks = k
+        if self.schedule_name == "interleaved":
+            if ParallelStrategy.DATA in strategy:
+                raise runtime.TarantellaError(
+                    "the interleaved pipeline schedule runs with ParallelStrategy.PIPELINING "
+                    "(every rank holds num_stages / ranks chunks of the model): use "
+                    "PIPELINING, or the 1f1b schedule for replicas of a pipeline")
+            ranks = runtime.get_size()
+        # Checked once here: a schedule that would deadlock or exceed its
+        # memory bound fails before any rank starts it.
+        self.schedules = {
+            True: schedule_lib.training(self.schedule_name, k, ranks, self.num_micro_batches),
+            False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+        self.layout = Layout(strategy, k, ranks)
+        # This rank's place in its pipeline, and the stages (chunks) it runs.
         self.stage = self.layout.stage
+        self.stages = self.schedules[True].stages_of(self.stage)
         self.model = self.partition.stages[self.stage]
-        self.trainable = list(self.model.trainable_variables)
+        self.models = {s: self.partition.stages[s] for s in self.stages}
+        self.trainable_of = {s: list(self.models[s].trainable_variables) for s in self.stages}
+        self.trainable = [v for s in self.stages for v in self.trainable_of[s]]
+        # Per rank of the pipeline, the variables of its stages: what the
+        # whole model is gathered from.
+        self.rank_variables = [
+            [v for s in self.schedules[True].stages_of(r) for v in self.partition.variables[s]]
+            for r in range(ranks)]
         for v in model.weights:
             _pipelined[id(v)] = v
-        others = weights_lib.hold_stage(self.partition.stages, self.stage, deferred)
+        others = weights_lib.hold_stages(self.partition.stages, self.stages, deferred)
         self.whole = weights_lib.Whole(
-            others, self.stage, lambda: self._from_each_stage(self.partition.variables))
+            others, self.stages, lambda: self._from_each_stage(self.rank_variables))
         self.described = False
 
     # ------------------------------------------------------------- placement
@@ -157,13 +181,15 @@ class Pipeline:
         mbs = None
         if global_batch:
             mbs = max(1, global_batch // (self.num_replicas * self.num_micro_batches))
-        ops_ = schedule_lib.training(self.schedule_name, 0, self.partition.num_stages,
-                                     self.num_micro_batches)
+        schedule = self.schedules[True]
+        first = schedule.stages_of(0)
+        who = (f"stage {first[0]}" if len(first) == 1
+               else f"rank 0 (stages {', '.join(map(str, first))})")
         log.logger.info(
             "pipeline: %d stages x %d replicas, %d micro-batches per step, schedule %s "
-            "(stage 0 holds at most %d micro-batches' activations)", self.partition.num_stages,
-            self.num_replicas, self.num_micro_batches, self.schedule_name,
-            schedule_lib.in_flight(ops_))
+            "(%s holds at most %d micro-batches' activations)", self.partition.num_stages,
+            self.num_replicas, self.num_micro_batches, self.schedule_name, who,
+            schedule.held(0))
         for line in self.partition.description(mbs):
             log.logger.info("pipeline: %s", line)
 
@@ -216,120 +242,14 @@ class Pipeline:
         return ops.pipe_send(tf.cast(tensor, dtype), self.layout.pipeline_group, peer, tag)
 
     def _run(self, model, data, training, predicting=False):
-        """Runs this stage's schedule on `data`; returns the summed weight
-        gradients (training), the last stage's outputs of each micro-batch
-        (predicting), or None."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        k, s, m = self.partition.num_stages, self.stage, self.num_micro_batches
-        last = s == k - 1
-        first_x = next(t for t in tf.nest.flatten(x) if t is not None)
-        n = tf.shape(first_x)[0]
-        sizes = tf.stack([n // m + tf.cast(i < n % m, tf.int32) for i in range(m)])
-        xs = self._split(x, sizes) if s == 0 else [None] * m
-        ys = self._split(y, sizes) if last else [None] * m
-        ws = self._split(sample_weight, sizes) if last else [None] * m
-        in_specs = self.partition.cut_specs[s - 1] if s > 0 else None
-        out_specs = self.partition.cut_specs[s] if not last else None
-        tracker = internals.loss_tracker(model)
-        compiled_metrics = internals.compile_metrics(model)
-        nf = tf.cast(n, tf.float32)
-        ops_ = (schedule_lib.training(self.schedule_name, s, k, m) if training
-                else schedule_lib.inference(m))
-        saved, grads, after, predicted = {}, None, [], []
-        timeline = _core.timeline_enabled()  # TNT_TIMELINE: spans of every F and B
-        for kind, i in ops_:
-            n_i = sizes[i]
-            scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), nf)
-            if kind == "F":
-                if s == 0:
-                    with tf.control_dependencies(after):
-                        inputs = tf.nest.map_structure(tf.identity, xs[i])
-                else:
-                    inputs = [self._recv(spec, n_i, s - 1, 2 * i, after) for spec in in_specs]
-                    after = []
-                    if len(inputs) == 1:
-                        inputs = inputs[0]
-                if timeline:
-                    flat = tf.nest.flatten(inputs)
-                    flat[0], began = ops.stamp(flat[0], f"forward {i}")
-                    inputs = tf.nest.pack_sequence_as(inputs, flat)
-                with tf.GradientTape() as tape:
-                    tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
-                               if s > 0 else [])
-                    outputs = self.model(inputs, training=training)
-                    objective = tf.constant(0.0)
-                    reg = [tf.cast(l, tf.float32) for l in self.model.losses]
-                    reg = tf.add_n(reg) if reg else None
-                    if last and not predicting:
-                        loss = internals.compiled_loss(model, ys[i], outputs, ws[i])
-                        loss = tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
-                        total = loss + reg if reg is not None else loss
-                        objective = total * scale
-                    elif reg is not None:
-                        objective = reg * scale
-                    if training and model.optimizer is not None:
-                        # Mixed precision: every stage scales alike (see train_step).
-                        objective = model.optimizer.scale_loss(objective)
-                if last and predicting:
-                    predicted.append(outputs)
-                    after = tf.nest.flatten(outputs)[:1]
-                elif last:
-                    if timeline:
-                        total = ops.span(began, total, f"forward {i}")
-                    tracker.update_state(total, sample_weight=n_i)
-                    if compiled_metrics is not None:
-                        compiled_metrics.update_state(ys[i], outputs, ws[i])
-                    after = [total]
-                else:
-                    if reg is not None:
-                        tracker.total.assign_add(tf.cast(reg * tf.cast(n_i, tf.float32),
-                                                         tracker.total.dtype))
-                    outs = tf.nest.flatten(outputs)
-                    if timeline:
-                        outs[0] = ops.span(began, outs[0], f"forward {i}")
-                    after = [self._send(o, spec[1], s + 1, 2 * i)
-                             for o, spec in zip(outs, out_specs)]
-                if training:
-                    saved[i] = (tape, inputs, outputs, objective)
-                continue
-            tape, inputs, outputs, objective = saved.pop(i)
-            # The stage's outputs are differentiated with the received
-            # gradients (a vector-Jacobian product), its own loss with 1.
-            targets, seeds = [objective], [tf.ones_like(objective)]
-            if not last:
-                for o, spec in zip(tf.nest.flatten(outputs), out_specs):
-                    if tf.as_dtype(spec[1]).is_floating:
-                        targets.append(o)
-                        seeds.append(tf.cast(self._recv(spec, n_i, s + 1, 2 * i + 1, after),
-                                             o.dtype))
-                        after = []
-            if timeline:  # the backward begins with its first received gradient
-                if len(seeds) > 1:
-                    seeds[1], began = ops.stamp(seeds[1], f"backward {i}")
-                else:
-                    # A seed TensorFlow cannot fold into a constant (the
-                    # stamp would then run while the graph is optimized).
-                    with tf.control_dependencies(after):
-                        seeds[0] = seeds[0] + 0.0 * tf.stop_gradient(objective)
-                    seeds[0], began = ops.stamp(seeds[0], f"backward {i}")
-            # Gradients flow back through the floating inputs only.
-            float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
-                        if t.dtype.is_floating]
-            sources = list(self.trainable) + float_in
-            got = tape.gradient(targets, sources, output_gradients=seeds)
-            got = [tf.zeros(v.shape, dtype=v.dtype) if g is None else
-                   tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                   for g, v in zip(got, sources)]
-            if timeline and got:
-                got[0] = ops.span(began, got[0], f"backward {i}")
-            w_grads = got[:len(self.trainable)]
-            grads = w_grads if grads is None else [a + b for a, b in zip(grads, w_grads)]
-            # The next pass starts once these gradients are summed: a
-            # micro-batch's gradients are never kept beside the next one's.
-            after = list(grads)
-            back = [spec for spec in (in_specs or []) if tf.as_dtype(spec[1]).is_floating]
-            for g, spec in zip(got[len(self.trainable):], back):
-                after.append(self._send(g, spec[1], s - 1, 2 * i + 1))
+        """Runs this rank's actions of the schedule on `data`; returns the
+        summed weight gradients of its stages (training), the last stage's
+        outputs of each micro-batch (predicting, on the rank of the last
+        stage), or None."""
+        schedule = self.schedules[training]
+        step_ = _Step(self, model, data, schedule, training, predicting)
+        for action in schedule.actions[self.layout.stage]:
+            getattr(step_, action.kind.lower())(action)
         flush = ops.pipe_flush(self.layout.pipeline_group)
         # The step's collectives (the replicas' gradient averages, the global
         # metrics) block a TensorFlow thread while they wait: they start once
@@ -337,9 +257,10 @@ class Pipeline:
         # the threads.
         step.current().record(flush)
         if predicting:
-            return predicted if last else None
-        if grads is None:
+            return step_.predicted if step_.last in self.stages else None
+        if not training:
             return None
+        grads = [g for s in self.stages for g in step_.grads[s]]
         with tf.control_dependencies([flush]):
             return [tf.identity(g) for g in grads]
 
@@ -368,8 +289,8 @@ class Pipeline:
 
     def predict_step(self, model, data):
         """The predictions of this replica's part of the batch, in the
-        structure of the model's outputs, on the last stage; no rows on the
-        other stages (model.predict gathers the last stages' rows)."""
+        structure of the model's outputs, on the rank of the last stage; no
+        rows on the other ranks (model.predict gathers the rows)."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         predicted = self._run(model, (x,), training=False, predicting=True)
         leaves = tf.nest.flatten(self.partition.output)
@@ -382,11 +303,16 @@ class Pipeline:
             return flat[0]
         return tf.nest.pack_sequence_as(self.partition.output, flat)
 
+    def rank_of(self, stage):
+        """The rank, within its pipeline, that runs `stage`."""
+        return self.schedules[True].rank_of(stage)
+
     def predicting_ranks(self):
         """The ranks that hold the predictions, in the order of the parts of
-        a global batch: the last stage of each replica."""
-        k = self.partition.num_stages
-        return [r * k + k - 1 for r in range(self.num_replicas)]
+        a global batch: the rank of the last stage in each replica."""
+        ranks = len(self.layout.pipeline_ranks)
+        last = self.rank_of(self.partition.num_stages - 1)
+        return [r * ranks + last for r in range(self.num_replicas)]
 
     # ------------------------------------------------------------- the whole model
 
@@ -394,7 +320,8 @@ class Pipeline:
         """Every replica of this rank's stage takes replica 0's weights (a
         broadcast within the stage's replica group). Collective."""
         if self.layout.replica_group is not None:
-            runtime.broadcast_values(self.model.weights, root=0,
+            runtime.broadcast_values([v for s in self.stages for v in self.models[s].weights],
+                                     root=0,
                                      group=self.layout.replica_group)
 
     def _from_each_stage(self, per_stage, sources=None):
@@ -424,14 +351,15 @@ class Pipeline:
                                                   self, checkpoint.stage_of_variables(self))
         pairs = list(zip(whole.variables, sources))
         shared = [(v, mine) for v, (s, mine) in pairs if s is None]  # iterations, ...
-        slots = [[v for v, (s, _) in pairs if s == stage]
-                 for stage in range(self.partition.num_stages)]
-        own = [(v, mine) for v, (s, mine) in pairs if s == self.stage]
+        # Per rank of the pipeline, the slots of the stages it runs.
+        slots = [[v for v, (s, _) in pairs if s is not None and self.rank_of(s) == r]
+                 for r in range(len(self.rank_variables))]
+        own = [(v, mine) for v, (s, mine) in pairs if s in self.stages]
         if fill:
             for v, mine in shared:
                 v.assign(mine)
-            self._from_each_stage(slots, [[mine for _, mine in own] if i == self.stage else []
-                                          for i in range(len(slots))])
+            self._from_each_stage(slots, [[mine for _, mine in own] if r == self.stage else []
+                                          for r in range(len(slots))])
         model.optimizer = whole
         try:
             yield
@@ -441,6 +369,178 @@ class Pipeline:
         # state) goes to the stage's optimizer.
         for v, mine in shared + ([] if fill else own):
             mine.assign(v)
+
+
+class _Step:
+    """One step of this rank's schedule, traced: a method per kind of
+    action (schedule.py), and the state that the actions pass on, per
+    (stage, micro-batch). `after`: what the next transfer or pass waits
+    for, so that TensorFlow runs the actions in the list's order."""
+
+    def __init__(self, pipeline, model, data, schedule, training, predicting=False):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        self.pipeline, self.model = pipeline, model
+        self.schedule, self.training, self.predicting = schedule, training, predicting
+        self.predicted = []  # predicting: the last stage's outputs of each micro-batch
+        m = pipeline.num_micro_batches
+        self.last = pipeline.partition.num_stages - 1
+        first_x = next(t for t in tf.nest.flatten(x) if t is not None)
+        n = tf.shape(first_x)[0]
+        self.sizes = tf.stack([n // m + tf.cast(i < n % m, tf.int32) for i in range(m)])
+        self.nf = tf.cast(n, tf.float32)
+        self.xs = pipeline._split(x, self.sizes) if 0 in pipeline.stages else None
+        runs_last = self.last in pipeline.stages
+        self.ys = pipeline._split(y, self.sizes) if runs_last else None
+        self.ws = pipeline._split(sample_weight, self.sizes) if runs_last else None
+        self.tracker = internals.loss_tracker(model)
+        self.compiled_metrics = internals.compile_metrics(model)
+        self.timeline = _core.timeline_enabled()  # TNT_TIMELINE: spans of every F and B
+        self.after = []
+        self.received = {}  # (s, i) -> the stage's inputs
+        self.sending = {}   # (s, i) -> the stage's outputs (F) or input gradients (B)
+        self.seeds = {}     # (s, i) -> the received gradients of the stage's outputs
+        self.saved = {}     # (s, i) -> (tape, inputs, outputs, objective), until B
+        self.grads = {s: None for s in pipeline.stages}  # summed weight gradients
+
+    def _specs(self, s):
+        cuts = self.pipeline.partition.cut_specs
+        return (cuts[s - 1] if s > 0 else None), (cuts[s] if s < self.last else None)
+
+    def recv_f(self, action):
+        s, i = action.stage, action.micro_batch
+        in_specs, _ = self._specs(s)
+        peer, tag = self.schedule.transfer(action)
+        inputs = [self.pipeline._recv(spec, self.sizes[i], peer, tag, self.after)
+                  for spec in in_specs]
+        self.after = []
+        self.received[(s, i)] = inputs[0] if len(inputs) == 1 else inputs
+
+    def f(self, action):
+        s, i = action.stage, action.micro_batch
+        n_i = self.sizes[i]
+        scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), self.nf)
+        if s == 0:
+            with tf.control_dependencies(self.after):
+                inputs = tf.nest.map_structure(tf.identity, self.xs[i])
+        else:
+            inputs = self.received.pop((s, i))
+        if self.timeline:
+            flat = tf.nest.flatten(inputs)
+            flat[0], began = ops.stamp(flat[0], f"forward {_label(self.schedule, s, i)}")
+            inputs = tf.nest.pack_sequence_as(inputs, flat)
+        stage_model = self.pipeline.models[s]
+        last = s == self.last
+        with tf.GradientTape() as tape:
+            tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+                       if s > 0 else [])
+            outputs = stage_model(inputs, training=self.training)
+            objective = tf.constant(0.0)
+            reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
+            reg = tf.add_n(reg) if reg else None
+            if last and not self.predicting:
+                loss = internals.compiled_loss(self.model, self.ys[i], outputs, self.ws[i])
+                loss = tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
+                total = loss + reg if reg is not None else loss
+                objective = total * scale
+            elif reg is not None:
+                objective = reg * scale
+            if self.training and self.model.optimizer is not None:
+                # Mixed precision: every stage scales alike (see train_step).
+                objective = self.model.optimizer.scale_loss(objective)
+        if last and self.predicting:
+            self.predicted.append(outputs)
+            self.after = tf.nest.flatten(outputs)[:1]
+        elif last:
+            if self.timeline:
+                total = ops.span(began, total, f"forward {_label(self.schedule, s, i)}")
+            self.tracker.update_state(total, sample_weight=n_i)
+            if self.compiled_metrics is not None:
+                self.compiled_metrics.update_state(self.ys[i], outputs, self.ws[i])
+            self.after = [total]
+        else:
+            if reg is not None:
+                self.tracker.total.assign_add(tf.cast(reg * tf.cast(n_i, tf.float32),
+                                                      self.tracker.total.dtype))
+            outs = tf.nest.flatten(outputs)
+            if self.timeline:
+                outs[0] = ops.span(began, outs[0], f"forward {_label(self.schedule, s, i)}")
+            self.sending[(s, i)] = outs
+            self.after = []
+        if self.training:
+            self.saved[(s, i)] = (tape, inputs, outputs, objective)
+
+    def send_f(self, action):
+        s, i = action.stage, action.micro_batch
+        _, out_specs = self._specs(s)
+        peer, tag = self.schedule.transfer(action)
+        self.after = [self.pipeline._send(o, spec[1], peer, tag)
+                      for o, spec in zip(self.sending.pop((s, i)), out_specs)]
+
+    def recv_b(self, action):
+        s, i = action.stage, action.micro_batch
+        _, out_specs = self._specs(s)
+        _, _, outputs, _ = self.saved[(s, i)]
+        peer, tag = self.schedule.transfer(action)
+        seeds = []
+        for o, spec in zip(tf.nest.flatten(outputs), out_specs):
+            if tf.as_dtype(spec[1]).is_floating:
+                seeds.append(tf.cast(self.pipeline._recv(spec, self.sizes[i], peer, tag,
+                                                         self.after), o.dtype))
+                self.after = []
+        self.seeds[(s, i)] = seeds
+
+    def b(self, action):
+        s, i = action.stage, action.micro_batch
+        tape, inputs, outputs, objective = self.saved.pop((s, i))
+        in_specs, out_specs = self._specs(s)
+        # The stage's outputs are differentiated with the received
+        # gradients (a vector-Jacobian product), its own loss with 1.
+        targets, seeds = [objective], [tf.ones_like(objective)]
+        if s < self.last:
+            targets += [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
+                        if tf.as_dtype(spec[1]).is_floating]
+            seeds += self.seeds.pop((s, i))
+        label = f"backward {_label(self.schedule, s, i)}"
+        if self.timeline:  # the backward begins with its first received gradient
+            if len(seeds) > 1:
+                seeds[1], began = ops.stamp(seeds[1], label)
+            else:
+                # A seed TensorFlow cannot fold into a constant (the
+                # stamp would then run while the graph is optimized).
+                with tf.control_dependencies(self.after):
+                    seeds[0] = seeds[0] + 0.0 * tf.stop_gradient(objective)
+                seeds[0], began = ops.stamp(seeds[0], label)
+        # Gradients flow back through the floating inputs only.
+        float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
+                    if t.dtype.is_floating]
+        trainable = self.pipeline.trainable_of[s]
+        sources = list(trainable) + float_in
+        got = tape.gradient(targets, sources, output_gradients=seeds)
+        got = [tf.zeros(v.shape, dtype=v.dtype) if g is None else
+               tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+               for g, v in zip(got, sources)]
+        if self.timeline and got:
+            got[0] = ops.span(began, got[0], label)
+        w_grads, summed = got[:len(trainable)], self.grads[s]
+        self.grads[s] = w_grads if summed is None else [a + b for a, b in zip(summed, w_grads)]
+        # The next pass starts once these gradients are summed: a
+        # micro-batch's gradients are never kept beside the next one's.
+        self.after = list(self.grads[s])
+        self.sending[(s, i)] = got[len(trainable):]
+
+    def send_b(self, action):
+        s, i = action.stage, action.micro_batch
+        in_specs, _ = self._specs(s)
+        back = [spec for spec in in_specs if tf.as_dtype(spec[1]).is_floating]
+        peer, tag = self.schedule.transfer(action)
+        self.after += [self.pipeline._send(g, spec[1], peer, tag)
+                       for g, spec in zip(self.sending.pop((s, i)), back)]
+
+
+def _label(schedule, s, i):
+    """A pass's name on the timeline: the micro-batch, and the stage when
+    a rank runs several."""
+    return f"{i}" if schedule.num_stages == schedule.num_ranks else f"{i} of stage {s}"
 
 
 class _WholeModelForSavers:

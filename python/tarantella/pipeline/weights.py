@@ -4,7 +4,7 @@ A rank of stage s allocates the variables of stage s only; every other
 stage's variables have no value on it. ``build_deferred(build_fn)`` builds a
 model without allocating any weight (Keras's
 ``StatelessScope(initialize_variables=False)`` leaves a variable made with
-an initializer unallocated); ``hold_stage`` then allocates this rank's stage,
+an initializer unallocated); ``hold_stages`` then allocates this rank's stages,
 each variable with its own initializer (so a stage starts bitwise equal to
 the same stage of a normal build with the same seed), and frees the weights
 of a model that was built whole.
@@ -32,6 +32,7 @@ class _NotHeld:
     hold (see the module's description)."""
 
     def __init__(self, path, stage, held):
+        """`held`: the stages this rank holds."""
         self.path, self.stage, self.held = path, stage, held
 
     def __call__(self, shape, dtype=None):
@@ -39,9 +40,14 @@ class _NotHeld:
             return tf.zeros(shape, dtype)
         raise runtime.TarantellaError(
             f"the weight {self.path} belongs to pipeline stage {self.stage}, which rank "
-            f"{runtime.get_rank()} does not hold (it holds stage {self.held} only): read it on "
+            f"{runtime.get_rank()} does not hold (it holds {_stages(self.held)} only): read it on "
             f"a rank of stage {self.stage}, or read the whole model with model.get_weights() "
             "(collective: every rank of the pipeline gathers all stages for it)")
+
+
+def _stages(stages):
+    return (f"stage {stages[0]}" if len(stages) == 1
+            else "stages " + ", ".join(str(s) for s in stages))
 
 
 def build_deferred(build_fn):
@@ -109,16 +115,17 @@ def allocated_meanwhile(variables):
             internals.unallocate(v, init)
 
 
-def hold_stage(stage_models, stage, deferred=()):
-    """Makes this rank hold stage `stage` of `stage_models` (the Keras
-    models of the stages) only: allocates its unallocated variables, and
-    frees and guards those of every other stage. `deferred`: variables made
-    by build_deferred, those outside every stage are allocated too. Returns
-    the variables of the other stages."""
-    own = list(stage_models[stage].variables)
+def hold_stages(stage_models, stages, deferred=()):
+    """Makes this rank hold the stages `stages` of `stage_models` (the
+    Keras models of the stages) only: allocates their unallocated
+    variables, and frees and guards those of every other stage. `deferred`:
+    variables made by build_deferred, those outside every stage are
+    allocated too. Returns the variables of the other stages, with their
+    stage."""
+    own = [v for s in stages for v in stage_models[s].variables]
     others, seen = [], {id(v) for v in own}
     for s, m in enumerate(stage_models):
-        if s == stage:
+        if s in stages:
             continue
         for v in m.variables:
             if id(v) not in seen:
@@ -127,7 +134,7 @@ def hold_stage(stage_models, stage, deferred=()):
     allocate_all(own)
     allocate_all([v for v in deferred if id(v) not in seen])
     for v, s in others:
-        internals.unallocate(v, _NotHeld(v.path, s, stage))
+        internals.unallocate(v, _NotHeld(v.path, s, stages))
     return others
 
 
@@ -147,8 +154,8 @@ class Whole:
     one's values. Collective when `fill` (`fill_from_owners` runs then)."""
 
     def __init__(self, others, held_stage, fill_from_owners):
-        self.others = others  # [(variable, its stage)], from hold_stage
-        self.held_stage = held_stage
+        self.others = others  # [(variable, its stage)], from hold_stages
+        self.held_stage = held_stage  # the stages this rank holds
         self.fill_from_owners = fill_from_owners
         self.depth = 0
 
