@@ -17,7 +17,9 @@ after it wrote half of the weights file of the backup taken after that
 step, before the file is renamed. The master writes the final weights (and the logs of
 the epochs) to --out. --plain trains a model that draws no random numbers
 (no dropout) with SGD, whose result does not depend on the number of ranks
-beyond rounding (for a job that shrinks).
+beyond rounding (for a job that shrinks). --pipeline cuts the model into
+2 pipeline stages (ParallelStrategy.PIPELINING, 2 micro-batches), the
+dropout in the second.
 
     resume_worker.py BACKUP_DIR --out W.npz [--save-freq N] [--kill-rank R ...]
 """
@@ -173,6 +175,7 @@ def main():
     parser.add_argument("--kill-delay", type=float, default=3.0)
     parser.add_argument("--hang-file")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--pipeline", action="store_true")
     parser.add_argument("--early-stopping", action="store_true")
     parser.add_argument("--fill-disk")
     parser.add_argument("--fill-step", type=int, default=5)
@@ -185,9 +188,17 @@ def main():
     dropout = [] if args.plain else [keras.layers.Dropout(0.3)]
     hook = KillInStep(args.kill_in in ("step", "allreduce") and tnt.get_rank() == args.kill_rank
                       and first_attempt(), args.kill_in, args.kill_step, args.kill_delay)
-    model = tnt.Model(keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), hook] + dropout +
-        [keras.layers.Dense(3, activation="softmax")]))
+    if args.pipeline:
+        inputs = keras.Input((8,))
+        h = tnt.keras.layers.SplitLayer()(hook(keras.layers.Dense(16, activation="relu")(inputs)))
+        for layer in dropout + [keras.layers.Dense(3, activation="softmax")]:
+            h = layer(h)
+        model = tnt.Model(keras.Model(inputs, h), num_micro_batches=2,
+                          parallel_strategy=tnt.ParallelStrategy.PIPELINING)
+    else:
+        model = tnt.Model(keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), hook] + dropout +
+            [keras.layers.Dense(3, activation="softmax")]))
     optimizer = (keras.optimizers.SGD(0.1, momentum=0.9) if args.plain
                  else keras.optimizers.Adam(0.01))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
@@ -211,8 +222,9 @@ def main():
               flush=True)
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
                         callbacks=callbacks)
+    weights = model.get_weights()  # collective for a pipelined model
     if tnt.is_master_rank():
-        np.savez(args.out, *model.get_weights())
+        np.savez(args.out, *weights)
         last = {k: float(v[-1]) for k, v in history.history.items()}
         summary = {"epochs": history.epoch, "last": last, "history": history.history}
         if args.early_stopping:

@@ -147,13 +147,14 @@ def test_killed_in_a_step_and_resumed_equals_uninterrupted(tmp_path, runs_of, wh
 def test_killed_while_writing_a_backup_resumes_from_the_previous_one(tmp_path, runs_of, ranks):
     """The master dies with half of the backup of step 8 written to its
     temporary file: the metadata still names the backup of step 4 (epoch 0,
-    batch 3), which the restarted job resumes from."""
+    batch 3), which the restarted job resumes from; its first backup
+    removes the temporary file."""
     proc, got = train(ranks, tmp_path, "--kill-in", "backup", "--kill-step", "8", restarts=1)
-    written = [n for n in os.listdir(tmp_path / "backup") if n.startswith(".epoch1-batch1.weights")]
-    assert len(written) == 1, os.listdir(tmp_path / "backup")
-    assert_restarted_once(proc, 0, None, None,
-                          f"while writing {written[0]} of the backup after step 8")
+    assert_restarted_once(proc, 0, None, None, "while writing .epoch1-batch1.weights.npz.tnt-tmp-")
+    assert " of the backup after step 8" in proc.stdout
     assert "resumes from the backup of epoch 0 batch 3" in proc.stdout
+    assert sorted(os.listdir(tmp_path / "backup")) == [
+        "epoch3-batch5.state.npz", "epoch3-batch5.weights.npz", "training_metadata.json"]
     assert_same_run(got, runs_of(ranks))
 
 
@@ -174,6 +175,25 @@ def test_history_and_early_stopping_survive_a_restart(tmp_path):
     assert summary["epochs"] == expected_summary["epochs"]
     assert summary["history"] == expected_summary["history"]
     assert summary["early_stopping"] == expected_summary["early_stopping"]
+
+
+def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
+    """A model cut into 2 pipeline stages (2 ranks, 2 micro-batches; the
+    dropout in stage 1): each stage's rank writes the weights and the
+    optimizer state of its stage to a file of its own, and restores that
+    file only. Rank 1 is killed in epoch 1 after the backup of step 8
+    (epoch 1, batch 1): the resumed pipeline ends with bitwise the weights
+    of the uninterrupted pipelined run."""
+    _, expected = train(2, tmp_path / "uninterrupted", "--pipeline")
+    proc, got = train(2, tmp_path / "killed", "--pipeline", "--kill-rank", "1",
+                      "--kill-epoch", "1", "--kill-batch", "3", restarts=1)
+    assert_restarted_once(proc, 1, 1, 3)
+    assert "resumes from the backup of epoch 1 batch 1" in proc.stdout
+    # The last backup (step 24: epoch 3, batch 5), kept (delete_checkpoint=False).
+    assert sorted(os.listdir(tmp_path / "killed" / "backup")) == [
+        "epoch3-batch5.stage0.weights.npz", "epoch3-batch5.stage1.weights.npz",
+        "epoch3-batch5.state.npz", "training_metadata.json"]
+    assert_same_run(got, expected)
 
 
 @pytest.fixture
