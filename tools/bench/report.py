@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -1553,7 +1554,7 @@ def reliability_section(results, stages, targets):
                           goals=[(name, required)], label="Backup cost: ")
     if d is not None:
         cost = d["estimated_cost"]
-        per_backup = sorted(d["ms_per_backup"])[len(d["ms_per_backup"]) // 2]
+        per_backup = statistics.median(d["ms_per_backup"])
         out.append(f"**Backup cost** ({d['ranks']} ranks, global batch {d['global_batch']}, "
                    f"save_freq {d['save_freq']}, {d['steps']} steps per fit): a backup takes "
                    f"{per_backup:.1f} ms on the master (median of {len(d['ms_per_backup'])}), "
@@ -1569,22 +1570,23 @@ def reliability_section(results, stages, targets):
                            ["reliability_restart"], label="Restart time: ", show_config=False)
     out += out2
     if r is not None:
-        m = r["median"]
-        cfg = r["config"]
+        m, cfg = r["median"], r["config"]
+        totals = ", ".join(f"{t['total']:.2f}" for t in r["trials"])
         out.append(f"**Restart time**: the {cfg['model']}, {cfg['ranks']} ranks, "
                    f"`--max-restarts 1`, BackupAndRestore(save_freq={cfg['save_freq']}); the "
-                   f"last rank is killed after step {cfg['kill_step']}. Median of "
-                   f"{len(r['trials'])} trial(s), load average {r['load_average']:.1f} on "
+                   f"last rank is killed after step {cfg['kill_step']}. The trial of the median "
+                   f"total of {len(r['trials'])} (totals {totals} s), load average {r['load_average']:.1f} on "
                    f"{r['cpus']} cores. Command: `{r['command']}`.")
         out.append("")
         rows = [["the launcher ends the attempt and starts the next", f"{m['restart']:.2f}"],
                 ["TensorFlow's start-up: import (TensorFlow, Keras, Tarantella)",
                  f"{m['import']:.2f}"],
                 ["TensorFlow's start-up: tnt.init()", f"{m['init']:.2f}"],
-                ["build, restore the backup, skip the trained batches, first step",
+                ["load the data, build, restore the backup, skip the trained batches, "
+                 "first step",
                  f"{m['resume']:.2f}"],
                 ["**fault to the first step of the next attempt**", f"**{m['total']:.2f}**"]]
-        out.append(table(["part (the latest rank's)", "s"], rows))
+        out.append(table(["part (until the last rank is through it)", "s"], rows))
         out.append("")
         out.append(f"TensorFlow's start-up (import + init) is {m['tf_startup']:.2f} s of the "
                    f"{m['total']:.2f} s.")

@@ -10,17 +10,20 @@ second attempt records when its interpreter started (the script's first
 line), when TensorFlow, Keras and Tarantella were imported, when tnt.init()
 returned and when its first training step ended (the resumed fit's first
 step: the batches trained before the backup are skipped, without calling
-the batch hooks). The parts, each the latest rank's, from the fault:
+the batch hooks). The parts, one after the other from the fault, each
+ending when the last rank is through it (so they add up to the total):
 
   restart      the fault until the next attempt's interpreters start (the
                launcher notices the death, ends the attempt, starts the next)
   import       importing TensorFlow, Keras and Tarantella
   init         tnt.init()
-  resume       building the model, restoring the backup, going past the
-               trained batches, and the first step (tracing it included)
+  resume       loading the data, building the model, restoring the backup,
+               going past the trained batches, and the first step (tracing
+               it included)
 
 TensorFlow's start-up is import + init. One host, so the ranks' clocks are
-one clock.
+one clock. The trial of the median total is reported (its parts add up to
+it), with every trial's.
 
     tools/bench/restart_time.py [--ranks 2] [--trials 3] [--json OUT.json]
 """
@@ -107,19 +110,11 @@ def trial(args, directory):
     for r in range(args.ranks):
         with open(os.path.join(directory, f"rank{r}.json")) as f:
             ranks.append(json.load(f))
-    latest = {k: max(t[k] for t in ranks) for k in ranks[0]}
-    return {"restart": latest["started"] - fault,
-            "import": max(t["imported"] - t["started"] for t in ranks),
-            "init": max(t["initialized"] - t["imported"] for t in ranks),
-            "resume": latest["first_step"] - max(t["initialized"] for t in ranks),
-            "total": latest["first_step"] - fault,
-            "command": " ".join(cmd)}
-
-
-def median(values):
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    last = {k: max(t[k] for t in ranks) for k in ranks[0]}
+    return {"restart": last["started"] - fault, "import": last["imported"] - last["started"],
+            "init": last["initialized"] - last["imported"],
+            "resume": last["first_step"] - last["initialized"],
+            "total": last["first_step"] - fault, "command": " ".join(cmd)}
 
 
 def main():
@@ -146,9 +141,10 @@ def main():
             shutil.rmtree(directory, ignore_errors=True)
         print(f"trial {t}: " + ", ".join(f"{k} {runs[-1][k]:.2f} s"
                                          for k in PARTS + ("total",)), flush=True)
-    result = {k: median([r[k] for r in runs]) for k in PARTS + ("total",)}
-    result["tf_startup"] = median([r["import"] + r["init"] for r in runs])
-    print(f"median of {len(runs)}: fault to the first step of the next attempt "
+    middle = sorted(runs, key=lambda r: r["total"])[(len(runs) - 1) // 2]
+    result = {k: middle[k] for k in PARTS + ("total",)}
+    result["tf_startup"] = middle["import"] + middle["init"]
+    print(f"the median of {len(runs)} trials: fault to the first step of the next attempt "
           f"{result['total']:.2f} s, of which TensorFlow's start-up (import + init) "
           f"{result['tf_startup']:.2f} s")
     if args.json:
