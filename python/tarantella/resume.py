@@ -113,8 +113,8 @@ def weights_file_to_restore(model, names):
         def what(n, pipelined):
             return f"a pipeline of {n} stages" if pipelined else "a model that is not pipelined"
         raise runtime.TarantellaError(
-            f"BackupAndRestore: the backup is of {what(taken, isinstance(names, list))}, but "
-            f"this model is {what(stages, pipeline is not None)}: resume with the model and "
+            f"BackupAndRestore: the backup was taken of {what(taken, isinstance(names, list))}, "
+            f"and this is {what(stages, pipeline is not None)}: resume with the model and "
             "stages of the run that took the backup")
     return names if pipeline is None else names[pipeline.stage]
 

@@ -194,6 +194,15 @@ def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
         "epoch3-batch5.stage0.weights.npz", "epoch3-batch5.stage1.weights.npz",
         "epoch3-batch5.state.npz", "training_metadata.json"]
     assert_same_run(got, expected)
+    # The backup of 2 stages does not resume a model that is not pipelined.
+    cmd = mpirun_command(2, sys.executable, WORKER, str(tmp_path / "killed" / "backup"),
+                         "--out", str(tmp_path / "w.npz"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TNT_TIMEOUT_S="60"))
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert ("TarantellaError: BackupAndRestore: the backup was taken of a pipeline of 2 stages, "
+            "and this is a model that is not pipelined: resume with the model and stages of the "
+            "run that took the backup") in proc.stdout + proc.stderr, proc.stderr[-4000:]
 
 
 @pytest.fixture
