@@ -186,18 +186,21 @@ def main():
     x = rng.normal(size=(96, 8)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int32") + (x[:, 2] > 1).astype("int32")
     dropout = [] if args.plain else [keras.layers.Dropout(0.3)]
+    # The kill matrix's runs (--kill-in other than batch-end) have the hook
+    # layer, armed on the rank to kill only; the others leave it out.
     hook = KillInStep(args.kill_in in ("step", "allreduce") and tnt.get_rank() == args.kill_rank
                       and first_attempt(), args.kill_in, args.kill_step, args.kill_delay)
+    hooks = [] if args.kill_in == "batch-end" else [hook]
     if args.pipeline:
         inputs = keras.Input((8,))
-        h = tnt.keras.layers.SplitLayer()(hook(keras.layers.Dense(16, activation="relu")(inputs)))
+        h = tnt.keras.layers.SplitLayer()(keras.layers.Dense(16, activation="relu")(inputs))
         for layer in dropout + [keras.layers.Dense(3, activation="softmax")]:
             h = layer(h)
         model = tnt.Model(keras.Model(inputs, h), num_micro_batches=2,
                           parallel_strategy=tnt.ParallelStrategy.PIPELINING)
     else:
         model = tnt.Model(keras.Sequential(
-            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), hook] + dropout +
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu")] + hooks + dropout +
             [keras.layers.Dense(3, activation="softmax")]))
     optimizer = (keras.optimizers.SGD(0.1, momentum=0.9) if args.plain
                  else keras.optimizers.Adam(0.01))

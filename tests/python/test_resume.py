@@ -52,13 +52,16 @@ def train(ranks, d, *args, restarts=0, env=None):
 
 @pytest.fixture(scope="module")
 def runs_of(tmp_path_factory):
-    """The final weights and logs of an uninterrupted run on n ranks: runs_of(n)."""
+    """The final weights and logs of an uninterrupted run on n ranks:
+    runs_of(n), or of the kill matrix's model (with its hook layer, armed on
+    no rank): runs_of(n, hooked=True)."""
     done = {}
 
-    def runs_of(ranks):
-        if ranks not in done:
-            done[ranks] = train(ranks, tmp_path_factory.mktemp(f"uninterrupted{ranks}"))[1]
-        return done[ranks]
+    def runs_of(ranks, hooked=False):
+        if (ranks, hooked) not in done:
+            d = tmp_path_factory.mktemp(f"uninterrupted{ranks}")
+            done[ranks, hooked] = train(ranks, d, *(["--kill-in", "step"] if hooked else []))[1]
+        return done[ranks, hooked]
     return runs_of
 
 
@@ -140,7 +143,7 @@ def test_killed_in_a_step_and_resumed_equals_uninterrupted(tmp_path, runs_of, wh
                 log = f.read()
             assert re.search(r"WARNING: allreduce of fusion bucket \d+ .*: still waiting for "
                              r"rank \d+ .*after", log), f"rank {r}: {log[-3000:]}"
-    assert_same_run(got, runs_of(ranks))
+    assert_same_run(got, runs_of(ranks, hooked=True))
 
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.long)])
@@ -155,7 +158,7 @@ def test_killed_while_writing_a_backup_resumes_from_the_previous_one(tmp_path, r
     assert "resumes from the backup of epoch 0 batch 3" in proc.stdout
     assert sorted(os.listdir(tmp_path / "backup")) == [
         "epoch3-batch5.state.npz", "epoch3-batch5.weights.npz", "training_metadata.json"]
-    assert_same_run(got, runs_of(ranks))
+    assert_same_run(got, runs_of(ranks, hooked=True))
 
 
 def test_history_and_early_stopping_survive_a_restart(tmp_path):
