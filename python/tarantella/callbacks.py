@@ -11,8 +11,9 @@ Callbacks that write files write them once:
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
 * BackupAndRestore restores on every rank (the backup is read by all) and
-  writes and deletes its backup on the master only, so that a job killed
-  while it writes leaves the previous backup usable.
+  writes and deletes its backup on the master only (a pipelined model's
+  stages write their own weights files), so that a job killed while it
+  writes leaves the previous backup usable.
 
 A callback that runs on the master only and raises ends fit on every rank:
 the other ranks learn of the failure at the next epoch's end (or at the
@@ -240,10 +241,21 @@ def _quiet(callback):
 _BACKUP_FILES = ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state")
 
 
+def _backup_files(meta):
+    """The names of the files of the backups that the metadata `meta`
+    names (a pipelined model's weights are a list of files, one a stage)."""
+    names = set()
+    for k in _BACKUP_FILES:
+        value = meta.get(k)
+        names.update(value if isinstance(value, list) else [value])
+    names.discard(None)
+    return names
+
+
 def _remove_files(directory, names, keep):
-    """Removes the files `names` (None: none) of `directory` not in `keep`."""
+    """Removes the files `names` of `directory` not in `keep`."""
     for name in names:
-        if name is not None and name not in keep:
+        if name not in keep:
             try:
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:
@@ -277,12 +289,15 @@ def _backup_error(path, error, old):
 def _backup_atomically(callback, callbacks):
     """Makes a BackupAndRestore write on the master only, and so that a job
     killed at any moment leaves a consistent backup: the weights go to a
-    new file named by epoch and batch (through a temporary file), and so
-    does the state the weights leave out (resume.py: every rank's random
-    seeds and metric accumulators); then the metadata that names these files
-    replaces the previous metadata in one rename, and only then the previous
-    files are deleted. Every rank restores the backup the metadata names
-    and goes on from the batch after it (resume.py). With
+    new file named by epoch and batch (through a temporary file; a
+    pipelined model's go to a file per stage, each written by the stage's
+    rank of the first replica, and every rank learns whether all of them
+    were written), and so does the state the weights leave out (resume.py:
+    every rank's random seeds and metric accumulators); then the metadata
+    that names these files replaces the previous metadata in one rename, and
+    only then the previous files are deleted. Every rank restores the
+    backup the metadata names (of a pipelined model: its stage's file) and
+    goes on from the batch after it (resume.py). With
     double_checkpoint=True the previous backup is kept and named in the
     metadata too, and a restore that cannot read the latest weights (an
     I/O error) restores the previous ones, as Keras's own BackupAndRestore
@@ -316,24 +331,39 @@ def _backup_atomically(callback, callbacks):
         backup.resume_at(epoch, batches)
         resume.replay_iterators(model_of(), meta.get(f"tnt_{prefix}iterators", 0), batches)
 
-    def load():
-        meta = metadata()
-        name = meta.get("tnt_weights")
-        if name is None:
-            return backup.keras_load()
+    def restore(names):
+        """Restores this rank's file of the weights files `names`; returns
+        why this rank (of a pipeline: the first rank that) could not read
+        its file, or None. Collective for a pipelined model."""
+        name = resume.weights_file_to_restore(model_of(), names)
         try:
             resume.restore_variables(model_of(), os.path.join(callback.backup_dir, name))
+            unreadable = None
+        except resume.UnreadableBackup as e:
+            unreadable = str(e)
+        if isinstance(names, list):  # the stages restore the same backup
+            unreadable = runtime.first_message(unreadable)
+        return unreadable
+
+    def load():
+        meta = metadata()
+        names = meta.get("tnt_weights")
+        if names is None:
+            return backup.keras_load()
+        unreadable = restore(names)
+        if unreadable is None:
             backup.set_initial_epoch(meta["epoch"])
             restore_position(meta, "")
-        except resume.UnreadableBackup:
-            previous = meta.get("tnt_previous")
-            if not previous:
-                raise
-            log.logger.warning("BackupAndRestore: cannot read %s; restoring the previous "
-                               "backup %s", name, previous)
-            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, previous))
-            backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
-            restore_position(meta, "previous_")
+            return
+        previous = meta.get("tnt_previous")
+        if not previous:
+            raise resume.UnreadableBackup(unreadable)
+        log.logger.warning("%s; restoring the previous backup %s", unreadable, previous)
+        unreadable = restore(previous)
+        if unreadable is not None:
+            raise resume.UnreadableBackup(unreadable)
+        backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
+        restore_position(meta, "previous_")
 
     keras_train_begin = callback.on_train_begin
 
@@ -359,21 +389,26 @@ def _backup_atomically(callback, callbacks):
         finished[epoch] = dict(logs or {})
         keras_epoch_end(epoch, logs)
 
-    def write(variables, tables, old, writing):
-        """Writes the backup's files, then the metadata that names them
-        (master). The file being written is writing[0]. Returns the names of
-        the files the metadata names."""
+    def write_weights(name, writing):
+        """Writes this rank's weights file `name` of the backup. The file
+        being written is writing[0]."""
         writing[0] = callback.backup_dir
         os.makedirs(callback.backup_dir, exist_ok=True)
-        base = f"epoch{backup.epoch}-batch{backup.batch}"
-        name, state = f"{base}.weights.npz", f"{base}.state.npz"
-        for file, arrays in ((name, variables), (state, tables)):
-            writing[0] = os.path.join(callback.backup_dir, file)
-            saving.write_atomically(writing[0], lambda path, arrays=arrays: _savez(path, arrays))
-        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": name,
+        writing[0] = os.path.join(callback.backup_dir, name)
+        arrays = resume.variables_snapshot(model_of())
+        saving.write_atomically(writing[0], lambda path: _savez(path, arrays))
+
+    def write(names, state, tables, old, writing):
+        """Writes the backup's state file `state`, then the metadata that
+        names it and the weights files `names` (master). The file being
+        written is writing[0]. Returns the names of the files the metadata
+        names."""
+        writing[0] = os.path.join(callback.backup_dir, state)
+        saving.write_atomically(writing[0], lambda path: _savez(path, tables))
+        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": names,
                 "tnt_state": state, "tnt_batches_done": backup.batches_done(),
                 "tnt_iterators": resume.iterators_made(model_of())}
-        if callback.double_checkpoint and old.get("tnt_weights") not in (None, name):
+        if callback.double_checkpoint and old.get("tnt_weights") not in (None, names):
             meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0),
                         tnt_previous_state=old.get("tnt_state"),
                         tnt_previous_batches_done=old.get("tnt_batches_done", 0),
@@ -385,25 +420,38 @@ def _backup_atomically(callback, callbacks):
                 f.write(text)
         writing[0] = backup.metadata_path
         saving.write_atomically(writing[0], write_meta)
-        return {meta.get(k) for k in _BACKUP_FILES}
+        return _backup_files(meta)
 
     def save():
         tables = resume.gather(model_of())  # collective: every rank saves
-        error, text = None, None
-        if runtime.is_master_rank():
-            tables.update(resume.callbacks_state(user_callbacks, finished))
-            old, writing = metadata(), [None]
+        base = f"epoch{backup.epoch}-batch{backup.batch}"
+        names, state = resume.weights_files(model_of(), base), f"{base}.state.npz"
+        own = resume.own_weights_file(model_of(), names)
+        old = metadata() if own is not None or runtime.is_master_rank() else {}
+        writing, error, text = [None], None, None
+        if own is not None:
             try:
-                keep = write(resume.variables_snapshot(model_of()), tables, old, writing)
+                write_weights(own, writing)
             except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
                 error, text = e, _backup_error(writing[0], e, old)
-                base = f"epoch{backup.epoch}-batch{backup.batch}"
+        if isinstance(names, list):  # the first failed stage writer's error, on every rank
+            text = runtime.first_message(text)
+        if runtime.is_master_rank():
+            if text is None:
+                tables.update(resume.callbacks_state(user_callbacks, finished))
+                try:
+                    keep = write(names, state, tables, old, writing)
+                except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
+                    error, text = e, _backup_error(writing[0], e, old)
+                else:
+                    _remove_files(callback.backup_dir, _backup_files(old), keep)
+                    # What a job killed while it wrote a backup left behind.
+                    saving.remove_leftover_temporaries(callback.backup_dir)
+            if text is not None:
                 # What this backup wrote before it failed; the previous backup is untouched.
-                _remove_files(callback.backup_dir, (f"{base}.weights.npz", f"{base}.state.npz"),
-                              {old.get(k) for k in _BACKUP_FILES})
-            else:
-                _remove_files(callback.backup_dir, (old.get(k) for k in _BACKUP_FILES), keep)
-        # The master's error, on every rank, so that all stop at once.
+                new = _backup_files({"tnt_weights": names, "tnt_state": state})
+                _remove_files(callback.backup_dir, new, _backup_files(old))
+        # The master's error (or a stage's), on every rank, so that all stop at once.
         text = runtime.master_message(text)
         if text is not None:
             raise runtime.TarantellaError(text) from error

@@ -27,6 +27,12 @@ as if it had never stopped:
 
 With the same number of ranks the resumed run computes exactly what the
 uninterrupted run computes, so its weights are bitwise the same.
+
+A pipelined model is backed up stage by stage: the rank of each stage in
+the pipeline's first replica writes the variables of its stage (its
+weights, and the optimizer's variables, which are the stage's own) to a
+weights file of the stage, and every rank restores its stage's file only;
+no rank ever holds the whole model for a backup.
 """
 import json
 import weakref
@@ -72,9 +78,56 @@ def skipping(batch):
     return _skip_below is not None and batch < _skip_below
 
 
+def _pipeline(model):
+    """The pipeline of `model` (pipeline/stage.py), or None."""
+    return getattr(getattr(model, "_tnt", None), "pipeline", None)
+
+
+def weights_files(model, base):
+    """The names of the weights files of the backup `base` of `model`: one
+    name, or for a pipelined model one per stage, in the stages' order."""
+    pipeline = _pipeline(model)
+    if pipeline is None:
+        return f"{base}.weights.npz"
+    if len(pipeline.stages) > 1:
+        raise runtime.TarantellaError(
+            "BackupAndRestore backs a pipeline up stage by stage, one stage per rank; with "
+            "TNT_PIPELINE_SCHEDULE=interleaved a rank runs several stages, which it cannot back "
+            "up yet: use the 1f1b or gpipe schedule with BackupAndRestore, or ModelCheckpoint")
+    return [f"{base}.stage{s}.weights.npz" for s in range(pipeline.partition.num_stages)]
+
+
+def own_weights_file(model, names):
+    """The one of `names` (from weights_files) that this rank writes, or
+    None: the master writes the file of a model that is not pipelined; the
+    rank of each stage in the first replica writes its stage's."""
+    pipeline = _pipeline(model)
+    if pipeline is None:
+        return names if runtime.is_master_rank() else None
+    return names[pipeline.stage] if pipeline.layout.replica == 0 else None
+
+
+def weights_file_to_restore(model, names):
+    """The one of a backup's weights files `names` that this rank restores.
+    Raises a TarantellaError when the backup is of a model cut into other
+    stages (or not pipelined, when this one is)."""
+    pipeline = _pipeline(model)
+    stages = 1 if pipeline is None else pipeline.partition.num_stages
+    taken = len(names) if isinstance(names, list) else 1
+    if taken != stages or isinstance(names, list) != (pipeline is not None):
+        def what(n, pipelined):
+            return f"a pipeline of {n} stages" if pipelined else "a model that is not pipelined"
+        raise runtime.TarantellaError(
+            f"BackupAndRestore: the backup was taken of {what(taken, isinstance(names, list))}, "
+            f"and this is {what(stages, pipeline is not None)}: resume with the model and "
+            "stages of the run that took the backup")
+    return names if pipeline is None else names[pipeline.stage]
+
+
 def _seed_variables(model):
     """The random seed generators' states, which the weights file leaves
-    out, in a fixed order."""
+    out, in a fixed order (of a pipelined model, also those of the stages
+    that this rank does not hold, which hold no value here)."""
     skip = {id(v) for v in list(model.weights) + list(model.metrics_variables)}
     if model.optimizer is not None:
         skip.update(id(v) for v in model.optimizer.variables)
@@ -163,10 +216,12 @@ class UnreadableBackup(runtime.TarantellaError):
 
 
 def _backed_up_variables(model):
-    """The variables of a backup's weights file: the model's weights, then
-    the optimizer's variables (its step count, learning rate, moments), in
-    a fixed order."""
-    variables = list(model.weights)
+    """The variables of a backup's weights file: the model's weights (of a
+    pipelined model, its stage's), then the optimizer's variables (its step
+    count, learning rate, moments; a pipelined model's optimizer is its
+    stage's), in a fixed order."""
+    pipeline = _pipeline(model)
+    variables = list(model.weights if pipeline is None else pipeline.model.weights)
     if model.optimizer is not None:
         variables += list(model.optimizer.variables)
     seen, out = set(), []
@@ -192,7 +247,9 @@ def restore_variables(model, path):
     of another model."""
     if model.optimizer is not None and not model.optimizer.built:
         # Its moments exist once it is built, as Keras's own restore does.
-        model.optimizer.build(model.trainable_variables)
+        pipeline = _pipeline(model)
+        model.optimizer.build(model.trainable_variables if pipeline is None
+                              else pipeline.trainable)
     variables = _backed_up_variables(model)
     try:
         with np.load(path) as f:
@@ -209,9 +266,17 @@ def restore_variables(model, path):
         v.assign(a)
 
 
+def _held(v):
+    """The value of `v`, zeros when this rank does not hold it (a variable
+    of another pipeline stage)."""
+    if not internals.is_allocated(v):
+        return np.zeros(v.shape, v.dtype)
+    return np.asarray(keras.ops.convert_to_numpy(v))
+
+
 def _table(variables):
     """Every rank's values of `variables`, one row per rank (collective)."""
-    values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
+    values = [_held(v) for v in variables]
     for v, array in zip(variables, values):
         if array.dtype.kind in "iu" and array.size and np.abs(array).max() >= _EXACT_INTEGERS:
             raise runtime.TarantellaError(
@@ -233,7 +298,8 @@ def _assign(variables, table):
         return False
     row, start = table[runtime.get_rank()], 0
     for v, n in zip(variables, sizes):
-        v.assign(row[start:start + n].reshape(v.shape).astype(v.dtype))
+        if internals.is_allocated(v):
+            v.assign(row[start:start + n].reshape(v.shape).astype(v.dtype))
         start += n
     return True
 
@@ -287,7 +353,8 @@ class _Skip:
     function back, and returns the metrics' results, as a real step would.
     Keras builds the compiled metrics in the first step; they are built here
     on the last skipped batch (an inference pass, which draws no random
-    numbers and changes no layer state), reset, then given their values."""
+    numbers and changes no layer state), reset, then given their values; a
+    pipeline built them before fit, and no rank can run its whole model."""
 
     def __init__(self, model, batches, metrics_table):
         self.model = model
@@ -301,8 +368,10 @@ class _Skip:
         self.left -= self.model.steps_per_execution
         if self.left > 0:
             return {}
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        self.model.compute_metrics(x, y, self.model(x, training=False), sample_weight)
+        if _pipeline(self.model) is None:
+            # A pipeline built its metrics before fit (stage.build_state).
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            self.model.compute_metrics(x, y, self.model(x, training=False), sample_weight)
         self.model.reset_metrics()
         # On another number of ranks the metrics start afresh (callbacks.py says so).
         _assign(list(self.model.metrics_variables), self.metrics_table)

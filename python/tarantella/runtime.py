@@ -159,15 +159,33 @@ _MESSAGE_BYTES = 1024
 def master_message(text=None):
     """The master's `text` (a str, or None), on every rank; other ranks'
     `text` is ignored. Collective: every rank calls it."""
+    return _message_of(MASTER_RANK, text)
+
+
+def first_message(text=None):
+    """The `text` (a str, or None) of the lowest rank that has one, on every
+    rank; None when no rank has. Collective: every rank calls it."""
+    import numpy as np
+    if get_size() == 1:
+        return text
+    has = np.zeros(get_size())
+    has[get_rank()] = text is not None
+    _core.allreduce(has, op="sum")
+    senders = np.flatnonzero(has)
+    return None if senders.size == 0 else _message_of(int(senders[0]), text)
+
+
+def _message_of(root, text):
+    """Rank `root`'s `text` (a str, or None), on every rank. Collective."""
     import numpy as np
     buf = np.zeros(_MESSAGE_BYTES // 8, dtype=np.int64)
     raw = buf.view(np.uint8)
-    if is_master_rank() and text is not None:
+    if get_rank() == root and text is not None:
         data = text.encode()[:_MESSAGE_BYTES - 9]
         raw[0] = 1
         raw[8:8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
     if get_size() > 1:
-        _core.broadcast(buf, root=MASTER_RANK)
+        _core.broadcast(buf, root=root)
     if raw[0] == 0:
         return None
     return raw[8:].tobytes().rstrip(b"\0").decode(errors="replace")

@@ -45,6 +45,18 @@ def write_atomically(filepath, write):
             os.remove(tmp)
 
 
+def remove_leftover_temporaries(directory):
+    """Removes from `directory` the temporary files of writes that were cut
+    short (a process killed while it wrote); no write into it may be in
+    progress."""
+    for name in os.listdir(directory):
+        if name.startswith(".") and ".tnt-tmp-" in name:
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
 def write_on_master(filepath, overwrite, all_devices, write, others=None):
     """write_atomically on the master (or every rank), then every rank waits;
     meanwhile the ranks that do not write run `others()` (those that send

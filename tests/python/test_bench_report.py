@@ -351,3 +351,29 @@ def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
     row = next(r for r in sim.summarize(ranks, 2, 1e9) if (r["fusion"], r["overlap"]) ==
                sim.CONFIGS[0])
     assert row["reach_ms"] == 43.0 and row["ratio_to_reach"] == round(60 / 43, 3)
+
+
+def test_report_reliability_section(tmp_path):
+    """The backup cost is judged from a backup's time over save_freq steps
+    (2.5 ms per 50 steps of 1 ms: 5 %, at the limit), and the restart time
+    is split into its parts, TensorFlow's start-up apart."""
+    write(tmp_path / "reliability_backup.json", {
+        "ranks": 2, "global_batch": 64, "save_freq": 50, "steps": 100,
+        "ms_per_step_without": [1.0, 1.0], "ms_per_step_with": [1.1, 0.9],
+        "cost": [0.1, -0.1], "median_cost": 0.0, "ms_per_backup": [2.0, 2.5, 9.0],
+        "estimated_cost": 0.05})
+    trial = {"restart": 2.0, "import": 5.0, "init": 1.0, "resume": 3.0, "total": 11.0}
+    write(tmp_path / "reliability_restart.json", {
+        "config": {"ranks": 2, "save_freq": 50, "kill_step": 60, "trials": 1,
+                   "model": "quick start (LeNet-5, global batch 64)"},
+        "trials": [trial], "median": dict(trial, tf_startup=6.0), "command": "restart_time.py",
+        "load_average": 1.0, "cpus": 2})
+    summary = report(tmp_path)
+    row = target_row(summary, "BackupAndRestore(save_freq=50) step-time cost")
+    assert "| 5.0 % | PASS |" in row, row
+    assert "a backup takes 2.5 ms on the master (median of 3)" in summary
+    assert "| **fault to the first step of the next attempt** | **11.00** |" in summary
+    assert "TensorFlow's start-up (import + init) is 6.00 s of the 11.00 s." in summary
+    (tmp_path / "reliability_backup.json").write_text(json.dumps(dict(
+        json.loads((tmp_path / "reliability_backup.json").read_text()), estimated_cost=0.06)))
+    assert "| 6.0 % | **MISS** |" in target_row(report(tmp_path), "BackupAndRestore")

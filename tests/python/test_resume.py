@@ -7,9 +7,18 @@ same number of ranks the resumed run performs the same operations on the
 same values, so no tolerance applies.
 
 resume_worker.py trains 4 epochs of 6 steps (global batch 16 of 96 NumPy
-samples, shuffled every epoch) and backs up after every 4th step."""
+samples, shuffled every epoch) and backs up after every 4th step.
+
+The kill matrix kills rank 0, the last rank or a middle one, on 2 and 3
+ranks, at four moments: at a batch's end (after a backup, before the next),
+inside a step (the forward pass of the traced train function), in the
+gradient allreduce (the rank dies in its backward pass while the others
+wait for it in the allreduce), and in the middle of writing a backup (the
+master, the rank that writes it, dies with half of the weights file
+written). `make test` runs a few of them; `make test-long` all."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,7 +37,7 @@ def final(out):
         return weights, json.load(f)
 
 
-def train(ranks, d, *args, restarts=0):
+def train(ranks, d, *args, restarts=0, env=None):
     """Runs the worker on `ranks` ranks in directory d; returns the launcher's
     process and the final weights and logs."""
     d.mkdir(parents=True, exist_ok=True)
@@ -36,12 +45,29 @@ def train(ranks, d, *args, restarts=0):
     cmd = mpirun_command(ranks, sys.executable, WORKER, str(d / "backup"), "--out", out, *args)
     if restarts:
         cmd.insert(1, f"--max-restarts={restarts}")
-    return run(cmd), final(out)
+    proc = run(cmd, env=env)
+    proc.run_dir = cmd[cmd.index("--run-dir") + 1]
+    return proc, final(out)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    return train(2, tmp_path_factory.mktemp("uninterrupted"))[1]
+def runs_of(tmp_path_factory):
+    """The final weights and logs of an uninterrupted run on n ranks:
+    runs_of(n), or of the kill matrix's model (with its hook layer, armed on
+    no rank): runs_of(n, hooked=True)."""
+    done = {}
+
+    def runs_of(ranks, hooked=False):
+        if (ranks, hooked) not in done:
+            d = tmp_path_factory.mktemp(f"uninterrupted{ranks}")
+            done[ranks, hooked] = train(ranks, d, *(["--kill-in", "step"] if hooked else []))[1]
+        return done[ranks, hooked]
+    return runs_of
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(runs_of):
+    return runs_of(2)
 
 
 def assert_same_run(got, expected):
@@ -55,9 +81,11 @@ def assert_same_run(got, expected):
     assert summary["last"] == expected_summary["last"]
 
 
-def assert_restarted_once(proc, rank, epoch, batch):
-    assert f"rank {rank} kills itself at epoch {epoch} batch {batch}" in proc.stdout
-    assert "attempt 1 failed" in proc.stderr and "was killed by signal 9" in proc.stderr
+def assert_restarted_once(proc, rank, epoch, batch, how=None):
+    how = how or f"at epoch {epoch} batch {batch}"
+    assert f"rank {rank} kills itself {how}" in proc.stdout, proc.stdout[-4000:]
+    assert f"attempt 1 failed: rank {rank} on host" in proc.stderr
+    assert "was killed by signal 9" in proc.stderr
     assert "attempt 2 succeeded after 1 restart(s)" in proc.stderr
 
 
@@ -65,7 +93,7 @@ def assert_restarted_once(proc, rank, epoch, batch):
 # resumed fit has to skip of the epoch it starts in.
 KILLS = [
     # backup after step 8 (epoch 1, batch 1): 2 batches of epoch 1 are skipped
-    pytest.param(1, 1, 3, id="last-rank-mid-epoch"),
+    pytest.param(1, 1, 3, id="last-rank-mid-epoch", marks=pytest.mark.long),
     # backup after step 12, the last batch of epoch 1: all of epoch 1 is
     # skipped, and epoch 2 starts with the next data order (make test-long)
     pytest.param(0, 2, 1, id="rank0-after-an-epochs-last-batch", marks=pytest.mark.long),
@@ -78,6 +106,59 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
                       "--kill-batch", str(batch), restarts=1)
     assert_restarted_once(proc, rank, epoch, batch)
     assert_same_run(got, uninterrupted)
+
+
+# The step in which a rank dies inside the train step or the allreduce: step
+# 7, the first of epoch 1; the last backup is that of step 4 (epoch 0, batch
+# 3), so the resumed fit trains the rest of epoch 0 and goes on.
+KILL_STEP = 7
+# The rank dying in its backward pass waits this long first, and the others
+# log that they are still waiting in the allreduce after STALL_WARNING_S:
+# their own backward pass and the way into the allreduce take milliseconds.
+KILL_DELAY_S, STALL_WARNING_S = 4, 1
+
+
+def matrix_case(where, ranks, rank, cheap=False):
+    name = {0: "rank0", ranks - 1: "last-rank"}.get(rank, "middle-rank")
+    return pytest.param(where, ranks, rank, id=f"{where}-{name}-of-{ranks}",
+                        marks=() if cheap else pytest.mark.long)
+
+
+KILL_MATRIX = [matrix_case(where, ranks, rank, cheap=(where, ranks, rank) == ("allreduce", 2, 0))
+               for where in ("step", "allreduce") for ranks in (2, 3) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("where,ranks,rank", KILL_MATRIX)
+def test_killed_in_a_step_and_resumed_equals_uninterrupted(tmp_path, runs_of, where, ranks, rank):
+    proc, got = train(ranks, tmp_path, "--kill-in", where, "--kill-rank", str(rank),
+                      "--kill-step", str(KILL_STEP), "--kill-delay", str(KILL_DELAY_S),
+                      restarts=1, env={"TNT_STALL_WARNING_S": str(STALL_WARNING_S)})
+    pass_ = "forward" if where == "step" else "backward"
+    assert_restarted_once(proc, rank, None, None, f"in the {pass_} pass of step {KILL_STEP}")
+    assert "resumes from the backup of epoch 0 batch 3" in proc.stdout
+    if where == "allreduce":
+        # Every other rank was inside the gradient allreduce, waiting.
+        for r in set(range(ranks)) - {rank}:
+            with open(os.path.join(proc.run_dir, "attempt1", f"rank{r}.log")) as f:
+                log = f.read()
+            assert re.search(r"WARNING: allreduce of fusion bucket \d+ .*: still waiting for "
+                             r"rank \d+ .*after", log), f"rank {r}: {log[-3000:]}"
+    assert_same_run(got, runs_of(ranks, hooked=True))
+
+
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.long)])
+def test_killed_while_writing_a_backup_resumes_from_the_previous_one(tmp_path, runs_of, ranks):
+    """The master dies with half of the backup of step 8 written to its
+    temporary file: the metadata still names the backup of step 4 (epoch 0,
+    batch 3), which the restarted job resumes from; its first backup
+    removes the temporary file."""
+    proc, got = train(ranks, tmp_path, "--kill-in", "backup", "--kill-step", "8", restarts=1)
+    assert_restarted_once(proc, 0, None, None, "while writing .epoch1-batch1.weights.npz.tnt-tmp-")
+    assert " of the backup after step 8" in proc.stdout
+    assert "resumes from the backup of epoch 0 batch 3" in proc.stdout
+    assert sorted(os.listdir(tmp_path / "backup")) == [
+        "epoch3-batch5.state.npz", "epoch3-batch5.weights.npz", "training_metadata.json"]
+    assert_same_run(got, runs_of(ranks, hooked=True))
 
 
 def test_history_and_early_stopping_survive_a_restart(tmp_path):
@@ -97,6 +178,34 @@ def test_history_and_early_stopping_survive_a_restart(tmp_path):
     assert summary["epochs"] == expected_summary["epochs"]
     assert summary["history"] == expected_summary["history"]
     assert summary["early_stopping"] == expected_summary["early_stopping"]
+
+
+def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
+    """A model cut into 2 pipeline stages (2 ranks, 2 micro-batches; the
+    dropout in stage 1): each stage's rank writes the weights and the
+    optimizer state of its stage to a file of its own, and restores that
+    file only. Rank 1 is killed in epoch 1 after the backup of step 8
+    (epoch 1, batch 1): the resumed pipeline ends with bitwise the weights
+    of the uninterrupted pipelined run."""
+    _, expected = train(2, tmp_path / "uninterrupted", "--pipeline")
+    proc, got = train(2, tmp_path / "killed", "--pipeline", "--kill-rank", "1",
+                      "--kill-epoch", "1", "--kill-batch", "3", restarts=1)
+    assert_restarted_once(proc, 1, 1, 3)
+    assert "resumes from the backup of epoch 1 batch 1" in proc.stdout
+    # The last backup (step 24: epoch 3, batch 5), kept (delete_checkpoint=False).
+    assert sorted(os.listdir(tmp_path / "killed" / "backup")) == [
+        "epoch3-batch5.stage0.weights.npz", "epoch3-batch5.stage1.weights.npz",
+        "epoch3-batch5.state.npz", "training_metadata.json"]
+    assert_same_run(got, expected)
+    # The backup of 2 stages does not resume a model that is not pipelined.
+    cmd = mpirun_command(2, sys.executable, WORKER, str(tmp_path / "killed" / "backup"),
+                         "--out", str(tmp_path / "w.npz"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TNT_TIMEOUT_S="60"))
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert ("TarantellaError: BackupAndRestore: the backup was taken of a pipeline of 2 stages, "
+            "and this is a model that is not pipelined: resume with the model and stages of the "
+            "run that took the backup") in proc.stdout + proc.stderr, proc.stderr[-4000:]
 
 
 @pytest.fixture
@@ -151,12 +260,11 @@ def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupt
 
 
 @pytest.mark.long
-def test_middle_rank_of_three_killed_and_resumed(tmp_path):
-    _, expected = train(3, tmp_path / "uninterrupted")
+def test_middle_rank_of_three_killed_and_resumed(tmp_path, runs_of):
     proc, got = train(3, tmp_path / "killed", "--kill-rank", "1", "--kill-epoch", "2",
                       "--kill-batch", "4", restarts=1)
     assert_restarted_once(proc, 1, 2, 4)
-    assert_same_run(got, expected)
+    assert_same_run(got, runs_of(3))
 
 
 def test_progress_is_recorded_once_and_never_stops_training(tmp_path):

@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -1580,6 +1581,61 @@ def data_targets(job, j, targets, note=None):
                               "" if v <= limit else short_by(v, limit, False), family="data"))
 
 
+# The step-time cost of BackupAndRestore(save_freq=50) on the quick start
+# that training jobs are asked to accept.
+BACKUP_COST_MAX = 0.05
+
+
+def reliability_section(results, stages, targets):
+    """What BackupAndRestore costs (backup_cost.py) and how long a job takes
+    from a rank's death to its next step (restart_time.py)."""
+    name = "BackupAndRestore(save_freq=50) step-time cost, quick start, 2 ranks"
+    required = f"<= {BACKUP_COST_MAX * 100:.0f} %"
+    out, d = open_section(results, stages, targets, "reliability_backup.json",
+                          ["reliability_backup"], "## 9. Reliability: backups and restarts",
+                          goals=[(name, required)], label="Backup cost: ")
+    if d is not None:
+        cost = d["estimated_cost"]
+        per_backup = statistics.median(d["ms_per_backup"])
+        out.append(f"**Backup cost** ({d['ranks']} ranks, global batch {d['global_batch']}, "
+                   f"save_freq {d['save_freq']}, {d['steps']} steps per fit): a backup takes "
+                   f"{per_backup:.1f} ms on the master (median of {len(d['ms_per_backup'])}), "
+                   f"{cost * 100:.1f} % of {d['save_freq']} steps; whole fits with and "
+                   "without backups in ABBA rounds: median "
+                   f"{d['median_cost'] * 100:+.1f} % (rounds "
+                   f"{', '.join(f'{c * 100:+.1f}' for c in d['cost'])} %), which the "
+                   "machine's drift between rounds can exceed on a shared machine.")
+        out.append("")
+        targets.append(Target(name, required, f"{cost * 100:.1f} %", cost <= BACKUP_COST_MAX,
+                              note="a backup's time over save_freq mean step times"))
+    out2, r = open_section(results, stages, [], "reliability_restart.json",
+                           ["reliability_restart"], label="Restart time: ", show_config=False)
+    out += out2
+    if r is not None:
+        m, cfg = r["median"], r["config"]
+        totals = ", ".join(f"{t['total']:.2f}" for t in r["trials"])
+        out.append(f"**Restart time**: the {cfg['model']}, {cfg['ranks']} ranks, "
+                   f"`--max-restarts 1`, BackupAndRestore(save_freq={cfg['save_freq']}); the "
+                   f"last rank is killed after step {cfg['kill_step']}. The trial of the median "
+                   f"total of {len(r['trials'])} (totals {totals} s), load average {r['load_average']:.1f} on "
+                   f"{r['cpus']} cores. Command: `{r['command']}`.")
+        out.append("")
+        rows = [["the launcher ends the attempt and starts the next", f"{m['restart']:.2f}"],
+                ["TensorFlow's start-up: import (TensorFlow, Keras, Tarantella)",
+                 f"{m['import']:.2f}"],
+                ["TensorFlow's start-up: tnt.init()", f"{m['init']:.2f}"],
+                ["load the data, build, restore the backup, skip the trained batches, "
+                 "first step",
+                 f"{m['resume']:.2f}"],
+                ["**fault to the first step of the next attempt**", f"**{m['total']:.2f}**"]]
+        out.append(table(["part (until the last rank is through it)", "s"], rows))
+        out.append("")
+        out.append(f"TensorFlow's start-up (import + init) is {m['tf_startup']:.2f} s of the "
+                   f"{m['total']:.2f} s.")
+        out.append("")
+    return out
+
+
 def compression_section(results, stages, targets):
     """Gradient compression and the tuned fusion threshold on the simulated
     hosts (sim_cluster_bench.py --variants), and compression's effect on
@@ -1657,6 +1713,7 @@ def main():
     body += data_share_section(args.results, stages, targets)
     body += compression_section(args.results, stages, targets)
     body += report_scale.section(sys.modules[__name__], args.results, stages, plt, targets)
+    body += reliability_section(args.results, stages, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

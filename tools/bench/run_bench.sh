@@ -27,6 +27,10 @@
 #                measured 2-host runs (scale_bench.py; needs tnt-sim, built
 #                when libsimgrid-dev is installed), and training projected
 #                to those clusters (project_scale.py)
+#   reliability  2 ranks, the quick start: the step-time cost of
+#                BackupAndRestore(save_freq=50) (backup_cost.py), and the time
+#                from a rank's death to the first step of the restarted job,
+#                TensorFlow's start-up apart (restart_time.py)
 # then tools/bench/report.py writes DIR/summary.md and the plots.
 #
 # A stage that fails or runs out of time is recorded in the summary and the
@@ -77,10 +81,11 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale)
+STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale
+             reliability)
 declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
                         [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
-                        [data_share]=data_share [scale]=scale)
+                        [data_share]=data_share [scale]=scale [reliability]=reliability_)
 # "data" is short for data_share.
 ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
@@ -322,6 +327,24 @@ if wanted scale; then
       "$PYTHON" "$ROOT/tools/bench/project_scale.py" --project \
       --timelines "$OUT/scale_timelines.json" --scale "$OUT/scale.json" \
       --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.json"
+  fi
+fi
+
+# 9. Reliability: what backups cost, and how long a restart takes.
+if wanted reliability; then
+  launcher=$PREFIX/bin/tarantella
+  [[ -x $launcher ]] || launcher=$(command -v tarantella)
+  if [[ -z $launcher ]]; then
+    not_run reliability "no tarantella launcher (make install)"
+  else
+    args=(--rounds 4 --steps 200)
+    [[ $QUICK == 1 ]] && args=(--rounds 2 --steps 100)
+    run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.json" \
+      "$launcher" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
+      --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.json"
+    run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.json" \
+      env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
+      --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.json"
   fi
 fi
 

@@ -597,10 +597,10 @@ class _Close(keras.callbacks.Callback):
 
 def around_savers(pipeline, callbacks):
     """(first, last): callbacks to put before and after `callbacks` so that
-    those that save write the whole model; (None, None) when none saves."""
-    savers = [cb for cb in callbacks
-              if isinstance(cb, (keras.callbacks.ModelCheckpoint,
-                                 keras.callbacks.BackupAndRestore))]
+    those that save write the whole model; (None, None) when none saves.
+    A BackupAndRestore needs none: each stage backs up and restores its own
+    variables (resume.py)."""
+    savers = [cb for cb in callbacks if isinstance(cb, keras.callbacks.ModelCheckpoint)]
     if not savers:
         return None, None
     every_batch = any(isinstance(getattr(cb, "save_freq", "epoch"), int) for cb in savers)

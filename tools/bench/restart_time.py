@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""The time from a rank's death to the first training step of the restarted job.
+
+Runs the quick start (LeNet-5 on Fashion-MNIST, global batch 64, SGD with
+momentum, as examples/quick_start.py does) with
+keras.callbacks.BackupAndRestore(dir, save_freq=--save-freq) under
+`tarantella --max-restarts 1 -n --ranks`; in the first attempt the last
+rank kills itself (SIGKILL) after step --kill-step. Every rank of the
+second attempt records when its interpreter started (the script's first
+line), when TensorFlow, Keras and Tarantella were imported, when tnt.init()
+returned and when its first training step ended (the resumed fit's first
+step: the batches trained before the backup are skipped, without calling
+the batch hooks). The parts, one after the other from the fault, each
+ending when the last rank is through it (so they add up to the total):
+
+  restart      the fault until the next attempt's interpreters start (the
+               launcher notices the death, ends the attempt, starts the next)
+  import       importing TensorFlow, Keras and Tarantella
+  init         tnt.init()
+  resume       loading the data, building the model, restoring the backup,
+               going past the trained batches, and the first step (tracing
+               it included)
+
+TensorFlow's start-up is import + init. One host, so the ranks' clocks are
+one clock. The trial of the median total is reported (its parts add up to
+it), with every trial's.
+
+    tools/bench/restart_time.py [--ranks 2] [--trials 3] [--json OUT.json]
+"""
+import time
+
+STARTED = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PARTS = ("restart", "import", "init", "resume")
+
+
+def worker(args):
+    """One rank of one attempt: trains, kills itself (first attempt, last
+    rank, after --kill-step), or records its times (later attempts)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples"))
+    import keras
+    import tensorflow as tf
+    import tarantella as tnt
+    imported = time.time()
+    tnt.init()
+    initialized = time.time()
+    from fashion_mnist import DATA_DIR, load_fashion_mnist
+    from quick_start import lenet5_model_generator
+    attempt = int(os.environ["TNT_RESTART_COUNT"])
+    rank, last = tnt.get_rank(), tnt.get_size() - 1
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if attempt == 0 and rank == last and self.steps == args.kill_step:
+                with open(os.path.join(args.worker, "fault.json"), "w") as f:
+                    json.dump({"fault": time.time()}, f)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if attempt > 0 and self.steps == 1:
+                with open(os.path.join(args.worker, f"rank{rank}.json"), "w") as f:
+                    json.dump({"started": STARTED, "imported": imported,
+                               "initialized": initialized, "first_step": time.time()}, f)
+                self.model.stop_training = True
+
+    keras.utils.set_random_seed(42)
+    (x, y), _ = load_fashion_mnist(DATA_DIR)
+    batch, steps = 64, args.kill_step + args.save_freq
+    data = tf.data.Dataset.from_tensor_slices((x[:batch * steps], y[:batch * steps]))
+    data = data.shuffle(batch * steps, seed=42).batch(batch)
+    model = tnt.Model(lenet5_model_generator())
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    backup = keras.callbacks.BackupAndRestore(os.path.join(args.worker, "backup"),
+                                              save_freq=args.save_freq)
+    model.fit(data, epochs=1, verbose=0, callbacks=[Clock(), backup])
+
+
+def trial(args, directory):
+    """Runs one job that fails once; returns the parts' seconds."""
+    launcher = shutil.which("tarantella")
+    if launcher is None:
+        sys.exit("restart_time.py: the tarantella launcher is not on PATH")
+    cmd = [launcher, "--no-gpu", "--max-restarts", "1", "-n", str(args.ranks),
+           "--run-dir", os.path.join(directory, "run"), "--", sys.executable,
+           os.path.abspath(__file__), "--worker", directory, "--kill-step", str(args.kill_step),
+           "--save-freq", str(args.save_freq)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0 or "attempt 2 succeeded after 1 restart(s)" not in proc.stderr:
+        sys.exit(f"restart_time.py: {' '.join(cmd)} exited with {proc.returncode}:\n"
+                 f"{proc.stderr[-4000:]}")
+    with open(os.path.join(directory, "fault.json")) as f:
+        fault = json.load(f)["fault"]
+    ranks = []
+    for r in range(args.ranks):
+        with open(os.path.join(directory, f"rank{r}.json")) as f:
+            ranks.append(json.load(f))
+    last = {k: max(t[k] for t in ranks) for k in ranks[0]}
+    return {"restart": last["started"] - fault, "import": last["imported"] - last["started"],
+            "init": last["initialized"] - last["imported"],
+            "resume": last["first_step"] - last["initialized"],
+            "total": last["first_step"] - fault, "command": " ".join(cmd)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--save-freq", type=int, default=50)
+    parser.add_argument("--kill-step", type=int, default=60,
+                        help="the step after which the last rank dies (after the backup of "
+                             "step save_freq: the resumed fit skips save_freq batches)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per job")
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    runs = []
+    for t in range(args.trials):
+        directory = tempfile.mkdtemp(prefix="tnt-restart-time-")
+        try:
+            runs.append(trial(args, directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        print(f"trial {t}: " + ", ".join(f"{k} {runs[-1][k]:.2f} s"
+                                         for k in PARTS + ("total",)), flush=True)
+    middle = sorted(runs, key=lambda r: r["total"])[(len(runs) - 1) // 2]
+    result = {k: middle[k] for k in PARTS + ("total",)}
+    result["tf_startup"] = middle["import"] + middle["init"]
+    print(f"the median of {len(runs)} trials: fault to the first step of the next attempt "
+          f"{result['total']:.2f} s, of which TensorFlow's start-up (import + init) "
+          f"{result['tf_startup']:.2f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {"ranks": args.ranks, "save_freq": args.save_freq,
+                                  "kill_step": args.kill_step, "trials": args.trials,
+                                  "model": "quick start (LeNet-5, global batch 64)"},
+                       "trials": [{k: r[k] for k in PARTS + ("total",)} for r in runs],
+                       "median": result, "command": runs[0]["command"],
+                       "load_average": os.getloadavg()[0], "cpus": os.cpu_count()},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
