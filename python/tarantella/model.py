@@ -37,7 +37,8 @@ stages' values to the master, which writes the file (``.weights.json``:
 Keras's sharded format, one shard per stage), and ``load_weights`` reads
 each rank's stage only (pipeline/checkpoint.py). The whole model is
 gathered on every rank of the pipeline, and freed again, while its weights
-are read (get_weights), it predicts, or a saving callback runs.
+are read (get_weights) or ModelCheckpoint saves; predict runs through the
+stages, and BackupAndRestore backs each stage up on its own.
 """
 import contextlib
 import hashlib
