@@ -28,9 +28,10 @@ also holds the regularization losses of every stage.
 Every rank holds the whole Keras model's layers, but the weights of its
 stage only (weights.py); whole() gives it every stage's weights (and
 whole_optimizer() every stage's optimizer slots), copied from the ranks
-that train them, for as long as its weights are read or a saving callback
-runs, and frees them afterwards. save and save_weights stream the stages
-to the writer instead (checkpoint.py); predict runs through the stages.
+that train them, for as long as its weights are read or ModelCheckpoint
+saves, and frees them afterwards. save and save_weights stream the stages
+to the writer instead (checkpoint.py), BackupAndRestore backs each stage up
+on its own (resume.py), and predict runs through the stages.
 """
 import contextlib
 import weakref
