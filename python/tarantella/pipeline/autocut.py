@@ -238,7 +238,7 @@ def measure(model, cuts, tick=lambda: None, hold=None):
         feed, ms = batch, []
         budget = BUDGET_S / (len(blocks) + (1 if hold is None else 0))
         for b, block in enumerate(blocks):
-            with (hold or _nothing_to_hold)(block.variables), _state_kept(block):
+            with (hold or contextlib.nullcontext)(block.variables), _state_kept(block):
                 ms.append(_time(_step(block, b > 0), feed, tick, budget))
                 if b + 1 < len(blocks):
                     feed = tf.convert_to_tensor(block(feed, training=False))
@@ -252,11 +252,6 @@ def measure(model, cuts, tick=lambda: None, hold=None):
         tf.get_logger().setLevel(quiet)
     return ([max(0.0, t - call) for t in ms],
             None if whole is None else max(0.0, whole - call), call)
-
-
-@contextlib.contextmanager
-def _nothing_to_hold(variables):
-    yield
 
 
 @contextlib.contextmanager
