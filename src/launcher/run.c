@@ -67,6 +67,17 @@ static int first_failure(const tnt__launch_plan_t *plan, tnt__rank_status_t *fou
   return rank;
 }
 
+/* Whether the MPI launcher has ended a rank's program itself: it does so
+ * when it gives the job up (a rank failed, or a host it lost), and from
+ * then on it must end too, even if it hangs on a host it cannot reach. */
+static int any_ended_by_request(const tnt__launch_plan_t *plan) {
+  for (int r = 0; r < plan->total; ++r) {
+    tnt__rank_status_t s;
+    if (tnt__status_read(plan->run_dir, r, &s) == 0 && s.finished && s.ended_by_request) return 1;
+  }
+  return 0;
+}
+
 /* Whether every rank's wrapper has reported that its program ended. */
 static int all_programs_ended(const tnt__launch_plan_t *plan) {
   for (int r = 0; r < plan->total; ++r) {
@@ -324,7 +335,7 @@ void tnt__run(const tnt__launch_plan_t *plan, const tnt__command_t *cmd, tnt__at
     if (!all_ended && now >= next_poll) {
       tnt__rank_status_t s;
       next_poll = now + TNT__STATUS_POLL_S;
-      if (!failure_seen && first_failure(plan, &s) >= 0) {
+      if (!failure_seen && (first_failure(plan, &s) >= 0 || any_ended_by_request(plan))) {
         failure_seen = 1;
         if (term_at == 0 && kill_at == 0) term_at = now + abort_grace;
       }
