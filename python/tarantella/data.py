@@ -97,9 +97,21 @@ def distribute(dataset, micro_batch_size=None, what="training", parts=None):
     `micro_batch_size` is given (then the global batch is micro_batch_size
     times the number of parts). `parts` = (this rank's part, the number of
     parts) that every global batch is split into: by default one part per
-    rank; a pipeline's replicas share one part among their stages.
+    rank; a pipeline's replicas share one part among their stages. The same
+    dataset distributed again the same way gives the same result.
     """
     part, size = parts if parts is not None else (runtime.get_rank(), runtime.get_size())
+    # Kept on the dataset (and gone with it): each fit of the same dataset
+    # gets the same result, without tracing its functions again, and with
+    # its shuffles and random draws going on from where the last fit left.
+    key = (what, micro_batch_size, parts, part, size, share_mode())
+    done = dataset.__dict__.setdefault("_tnt_distributed", {})
+    if key not in done:
+        done[key] = _distribute(dataset, micro_batch_size, what, parts, part, size)
+    return done[key]
+
+
+def _distribute(dataset, micro_batch_size, what, parts, part, size):
     given = dataset
     info = batch_info(dataset)
     if micro_batch_size is not None:
