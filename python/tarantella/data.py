@@ -528,24 +528,13 @@ def for_ranks(dataset):
     distribute puts around a rank's dataset)."""
     given = dataset.options()
     options = tf.data.Options()
-    share = core_share()
+    share = runtime.core_share()
     if share is not None:
         if given.autotune.cpu_budget is None:
             options.autotune.cpu_budget = share
         if given.threading.private_threadpool_size is None:
             options.threading.private_threadpool_size = share
     return dataset.with_options(options)
-
-
-def core_share():
-    """The cores this rank may use for its input: its share of the host's
-    cores, or the cores of its affinity where the launcher narrowed it; None
-    where the rank has the host to itself."""
-    cores = len(os.sched_getaffinity(0))
-    if cores < (os.cpu_count() or cores):
-        return cores
-    local = _core.local_size() if _core.is_initialized() else 1
-    return max(1, cores // local) if local > 1 else None
 
 
 def _prefetched(dataset):

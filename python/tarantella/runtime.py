@@ -1,4 +1,5 @@
 """Process-wide state: the communication context, ranks and settings."""
+import os
 import random
 
 import tensorflow as tf
@@ -34,6 +35,8 @@ def init(seed=None):
     settings.load()  # a bad setting fails here, naming what it takes
     _core.init()
     log.configure(_core.rank(), _core.size())
+    _share_tensorflow_threads()  # before anything starts TensorFlow's runtime
+    _keras_internals.verify()
     import numpy as np
     import tensorflow as tf
     s = DEFAULT_SEED if seed is None else int(seed)
@@ -44,6 +47,35 @@ def init(seed=None):
                      _core.rank(), _core.size(), _core.local_rank(), _core.local_size())
 
 
+def core_share():
+    """The cores this rank may use: its share of the host's cores, or the
+    cores of its affinity where the launcher narrowed it; None where the
+    rank has the host to itself."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < (os.cpu_count() or cores):
+        return cores
+    local = _core.local_size() if _core.is_initialized() else 1
+    return max(1, cores // local) if local > 1 else None
+
+
+def _share_tensorflow_threads():
+    """Ranks that share a host each run an op's work on their share of its
+    cores (TensorFlow's intra-op threads), rather than each on all of them,
+    unless the program chose the number itself (TF_NUM_INTRAOP_THREADS, or
+    tf.config.threading before tnt.init). The inter-op pool keeps its size:
+    its threads mostly wait, and an op that blocks must not hold up others."""
+    share = core_share()
+    if (share is None or os.environ.get("TF_NUM_INTRAOP_THREADS")
+            or tf.config.threading.get_intra_op_parallelism_threads()):
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(share)
+    except RuntimeError:  # TensorFlow has already made its thread pools
+        log.logger.debug("TensorFlow runs already: its intra-op threads stay as they are")
+        return
+    log.logger.debug("TensorFlow's intra-op threads: %d (this rank's share of the cores)", share)
+
+
 def _require_tensorflow_backend():
     import keras
     backend = keras.backend.backend()
@@ -52,7 +84,6 @@ def _require_tensorflow_backend():
             f"Keras runs on the {backend!r} backend (KERAS_BACKEND); Tarantella trains with "
             "TensorFlow: set KERAS_BACKEND=tensorflow (or remove the setting) before keras is "
             "imported")
-    _keras_internals.verify()
 
 
 def _is_whole_number(value):

@@ -23,6 +23,7 @@ from test_training import load
 
 from tarantella import _tf_data_internals as tfdi
 from tarantella import data
+from tarantella import runtime
 from tarantella import settings
 from tarantella.runtime import TarantellaError
 
@@ -458,7 +459,7 @@ def test_ranks_get_their_share_of_the_cores(monkeypatch):
     (on by default, as in Keras); a prefetch ends the rank's dataset, whose
     iterators are deleted aside. On 1 rank the options stay the dataset's
     own."""
-    monkeypatch.setattr(data, "core_share", lambda: 3)
+    monkeypatch.setattr(runtime, "core_share", lambda: 3)
     one = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 1))
     assert one.options().autotune.enabled is None
     assert one.options().threading.private_threadpool_size is None
@@ -478,6 +479,24 @@ def test_ranks_get_their_share_of_the_cores(monkeypatch):
     # Rank 1 of 2: rows 2 and 3 of every batch of 4, mapped (x * 10).
     assert rows(mine) == [[[10 * i, 10 * (i + 1)], [i / 2, (i + 1) / 2]]
                           for i in range(2, 20, 4)]
+
+
+THREADS = ("import tensorflow as tf, tarantella as tnt; from tarantella import runtime; "
+           "tnt.init(); print('threads', runtime.core_share(), "
+           "tf.config.threading.get_intra_op_parallelism_threads())")
+
+
+@pytest.mark.parametrize("chosen", [None, "2"])
+def test_ranks_share_the_cores_among_tensorflow_threads(chosen, python):
+    """Two ranks on this host: each runs TensorFlow's ops on its share of
+    the cores, unless the program chose the number of threads itself."""
+    env = {"TF_NUM_INTRAOP_THREADS": chosen} if chosen else {}
+    out = run(mpirun_command(2, python, "-c", THREADS), timeout=300, env=env).stdout
+    found = [line.split()[1:] for line in out.splitlines() if line.startswith("threads")]
+    assert len(found) == 2, out
+    for share, threads in found:
+        assert share != "None"  # two ranks on one host always share it
+        assert threads == ("0" if chosen else share), out
 
 
 def test_iterators_are_deleted_aside():
@@ -500,7 +519,7 @@ def test_core_share_without_a_launcher():
     """Not initialized (one process, the host to itself): no share, unless
     the process's affinity is narrower than the host."""
     narrowed = len(os.sched_getaffinity(0)) < os.cpu_count()
-    assert data.core_share() == (len(os.sched_getaffinity(0)) if narrowed else None)
+    assert runtime.core_share() == (len(os.sched_getaffinity(0)) if narrowed else None)
 
 
 def test_every_rewritten_random_op(data_share, caplog):
