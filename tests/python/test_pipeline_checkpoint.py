@@ -1,7 +1,7 @@
 """Checkpoints of a pipelined model that no rank gathers whole.
 
-A model built by a function trains one epoch on K stages (3; 4 in the long
-test) and saves a sharded checkpoint (a shard per stage), a .weights.h5
+A model built by a function trains one epoch on K stages (3; 4 on 2 ranks
+with the interleaved schedule; 4 in the long test) and saves a sharded checkpoint (a shard per stage), a .weights.h5
 file and a .keras file, the master writing each from the stages' values
 streamed to it (checkpoint_worker.py). Plain Keras, in one process, loads
 each into the model built whole: the weights are those of the pipeline
@@ -39,9 +39,15 @@ FILES = ("ckpt.weights.json", "one.weights.h5", "model.keras")
 STEPS = 4  # 96 samples in global batches of 24 (checkpoint_worker.py)
 
 
-def round_trip(d, case, stages, resume_stages):
-    run(mpirun_command(stages, sys.executable, WORKER, "save", case, "--dir", d,
-                       "--stages", str(stages)))
+def ranks(stages, schedule):
+    """The ranks that run `stages` stages: one each, or two each when
+    interleaved."""
+    return stages // 2 if schedule == "interleaved" else stages
+
+
+def round_trip(d, case, stages, resume_stages, schedule):
+    run(mpirun_command(ranks(stages, schedule), sys.executable, WORKER, "save", case, "--dir",
+                       d, "--stages", str(stages)), env={"TNT_PIPELINE_SCHEDULE": schedule})
     run([sys.executable, WORKER, "keras", case, "--dir", d])
     run(mpirun_command(resume_stages, sys.executable, WORKER, "resume", case, "--dir", d,
                        "--stages", str(resume_stages)))
@@ -52,17 +58,20 @@ def round_trip(d, case, stages, resume_stages):
 def runs(tmp_path_factory):
     cache = {}
 
-    def get(case, stages, resume_stages):
-        key = (case, stages, resume_stages)
+    def get(case, stages, resume_stages, schedule):
+        key = (case, stages, resume_stages, schedule)
         if key not in cache:
-            d = str(tmp_path_factory.mktemp(f"{case}-{stages}-{resume_stages}"))
+            d = str(tmp_path_factory.mktemp(f"{case}-{stages}-{resume_stages}-{schedule}"))
             cache[key] = round_trip(d, *key)
         return cache[key]
     return get
 
 
-CASES = [("functional", 3, 2), ("sequential", 3, 2),
-         pytest.param("functional", 4, 2, marks=pytest.mark.long)]
+# (model, stages saved, stages loaded, schedule of the save): interleaved,
+# 2 ranks hold 4 stages, two each, and still write a shard per stage.
+CASES = [("functional", 3, 2, "1f1b"), ("sequential", 3, 2, "1f1b"),
+         ("sequential", 4, 2, "interleaved"),
+         pytest.param("functional", 4, 2, "1f1b", marks=pytest.mark.long)]
 
 
 def check_round_trip(d, stages, resume_stages):
@@ -95,27 +104,29 @@ def check_round_trip(d, stages, resume_stages):
             assert not np.array_equal(saved[f"after/{p}"], saved[f"w/{p}"])  # it trained
 
 
-@pytest.mark.parametrize("case,stages,resume_stages", CASES)
-def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resume_stages):
-    check_round_trip(runs(case, stages, resume_stages), stages, resume_stages)
+@pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resume_stages,
+                                                       schedule):
+    check_round_trip(runs(case, stages, resume_stages, schedule), stages, resume_stages)
 
 
-@pytest.mark.parametrize("case,stages,resume_stages", CASES[:1])
+@pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES[:1])
 def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case, stages,
-                                                                     resume_stages):
-    d = runs(case, stages, resume_stages)
-    for r in range(stages):
+                                                                     resume_stages, schedule):
+    d = runs(case, stages, resume_stages, schedule)
+    for r in range(ranks(stages, schedule)):
         with open(os.path.join(d, f"errors-{r}.txt")) as f:
             name, overwrite = f.read().split("\n")
         assert "w.h5" in name and ".weights.h5" in name and ".weights.json" in name, name
         assert "exists and overwrite=False" in overwrite, overwrite
 
 
-@pytest.mark.parametrize("case,stages,resume_stages", CASES)
-def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages):
-    d = runs(case, stages, resume_stages)
-    for what, ranks in (("save", stages), ("resume", resume_stages)):
-        for r in range(ranks):
+@pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages,
+                                                         schedule):
+    d = runs(case, stages, resume_stages, schedule)
+    for what, count in (("save", ranks(stages, schedule)), ("resume", resume_stages)):
+        for r in range(count):
             with open(os.path.join(d, f"guard-{what}-{r}.txt")) as f:
                 text = f.read()
             assert "read:" not in text, f"rank {r} after {what}: {text}"
