@@ -85,16 +85,15 @@ def _pipeline(model):
 
 def weights_files(model, base):
     """The names of the weights files of the backup `base` of `model`: one
-    name, or for a pipelined model one per stage, in the stages' order."""
+    name, or for a pipelined model one per rank of the pipeline, named by
+    the stages it holds (stage3, or stage1-3 under the interleaved
+    schedule), in the ranks' order."""
     pipeline = _pipeline(model)
     if pipeline is None:
         return f"{base}.weights.npz"
-    if len(pipeline.stages) > 1:
-        raise runtime.TarantellaError(
-            "BackupAndRestore backs a pipeline up stage by stage, one stage per rank; with "
-            "TNT_PIPELINE_SCHEDULE=interleaved a rank runs several stages, which it cannot back "
-            "up yet: use the 1f1b or gpipe schedule with BackupAndRestore, or ModelCheckpoint")
-    return [f"{base}.stage{s}.weights.npz" for s in range(pipeline.partition.num_stages)]
+    schedule = pipeline.schedules[True]
+    return [f"{base}.stage{'-'.join(str(s) for s in schedule.stages_of(r))}.weights.npz"
+            for r in range(len(pipeline.layout.pipeline_ranks))]
 
 
 def own_weights_file(model, names):
@@ -110,17 +109,22 @@ def own_weights_file(model, names):
 def weights_file_to_restore(model, names):
     """The one of a backup's weights files `names` that this rank restores.
     Raises a TarantellaError when the backup is of a model cut into other
-    stages (or not pipelined, when this one is)."""
+    stages or held by other ranks (or not pipelined, when this one is)."""
     pipeline = _pipeline(model)
-    stages = 1 if pipeline is None else pipeline.partition.num_stages
-    taken = len(names) if isinstance(names, list) else 1
-    if taken != stages or isinstance(names, list) != (pipeline is not None):
-        def what(n, pipelined):
-            return f"a pipeline of {n} stages" if pipelined else "a model that is not pipelined"
+    expected = weights_files(model, "")
+
+    def what(files):
+        if not isinstance(files, list):
+            return "a model that is not pipelined"
+        held = [f.split(".")[-3][len("stage"):] for f in files]
+        stages = sum(len(h.split("-")) for h in held)
+        return (f"a pipeline of {stages} stages" if len(held) == stages else
+                f"a pipeline of {stages} stages on {len(held)} ranks (stages {', '.join(held)})")
+    if what(names) != what(expected):
         raise runtime.TarantellaError(
-            f"BackupAndRestore: the backup was taken of {what(taken, isinstance(names, list))}, "
-            f"and this is {what(stages, pipeline is not None)}: resume with the model and "
-            "stages of the run that took the backup")
+            f"BackupAndRestore: the backup was taken of {what(names)}, and this is "
+            f"{what(expected)}: resume with the model, stages and schedule of the run that took "
+            "the backup")
     return names if pipeline is None else names[pipeline.stage]
 
 
@@ -217,11 +221,12 @@ class UnreadableBackup(runtime.TarantellaError):
 
 def _backed_up_variables(model):
     """The variables of a backup's weights file: the model's weights (of a
-    pipelined model, its stage's), then the optimizer's variables (its step
+    pipelined model, those of this rank's stages), then the optimizer's variables (its step
     count, learning rate, moments; a pipelined model's optimizer is its
     stage's), in a fixed order."""
     pipeline = _pipeline(model)
-    variables = list(model.weights if pipeline is None else pipeline.model.weights)
+    variables = list(model.weights if pipeline is None else
+                     [w for s in pipeline.stages for w in pipeline.models[s].weights])
     if model.optimizer is not None:
         variables += list(model.optimizer.variables)
     seen, out = set(), []

@@ -17,9 +17,9 @@ after it wrote half of the weights file of the backup taken after that
 step, before the file is renamed. The master writes the final weights (and the logs of
 the epochs) to --out. --plain trains a model that draws no random numbers
 (no dropout) with SGD, whose result does not depend on the number of ranks
-beyond rounding (for a job that shrinks). --pipeline cuts the model into
-2 pipeline stages (ParallelStrategy.PIPELINING, 2 micro-batches), the
-dropout in the second.
+beyond rounding (for a job that shrinks). --pipeline [K] cuts the model
+into K pipeline stages (2 by default; ParallelStrategy.PIPELINING, 2
+micro-batches), the dropout in the last.
 
     resume_worker.py BACKUP_DIR --out W.npz [--save-freq N] [--kill-rank R ...]
 """
@@ -175,7 +175,8 @@ def main():
     parser.add_argument("--kill-delay", type=float, default=3.0)
     parser.add_argument("--hang-file")
     parser.add_argument("--plain", action="store_true")
-    parser.add_argument("--pipeline", action="store_true")
+    parser.add_argument("--pipeline", type=int, nargs="?", const=2, default=0,
+                        help="cut the model into this many pipeline stages (2 by default)")
     parser.add_argument("--early-stopping", action="store_true")
     parser.add_argument("--fill-disk")
     parser.add_argument("--fill-step", type=int, default=5)
@@ -194,6 +195,8 @@ def main():
     if args.pipeline:
         inputs = keras.Input((8,))
         h = tnt.keras.layers.SplitLayer()(keras.layers.Dense(16, activation="relu")(inputs))
+        for _ in range(args.pipeline - 2):
+            h = tnt.keras.layers.SplitLayer()(keras.layers.Dense(16, activation="relu")(h))
         for layer in dropout + [keras.layers.Dense(3, activation="softmax")]:
             h = layer(h)
         model = tnt.Model(keras.Model(inputs, h), num_micro_batches=2,
