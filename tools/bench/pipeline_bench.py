@@ -89,6 +89,7 @@ MIB = 1 << 20
 MICRO_BATCHES = (1, 2, 4, 8)
 # Interleaved 1F1B beside them: 2 ranks of INTERLEAVED_CHUNKS chunks each.
 INTERLEAVED_CHUNKS, INTERLEAVED_M = 2, (4, 8)
+MEM_INTERLEAVED_M = (2, 4, 8)  # the memory stage's (M a multiple of the 2 ranks)
 
 # Bubble: every stage is LAYERS dense layers of WIDTH units on micro-batches
 # of MICRO samples: 14 ms per stage and micro-batch on the reference host, so
@@ -202,15 +203,22 @@ def bubble_model(keras, tnt, ranks, chunks=1):
     return keras.Model(inputs, h, name=f"bubble{ranks}x{chunks}")
 
 
-def memory_model(keras, tnt):
+def mem_tanh(chunks):
+    """The elementwise layers of each of a rank's `chunks` stages: a rank's
+    layers split among its chunks (at least one each)."""
+    return max(1, MEM_TANH // chunks)
+
+
+def memory_model(keras, tnt, chunks=1):
+    """2 x `chunks` stages of a dense layer and mem_tanh(chunks) tanh layers."""
     keras.utils.set_random_seed(3)
     inputs = keras.Input((MEM_CHANNELS,), name="x")
     h = keras.layers.RepeatVector(MEM_POSITIONS, name="expand")(inputs)
-    for s in range(2):
+    for s in range(2 * chunks):
         if s:
-            h = tnt.keras.layers.SplitLayer(name="cut1")(h)
+            h = tnt.keras.layers.SplitLayer(name=f"cut{s}")(h)
         h = keras.layers.Dense(MEM_CHANNELS, name=f"s{s}_dense")(h)
-        for j in range(MEM_TANH):
+        for j in range(mem_tanh(chunks)):
             h = keras.layers.Activation("tanh", name=f"s{s}_tanh{j}")(h)
     h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
     return keras.Model(inputs, keras.layers.Dense(8, name="out")(h), name="activations")
@@ -505,8 +513,9 @@ def memory_worker(args):
     x = rng.normal(size=(batch * args.steps, MEM_CHANNELS)).astype(np.float32)
     y = rng.normal(size=(batch * args.steps, 8)).astype(np.float32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache()
-    model = tnt.Model(memory_model(keras, tnt), parallel_strategy=tnt.ParallelStrategy.PIPELINING,
-                      num_micro_batches=m)
+    chunks = INTERLEAVED_CHUNKS if pipeline_schedule() == "interleaved" else 1
+    model = tnt.Model(memory_model(keras, tnt, chunks),
+                      parallel_strategy=tnt.ParallelStrategy.PIPELINING, num_micro_batches=m)
     model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
     base_kib = proc_status_kib("VmRSS")
     model.fit(ds.take(1), epochs=1, verbose=0)  # trace and warm up
@@ -525,10 +534,10 @@ def memory_worker(args):
     write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
 
 
-def activation_mib_per_micro_batch():
+def activation_mib_per_micro_batch(chunks=1):
     """What a stage keeps of one micro-batch for its backward (float32): its
     input, the dense layer's output and every tanh output."""
-    per_sample = MEM_POSITIONS * MEM_CHANNELS * 4 * (2 + MEM_TANH)
+    per_sample = MEM_POSITIONS * MEM_CHANNELS * 4 * (2 + mem_tanh(chunks))
     return per_sample * MEM_MICRO / MIB
 
 
@@ -539,6 +548,11 @@ def memory(args):
         micro_batches=list(MICRO_BATCHES),
         activation_shape_per_sample=[MEM_POSITIONS, MEM_CHANNELS],
         kept_activations_mib_per_micro_batch=round(activation_mib_per_micro_batch(), 1),
+        interleaved=f"2 ranks of {INTERLEAVED_CHUNKS} chunks, each a dense layer and "
+                    f"{mem_tanh(INTERLEAVED_CHUNKS)} tanh layer(s), M = "
+                    f"{', '.join(str(m) for m in MEM_INTERLEAVED_M)}",
+        interleaved_kept_mib_per_chunk_micro_batch=round(
+            activation_mib_per_micro_batch(INTERLEAVED_CHUNKS), 1),
         weights_bytes=2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
             MEM_CHANNELS * 8 + 8) * 4,
         steps=steps, quick=bool(args.quick),
@@ -546,6 +560,7 @@ def memory(args):
                   "peak above base = peak - VmRSS before the first fit")
     results, problems = [], cfg["problems"]
     configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
+    configs += [("interleaved", m) for m in MEM_INTERLEAVED_M]
     for schedule, m in configs:
         work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
         env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule)

@@ -1031,17 +1031,17 @@ def plot_pipeline_bubble(plt, results, res):
 
 def plot_pipeline_memory(plt, results, res):
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for schedule, style in (("gpipe", "s-"), ("1f1b", "o-")):
+    for schedule, style in (("gpipe", "s-"), ("1f1b", "o-"), ("interleaved", "^--")):
         for stage in sorted({r["stage"] for r in res}):
             mine = sorted((r for r in res if (r["schedule"], r["stage"]) == (schedule, stage)),
                           key=lambda r: r["micro_batches"])
             if mine:
                 ax.plot([r["micro_batches"] for r in mine],
                         [r["peak_above_base_mib"] for r in mine], style,
-                        label=f"{schedule}, stage {stage}")
+                        label=f"{schedule}, {_memory_holder(schedule, stage)}")
     save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
                    "peak RSS above the RSS before fit (MiB)",
-                   "Pipeline memory per stage: GPipe vs 1F1B", "pipeline_memory.png")
+                   "Pipeline memory per stage: GPipe, 1F1B, interleaved", "pipeline_memory.png")
 
 
 def plot_pipeline_timeline(plt, results):
@@ -1204,11 +1204,21 @@ def _pipeline_bubble(results, stages, plt, targets):
     return out
 
 
+def _growth(low, high):
+    return "not run" if low is None or high is None else f"{high - low:+.0f} MiB"
+
+
+def _memory_holder(schedule, rank):
+    """Which stages rank `rank` of the memory stage's 2 ranks holds."""
+    return (f"rank {rank}: stages {rank}, {rank + 2}" if schedule == "interleaved"
+            else f"rank {rank}: stage {rank}")
+
+
 def _pipeline_memory(results, stages, plt, targets):
     name = "Pipeline peak memory against M, 2 stages: 1F1B flat, GPipe growing (stage 0)"
     req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
     out, d = open_section(results, stages, targets, "pipeline_memory.json",
-                          ["pipeline_memory", "pipeline"], "### Memory per stage: GPipe vs 1F1B",
+                          ["pipeline_memory", "pipeline"], "### Memory per stage: GPipe, 1F1B, interleaved",
                           [(name, req)])
     if d is None:
         return out
@@ -1232,6 +1242,24 @@ def _pipeline_memory(results, stages, plt, targets):
         targets.append(t)
     else:
         targets.append(Target(name, req, note="no results for M = 2 and 8 of both schedules"))
+    name = ("Interleaved 1F1B peak memory against M, 2 ranks of 2 chunks: flat once every "
+            "chunk is busy (rank 0)")
+    req = "grows < 1 chunk micro-batch from M = 4 to 8"
+    per_chunk = cfg.get("interleaved_kept_mib_per_chunk_micro_batch")
+    low, high = peak("interleaved", 4), peak("interleaved", 8)
+    if per_chunk and low is not None and high is not None:
+        g = (high - low) / per_chunk
+        # Rank 0 of R = 2 ranks holds at most 2 (R - 1) + (v - 1) R + 1 = 5
+        # chunk micro-batches (docs/pipelining.md), whatever M.
+        targets.append(Target(name, req, f"{g:+.1f} chunk micro-batches", g < 1,
+                              family="pipeline",
+                              note=f"rank 0 peak above base, M = 4 -> 8: {low:.0f} -> "
+                                   f"{high:.0f} MiB, a chunk micro-batch {per_chunk:.0f} MiB; "
+                                   "the schedule holds at most 5 chunk micro-batches at both "
+                                   "M; 1F1B's stage 0 over the same M: "
+                                   f"{_growth(peak('1f1b', 4), peak('1f1b', 8))}"))
+    else:
+        targets.append(Target(name, req, note="no interleaved results for M = 4 and 8"))
     out.append("Two stages, one rank each; a model with large activations (a "
                f"{' x '.join(str(v) for v in cfg.get('activation_shape_per_sample', []))} "
                f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
@@ -1239,15 +1267,19 @@ def _pipeline_memory(results, stages, plt, targets):
                "batch grows with M). Peak RSS (VmHWM) of each rank during the training steps, "
                "a fresh job per schedule and M; above base = peak - RSS before the first fit. "
                f"A stage keeps about {per_mb} MiB of activations per micro-batch in flight: "
-               "GPipe holds all M, 1F1B at most K - s (2 on stage 0, 1 on stage 1).")
+               "GPipe holds all M, 1F1B at most K - s (2 on stage 0, 1 on stage 1). "
+               f"Interleaved: {cfg.get('interleaved', 'not run')}; a chunk keeps about "
+               f"{cfg.get('interleaved_kept_mib_per_chunk_micro_batch', '?')} MiB per "
+               "micro-batch, and rank r holds at most 2 (R - 1 - r) + (v - 1) R + 1 chunk "
+               "micro-batches (5 on rank 0, 3 on rank 1).")
     out.append("")
     if plt is not None and res:
         plot_pipeline_memory(plt, results, res)
         out += [image("pipeline_memory.png", results), ""]
     ms = sorted({r["micro_batches"] for r in res})
-    header = ["schedule", "stage"] + [f"M = {m}" for m in ms]
+    header = ["schedule", "rank: stages"] + [f"M = {m}" for m in ms]
     rows = []
-    for schedule in ("gpipe", "1f1b"):
+    for schedule in ("gpipe", "1f1b", "interleaved"):
         for stage in sorted({r["stage"] for r in res}):
             cells = []
             for m in ms:
@@ -1255,7 +1287,7 @@ def _pipeline_memory(results, stages, plt, targets):
                        (schedule, m, stage)]
                 cells.append(f"{hit[0]['peak_rss_mib']:.0f} (+{hit[0]['peak_above_base_mib']:.0f})"
                              if hit else "-")
-            rows.append([schedule, stage] + cells)
+            rows.append([schedule, _memory_holder(schedule, stage)] + cells)
     out.append("Peak RSS in MiB (above the RSS before fit):")
     out.append("")
     out.append(table(header, rows))
