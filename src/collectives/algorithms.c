@@ -11,7 +11,7 @@
  * number of ranks (rd_max_bytes, ring_min_bytes; the first fitted to
  * libtnt's algorithms simulated on fat-trees of 8 to 1024 hosts,
  * docs/performance.md "At scale"). Where the model leaves
- * Rabenseifner's no sizes of its own (2, 3 and 5 to 7 ranks) the ring
+ * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
  *
