@@ -202,8 +202,8 @@ NEXT_STEPS = {
              "the number of ranks cannot see: it follows the 100 Gbit/s crossing, so 10 and "
              "400 Gbit/s miss at 16 to 64 KiB; a measured latency x link rate, agreed by all "
              "ranks, would close it. At 1024 hosts and 32 KiB SMPI's Open MPI selector "
-             "(its Rabenseifner) beats both of libtnt's; its halving starts with the nearest "
-             "partner, libtnt's with the farthest (a likely cause, not checked). Sizes of 64 MiB "
+             "(its Rabenseifner) beats both of libtnt's: not explained yet (the order of the "
+             "exchanges is not it). Sizes of 64 MiB "
              "and more at 256 and 1024 hosts were not simulated (SMPI's memory, the ring's "
              "2(n-1) steps in wall time).",
     "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
