@@ -39,12 +39,12 @@
  * (13 GB/s at 64 MiB), against 12.5 GB/s links.
  *
  * L x B for recursive doubling against Rabenseifner's algorithm grows with
- * the network's depth, which grows as log2 of the hosts: this many bytes
- * per doubling. Simulated at 100 Gbit/s, the two cross between 16 and
- * 32 KiB on 8, 64 and 256 hosts and between 32 and 64 KiB on 1024 hosts;
- * 2.8 KB per doubling puts the model's crossing inside each of those
- * intervals (20, 25, 30 and 35 KB); no constant L x B fits both 8 and 1024
- * hosts. The crossing also moves with the link's rate (on 8 and 64 hosts:
+ * the network's depth, which grows as the log of the hosts: this many bytes
+ * per doubling (times log2 p, p the largest power of two <= n). Simulated
+ * at 100 Gbit/s, the two cross between 16 and 32 KiB on 8, 64 and 256
+ * hosts and between 32 and 64 KiB on 1024 hosts; 2.8 KB per doubling puts
+ * the model's crossing inside each of those intervals (20, 25, 30 and
+ * 35 KB); no constant L x B fits both 8 and 1024 hosts. The crossing also moves with the link's rate (on 8 and 64 hosts:
  * 4-8 KiB at 10 Gbit/s, 64-128 KiB at 400), which the choice cannot see.
  *
  * The ring's crossing is not fitted to the simulation: SimGrid shares a
