@@ -8,8 +8,10 @@
  * Otherwise it is recursive doubling for small messages, Rabenseifner's
  * algorithm for medium ones and the pipelined ring for large ones, the
  * sizes between them set by a cost model of the three that depends on the
- * number of ranks (rd_max_bytes, ring_min_bytes). Where the model leaves
- * Rabenseifner's no sizes of its own (2, 3 and 5 to 7 ranks) the ring
+ * number of ranks (rd_max_bytes, ring_min_bytes; the first fitted to
+ * libtnt's algorithms simulated on fat-trees of 8 to 1024 hosts,
+ * docs/performance.md "At scale"). Where the model leaves
+ * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
  *
@@ -30,13 +32,28 @@
  * up to here (measured with tnt-bench). */
 #define TNT__RD_MAX_BYTES (64u * 1024u)
 /* The cost model of rd_max_bytes and ring_min_bytes: a message's latency
- * across the network times a link's rate (2 us at 12.5 GB/s, as the
- * simulated 256-host fat-tree at 100 Gbit/s shows; 10 Gbit/s Ethernet at
- * 20 us gives the same product), and a link's rate over one rank's rate of
- * reducing: 25 GB/s while the vectors fit in cache (memcpy measured 39 GB/s
- * at 2 to 4 MiB, a reduction moves 1.5 times the bytes of a copy), up to
- * TNT__CACHED_BYTES, and 10 GB/s from memory above (13 GB/s at 64 MiB). */
-#define TNT__LATENCY_BANDWIDTH_BYTES 25000.0
+ * across the network times a link's rate (L x B), and a link's rate over
+ * one rank's rate of reducing: 25 GB/s while the vectors fit in cache
+ * (memcpy measured 39 GB/s at 2 to 4 MiB, a reduction moves 1.5 times the
+ * bytes of a copy), up to TNT__CACHED_BYTES, and 10 GB/s from memory above
+ * (13 GB/s at 64 MiB), against 12.5 GB/s links.
+ *
+ * L x B for recursive doubling against Rabenseifner's algorithm grows with
+ * the network's depth, which grows as the log of the hosts: this many bytes
+ * per doubling (times log2 p, p the largest power of two <= n). Simulated
+ * at 100 Gbit/s, the two cross between 16 and 32 KiB on 8, 64 and 256
+ * hosts and between 32 and 64 KiB on 1024 hosts; 2.8 KB per doubling puts
+ * the model's crossing inside each of those intervals (20, 25, 30 and
+ * 35 KB); no constant L x B fits both 8 and 1024 hosts. The crossing also moves with the link's rate (on 8 and 64 hosts:
+ * 4-8 KiB at 10 Gbit/s, 64-128 KiB at 400), which the choice cannot see.
+ *
+ * The ring's crossing is not fitted to the simulation: SimGrid shares a
+ * link among the ring's segments in flight, which then arrive together, so
+ * the simulated ring is not pipelined and shows neither the reductions nor
+ * the latencies its pipeline hides. It keeps L x B = 25 KB (2 us at
+ * 12.5 GB/s; 10 Gbit/s Ethernet at 20 us gives the same product). */
+#define TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING 2800.0
+#define TNT__RING_LATENCY_BANDWIDTH_BYTES 25000.0
 #define TNT__CACHED_BYTES (8.0 * 1024 * 1024)
 #define TNT__LINK_OVER_REDUCE_RATE_CACHED 0.5
 #define TNT__LINK_OVER_REDUCE_RATE_MEMORY 1.25
@@ -90,13 +107,12 @@ static void powers_below(int n, int *p, int *log2p) {
 
 /* Recursive doubling up to here: where it ties with Rabenseifner's. At
  * these sizes the vectors stay in cache and reducing them costs little next
- * to the link (R = 0); on 64 to 1024 simulated hosts the crossing lies
- * between 16 and 64 KiB, where this gives 37 to 31 KB. */
+ * to the link (R = 0). */
 static size_t rd_max_bytes(int n) {
   int p, log2p;
   powers_below(n, &p, &log2p);
   const double per_byte_extra = log2p - 2.0 * (p - 1) / p;
-  const double latency_saved = TNT__LATENCY_BANDWIDTH_BYTES * log2p;
+  const double latency_saved = TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING * log2p * log2p;
   if (per_byte_extra <= 0.0 || latency_saved / per_byte_extra >= TNT__RD_MAX_BYTES) {
     return TNT__RD_MAX_BYTES;
   }
@@ -110,7 +126,7 @@ static double ring_crossing(int n, double R) {
   int p, log2p;
   powers_below(n, &p, &log2p);
   const int fold = n > p;
-  const double latency_saved = 2.0 * TNT__LATENCY_BANDWIDTH_BYTES * (n - 1 - log2p - fold);
+  const double latency_saved = 2.0 * TNT__RING_LATENCY_BANDWIDTH_BYTES * (n - 1 - log2p - fold);
   const double per_byte_extra =
       (double)(p - 1) / p * (2.0 + R) + fold * (2.0 + R) - 2.0 * (n - 1) / n;
   return latency_saved <= 0.0 ? 0.0 : latency_saved / per_byte_extra;
