@@ -164,7 +164,6 @@ class Pipeline:
         self.whole = weights_lib.Whole(
             others, self.stages, lambda: self._from_each_stage(self.rank_variables))
         self.described = False
-        self.accumulators = None  # per stage, its weight gradients' sum (training)
 
     # ------------------------------------------------------------- placement
 
@@ -265,23 +264,11 @@ class Pipeline:
             return step_.predicted if step_.last in self.stages else None
         if not training:
             return None
+        grads = [g for s in self.stages for g in step_.grads[s]]
         with tf.control_dependencies([flush]):
-            return [a.read_value() for s in self.stages for a in self.accumulators[s]]
-
-    def _make_accumulators(self):
-        """Per stage, a variable per trainable weight, into which the
-        micro-batches' gradients are summed in place: a stage holds the
-        sum and one layer's new gradient, never a whole second sum."""
-        if self.accumulators is None:
-            with tf.init_scope():  # made once, outside the traced step
-                self.accumulators = {
-                    s: [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                    name=f"tnt_gradient_sum_{k}")
-                        for k, v in enumerate(self.trainable_of[s])]
-                    for s in self.stages}
+            return [tf.identity(g) for g in grads]
 
     def train_step(self, model, data):
-        self._make_accumulators()
         grads = self._run(model, data, training=True)
         if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
             grads = self._finite_everywhere(grads or [])
@@ -417,6 +404,7 @@ class _Step:
         self.sending = {}   # (s, i) -> the stage's outputs (F) or input gradients (B)
         self.seeds = {}     # (s, i) -> the received gradients of the stage's outputs
         self.saved = {}     # (s, i) -> (tape, inputs, outputs, objective), until B
+        self.grads = {s: None for s in pipeline.stages}  # summed weight gradients
 
     def _specs(self, s):
         cuts = self.pipeline.partition.cut_specs
@@ -537,13 +525,11 @@ class _Step:
                for g, v in zip(got, sources)]
         if self.timeline and got:
             got[0] = ops.span(began, got[0], label)
-        # Every schedule runs a stage's backwards in micro-batch order: the
-        # first one's gradients start the sum, the others add to it in place.
-        add = "assign" if i == 0 else "assign_add"
+        w_grads, summed = got[:len(trainable)], self.grads[s]
+        self.grads[s] = w_grads if summed is None else [a + b for a, b in zip(summed, w_grads)]
         # The next pass starts once these gradients are summed: a
         # micro-batch's gradients are never kept beside the next one's.
-        self.after = [getattr(a, add)(g, read_value=False)
-                      for a, g in zip(self.pipeline.accumulators[s], got[:len(trainable)])]
+        self.after = list(self.grads[s])
         self.sending[(s, i)] = got[len(trainable):]
 
     def send_b(self, action):
