@@ -47,8 +47,8 @@ def fused_kernels(config):
     apply = tf.function(lambda g: optimizer.apply([g], [variable]))
     graph = apply.get_concrete_function(tf.ones((3, 2))).graph
     return sorted({op.type for op in graph.get_operations()
-                   if op.type.startswith("Resource") or "VariableOp" in op.type
-                   and op.type != "ReadVariableOp"})
+                   if op.type.startswith("Resource")
+                   or ("VariableOp" in op.type and op.type != "ReadVariableOp")})
 
 
 tnt.init()
