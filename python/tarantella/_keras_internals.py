@@ -65,6 +65,10 @@ _USED = (
     # model's own graph, which Keras keeps only in these.
     ("Function._nodes_by_depth", "functional", "_nodes_by_depth"),
     ("Node.output_tensors", "node", "output_tensors"),
+    # A pipeline stage's SGD updates a variable and its momentum in one
+    # fused kernel (optimizers.update_in_place); which momentum is the
+    # variable's, Keras's update_step finds through this alone.
+    ("Optimizer._get_variable_index", keras.optimizers.SGD, "_get_variable_index"),
 )
 
 
@@ -366,6 +370,12 @@ def save_assets(model, archive):
                                visited_saveables=set())
     finally:
         store.close()
+
+
+def optimizer_variable_index(optimizer, variable):
+    """The index of `variable` among the variables `optimizer` was built
+    for: its slots' index in lists such as SGD's momentums."""
+    return optimizer._get_variable_index(variable)
 
 
 def model_file_json(model):

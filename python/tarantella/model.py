@@ -35,10 +35,11 @@ without allocating any weight, so that none of its ranks ever holds the
 whole model while it trains. ``save`` and ``save_weights`` stream the
 stages' values to the master, which writes the file (``.weights.json``:
 Keras's sharded format, one shard per stage), and ``load_weights`` reads
-each rank's stage only (pipeline/checkpoint.py). The whole model is
-gathered on every rank of the pipeline, and freed again, while its weights
-are read (get_weights) or ModelCheckpoint saves; predict runs through the
-stages, and BackupAndRestore backs each stage up on its own.
+each rank's stage only (pipeline/checkpoint.py); ModelCheckpoint saves
+through them. The whole model is gathered on every rank of the pipeline,
+and freed again, only while its weights are read (get_weights); predict
+runs through the stages, and BackupAndRestore backs each stage up on its
+own.
 """
 import contextlib
 import hashlib
@@ -535,12 +536,8 @@ class Model(keras.Model, metaclass=_ModelType):
         """This rank's callbacks, and the verbosity to give Keras. When a
         callback asks for this rank's own logs, the steps also return local
         metrics, and the progress bar is one that hides them."""
-        cbs = tnt_callbacks.distribute(callbacks)
-        if self._tnt.pipeline is not None:
-            first, last = pipeline_stage.around_savers(self._tnt.pipeline, list(callbacks or []))
-            if first is not None:
-                cbs = [first] + cbs + [last]
-        else:
+        cbs = tnt_callbacks.distribute(callbacks, pipelined=self._tnt.pipeline is not None)
+        if self._tnt.pipeline is None:
             averaging = batch_norm.averaging_callback(self, list(callbacks or []))
             if averaging is not None:
                 cbs.insert(0, averaging)

@@ -10,11 +10,27 @@ DistributedGradientTape was told the sample count (loops.py). For mixed
 precision Keras wraps the optimizer in a LossScaleOptimizer, whose update
 sits inside a conditional on the gradients being finite; the wrapper is the
 one distributed, so every rank takes the same branch.
-"""
-import keras
 
+A pipeline stage's optimizer (update_in_place) updates with TensorFlow's
+fused kernels where they compute exactly what Keras's update_step does:
+Keras's SGD computes ``m * momentum - g * lr`` and ``var + m`` (or ``var -
+g * lr``) as separate operations, each a temporary as large as the
+variable, which a stage that holds a large part of a model has no room for;
+ResourceApplyKerasMomentum and ResourceApplyGradientDescent evaluate the
+same expressions, operation for operation, in the variables' own buffers.
+Every other optimizer, and SGD on anything but dense float32 gradients,
+updates as Keras does.
+"""
+import weakref
+
+import keras
+import tensorflow as tf
+
+from tarantella import _keras_internals as internals
 from tarantella import step
 from tarantella import subclass
+
+_in_place = weakref.WeakSet()  # optimizers that update_in_place() was asked of
 
 
 class DistributedOptimizer:
@@ -23,6 +39,36 @@ class DistributedOptimizer:
     def apply(self, grads, trainable_variables=None):
         grads = step.active().reduce_gradients(list(grads))
         return super().apply(grads, trainable_variables)
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self not in _in_place or not _fused_update(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate)
+
+
+def update_in_place(optimizer):
+    """Makes the distributed `optimizer` update its variables without
+    temporaries where a fused kernel computes Keras's update bit for bit
+    (keras.optimizers.SGD, with or without momentum, dense float32)."""
+    _in_place.add(distribute(optimizer))
+
+
+def _fused_update(optimizer, gradient, variable, learning_rate):
+    """Runs Keras's SGD update of `variable` as one fused kernel; False when
+    there is none for it (then Keras's own update_step runs)."""
+    # Keras's TensorFlow backend hands update_step the tf.Variable.
+    if (subclass.base_class(optimizer) is not keras.optimizers.SGD
+            or not isinstance(gradient, tf.Tensor) or gradient.dtype != tf.float32
+            or not isinstance(variable, tf.Variable) or variable.dtype != tf.float32):
+        return False
+    lr = tf.cast(learning_rate, tf.float32)
+    if optimizer.momentum == 0:
+        tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
+        return True
+    momentum = optimizer.momentums[internals.optimizer_variable_index(optimizer, variable)]
+    tf.raw_ops.ResourceApplyKerasMomentum(
+        var=variable.handle, accum=momentum.value.handle, lr=lr, grad=gradient,
+        momentum=tf.cast(optimizer.momentum, tf.float32), use_nesterov=optimizer.nesterov)
+    return True
 
 
 def distribute(optimizer):

@@ -22,6 +22,13 @@ resume: tnt.models.load_model(DIR/model.keras) on K' stages (other cuts),
 and a model built by a function that loads DIR/ckpt.weights.json, each
 train one more epoch; writes DIR/resume.npz (rank 0): the weights after it
 ("keras/<i>", "json/<i>"), and DIR/guard-resume-<rank>.txt.
+callback: a model built by a function, on K stages, trains one epoch with
+ModelCheckpoints (DIR/callback.keras; DIR/callback-best.weights.h5, best
+only, weights only; DIR/callback-batch<b>.weights.h5 every 2 batches),
+then saves DIR/direct.keras and DIR/direct.weights.h5 itself; every rank
+writes DIR/guard-callback-<rank>.txt: at each batch's and the epoch's end,
+after the checkpoints, whether it held the whole model and what reading
+the other stages' weights gave.
 """
 import argparse
 import os
@@ -85,6 +92,35 @@ def guard(tnt, model):
     return f"read: {read}" if read else f"refused: {errors}"
 
 
+def fit_with_checkpoints(tnt, model, x, y, path):
+    """Fits one epoch with ModelCheckpoints that save the model, its best
+    weights and its weights every 2 batches; a callback after them records,
+    at every batch's and the epoch's end, whether this rank held the whole
+    model (Pipeline.whole) or could read a weight of another stage."""
+    rank = tnt.get_rank()
+
+    class Guard(keras.callbacks.Callback):
+        def check(self, when):
+            with open(path(f"guard-callback-{rank}.txt"), "a") as f:
+                f.write(f"{when}: whole {model._tnt.pipeline.whole.depth}, "
+                        f"{guard(tnt, model)}\n")
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.check(f"batch {batch}")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.check(f"epoch {epoch}")
+
+    checkpoints = [
+        keras.callbacks.ModelCheckpoint(path("callback.keras")),
+        keras.callbacks.ModelCheckpoint(path("callback-best.weights.h5"), monitor="loss",
+                                        save_best_only=True, save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(path("callback-batch{batch}.weights.h5"),
+                                        save_weights_only=True, save_freq=2)]
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=checkpoints + [Guard()])
+
+
 def weights(model, prefix):
     """The whole model's weights, by their place in model.weights (a path
     may hold the name of the model, which Keras may change on loading)."""
@@ -93,7 +129,7 @@ def weights(model, prefix):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["save", "keras", "resume"])
+    p.add_argument("mode", choices=["save", "keras", "resume", "callback"])
     p.add_argument("case", choices=["functional", "sequential"])
     p.add_argument("--dir", required=True)
     p.add_argument("--stages", type=int, default=2)
@@ -151,6 +187,14 @@ def main():
         out.update(weights(model, "after"))
         if rank == 0:
             np.savez(path("save.npz"), **out)
+        return 0
+
+    if args.mode == "callback":
+        model = tnt.Model(lambda: build(args.case), **pipelining)
+        compile_model(model)
+        fit_with_checkpoints(tnt, model, x, y, path)
+        model.save(path("direct.keras"))
+        model.save_weights(path("direct.weights.h5"))
         return 0
 
     loaded = tnt.models.load_model(path(FILES[2]), **pipelining)

@@ -133,6 +133,62 @@ def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, res
             assert all(int(n) > 0 for n in text.split()[1::2]), f"rank {r}: {text}"
 
 
+def h5_datasets(source):
+    """Every dataset of an h5 file (a path, or a file object), by its path."""
+    import h5py
+    out = {}
+    with h5py.File(source, "r") as f:
+        f.visititems(lambda name, item: out.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return out
+
+
+def keras_archive(path):
+    """A .keras file's config and weights."""
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+        with archive.open("model.weights.h5") as f:
+            return config, h5_datasets(f)
+
+
+def assert_same_datasets(a, b, what):
+    assert a.keys() == b.keys(), what
+    for name in a:
+        assert np.array_equal(a[name], b[name]), f"{what}: {name}"
+
+
+def test_model_checkpoint_writes_what_save_writes_without_gathering(tmp_path):
+    """ModelCheckpoint on 2 stages (the whole model, its best weights, its
+    weights every 2 batches) writes through the collective save: its files
+    equal those that save and save_weights write after the same epoch, bit
+    for bit, and no rank held the whole model or could read a weight of
+    another stage while the checkpoints were written."""
+    d, stages = str(tmp_path), 2
+    run(mpirun_command(stages, sys.executable, WORKER, "callback", "functional", "--dir", d,
+                       "--stages", str(stages)))
+    config, direct = keras_archive(os.path.join(d, "direct.keras"))
+    saved_config, saved = keras_archive(os.path.join(d, "callback.keras"))
+    assert saved_config == config
+    assert_same_datasets(saved, direct, "callback.keras")
+    assert any(k.startswith("optimizer/") for k in direct)  # the optimizer's state too
+    weights = h5_datasets(os.path.join(d, "direct.weights.h5"))
+    # 96 samples in batches of 24: saved after batches 2 and 4, the last
+    # one at the epoch's end.
+    assert sorted(n for n in os.listdir(d) if n.startswith("callback-batch")) == [
+        "callback-batch2.weights.h5", "callback-batch4.weights.h5"]
+    for name in ("callback-best.weights.h5", "callback-batch4.weights.h5"):
+        assert_same_datasets(h5_datasets(os.path.join(d, name)), weights, name)
+    assert not all(np.array_equal(a, b) for a, b in zip(
+        h5_datasets(os.path.join(d, "callback-batch2.weights.h5")).values(), weights.values()))
+    for r in range(stages):
+        with open(os.path.join(d, f"guard-callback-{r}.txt")) as f:
+            lines = f.read().splitlines()
+        assert len(lines) == STEPS + 1, lines
+        for line in lines:
+            assert "whole 0, refused:" in line and int(line.split()[-1]) > 0, f"rank {r}: {line}"
+
+
 OPTIMIZERS = {
     "sgd-momentum": lambda k: k.optimizers.SGD(momentum=0.9),
     "adam": lambda k: k.optimizers.Adam(),

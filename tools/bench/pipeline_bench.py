@@ -48,8 +48,11 @@
                a limit, the memory table: each rank's peak against K = 1
                (serial), 2 and 4 stages for SGD and Adam, against the whole
                model's need / K (2 W with SGD, 4 W with Adam). With momentum
-               a stage's peak (3.8 W / K above its weights) exceeds the limit
-               on 4 stages: a run on 8 stages shows it within.
+               a rank of 4 stages holds its weights, their momentums and
+               the sum of its micro-batches' gradients (3 W / 4) plus a
+               layer's new gradients and TensorFlow's step, above the limit:
+               the same run without a limit shows its peak, and a run on 8
+               stages shows momentum within the limit.
                --quick: serial and SGD on stages, limited, only.
                Runs with TF_ENABLE_ONEDNN_OPTS=0 and MALLOC_MMAP_THRESHOLD_
                = 1 MiB, so that freed buffers leave the data size.
@@ -743,6 +746,8 @@ CAPACITY_RUNS = [
      True),
     (f"{CAP_LAYERS} stages, build_fn, SGD momentum, limited", CAP_LAYERS, "fn", "momentum",
      True),
+    (f"{CAP_STAGES} stages, build_fn, SGD momentum, no limit", CAP_STAGES, "fn", "momentum",
+     False),
     (f"{CAP_STAGES} stages, built whole, SGD, no limit", CAP_STAGES, "built", "sgd", False),
 ]
 # --quick: whether a model larger than the limit trains on stages at all.

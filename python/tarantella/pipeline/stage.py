@@ -26,14 +26,13 @@ zero, so the global results, computed from the sum of every rank's state
 also holds the regularization losses of every stage.
 
 Every rank holds the whole Keras model's layers, but the weights of its
-stage only (weights.py); whole() gives it every stage's weights (and
-whole_optimizer() every stage's optimizer slots), copied from the ranks
-that train them, for as long as its weights are read or ModelCheckpoint
-saves, and frees them afterwards. save and save_weights stream the stages
-to the writer instead (checkpoint.py), BackupAndRestore backs each stage up
-on its own (resume.py), and predict runs through the stages.
+stage only (weights.py); whole() gives it every stage's weights, copied
+from the ranks that train them, for as long as its weights are read
+(get_weights), and frees them afterwards. save and save_weights, and so
+ModelCheckpoint, stream the stages to the writer instead (checkpoint.py),
+BackupAndRestore backs each stage up on its own (resume.py), and predict
+runs through the stages.
 """
-import contextlib
 import weakref
 
 import keras
@@ -43,11 +42,11 @@ from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import ops
+from tarantella import optimizers
 from tarantella import runtime
 from tarantella import step
 from tarantella import subclass
 from tarantella.pipeline import autocut
-from tarantella.pipeline import checkpoint
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
 from tarantella.pipeline import weights as weights_lib
@@ -202,8 +201,10 @@ class Pipeline:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built:
             # For the stage's weights only: its slots (momentums, ...) are
-            # the stage's alone (whole_optimizer() assembles them for files).
+            # the stage's alone (checkpoint.py maps them for files).
             optimizer.build(self.trainable)
+        if optimizer is not None:
+            optimizers.update_in_place(optimizer)
         metrics = internals.compile_metrics(model)
         if metrics is None or metrics.built or dataset is None:
             return
@@ -331,45 +332,6 @@ class Pipeline:
         for s, variables in enumerate(per_stage):
             mine = (sources or per_stage)[s] if s == self.stage else variables
             runtime.broadcast_values(variables, mine, root=s, group=self.layout.pipeline_group)
-
-    @contextlib.contextmanager
-    def whole_optimizer(self, model, fill=True):
-        """Within it, model.optimizer is an optimizer of every weight of the
-        model, as files hold it: with `fill`, it holds each stage's state
-        (from the rank that trains the stage), for writing; else its state
-        comes from a file being read, and goes to the stage's optimizer at
-        the end. Each rank's own optimizer keeps the state of its stage
-        only; this one needs the memory of the whole state while it lasts.
-        Collective."""
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is None or not optimizer.built:
-            yield
-            return
-        with subclass.original_classes([optimizer]):
-            whole = type(optimizer).from_config(optimizer.get_config())
-        whole.build(model.trainable_variables)
-        _, sources = checkpoint.optimizer_sources(optimizer, list(model.trainable_variables),
-                                                  self, checkpoint.stage_of_variables(self))
-        pairs = list(zip(whole.variables, sources))
-        shared = [(v, mine) for v, (s, mine) in pairs if s is None]  # iterations, ...
-        # Per rank of the pipeline, the slots of the stages it runs.
-        slots = [[v for v, (s, _) in pairs if s is not None and self.rank_of(s) == r]
-                 for r in range(len(self.rank_variables))]
-        own = [(v, mine) for v, (s, mine) in pairs if s in self.stages]
-        if fill:
-            for v, mine in shared:
-                v.assign(mine)
-            self._from_each_stage(slots, [[mine for _, mine in own] if r == self.stage else []
-                                          for r in range(len(slots))])
-        model.optimizer = whole
-        try:
-            yield
-        finally:
-            model.optimizer = optimizer
-        # What changed meanwhile (a callback's new learning rate, a file's
-        # state) goes to the stage's optimizer.
-        for v, mine in shared + ([] if fill else own):
-            mine.assign(v)
 
 
 class _Step:
@@ -542,68 +504,3 @@ def _label(schedule, s, i):
     """A pass's name on the timeline: the micro-batch, and the stage when
     a rank runs several."""
     return f"{i}" if schedule.num_stages == schedule.num_ranks else f"{i} of stage {s}"
-
-
-class _WholeModelForSavers:
-    """Shared by the two callbacks below: around the hooks in which the
-    callbacks that save run (each epoch's end, and every batch's end when
-    one saves every few batches), the first gives every rank the whole
-    model's weights and the whole optimizer; the last one, after those
-    callbacks, frees the other stages' weights and gives the stage's
-    optimizer back."""
-
-    def __init__(self, pipeline, every_batch):
-        self.pipeline = pipeline
-        self.every_batch = every_batch
-        self.context = None
-
-    def enter(self, model):
-        self.context = contextlib.ExitStack()
-        self.context.enter_context(self.pipeline.whole())
-        self.context.enter_context(self.pipeline.whole_optimizer(model))
-
-    def exit(self):
-        if self.context is not None:
-            context, self.context = self.context, None
-            context.__exit__(None, None, None)
-
-
-class _Open(keras.callbacks.Callback):
-    def __init__(self, shared):
-        super().__init__()
-        self.shared = shared
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.shared.enter(self.model)
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.shared.every_batch:
-            self.shared.enter(self.model)
-
-
-class _Close(keras.callbacks.Callback):
-    def __init__(self, shared):
-        super().__init__()
-        self.shared = shared
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.shared.exit()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.shared.exit()
-
-    def on_train_end(self, logs=None):
-        self.shared.exit()
-
-
-def around_savers(pipeline, callbacks):
-    """(first, last): callbacks to put before and after `callbacks` so that
-    those that save write the whole model; (None, None) when none saves.
-    A BackupAndRestore needs none: each stage backs up and restores its own
-    variables (resume.py)."""
-    savers = [cb for cb in callbacks if isinstance(cb, keras.callbacks.ModelCheckpoint)]
-    if not savers:
-        return None, None
-    every_batch = any(isinstance(getattr(cb, "save_freq", "epoch"), int) for cb in savers)
-    shared = _WholeModelForSavers(pipeline, every_batch)
-    return _Open(shared), _Close(shared)
