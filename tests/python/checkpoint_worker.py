@@ -40,6 +40,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
+import stage_guard  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -78,18 +79,8 @@ def fit(model, x, y):
 def guard(tnt, model):
     """What reading every weight of the other stages gives: each read must
     raise (the weight is not allocated on this rank)."""
-    pipeline = model._tnt.pipeline
-    mine = {id(v) for s in pipeline.stages for v in pipeline.models[s].weights}
-    read, errors = [], 0
-    for v in model.weights:
-        if id(v) in mine:
-            continue
-        try:
-            np.asarray(v)
-            read.append(v.path)
-        except tnt.TarantellaError:
-            errors += 1
-    return f"read: {read}" if read else f"refused: {errors}"
+    read, errors = stage_guard.read_other_stages(tnt, model)
+    return f"read: {read}" if read else f"refused: {len(errors)}"
 
 
 def fit_with_checkpoints(tnt, model, x, y, path):

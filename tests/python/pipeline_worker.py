@@ -35,6 +35,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import tarantella as tnt  # noqa: E402
+import stage_guard  # noqa: E402
 
 SAMPLES, BATCH, EPOCHS = 150, 20, 3
 Split = tnt.keras.layers.SplitLayer
@@ -102,18 +103,9 @@ def guard(model, when, out):
     the weights that were read."""
     if not hasattr(model, "_tnt"):
         return
-    pipeline = model._tnt.pipeline
-    mine = {id(v) for s in pipeline.stages for v in pipeline.models[s].weights}
-    read, first = [], None
-    for v in model.weights:
-        if id(v) in mine:
-            continue
-        try:
-            np.asarray(v)
-            read.append(v.path)
-        except tnt.TarantellaError as e:
-            first = first or str(e)
-    out[f"guard/{when}"] = np.array(f"read: {read}" if read else first or "no other weights")
+    read, errors = stage_guard.read_other_stages(tnt, model)
+    out[f"guard/{when}"] = np.array(f"read: {read}" if read else
+                                    errors[0] if errors else "no other weights")
 
 
 def main():
