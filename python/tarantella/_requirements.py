@@ -8,7 +8,8 @@ other one (two distributions writing over each other's files); the extras
 So this module, imported first by `import tarantella`, checks that the
 Python has TensorFlow in the version Tarantella is built for, without
 importing it, and otherwise raises an ImportError that says what to
-install.
+install. It is also the one module that reads TensorFlow's and Keras's own
+environment variables (KERAS_BACKEND, TF_NUM_INTRAOP_THREADS).
 """
 import importlib.metadata
 import importlib.util
@@ -98,6 +99,12 @@ def check_keras_backend():
             f"Keras runs on the {backend!r} backend (KERAS_BACKEND); Tarantella trains with "
             "TensorFlow: set KERAS_BACKEND=tensorflow (or remove the setting) before keras is "
             "imported")
+
+
+def tensorflow_threads_chosen():
+    """Whether the environment chose TensorFlow's intra-op threads
+    (TF_NUM_INTRAOP_THREADS), which Tarantella then leaves as they are."""
+    return bool(os.environ.get("TF_NUM_INTRAOP_THREADS", "").strip())
 
 
 check()

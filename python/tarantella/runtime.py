@@ -5,6 +5,7 @@ import random
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _requirements
 from tarantella import _keras_internals
 from tarantella.errors import TarantellaError
 from tarantella import log
@@ -65,7 +66,7 @@ def _share_tensorflow_threads():
     tf.config.threading before tnt.init). The inter-op pool keeps its size:
     its threads mostly wait, and an op that blocks must not hold up others."""
     share = core_share()
-    if (share is None or os.environ.get("TF_NUM_INTRAOP_THREADS")
+    if (share is None or _requirements.tensorflow_threads_chosen()
             or tf.config.threading.get_intra_op_parallelism_threads()):
         return
     try:

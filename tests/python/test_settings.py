@@ -71,7 +71,8 @@ def test_init_fails_on_a_bad_setting_and_logs_sources_at_debug():
 
 def test_no_module_reads_the_environment_itself():
     """Only the registry reads TNT_* variables; _requirements.py reads
-    KERAS_BACKEND, before Keras is imported."""
+    TensorFlow's and Keras's (KERAS_BACKEND, before Keras is imported;
+    TF_NUM_INTRAOP_THREADS)."""
     package = os.path.join(ROOT, "python", "tarantella")
     readers = []
     for dirpath, _, names in os.walk(package):
