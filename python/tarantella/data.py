@@ -20,7 +20,6 @@ where sharing is not safe, every rank runs the whole pipeline and keeps its
 slice, and the log says why.
 """
 import logging
-import os
 import weakref
 
 import numpy as np

@@ -221,9 +221,9 @@ class UnreadableBackup(runtime.TarantellaError):
 
 def _backed_up_variables(model):
     """The variables of a backup's weights file: the model's weights (of a
-    pipelined model, those of this rank's stages), then the optimizer's variables (its step
-    count, learning rate, moments; a pipelined model's optimizer is its
-    stage's), in a fixed order."""
+    pipelined model, those of this rank's stages), then the optimizer's
+    variables (its step count, learning rate, moments; a pipelined model's
+    optimizer is its stages'), in a fixed order."""
     pipeline = _pipeline(model)
     variables = list(model.weights if pipeline is None else
                      [w for s in pipeline.stages for w in pipeline.models[s].weights])
