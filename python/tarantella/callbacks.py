@@ -332,7 +332,7 @@ def _backup_atomically(callback, callbacks):
         with np.load(os.path.join(callback.backup_dir, state)) as tables:
             pending.update(tables=dict(tables), batches=batches)
         backup.resume_at(epoch, batches)
-        resume.replay_iterators(model_of(), meta.get(f"tnt_{prefix}iterators", 0), batches)
+        resume.replay_iterators(model_of(), meta.get(f"tnt_{prefix}iterators_to_replay", 0))
 
     def restore(names):
         """Restores this rank's file of the weights files `names`; returns
@@ -408,14 +408,15 @@ def _backup_atomically(callback, callbacks):
         names."""
         writing[0] = os.path.join(callback.backup_dir, state)
         saving.write_atomically(writing[0], lambda path: _savez(path, tables))
+        done = backup.batches_done()
         meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": names,
-                "tnt_state": state, "tnt_batches_done": backup.batches_done(),
-                "tnt_iterators": resume.iterators_made(model_of())}
+                "tnt_state": state, "tnt_batches_done": done,
+                "tnt_iterators_to_replay": resume.iterators_to_replay(model_of(), done)}
         if callback.double_checkpoint and old.get("tnt_weights") not in (None, names):
             meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0),
                         tnt_previous_state=old.get("tnt_state"),
                         tnt_previous_batches_done=old.get("tnt_batches_done", 0),
-                        tnt_previous_iterators=old.get("tnt_iterators", 0))
+                        tnt_previous_iterators_to_replay=old.get("tnt_iterators_to_replay", 0))
         text = json.dumps(meta)
 
         def write_meta(path):

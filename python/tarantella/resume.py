@@ -19,9 +19,9 @@ as if it had never stopped:
   EarlyStopping's best weights when it restores them);
 * the training data is at the same place: a shuffle that reshuffles on
   each iteration draws its order from the number of iterators made of the
-  dataset before (Keras makes one or two an epoch), so the backup records
-  that number and the resumed fit makes (and drops) as many before its
-  first epoch begins (``replay_iterators``); it then goes past the batches
+  dataset before (fit makes one an epoch), so the backup records that
+  number and the resumed fit makes (and drops) as many before its first
+  epoch begins (``replay_iterators``); it then goes past the batches
   of the epoch that were already trained on, without training on them and
   without calling the batch hooks of the callbacks (``skip_batches``).
 
@@ -57,18 +57,29 @@ _skip_below = None
 _EXACT_INTEGERS = 2 ** 53
 
 
-def track_training_data(model, dataset):
+def track_training_data(model, dataset, ahead):
     """The dataset that `model`'s fit is about to train on, counting the
-    iterators made of it; fit must train on what this returns."""
+    iterators made of it; fit must train on what this returns. `ahead`:
+    whether the fit makes the iterator of each epoch at the end of the epoch
+    before (it does when it knows the steps of an epoch), rather than at its
+    start."""
     counted = tfdi.CountsIterators(dataset)
+    counted.ahead = ahead
     _training_data[model] = counted
     return counted
 
 
-def iterators_made(model):
-    """How many iterators the fit in progress made of its training data."""
+def iterators_to_replay(model, batches_done):
+    """How many iterators of its training data a fit resumed from a backup
+    taken now must make and drop before its first epoch: those the fit in
+    progress made before the one that its epoch in progress trains on
+    (`batches_done` > 0), or that its next epoch trains on. The resumed fit
+    makes that one itself, at its first epoch's start."""
     dataset = _training_data.get(model)
-    return dataset.iterators_made if dataset is not None else 0
+    if dataset is None:
+        return 0
+    made = dataset.iterators_made
+    return made - 1 if batches_done > 0 or dataset.ahead else made
 
 
 def skipping(batch):
@@ -322,16 +333,13 @@ def restore_seeds(model, tables):
     return _assign(_seed_variables(model), tables["seeds"])
 
 
-def replay_iterators(model, made, batches_done):
-    """Before the first epoch of a resumed fit: makes and drops iterators of
-    the training data until as many were made as when the backup was taken
-    (`made`), less the one of the epoch in progress when the backup was
-    taken after a batch (`batches_done` > 0), which fit is about to make."""
+def replay_iterators(model, count):
+    """Before the first epoch of a resumed fit: makes and drops `count`
+    iterators of the training data (iterators_to_replay, at the backup)."""
     dataset = _training_data.get(model)
     if dataset is None:
         return
-    target = made - 1 if batches_done > 0 else made
-    while dataset.iterators_made < target:
+    while dataset.iterators_made < count:
         iter(dataset)
 
 

@@ -164,7 +164,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("backup_dir")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--save-freq", type=int, default=4)
+    parser.add_argument("--save-freq", type=lambda v: v if v == "epoch" else int(v), default=4,
+                        help='steps between backups, or "epoch"')
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-epoch", type=int, default=1)

@@ -108,6 +108,19 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
     assert_same_run(got, uninterrupted)
 
 
+def test_a_backup_at_an_epochs_end_resumes_with_the_next_epochs_data_order(tmp_path,
+                                                                          uninterrupted):
+    """BackupAndRestore(save_freq="epoch") backs up at the end of epoch 1,
+    after fit made the iterator that epoch 2 trains on (fit makes each
+    epoch's iterator at the end of the epoch before); rank 1 dies in epoch
+    2. The resumed fit must draw epoch 2's order, not the one after it."""
+    proc, got = train(2, tmp_path, "--save-freq", "epoch", "--kill-rank", "1",
+                      "--kill-epoch", "2", "--kill-batch", "1", restarts=1)
+    assert_restarted_once(proc, 1, 2, 1)
+    assert "resumes from the backup of epoch 2 batch 0" in proc.stdout
+    assert_same_run(got, uninterrupted)
+
+
 # The step in which a rank dies inside the train step or the allreduce: step
 # 7, the first of epoch 1; the last backup is that of step 4 (epoch 0, batch
 # 3), so the resumed fit trains the rest of epoch 0 and goes on.
