@@ -234,12 +234,12 @@ NEXT_STEPS = {
                 "more stages than cores, ranks waiting for a core. A spread of the per-fit "
                 "ratios means other work on the host. TNT_TIMELINE shows each stage's "
                 "forwards, backwards and transfers. Next: rerun on a quiet host.",
-    "data": "the epoch ratios move with the load of the machine (each round's epoch "
-            "times are in the section's table; with other work on the 2 cores, a run of "
-            "several ranks loses more than one process). The input CPU per rank follows "
-            "a fixed part (every rank reads the source and cuts its rows out of each "
-            "global batch) plus the mapped work / N. Next: rerun on a quiet host with "
-            "the command in the section.",
+    "data": "each rank's input CPU is a fixed part per epoch that every rank pays "
+            "whole (making the epoch's iterator: tf.data instantiates every function of "
+            "the pipeline anew for each iterator, 12 to 14 ms of CPU for the augment "
+            "pipeline) plus the mapped work / N; against the augment job's 0.14 s of input "
+            "per epoch the fixed part keeps 2 and 4 ranks above their targets. Next: one "
+            "iterator across a fit's epochs (docs/datasets.md).",
     "sim_allreduce": "the TCP share column is the ceiling: what one TCP stream each way "
                      "carries on the same shaped link, measured in the run. At 1 Gbit/s the "
                      "ring carries what TCP carries and the overlapped hierarchical algorithm "
