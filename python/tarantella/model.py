@@ -522,16 +522,9 @@ class Model(keras.Model, metaclass=_ModelType):
         self._tnt_prepare(train)
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
-        count = _steps(train)
-        if kwargs.get("steps_per_epoch") is None and count > 0:
-            # Keras then makes one iterator of the data an epoch, at the end
-            # of the epoch before, where its prefetching overlaps the
-            # epoch's callbacks; without the steps it makes one at every
-            # epoch's start and another at its end that it drops (4 to 10 %
-            # of the epoch time of tools/bench/data_bench.py's jobs).
-            kwargs["steps_per_epoch"] = count
-        ahead = count > 0 and kwargs.get("steps_per_epoch") == count
         # BackupAndRestore's data position.
+        count = _steps(train)
+        ahead = count > 0 and kwargs.get("steps_per_epoch") == count
         train = resume.track_training_data(self, train, ahead)
         # Shuffling is the dataset's business (arrays were shuffled above).
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,

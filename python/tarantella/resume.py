@@ -19,9 +19,10 @@ as if it had never stopped:
   EarlyStopping's best weights when it restores them);
 * the training data is at the same place: a shuffle that reshuffles on
   each iteration draws its order from the number of iterators made of the
-  dataset before (fit makes one an epoch), so the backup records that
-  number and the resumed fit makes (and drops) as many before its first
-  epoch begins (``replay_iterators``); it then goes past the batches
+  dataset before (Keras makes one or two an epoch), so the backup records
+  how many the fit made before the one that the epoch to resume trains on,
+  and the resumed fit makes (and drops) as many before its first epoch
+  begins (``replay_iterators``); it then goes past the batches
   of the epoch that were already trained on, without training on them and
   without calling the batch hooks of the callbacks (``skip_batches``).
 
@@ -60,9 +61,9 @@ _EXACT_INTEGERS = 2 ** 53
 def track_training_data(model, dataset, ahead):
     """The dataset that `model`'s fit is about to train on, counting the
     iterators made of it; fit must train on what this returns. `ahead`:
-    whether the fit makes the iterator of each epoch at the end of the epoch
-    before (it does when it knows the steps of an epoch), rather than at its
-    start."""
+    whether Keras makes the iterator of each epoch at the end of the epoch
+    before (it does when given steps_per_epoch equal to the data's batches)
+    rather than at the epoch's start."""
     counted = tfdi.CountsIterators(dataset)
     counted.ahead = ahead
     _training_data[model] = counted

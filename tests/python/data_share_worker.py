@@ -61,10 +61,13 @@ def main():
     p.add_argument("--serial", action="store_true")
     p.add_argument("--pipeline", action="store_true")
     p.add_argument("--random", action="store_true")
+    p.add_argument("--shuffle", action="store_true", help="shuffle before the counted map")
     args = p.parse_args()
     rank = 0
     model = pipelined_model() if args.pipeline else make_model(seed=5)
-    if not args.serial:
+    if args.serial:
+        keras.utils.set_random_seed(42)  # as tnt.init() seeds every rank
+    else:
         tnt.init()
         rank = tnt.get_rank()
         if args.pipeline:
@@ -79,6 +82,8 @@ def main():
     if args.random:
         ds = ds.shuffle(SAMPLES).map(lambda x, y: (x * tf.random.uniform([12], 0.5, 1.5), y),
                                      num_parallel_calls=2)
+    if args.shuffle:
+        ds = ds.shuffle(SAMPLES)
     ds = ds.map(counter).batch(BATCH).prefetch(2)
     history = model.fit(ds, epochs=EPOCHS, verbose=0)
     results = {"loss": np.array(history.history["loss"]), "mapped/fit": np.array(counter.calls)}

@@ -167,6 +167,7 @@ def main():
     parser.add_argument("--save-freq", type=lambda v: v if v == "epoch" else int(v), default=4,
                         help='steps between backups, or "epoch"')
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--steps-per-epoch", type=int, help="given to fit")
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-epoch", type=int, default=1)
     parser.add_argument("--kill-batch", type=int, default=3)
@@ -228,7 +229,7 @@ def main():
         print(f"resumes from the backup of epoch {meta['epoch']} batch {meta['batch']}",
               flush=True)
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=True, verbose=0,
-                        callbacks=callbacks)
+                        callbacks=callbacks, steps_per_epoch=args.steps_per_epoch)
     weights = model.get_weights()  # collective for a pipelined model
     if tnt.is_master_rank():
         np.savez(args.out, *weights)

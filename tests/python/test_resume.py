@@ -108,17 +108,21 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
     assert_same_run(got, uninterrupted)
 
 
+@pytest.mark.parametrize("steps", [None, 6], ids=["without-steps", "with-the-epochs-steps"])
 def test_a_backup_at_an_epochs_end_resumes_with_the_next_epochs_data_order(tmp_path,
-                                                                          uninterrupted):
-    """BackupAndRestore(save_freq="epoch") backs up at the end of epoch 1,
-    after fit made the iterator that epoch 2 trains on (fit makes each
-    epoch's iterator at the end of the epoch before); rank 1 dies in epoch
-    2. The resumed fit must draw epoch 2's order, not the one after it."""
-    proc, got = train(2, tmp_path, "--save-freq", "epoch", "--kill-rank", "1",
-                      "--kill-epoch", "2", "--kill-batch", "1", restarts=1)
+                                                                          uninterrupted, steps):
+    """BackupAndRestore(save_freq="epoch") backs up at the end of epoch 1;
+    rank 1 dies in epoch 2. Keras makes the iterator that epoch 2 trains on
+    at epoch 2's start, or, given steps_per_epoch equal to the data's
+    batches, at the end of epoch 1, before the backup: either way the
+    resumed fit must draw epoch 2's order, not the one after it."""
+    given = [] if steps is None else ["--steps-per-epoch", str(steps)]
+    expected = uninterrupted if steps is None else train(2, tmp_path / "whole", *given)[1]
+    proc, got = train(2, tmp_path / "killed", "--save-freq", "epoch", "--kill-rank", "1",
+                      "--kill-epoch", "2", "--kill-batch", "1", *given, restarts=1)
     assert_restarted_once(proc, 1, 2, 1)
     assert "resumes from the backup of epoch 2 batch 0" in proc.stdout
-    assert_same_run(got, uninterrupted)
+    assert_same_run(got, expected)
 
 
 # The step in which a rank dies inside the train step or the allreduce: step
