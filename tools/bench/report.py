@@ -237,9 +237,12 @@ NEXT_STEPS = {
     "data": "each rank's input CPU is a fixed part per epoch that every rank pays "
             "whole (making the epoch's iterator: tf.data instantiates every function of "
             "the pipeline anew for each iterator, 12 to 14 ms of CPU for the augment "
-            "pipeline) plus the mapped work / N; against the augment job's 0.14 s of input "
-            "per epoch the fixed part keeps 2 and 4 ranks above their targets. Next: one "
-            "iterator across a fit's epochs (docs/datasets.md).",
+            "pipeline) plus the mapped work / N; against the augment job's 0.12 s of input "
+            "per epoch the fixed part keeps 2 and 4 ranks above their targets. The epoch "
+            "ratios move by about 5 % from run to run (an earlier run of the same code, "
+            "one-epoch fits: augment 1.01 on 1 rank, 0.91 on 2). Next: one iterator "
+            "across a fit's epochs, and a cheaper rewritten map on 1 rank "
+            "(docs/datasets.md).",
     "sim_allreduce": "the TCP share column is the ceiling: what one TCP stream each way "
                      "carries on the same shaped link, measured in the run. At 1 Gbit/s the "
                      "ring carries what TCP carries and the overlapped hierarchical algorithm "
