@@ -547,6 +547,22 @@ def _prefetched(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def example_batch(dataset):
+    """A batch shaped like `dataset`'s, to build a model with: zeros of one
+    sample where the dataset tells every dimension but the batch's, else
+    its first batch. Reading a batch makes an iterator, and a dataset that
+    reshuffles on each iteration would then draw its epochs' orders one
+    iterator later than in plain Keras, which builds a model in its first
+    step."""
+    specs = tf.nest.flatten(dataset.element_spec)
+    if all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None and
+           None not in s.shape[1:] for s in specs):
+        return tf.nest.pack_sequence_as(dataset.element_spec, [
+            tf.zeros([1] + s.shape[1:].as_list() if s.shape.rank else [], s.dtype)
+            for s in specs])
+    return next(iter(dataset))
+
+
 def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
     """A dataset of global batches from NumPy arrays (or lists/dicts of them),
     as Keras builds for `fit(x, y, batch_size=...)`."""

@@ -309,7 +309,7 @@ class Model(keras.Model, metaclass=_ModelType):
         if not self.built and not self.weights and dataset is not None:
             # Built by a first call, so that there are weights to broadcast
             # (a model whose train_step is its own may have built parts only).
-            x, _, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data.example_batch(dataset))
             self(x)
         if self._tnt.broadcast_pending:
             self._tnt_broadcast_weights()

@@ -62,9 +62,20 @@ def main():
     p.add_argument("--pipeline", action="store_true")
     p.add_argument("--random", action="store_true")
     p.add_argument("--shuffle", action="store_true", help="shuffle before the counted map")
+    p.add_argument("--unbuilt", action="store_true",
+                   help="a Sequential model without an Input: fit builds it")
     args = p.parse_args()
     rank = 0
-    model = pipelined_model() if args.pipeline else make_model(seed=5)
+    if args.pipeline:
+        model = pipelined_model()
+    elif args.unbuilt:
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.layers.Dense(16, activation="tanh", kernel_initializer=
+                                                     keras.initializers.GlorotUniform(seed=1)),
+                                  keras.layers.Dense(4, activation="softmax", kernel_initializer=
+                                                     keras.initializers.GlorotUniform(seed=2))])
+    else:
+        model = make_model(seed=5)
     if args.serial:
         keras.utils.set_random_seed(42)  # as tnt.init() seeds every rank
     else:

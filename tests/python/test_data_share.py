@@ -328,13 +328,16 @@ def test_tf_data_internals_of_tensorflow_2_21():
     assert list(tfdi.reprefetch(src.prefetch(3), src).as_numpy_iterator()) == list(range(10))
 
 
-@pytest.mark.parametrize("flags,ranks", [([], 2), (["--pipeline"], 4), (["--shuffle"], 2)],
-                         ids=["data-parallel", "pipelined", "data-parallel-reshuffled"])
+@pytest.mark.parametrize("flags,ranks", [([], 2), (["--pipeline"], 4), (["--shuffle"], 2),
+                                         (["--shuffle", "--unbuilt"], 2)],
+                         ids=["data-parallel", "pipelined", "data-parallel-reshuffled",
+                              "unbuilt-model-reshuffled"])
 def test_fit_equals_serial(flags, ranks, tmp_path, python):
     """On 2 ranks (data-parallel), or on 2 replicas of a 2-stage pipeline
     (4 ranks): the replicas share the global batches. Reshuffled each epoch,
-    the 2nd epoch's order too must be plain Keras's (it follows the count of
-    iterators that fit made of the dataset before)."""
+    every epoch's order must be plain Keras's (it follows the count of
+    iterators made of the dataset before), also where fit builds the model
+    (from zeros shaped like a batch, not from a batch of the data)."""
     serial_out = str(tmp_path / "serial")
     run([sys.executable, WORKER, "--serial", "--out", serial_out] + flags)
     serial = load(serial_out, 1)[0]
