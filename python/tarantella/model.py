@@ -523,9 +523,7 @@ class Model(keras.Model, metaclass=_ModelType):
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # BackupAndRestore's data position.
-        count = _steps(train)
-        ahead = count > 0 and kwargs.get("steps_per_epoch") == count
-        train = resume.track_training_data(self, train, ahead)
+        train = resume.track_training_data(self, train, kwargs.get("steps_per_epoch"))
         # Shuffling is the dataset's business (arrays were shuffled above).
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
                               validation_data=val, shuffle=False, **kwargs)

@@ -58,14 +58,15 @@ _skip_below = None
 _EXACT_INTEGERS = 2 ** 53
 
 
-def track_training_data(model, dataset, ahead):
+def track_training_data(model, dataset, steps_per_epoch):
     """The dataset that `model`'s fit is about to train on, counting the
-    iterators made of it; fit must train on what this returns. `ahead`:
-    whether Keras makes the iterator of each epoch at the end of the epoch
-    before (it does when given steps_per_epoch equal to the data's batches)
-    rather than at the epoch's start."""
+    iterators made of it; fit must train on what this returns. Given
+    `steps_per_epoch` equal to the data's batches, Keras makes the iterator
+    of each epoch at the end of the epoch before (`ahead`), else at the
+    epoch's start."""
     counted = tfdi.CountsIterators(dataset)
-    counted.ahead = ahead
+    counted.ahead = (steps_per_epoch is not None and
+                     steps_per_epoch == int(dataset.cardinality().numpy()))
     _training_data[model] = counted
     return counted
 
