@@ -547,6 +547,38 @@ def _prefetched(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def across_epochs(dataset, steps_per_execution=1):
+    """(a dataset that gives the epochs of `dataset` one after the other,
+    endlessly, the batches of an epoch): what fit trains on, read by one
+    iterator for all its epochs, with Keras told the steps of an epoch;
+    (`dataset`, None) where the number of its batches is not known or not
+    a multiple of `steps_per_execution` (a step of several batches would
+    then read across an epoch's end).
+
+    Making an iterator has a fixed cost (tf.data instantiates and rewrites
+    every map's function for it), which Keras pays twice an epoch: it makes
+    the iterator of an epoch at its start and one more at its end, which
+    it drops. Here each epoch makes its two inside the one iterator, in the
+    same order (the one read, then the one dropped, which is never read),
+    so that a shuffle that reshuffles on each iteration draws the orders
+    that it draws in plain Keras, and nothing reads ahead across an epoch's
+    end (the iterator of the next epoch is made when its first batch is
+    asked for, after the callbacks of the epoch's end)."""
+    batches = tf.get_static_value(dataset.cardinality())
+    if batches is None or batches <= 0 or batches % steps_per_execution:
+        return dataset, None
+    def iterator(read):
+        # An iterator of `dataset`, read whole or made and never read: a
+        # choice between it and an empty dataset makes both.
+        return tf.data.Dataset.choose_from_datasets(
+            [dataset, dataset.take(0)], tf.data.Dataset.from_tensors(1 - read).repeat())
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    endless = tf.data.Dataset.from_tensor_slices(np.array([1, 0], np.int64)).flat_map(
+        iterator).repeat().with_options(options)
+    return tfdi.DeletesIteratorsAside(endless), int(batches)
+
+
 def example_batch(dataset):
     """A batch shaped like `dataset`'s, to build a model with: zeros of one
     sample where the dataset tells every dimension but the batch's, else
