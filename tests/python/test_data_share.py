@@ -526,6 +526,29 @@ def test_iterators_are_deleted_aside():
     assert deleted_in == ["tnt-iterators"]
 
 
+def test_iterators_held_aside_are_deleted_in_the_exiting_thread():
+    """When the program exits (close, which atexit calls), the thread stops
+    at once and the iterators it still holds are deleted in the exiting
+    thread, while Python still runs: one deleted by a daemon thread while
+    the interpreter shuts down can abort the process. An iterator that the
+    program still holds is left to it."""
+    aside = tfdi._Aside()
+    aside._PERIOD_S = 3600  # the thread would not look again before the end of the test
+    deleted_in = []
+    dropped, kept = (iter(pairs(8).map(Counter()).batch(4)) for _ in range(2))
+    for iterator in (dropped, kept):
+        next(iterator)
+        aside.hold(iterator)
+        weakref.finalize(iterator, lambda: deleted_in.append(threading.current_thread().name))
+    del dropped, iterator
+    start = time.monotonic()
+    aside.close()
+    assert time.monotonic() - start < 60
+    assert deleted_in == [threading.current_thread().name]
+    assert aside._thread is None and not aside._held
+    assert sys.getrefcount(kept) == 2  # this function's and getrefcount's
+
+
 def test_core_share_without_a_launcher():
     """Not initialized (one process, the host to itself): no share, unless
     the process's affinity is narrower than the host."""
