@@ -7,10 +7,10 @@ samples before the expensive maps (data.distribute). Everything it reads is
 named here; tests/python/test_data_share.py checks that these names still
 exist in the installed TensorFlow.
 """
+import atexit
 import re
 import sys
 import threading
-import time
 
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
@@ -190,7 +190,12 @@ class DeletesIteratorsAside(_PassThrough):
 class _Aside:
     """Holds iterators until it is their last holder, then deletes them, in
     a thread that runs while it holds any (every 50 ms it looks which
-    iterators the program dropped)."""
+    iterators the program dropped). When the program exits, the thread
+    stops and the iterators still held are deleted in the exiting thread,
+    while Python still runs: deleting one can free functions whose records
+    call back into Python, and a daemon thread that does so while the
+    interpreter shuts down aborts the process ("FATAL: exception not
+    rethrown")."""
 
     _PERIOD_S = 0.05
     # sys.getrefcount of an iterator that only the list of held ones holds:
@@ -199,18 +204,30 @@ class _Aside:
 
     def __init__(self):
         self._held, self._lock, self._thread = [], threading.Lock(), None
+        self._closed = threading.Event()
+        atexit.register(self.close)
 
     def hold(self, iterator):
         with self._lock:
             self._held.append(iterator)
-            if self._thread is None:
+            if self._thread is None and not self._closed.is_set():
                 self._thread = threading.Thread(target=self._run, name="tnt-iterators",
                                                 daemon=True)
                 self._thread.start()
 
+    def close(self):
+        """Stops the thread and deletes the iterators held, here."""
+        with self._lock:
+            self._closed.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            held, self._held = self._held, []
+        del held
+
     def _run(self):
-        while True:
-            time.sleep(self._PERIOD_S)
+        while not self._closed.wait(self._PERIOD_S):
             with self._lock:
                 dropped = [sys.getrefcount(it) <= self._ONLY_HERE for it in self._held]
                 dropped, self._held = ([it for it, d in zip(self._held, dropped) if d],
@@ -219,6 +236,8 @@ class _Aside:
                     self._thread = None
                     return
             del dropped  # the iterators are deleted here, outside the lock
+        with self._lock:
+            self._thread = None
 
 
 _ASIDE = _Aside()

@@ -522,11 +522,15 @@ class Model(keras.Model, metaclass=_ModelType):
         self._tnt_prepare(train)
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
-        # BackupAndRestore's data position.
-        train = resume.track_training_data(self, train, kwargs.get("steps_per_epoch"))
+        # One iterator across the epochs; BackupAndRestore's data position.
+        train, steps, epochs_read = resume.track_training_data(
+            self, train, kwargs.pop("steps_per_epoch", None))
+        if epochs_read is not None:
+            cbs.insert(0, epochs_read)
         # Shuffling is the dataset's business (arrays were shuffled above).
         history = super().fit(train, epochs=epochs, verbose=verbose, callbacks=cbs,
-                              validation_data=val, shuffle=False, **kwargs)
+                              validation_data=val, shuffle=False, steps_per_epoch=steps,
+                              **kwargs)
         if self._tnt.pipeline is None:
             batch_norm.average_moving_statistics(self)
         history.history = {k: v for k, v in history.history.items()

@@ -45,6 +45,7 @@ import numpy as np
 from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import _tf_data_internals as tfdi
+from tarantella import data
 from tarantella import runtime
 
 # The training dataset of each model's fit in progress.
@@ -59,16 +60,50 @@ _EXACT_INTEGERS = 2 ** 53
 
 
 def track_training_data(model, dataset, steps_per_epoch):
-    """The dataset that `model`'s fit is about to train on, counting the
-    iterators made of it; fit must train on what this returns. Given
+    """(the dataset and the steps per epoch that `model`'s fit must train
+    on, and a callback it must run first), about to train on `dataset`,
+    which counts the iterators made of it. Without `steps_per_epoch`, fit
+    reads one iterator across its epochs (data.across_epochs), which makes
+    two iterators of `dataset` an epoch, as Keras does. Given
     `steps_per_epoch` equal to the data's batches, Keras makes the iterator
     of each epoch at the end of the epoch before (`ahead`), else at the
     epoch's start."""
     counted = tfdi.CountsIterators(dataset)
     counted.ahead = (steps_per_epoch is not None and
                      steps_per_epoch == int(dataset.cardinality().numpy()))
+    given = counted
+    if steps_per_epoch is None:
+        given, steps_per_epoch = data.across_epochs(counted, model.steps_per_execution)
+    counted.epochs = _Epochs(counted, steps_per_epoch) if given is not counted else None
     _training_data[model] = counted
-    return counted
+    return given, steps_per_epoch, counted.epochs
+
+
+class _Epochs(keras.callbacks.Callback):
+    """Counts the epochs that a fit reading one iterator across its epochs
+    finished. Keras makes the iterator that it drops at the end of an
+    epoch that read all its batches (not of one that a callback stopped);
+    that iterator then makes it when the next epoch begins, and this makes
+    the last epoch's when the fit ends."""
+
+    def __init__(self, counted, steps):
+        super().__init__()
+        self.counted, self.steps = counted, steps
+        self.done, self.last_batch, self.whole = 0, -1, False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.last_batch = batch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.done += 1
+        self.whole = self.last_batch == self.steps - 1
+
+    def on_train_end(self, logs=None):
+        if self.whole:
+            iter(self.counted)
 
 
 def iterators_to_replay(model, batches_done):
@@ -81,6 +116,8 @@ def iterators_to_replay(model, batches_done):
     if dataset is None:
         return 0
     made = dataset.iterators_made
+    if dataset.epochs is not None:  # two an epoch, made inside fit's one iterator
+        return made + 2 * dataset.epochs.done
     return made - 1 if batches_done > 0 or dataset.ahead else made
 
 

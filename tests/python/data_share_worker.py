@@ -7,6 +7,10 @@ samples the map processed on this rank in fit (key mapped/fit); without
 the cut) and trains it on 2 replicas of the pipeline (4 ranks): the
 replicas share every global batch.
 
+--stop-in-epoch stops fit after the 3rd batch of its 2nd epoch (a callback
+sets stop_training), so that evaluate and predict then draw their orders
+after a fit that did not read its last epoch whole.
+
 --random multiplies every sample by random factors (tf.random.uniform) in
 the map, after a shuffle: an augmentation drawn at random.
 
@@ -46,6 +50,15 @@ class Counter:
         return x, y
 
 
+class StopInEpoch(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 1 and batch == 2:
+            self.model.stop_training = True
+
+
 def pipelined_model():
     keras.utils.set_random_seed(5)
     inputs = keras.Input(shape=(12,))
@@ -64,6 +77,7 @@ def main():
     p.add_argument("--shuffle", action="store_true", help="shuffle before the counted map")
     p.add_argument("--unbuilt", action="store_true",
                    help="a Sequential model without an Input: fit builds it")
+    p.add_argument("--stop-in-epoch", action="store_true")
     args = p.parse_args()
     rank = 0
     if args.pipeline:
@@ -96,7 +110,8 @@ def main():
     if args.shuffle:
         ds = ds.shuffle(SAMPLES)
     ds = ds.map(counter).batch(BATCH).prefetch(2)
-    history = model.fit(ds, epochs=EPOCHS, verbose=0)
+    callbacks = [StopInEpoch()] if args.stop_in_epoch else []
+    history = model.fit(ds, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     results = {"loss": np.array(history.history["loss"]), "mapped/fit": np.array(counter.calls)}
     if not args.pipeline:
         results["evaluate"] = np.array(model.evaluate(ds, verbose=0))

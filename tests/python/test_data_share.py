@@ -329,15 +329,18 @@ def test_tf_data_internals_of_tensorflow_2_21():
 
 
 @pytest.mark.parametrize("flags,ranks", [([], 2), (["--pipeline"], 4), (["--shuffle"], 2),
-                                         (["--shuffle", "--unbuilt"], 2)],
+                                         (["--shuffle", "--unbuilt"], 2),
+                                         (["--shuffle", "--stop-in-epoch"], 2)],
                          ids=["data-parallel", "pipelined", "data-parallel-reshuffled",
-                              "unbuilt-model-reshuffled"])
+                              "unbuilt-model-reshuffled", "stopped-in-an-epoch-reshuffled"])
 def test_fit_equals_serial(flags, ranks, tmp_path, python):
     """On 2 ranks (data-parallel), or on 2 replicas of a 2-stage pipeline
     (4 ranks): the replicas share the global batches. Reshuffled each epoch,
     every epoch's order must be plain Keras's (it follows the count of
     iterators made of the dataset before), also where fit builds the model
-    (from zeros shaped like a batch, not from a batch of the data)."""
+    (from zeros shaped like a batch, not from a batch of the data), and in
+    evaluate and predict after a fit that a callback stopped in an epoch
+    (Keras makes no iterator at the end of that epoch)."""
     serial_out = str(tmp_path / "serial")
     run([sys.executable, WORKER, "--serial", "--out", serial_out] + flags)
     serial = load(serial_out, 1)[0]
@@ -349,6 +352,8 @@ def test_fit_equals_serial(flags, ranks, tmp_path, python):
             continue
         for r in range(ranks):
             assert np.allclose(results[r][key], serial[key], rtol=0, atol=1e-5), key
+    if "--stop-in-epoch" in flags:
+        return  # how far the prefetch read into the stopped epoch varies
     # 2 epochs of 90 samples in global batches of 16 (the last one of 10):
     # each of 2 shares maps 8 + 5 rows of the batches.
     assert [int(r["mapped/fit"]) for r in results] == [2 * 45] * ranks
@@ -521,6 +526,29 @@ def test_iterators_are_deleted_aside():
     assert deleted_in == ["tnt-iterators"]
 
 
+def test_iterators_held_aside_are_deleted_in_the_exiting_thread():
+    """When the program exits (close, which atexit calls), the thread stops
+    at once and the iterators it still holds are deleted in the exiting
+    thread, while Python still runs: one deleted by a daemon thread while
+    the interpreter shuts down can abort the process. An iterator that the
+    program still holds is left to it."""
+    aside = tfdi._Aside()
+    aside._PERIOD_S = 3600  # the thread would not look again before the end of the test
+    deleted_in = []
+    dropped, kept = (iter(pairs(8).map(Counter()).batch(4)) for _ in range(2))
+    for iterator in (dropped, kept):
+        next(iterator)
+        aside.hold(iterator)
+        weakref.finalize(iterator, lambda: deleted_in.append(threading.current_thread().name))
+    del dropped, iterator
+    start = time.monotonic()
+    aside.close()
+    assert time.monotonic() - start < 60
+    assert deleted_in == [threading.current_thread().name]
+    assert aside._thread is None and not aside._held
+    assert sys.getrefcount(kept) == 2  # this function's and getrefcount's
+
+
 def test_core_share_without_a_launcher():
     """Not initialized (one process, the host to itself): no share, unless
     the process's affinity is narrower than the host."""
@@ -567,3 +595,44 @@ def test_a_dataset_distributed_again_is_not_built_again(data_share):
     assert data.distribute(ds, parts=(0, 2)) is first
     data_share("deterministic")
     assert data.distribute(ds, parts=(0, 2)) is not first
+
+
+def test_one_iterator_across_epochs_draws_the_orders_of_two_iterators_an_epoch():
+    """fit reads its epochs through one iterator (data.across_epochs): each
+    epoch must give what plain Keras's iterators give (it makes two an
+    epoch and reads the first: a dataset that reshuffles on each iteration
+    draws one order for each), and nothing may read ahead across an epoch's
+    end: the counting map sees the epochs' samples and no more."""
+    def build(counter):
+        tf.random.set_seed(42)
+        return pairs(10).shuffle(10).map(counter).batch(4).prefetch(2)
+    keras_like, counter = [], Counter()
+    ds = build(counter)
+    for _ in range(3):
+        keras_like.append(rows(ds))
+        dropped = iter(ds)
+        del dropped
+    counter = Counter()
+    endless, steps = data.across_epochs(build(counter))
+    assert steps == 3
+    iterator = iter(endless)
+    mine = [[[v.numpy().tolist() for v in next(iterator)] for _ in range(steps)]
+            for _ in range(3)]
+    time.sleep(0.2)  # what a prefetch after the epochs' end would read by now
+    assert mine == keras_like
+    assert len({str(epoch) for epoch in mine}) == 3  # reshuffled each epoch
+    assert counter.calls == 3 * 10
+
+
+@pytest.mark.parametrize("case", ["unknown", "endless", "steps-per-execution"])
+def test_without_a_known_number_of_batches_each_epoch_keeps_its_iterator(case):
+    """Where the batches of an epoch are not known (or a step of several
+    batches would read across an epoch's end), fit gets the dataset as it
+    is, and Keras makes each epoch's iterator."""
+    ds = pairs(10)
+    if case == "unknown":
+        ds = ds.filter(lambda x, y: x >= 0)
+    ds = ds.batch(4)
+    if case == "endless":
+        ds = ds.repeat()
+    assert data.across_epochs(ds, 2 if case == "steps-per-execution" else 1) == (ds, None)

@@ -1573,8 +1573,11 @@ def data_share_section(results, stages, targets):
     out.append(f"Global batch {d['global_batch']}; sharing on and whole alternate in one "
                f"process ({d['trials']} trials each, median), runs of serial Keras and of "
                f"each rank count interleaved in {d['rounds']} round(s), median over the "
-               "rounds. Input CPU: one pass over the rank's distributed dataset alone; "
-               "on / whole: the largest rank's against the mean of whole. Load average "
+               "rounds. Input CPU: an epoch of the rank's distributed dataset alone, read "
+               "as fit reads it (one iterator across 4 epochs, tnt.data.across_epochs; "
+               "the epochs after the first; the first epoch's, which also makes the "
+               "iterator, in brackets); plain Keras: an iterator an epoch. On / whole: the "
+               "largest rank's against the mean of whole. Load average "
                f"(1 min) at the start and after each round: {rounds} ({d['cpus']} cores). "
                f"Command: `{d['command']}`.")
     out.append("")
@@ -1590,7 +1593,9 @@ def data_share_section(results, stages, targets):
             on = r["share"]
             rows.append([r["ranks"], "on" if on else "whole", f"{r['epoch_s']:.3f}",
                          ", ".join(f"{v:.3f}" for v in r["epoch_s_rounds"]),
-                         ", ".join(f"{v:.3f}" for v in r["input_cpu_s"]),
+                         ", ".join(f"{v:.3f}" for v in r["input_cpu_s"]) + (
+                             " (" + ", ".join(f"{v:.3f}" for v in r["input_cpu_first_s"]) + ")"
+                             if "input_cpu_first_s" in r else ""),
                          f"{ratio['input_cpu_share_vs_whole']:.2f}" if on else "",
                          f"{ratio['epoch_share_vs_serial']:.2f}" if on else ""])
         out.append(table(["ranks", "sharing", "epoch s", "epoch s per round",
