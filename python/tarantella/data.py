@@ -358,10 +358,12 @@ def _slices_below(base):
     return base if tfdi.slices_of(base) is not None else None
 
 
-def _gathered(base, keys, part, size, batch_size, drop, count):
-    """What _rows gives (each row behind its key where the endless dataset
-    `keys` is given: (key, row)), read by this rank alone, for a `base`
-    that is from_tensor_slices of tensors, shuffled or not; else None.
+def _gathered(base, seeded, part, size, batch_size, drop, count):
+    """What _rows gives (each row behind its seeds where `seeded`, a pair
+    (the endless dataset of the samples' keys, the function that makes the
+    seeds of a vector of keys), is given: (seeds, row)), read by this rank
+    alone, for a `base` that is from_tensor_slices of tensors, shuffled or
+    not; else None.
 
     The rank gathers its rows from the source's tensors by their indices,
     so that it neither reads nor shuffles the others: a shuffle permutes the
@@ -374,19 +376,21 @@ def _gathered(base, keys, part, size, batch_size, drop, count):
     tensors = tfdi.slices_of(source)
     spec = source.element_spec
     positions = tf.constant(_positions(part, size, batch_size, drop, count))
-    if source is base and keys is None:
+    if source is base and seeded is None:
         return tf.data.Dataset.from_tensor_slices(
             tf.nest.pack_sequence_as(spec, [tf.gather(t, positions) for t in tensors]))
     epoch = {}
     if source is not base:
         epoch["order"] = _order(base, count)
-    if keys is not None:
-        epoch["keys"] = keys.batch(count)
+    if seeded is not None:
+        epoch["keys"] = seeded[0].batch(count)
 
     def rows_of_epoch(epoch):
         rows = tf.gather(epoch["order"], positions) if "order" in epoch else positions
         sample = tf.nest.pack_sequence_as(spec, [tf.gather(t, rows) for t in tensors])
-        return (tf.gather(epoch["keys"], positions), sample) if "keys" in epoch else sample
+        if "keys" not in epoch:
+            return sample
+        return seeded[1](tf.gather(epoch["keys"], positions)), sample
     return tf.data.Dataset.zip(epoch).take(1).map(rows_of_epoch).unbatch()
 
 
@@ -418,15 +422,24 @@ _SAMPLE_KEY_SEED = 27182818  # an op seed, next to the global seed
 
 def _share_rows(plan, part, size, count):
     """This rank's rows of every global batch, mapped by the plan's maps;
-    random maps draw from (seed, the row's key). The key goes along with
-    each row up to the last random map, which drops it (a map of its own
-    for that would cost each row a function call)."""
-    keys = _sample_keys(plan.given) if plan.random else None
-    mine = _gathered(plan.base, keys, part, size, plan.batch_size, plan.drop, count)
+    random maps draw from (seed, the row's key). The seeds of all the random
+    maps go along with each row, made from the keys of many rows at once,
+    up to the last random map, which drops them (a map of its own for that
+    would cost each row a function call)."""
+    seeded = None
+    if plan.random:
+        random = [plan.random[id(step)] for step in plan.moved if id(step) in plan.random]
+        seeded = (_sample_keys(plan.given),
+                  lambda keys: tuple(rewritten.seeds(keys) for rewritten in random))
+    mine = _gathered(plan.base, seeded, part, size, plan.batch_size, plan.drop, count)
     if mine is None:
-        base = plan.base if keys is None else tf.data.Dataset.zip((keys, plan.base))
+        base = plan.base
+        if seeded is not None:
+            seeds = seeded[0].batch(_SEEDS_AT_ONCE).map(seeded[1]).unbatch()
+            base = tf.data.Dataset.zip((seeds, base))
         mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
     last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
+    nth = 0  # of the random maps
     for k, step in enumerate(plan.moved):
         if tfdi.kind(step) in tfdi.PREFETCH:
             mine = tfdi.reprefetch(step, mine)
@@ -434,12 +447,18 @@ def _share_rows(plan, part, size, count):
             mine = tfdi.remap(step, mine)
         elif id(step) in plan.random:
             draw = plan.random[id(step)].call
-            mine = tfdi.remap(step, mine, lambda e, draw=draw, keep=k < last:
-                              (e[0], draw(e[1], e[0])) if keep else draw(e[1], e[0]))
+            mine = tfdi.remap(step, mine, lambda e, draw=draw, nth=nth, keep=k < last:
+                              (e[0], draw(e[1], e[0][nth])) if keep else draw(e[1], e[0][nth]))
+            nth += 1
         else:
             call = tfdi.map_call(step)
             mine = tfdi.remap(step, mine, lambda e, call=call: (e[0], call(e[1])))
     return mine
+
+
+# Where the samples are not gathered by index: the keys whose seeds are made
+# at once (an endless stream, batched).
+_SEEDS_AT_ONCE = 1024
 
 
 def share(dataset, part, size, what="training", given=None):

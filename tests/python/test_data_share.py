@@ -509,17 +509,20 @@ def test_ranks_share_the_cores_among_tensorflow_threads(chosen, python):
         assert threads == ("0" if chosen else share), out
 
 
-def test_iterators_are_deleted_aside():
+def test_iterators_are_deleted_aside(monkeypatch):
     """An iterator of a rank's dataset is deleted in the thread that holds
     it once the program dropped it, not where the program drops it."""
+    # A holder of its own: the process's one may still be deleting the
+    # iterators that earlier tests dropped (seconds each, see _Aside).
+    monkeypatch.setattr(tfdi, "_ASIDE", tfdi._Aside())
     mine = data.distribute(pairs(20).map(Counter()).batch(4), parts=(0, 2))
     deleted_in = []
     iterator = iter(mine)
     next(iterator)
     weakref.finalize(iterator, lambda: deleted_in.append(threading.current_thread().name))
     del iterator
-    # The thread looks every 50 ms, and deletes the iterators that earlier
-    # tests dropped first: one can take seconds on a loaded host.
+    # The thread looks every 50 ms; deleting an autotuned iterator can wait
+    # for its autotuning thread (up to 10 s).
     for _ in range(1200):  # 60 s at most
         if deleted_in:
             break
