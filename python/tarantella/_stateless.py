@@ -53,11 +53,11 @@ class Rewritten:
     map returns. Draw d of a sample is seeded with the pair (a number of the
     map's own for that draw, drawn once from the map's key; the sample's
     key): stateless ops hash their seed pair, so that every pair starts its
-    own stream. The seeds are made for many samples in one op per draw, off
-    the per-sample path: a light augmentation costs about 40 us a sample,
-    and three ops more per sample, to make its seeds there, cost it 15 %
-    (the share of a rank of 2 in the data benchmark's augment job: 50 ms of
-    CPU an epoch instead of 43 with the map's stateful draws)."""
+    own stream. The seeds are made for many samples in one op, off the
+    per-sample path, and go along with a sample as one tensor: a light
+    augmentation costs about 40 us a sample, and making its seeds there (3
+    ops), or a tensor per draw in every element, costs it 5 to 15 %
+    (measured on a rank of 2 in the data benchmark's augment job)."""
 
     def __init__(self, graph_def, inputs, outputs, captured, key, draws, input_structure,
                  output_structure):
@@ -68,11 +68,10 @@ class Rewritten:
         self._in, self._out = input_structure, output_structure
 
     def seeds(self, keys):
-        """The seeds of the samples whose keys are the vector `keys`: per
-        draw, a [len(keys), 2] tensor."""
-        return tuple(tf.cast(tf.stack([tf.fill(tf.shape(keys), self._per_draw[d]), keys],
-                                      axis=1), dtype)
-                     for d, (_, dtype) in enumerate(self._draws))
+        """The seeds of the samples whose keys are the vector `keys`:
+        [len(keys), draws, 2]."""
+        per_draw = tf.broadcast_to(self._per_draw, [tf.size(keys), len(self._draws)])
+        return tf.stack([per_draw, tf.broadcast_to(keys[:, None], tf.shape(per_draw))], axis=2)
 
     @tf.autograph.experimental.do_not_convert
     def call(self, element, seeds):
@@ -80,7 +79,8 @@ class Rewritten:
         # tf.identity brings the captured values (eager tensors, variable
         # handles) into the graph of the map that calls this.
         feed = dict(zip(self._inputs, flat + [tf.identity(c) for c in self._captured]))
-        feed.update((name, seed) for (name, _), seed in zip(self._draws, seeds))
+        for (name, dtype), seed in zip(self._draws, tf.unstack(seeds, len(self._draws))):
+            feed[name] = tf.cast(seed, dtype)
         out = tf.graph_util.import_graph_def(self._graph_def, input_map=feed,
                                              return_elements=self._outputs, name="tnt_map")
         return tfdi.from_tensor_list(self._out, out)

@@ -360,8 +360,8 @@ def _slices_below(base):
 
 def _gathered(base, seeded, part, size, batch_size, drop, count):
     """What _rows gives (each row behind its seeds where `seeded`, a pair
-    (the endless dataset of the samples' keys, the function that makes the
-    seeds of a vector of keys), is given: (seeds, row)), read by this rank
+    (the samples' keys (_sample_keys), the function that makes the seeds of
+    a vector of keys), is given: (seeds, row)), read by this rank
     alone, for a `base` that is from_tensor_slices of tensors, shuffled or
     not; else None.
 
@@ -383,14 +383,15 @@ def _gathered(base, seeded, part, size, batch_size, drop, count):
     if source is not base:
         epoch["order"] = _order(base, count)
     if seeded is not None:
-        epoch["keys"] = seeded[0].batch(count)
+        epoch["keys"] = seeded[0].batch(-(-count // _KEYS_AT_ONCE))
 
     def rows_of_epoch(epoch):
         rows = tf.gather(epoch["order"], positions) if "order" in epoch else positions
         sample = tf.nest.pack_sequence_as(spec, [tf.gather(t, rows) for t in tensors])
         if "keys" not in epoch:
             return sample
-        return seeded[1](tf.gather(epoch["keys"], positions)), sample
+        keys = tf.reshape(epoch["keys"], [-1])
+        return seeded[1](tf.gather(keys, positions)), sample
     return tf.data.Dataset.zip(epoch).take(1).map(rows_of_epoch).unbatch()
 
 
@@ -400,16 +401,22 @@ _keys = weakref.WeakKeyDictionary()
 
 
 def _sample_keys(given):
-    """An endless dataset of int64 keys, another sequence at every iteration
-    (epoch) and the same on every rank: zipped with the samples before the
-    selection, the k-th sample of an epoch gets the k-th key whatever the
-    number of ranks. Its seed: the global one (tnt.init), with this op seed."""
+    """An endless dataset of the keys of the samples, in vectors of
+    _KEYS_AT_ONCE: another sequence at every iteration (epoch), the same on
+    every rank; the k-th sample of an epoch gets its k-th key whatever the
+    number of ranks. A key of the epoch (Dataset.random, which draws
+    another sequence at every iteration, from the global seed that tnt.init
+    sets and this op seed) seeds each vector (one op, where a random element
+    a sample would cost each its own element)."""
     try:
         keys = _keys.get(given)
     except TypeError:
         keys = None
     if keys is None:
-        keys = tf.data.Dataset.random(seed=_SAMPLE_KEY_SEED, rerandomize_each_iteration=True)
+        keys = tf.data.Dataset.random(seed=_SAMPLE_KEY_SEED, rerandomize_each_iteration=True).map(
+            lambda key: tf.random.stateless_uniform(
+                [_KEYS_AT_ONCE], tf.stack([key, _SAMPLE_KEY_SEED]), minval=None, maxval=None,
+                dtype=tf.int64))
         try:
             _keys[given] = keys
         except TypeError:
@@ -417,6 +424,7 @@ def _sample_keys(given):
     return keys
 
 
+_KEYS_AT_ONCE = 1024
 _SAMPLE_KEY_SEED = 27182818  # an op seed, next to the global seed
 
 
@@ -435,7 +443,7 @@ def _share_rows(plan, part, size, count):
     if mine is None:
         base = plan.base
         if seeded is not None:
-            seeds = seeded[0].batch(_SEEDS_AT_ONCE).map(seeded[1]).unbatch()
+            seeds = seeded[0].map(seeded[1]).unbatch()
             base = tf.data.Dataset.zip((seeds, base))
         mine = _rows(base, part, size, plan.batch_size, plan.drop, count)
     last = max((k for k, step in enumerate(plan.moved) if id(step) in plan.random), default=-1)
@@ -454,11 +462,6 @@ def _share_rows(plan, part, size, count):
             call = tfdi.map_call(step)
             mine = tfdi.remap(step, mine, lambda e, call=call: (e[0], call(e[1])))
     return mine
-
-
-# Where the samples are not gathered by index: the keys whose seeds are made
-# at once (an endless stream, batched).
-_SEEDS_AT_ONCE = 1024
 
 
 def share(dataset, part, size, what="training", given=None):
