@@ -55,9 +55,9 @@ class Rewritten:
     key): stateless ops hash their seed pair, so that every pair starts its
     own stream. The seeds are made for many samples in one op, off the
     per-sample path, and go along with a sample as one tensor: a light
-    augmentation costs about 40 us a sample, and making its seeds there (3
-    ops), or a tensor per draw in every element, costs it 5 to 15 %
-    (measured on a rank of 2 in the data benchmark's augment job)."""
+    augmentation costs about 40 us a sample, and making its seeds per
+    sample (3 ops) cost it 5 to 15 % (measured on a rank of 2 in the data
+    benchmark's augment job)."""
 
     def __init__(self, graph_def, inputs, outputs, captured, key, draws, input_structure,
                  output_structure):
