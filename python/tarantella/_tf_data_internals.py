@@ -112,25 +112,23 @@ def map_call(map_dataset):
     return call
 
 
-def remap(map_dataset, dataset, call=None):
-    """`dataset` mapped with `call` (by default the function of
-    `map_dataset`; it takes one element), with the parallelism of
-    `map_dataset`, always in order (deterministic)."""
-    call = call or map_call(map_dataset)
-
-    def one(*args):
-        return call(args[0] if len(args) == 1 else args)
-
-    parallel = getattr(map_dataset, "_num_parallel_calls", None)
-    if parallel is None:
-        return dataset.map(one)
-    return dataset.map(one, num_parallel_calls=int(tf.get_static_value(parallel)),
-                       deterministic=True)
+def parallelism(map_datasets):
+    """The parallelism of a map that does the work of `map_datasets`: None
+    where they are all sequential, AUTOTUNE where one is autotuned, else the
+    largest of their num_parallel_calls."""
+    calls = [int(tf.get_static_value(m._num_parallel_calls)) for m in map_datasets
+             if getattr(m, "_num_parallel_calls", None) is not None]
+    if not calls:
+        return None
+    return tf.data.AUTOTUNE if tf.data.AUTOTUNE in calls else max(calls)
 
 
-def reprefetch(prefetch_dataset, dataset):
-    """`dataset` prefetched as `prefetch_dataset` is."""
-    return dataset.prefetch(int(tf.get_static_value(prefetch_dataset._buffer_size)))
+def reprefetch(prefetch_dataset, dataset, rows=1):
+    """`dataset` prefetched as `prefetch_dataset` is, where an element of
+    `dataset` holds `rows` of its elements (the buffer then counts elements
+    of `dataset`, rounded up)."""
+    size = int(tf.get_static_value(prefetch_dataset._buffer_size))
+    return dataset.prefetch(size if size <= 0 else -(-size // rows))
 
 
 class Reshuffled(dataset_ops.UnaryUnchangedStructureDataset):

@@ -324,9 +324,15 @@ def test_tf_data_internals_of_tensorflow_2_21():
     assert tfdi.input_of(mapped) is src
     assert tfdi.batch_params(src.batch(4, drop_remainder=True)) == (4, True)
     assert tfdi.stateful_ops(mapped) == []
-    assert list(tfdi.remap(parallel, tfdi.remap(mapped, src)).as_numpy_iterator()) == \
-        list(range(1, 11))
-    assert list(tfdi.reprefetch(src.prefetch(3), src).as_numpy_iterator()) == list(range(10))
+    autotuned = src.map(lambda x: x, num_parallel_calls=tf.data.AUTOTUNE)
+    assert tfdi.parallelism([mapped]) is None
+    assert tfdi.parallelism([mapped, parallel]) == 2
+    assert tfdi.parallelism([parallel, autotuned]) == tf.data.AUTOTUNE
+    assert tfdi.kind(tfdi.reprefetch(src.prefetch(3), src)) in tfdi.PREFETCH
+    assert tfdi.reprefetch(src.prefetch(3), src)._buffer_size.numpy() == 3
+    assert tfdi.reprefetch(src.prefetch(5), src, rows=2)._buffer_size.numpy() == 3
+    assert tfdi.reprefetch(src.prefetch(tf.data.AUTOTUNE), src, rows=2)._buffer_size.numpy() == \
+        tf.data.AUTOTUNE
 
 
 @pytest.mark.parametrize("flags,ranks", [([], 2), (["--pipeline"], 4), (["--shuffle"], 2),
