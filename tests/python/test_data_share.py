@@ -109,6 +109,34 @@ def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, data_s
     assert max(counts) <= -(-batch // size) * -(-samples // batch)
 
 
+@pytest.mark.parametrize("unrolled", [True, False])
+def test_float_maps_give_the_same_bits_shared(unrolled, data_share, monkeypatch):
+    """A rank maps its rows a micro-batch at a time, the rows one after the
+    other in one body (or in a loop: a partial last batch, a map too large
+    to repeat): every row gets the bits it gets mapped alone, float
+    reductions and image ops included."""
+    if not unrolled:
+        monkeypatch.setattr(data, "_UNROLLED_OPS", 0)
+    batch = 6
+    images = np.random.default_rng(3).normal(size=(3 * batch + 5, 6, 6, 3)).astype(np.float32)
+
+    def build():
+        def transform(x, y):
+            x = tf.image.adjust_contrast(tf.tanh(x * 1.7), 1.3)
+            return x - tf.reduce_mean(x, axis=[0, 1]), tf.reduce_sum(x) + y
+        ds = tf.data.Dataset.from_tensor_slices((images, np.arange(len(images), dtype=np.float32)))
+        return ds.shuffle(len(images), seed=2).map(transform).batch(batch)
+    for size in (2, 3):
+        for part in range(size):
+            got = {}
+            for share in ("0", "1"):
+                data_share(share)
+                got[share] = list(data.distribute(build(), parts=(part, size)).as_numpy_iterator())
+            assert len(got["1"]) == 4
+            for a, b in zip(got["0"], got["1"]):
+                assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
 @pytest.mark.parametrize("drop", [False, True])
 def test_samples_of_varying_shapes(drop, data_share):
     """Rows that cannot be batched before the map (ragged) are selected one

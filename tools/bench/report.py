@@ -234,12 +234,9 @@ NEXT_STEPS = {
                 "more stages than cores, ranks waiting for a core. A spread of the per-fit "
                 "ratios means other work on the host. TNT_TIMELINE shows each stage's "
                 "forwards, backwards and transfers. Next: rerun on a quiet host.",
-    "data": "a rank pays whole, whatever its share, the epoch's order, gathering its "
-            "rows a batch at a time and its 32 micro-batches (about 5 ms an epoch on 2 ranks "
-            "against 68 ms of the whole pipeline), and mapping a row inside tf.map_fn costs "
-            "about what tf.data's per-element map costs on a rank with one thread: on 2 "
-            "ranks the share sits at 0.54 to 0.58 of the whole from run to run "
-            "(docs/datasets.md).",
+    "data": "a rank pays whole, whatever its share, the epoch's order, its keys and "
+            "its 32 micro-batches, and its maps cost a row what the user's cost it, less "
+            "tf.data's per-element cost (docs/datasets.md).",
     "sim_allreduce": "the TCP share column is the ceiling: what one TCP stream each way "
                      "carries on the same shaped link, measured in the run. At 1 Gbit/s the "
                      "ring carries what TCP carries and the overlapped hierarchical algorithm "
