@@ -93,11 +93,6 @@ def map_function(map_dataset):
     return wrapper.function, wrapper._input_structure, wrapper.output_structure
 
 
-def ops_of(map_dataset):
-    """The number of ops in a map's function (its own graph's)."""
-    return len(map_dataset._map_func.function.graph.get_operations())
-
-
 def to_tensor_list(element_structure, element):
     return structure.to_tensor_list(element_structure, element)
 

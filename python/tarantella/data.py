@@ -293,8 +293,7 @@ def _rows(base, part, size, batch_size, drop, count):
     `batch_size` gives, one row after the other."""
     if size == 1:
         return base
-    specs = tf.nest.flatten(base.element_spec)
-    if all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs):
+    if _fixed_shapes(base.element_spec):
         # Samples of one shape: cut the global batches as the batch does and
         # keep this rank's slice of each (cheaper than a predicate per sample).
         return base.batch(batch_size, drop_remainder=drop).map(_slicer(part, size)).unbatch()
@@ -303,6 +302,13 @@ def _rows(base, part, size, batch_size, drop, count):
         count -= count % batch_size
     return base.enumerate().filter(_selector(part, size, batch_size, count)).map(
         lambda _, sample: sample)
+
+
+def _fixed_shapes(spec):
+    """Whether every component of an element of `spec` is a dense tensor of
+    one shape."""
+    return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
+               for s in tf.nest.flatten(spec))
 
 
 def _positions(part, size, batch_size, drop, count):
@@ -471,11 +477,6 @@ def _maps_of_a_row(plan):
     return maps
 
 
-def _fixed_shapes(spec):
-    return all(type(s) is tf.TensorSpec and s.shape.is_fully_defined()
-               for s in tf.nest.flatten(spec))
-
-
 def _element(components):
     """An element as tf.data passes its components to a function."""
     return components[0] if len(components) == 1 else components
@@ -530,8 +531,8 @@ def _share_batches(plan, part, size, count):
     parallel = tfdi.parallelism(maps)
     how = {} if parallel is None else {"num_parallel_calls": parallel, "deterministic": True}
     row_maps = _maps_of_a_row(plan)
-    ops = sum(tfdi.ops_of(step) for step in maps)
-    batched = maps and all(type(s) is tf.TensorSpec for s in tf.nest.flatten(mapped))
+    ops = sum(len(tfdi.map_function(step)[0].graph.get_operations()) for step in maps)
+    batched = bool(maps) and all(type(s) is tf.TensorSpec for s in tf.nest.flatten(mapped))
     gathered = _gathered(plan.base, seeded, part, size, plan.batch_size, plan.drop, count)
     if gathered is not None:
         indices, rows_at = gathered

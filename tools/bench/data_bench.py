@@ -291,7 +291,8 @@ def main():
         jobs[job] = {"what": spec["what"], "whole": f"TNT_DATA_SHARE={spec['whole']}",
                      "serial": serial, "runs": runs, "ratios": ratios}
     doc = {"benchmark": "data_share", "samples": SAMPLES, "global_batch": BATCH,
-           "input_epochs": INPUT_EPOCHS, "trials": args.trials, "rounds": args.rounds, "cpus": os.cpu_count(),
+           "input_epochs": INPUT_EPOCHS, "trials": args.trials, "rounds": args.rounds,
+           "cpus": os.cpu_count(),
            "load_average_before": load[0], "load_average_after": load[-1],
            "load_average_rounds": load, "jobs": jobs,
            "command": "python3 tools/bench/data_bench.py " + " ".join(
