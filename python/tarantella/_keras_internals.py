@@ -176,9 +176,22 @@ def serialize_as(cls, base):
         object_registration.GLOBAL_CUSTOM_NAMES[cls] = name
 
 
-def compiled_loss(model, y, y_pred, sample_weight):
-    """The loss that compile() set up, without the regularization losses."""
-    return model._compile_loss(y, y_pred, sample_weight) if model._compile_loss else None
+def compiled_loss(model, y, y_pred, sample_weight, counted=True):
+    """The loss that compile() set up, without the regularization losses.
+    Keras's loss also adds each output's loss to a metric of its own (models
+    of several outputs); `counted=False` leaves those metrics as they were
+    (for a loss computed a second time)."""
+    loss = model._compile_loss
+    if not loss:
+        return None
+    if counted:
+        return loss(y, y_pred, sample_weight)
+    variables = [v for metric in loss.metrics for v in metric.variables]
+    before = [keras.ops.copy(v.value) for v in variables]
+    value = loss(y, y_pred, sample_weight)
+    for v, b in zip(variables, before):
+        v.assign(b)  # after the update: the traced step orders a variable's uses
+    return value
 
 
 def compile_metrics(model):
@@ -252,6 +265,13 @@ def output_in_graph(functional, layer):
                 outputs = node.output_tensors
                 return outputs[0] if len(outputs) == 1 else outputs
     return layer.output
+
+
+def seed_generators(layer):
+    """The SeedGenerators that `layer` itself draws random numbers from
+    (Dropout's, a random augmentation's); Keras keeps them in its tracker
+    only."""
+    return list(_tracked_list(layer, "seed_generators"))
 
 
 def flatten_layers(model):

@@ -623,26 +623,39 @@ class PeakData:
     """The peak of the process's data size (VmData, what RLIMIT_DATA
     limits) above its size at the start, while the block runs, sampled
     every millisecond on a thread: a shorter peak can be missed, so the
-    margin under a limit that follows from it is an upper bound."""
+    margin under a limit that follows from it is an upper bound. The
+    peaks of the block's phases, named by `phase`, are kept apart."""
 
     def __enter__(self):
         import threading
         self.data0 = proc_status_kib("VmData")
         self.peak, self.done = self.data0, threading.Event()
+        self.now, self.phases = "start", {}
 
         def sample():
             while not self.done.wait(0.001):
-                self.peak = max(self.peak, proc_status_kib("VmData"))
+                self._see(proc_status_kib("VmData"))
         size = threading.stack_size(256 << 10)  # the stack counts as data too
         self.thread = threading.Thread(target=sample, daemon=True)
         self.thread.start()
         threading.stack_size(size)
         return self
 
+    def _see(self, kib):
+        self.peak = max(self.peak, kib)
+        self.phases[self.now] = max(self.phases.get(self.now, kib), kib)
+
+    def phase(self, name):
+        """The data size from now on counts toward the phase `name`."""
+        self._see(proc_status_kib("VmData"))
+        self.now = name
+
     def __exit__(self, *exc):
         self.done.set()
         self.thread.join()
-        self.mib = round((max(self.peak, proc_status_kib("VmData")) - self.data0) / 1024, 1)
+        self._see(proc_status_kib("VmData"))
+        self.mib = round((self.peak - self.data0) / 1024, 1)
+        self.phases_mib = {k: round((v - self.data0) / 1024, 1) for k, v in self.phases.items()}
         return False
 
 
@@ -709,16 +722,21 @@ def capacity_worker(args):
             doc["vmdata_cut_above_base_mib"] = round(
                 (proc_status_kib("VmData") - base_kib) / 1024, 1)
             model.compile(optimizer=optimizer(), loss="mse")
+            peak.phase("fit")
             model.fit(x, x, batch_size=CAP_BATCH, epochs=1, verbose=0, shuffle=False)
+            peak.phase("predict")
             predicted = model.predict(x, batch_size=CAP_BATCH, verbose=0)
             if pipelined and allowed is not None:
                 # Both files a pipeline writes without gathering the model,
                 # under the same limit (the master writes them).
+                peak.phase("save")
                 model.save(os.path.join(args.work, "capacity.keras"))
+                peak.phase("save_weights")
                 model.save_weights(os.path.join(args.work, "capacity.weights.json"))
                 doc["saved"] = True
         doc.update(trained=True, predicted=bool(predicted.shape == x.shape),
                    peak_data_above_base_mib=peak.mib,
+                   peak_by_phase_above_base_mib=peak.phases_mib,
                    vmdata_after_fit_above_base_mib=round(
                        (proc_status_kib("VmData") - base_kib) / 1024, 1))
         if allowed is not None:

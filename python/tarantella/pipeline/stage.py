@@ -13,7 +13,12 @@ A training step of stage s (inside Keras's traced train function):
    under a GradientTape and sends the outputs to stage s + 1; the last stage
    computes the loss and updates the metrics. A backward receives the
    gradients of the stage's outputs, differentiates, sends the gradients of
-   the stage's inputs back, and adds the weight gradients to the step's sum;
+   the stage's inputs back, and adds the weight gradients to the step's sum
+   (with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute it computes the inputs'
+   gradients only, and the stage gets its weight gradients from one more
+   forward and backward of the whole batch once its part of the schedule is
+   over: what the sum held, and a micro-batch's new gradients beside it,
+   are never held);
 3. micro-batch i's loss is weighted by n_i / n, so the sum is the gradient
    of the replica's mean loss; the optimizer then averages it over the
    replicas of the stage, weighted by each replica's n (gradients.py), which
@@ -44,6 +49,7 @@ from tarantella import log
 from tarantella import ops
 from tarantella import optimizers
 from tarantella import runtime
+from tarantella import settings
 from tarantella import step
 from tarantella import subclass
 from tarantella.pipeline import autocut
@@ -148,6 +154,9 @@ class Pipeline:
         self.stage = self.layout.stage
         self.stages = self.schedules[True].stages_of(self.stage)
         self.model = self.partition.stages[self.stage]
+        self.recompute = settings.get("TNT_PIPELINE_WEIGHT_GRADIENTS") == "recompute"
+        if self.recompute:
+            _check_recomputable(model)
         self.models = {s: self.partition.stages[s] for s in self.stages}
         self.trainable_of = {s: list(self.models[s].trainable_variables) for s in self.stages}
         self.trainable = [v for s in self.stages for v in self.trainable_of[s]]
@@ -252,6 +261,9 @@ class Pipeline:
         step_ = _Step(self, model, data, schedule, training, predicting)
         for action in schedule.actions[self.layout.stage]:
             getattr(step_, action.kind.lower())(action)
+        if step_.recompute:
+            for s in self.stages:
+                step_.recompute_weight_gradients(s)
         flush = ops.pipe_flush(self.layout.pipeline_group)
         # The step's collectives (the replicas' gradient averages, the global
         # metrics) block a TensorFlow thread while they wait: they start once
@@ -263,7 +275,11 @@ class Pipeline:
         if not training:
             return None
         grads = [g for s in self.stages for g in step_.grads[s]]
-        with tf.control_dependencies([flush]):
+        # No weight is updated before every gradient exists: an update while
+        # a read of that weight still feeds a gradient yet to come (the
+        # recomputed backward reads the weights it differentiates) makes
+        # TensorFlow copy the weight first (copy on write).
+        with tf.control_dependencies([flush] + grads):
             return [tf.identity(g) for g in grads]
 
     def train_step(self, model, data):
@@ -364,6 +380,12 @@ class _Step:
         self.seeds = {}     # (s, i) -> the received gradients of the stage's outputs
         self.saved = {}     # (s, i) -> (tape, inputs, outputs, objective), until B
         self.grads = {s: None for s in pipeline.stages}  # summed weight gradients
+        # TNT_PIPELINE_WEIGHT_GRADIENTS=recompute: (s, i) -> the stage's
+        # inputs (s > 0) and the received gradients of its outputs, kept
+        # for the stage's weight gradients after the schedule.
+        self.recompute = training and pipeline.recompute
+        self.kept_inputs, self.kept_seeds = {}, {}
+        self.whole_scale = tf.math.divide_no_nan(self.nf, self.nf)  # the sum of the n_i / n
 
     def _specs(self, s):
         cuts = self.pipeline.partition.cut_specs
@@ -401,8 +423,7 @@ class _Step:
             reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
             reg = tf.add_n(reg) if reg else None
             if last and not self.predicting:
-                loss = internals.compiled_loss(self.model, self.ys[i], outputs, self.ws[i])
-                loss = tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
+                loss = self._loss(i, outputs)
                 total = loss + reg if reg is not None else loss
                 objective = total * scale
             elif reg is not None:
@@ -431,6 +452,13 @@ class _Step:
             self.after = []
         if self.training:
             self.saved[(s, i)] = (tape, inputs, outputs, objective)
+        if self.recompute and s > 0:
+            self.kept_inputs[(s, i)] = inputs
+
+    def _loss(self, i, outputs, counted=True):
+        """Micro-batch i's loss (float32), without regularization."""
+        loss = internals.compiled_loss(self.model, self.ys[i], outputs, self.ws[i], counted)
+        return tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
 
     def send_f(self, action):
         s, i = action.stage, action.micro_batch
@@ -463,6 +491,8 @@ class _Step:
             targets += [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
                         if tf.as_dtype(spec[1]).is_floating]
             seeds += self.seeds.pop((s, i))
+            if self.recompute:
+                self.kept_seeds[(s, i)] = seeds[1:]
         label = f"backward {_label(self.schedule, s, i)}"
         if self.timeline:  # the backward begins with its first received gradient
             if len(seeds) > 1:
@@ -476,20 +506,66 @@ class _Step:
         # Gradients flow back through the floating inputs only.
         float_in = [t for t in (tf.nest.flatten(inputs) if s > 0 else [])
                     if t.dtype.is_floating]
-        trainable = self.pipeline.trainable_of[s]
+        trainable = [] if self.recompute else self.pipeline.trainable_of[s]
         sources = list(trainable) + float_in
-        got = tape.gradient(targets, sources, output_gradients=seeds)
-        got = [tf.zeros(v.shape, dtype=v.dtype) if g is None else
-               tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-               for g, v in zip(got, sources)]
+        got = _dense(tape.gradient(targets, sources, output_gradients=seeds), sources) \
+            if sources else []
         if self.timeline and got:
             got[0] = ops.span(began, got[0], label)
+        self.sending[(s, i)] = got[len(trainable):]
+        if self.recompute:
+            self.after = got
+            return
         w_grads, summed = got[:len(trainable)], self.grads[s]
         self.grads[s] = w_grads if summed is None else [a + b for a, b in zip(summed, w_grads)]
         # The next pass starts once these gradients are summed: a
         # micro-batch's gradients are never kept beside the next one's.
         self.after = list(self.grads[s])
-        self.sending[(s, i)] = got[len(trainable):]
+
+    def recompute_weight_gradients(self, s):
+        """Stage s's weight gradients of the step (TNT_PIPELINE_WEIGHT_
+        GRADIENTS=recompute): one forward of the replica's batch through the
+        stage, after the schedule, and one backward of the objective that its
+        micro-batches' passes had (each loss weighted by n_i / n, the
+        received gradients of the outputs as seeds). The stage's layers draw
+        no random numbers and keep no batch statistics
+        (_check_recomputable), so the forward computes what the passes did;
+        the gradients come from the whole batch at once (the order of their
+        sums is serial Keras's, not the micro-batches')."""
+        m = self.pipeline.num_micro_batches
+        parts = [self.xs[i] if s == 0 else self.kept_inputs.pop((s, i)) for i in range(m)]
+        inputs = tf.nest.map_structure(lambda *t: tf.concat(t, axis=0), *parts)
+        with tf.control_dependencies(self.after):
+            inputs = tf.nest.map_structure(tf.identity, inputs)
+        if self.timeline:
+            flat = tf.nest.flatten(inputs)
+            flat[0], began = ops.stamp(flat[0], f"weight gradients of stage {s}")
+            inputs = tf.nest.pack_sequence_as(inputs, flat)
+        stage_model = self.pipeline.models[s]
+        with tf.GradientTape() as tape:
+            outputs = stage_model(inputs, training=True)
+            reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
+            objective = tf.add_n(reg) * self.whole_scale if reg else tf.constant(0.0)
+            if s == self.last:
+                scales = tf.math.divide_no_nan(tf.cast(self.sizes, tf.float32), self.nf)
+                parts = self.pipeline._split(outputs, self.sizes)
+                objective += tf.add_n([self._loss(i, parts[i], counted=False) * scales[i]
+                                        for i in range(m)])
+            if self.model.optimizer is not None:
+                objective = self.model.optimizer.scale_loss(objective)
+        targets, seeds = [objective], [tf.ones_like(objective)]
+        if s < self.last:
+            _, out_specs = self._specs(s)
+            targets += [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
+                        if tf.as_dtype(spec[1]).is_floating]
+            kept = [self.kept_seeds.pop((s, i)) for i in range(m)]
+            seeds += [tf.concat(per_output, axis=0) for per_output in zip(*kept)]
+        trainable = self.pipeline.trainable_of[s]
+        grads = _dense(tape.gradient(targets, trainable, output_gradients=seeds), trainable)
+        if self.timeline and grads:
+            grads[0] = ops.span(began, grads[0], f"weight gradients of stage {s}")
+        self.grads[s] = grads
+        self.after = list(grads)
 
     def send_b(self, action):
         s, i = action.stage, action.micro_batch
@@ -498,6 +574,31 @@ class _Step:
         peer, tag = self.schedule.transfer(action)
         self.after += [self.pipeline._send(g, spec[1], peer, tag)
                        for g, spec in zip(self.sending.pop((s, i)), back)]
+
+
+def _dense(grads, sources):
+    """Gradients as dense tensors, zeros where a source had none."""
+    return [tf.zeros(v.shape, dtype=v.dtype) if g is None else
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+            for g, v in zip(grads, sources)]
+
+
+def _check_recomputable(model):
+    """TNT_PIPELINE_WEIGHT_GRADIENTS=recompute runs each stage's forward
+    twice a step and needs the second to compute what the micro-batches'
+    did: raises, on every rank alike, for a layer that draws random numbers
+    (Dropout, noise, random augmentation) or keeps batch statistics."""
+    for layer in internals.flatten_layers(model):
+        what = ("draws random numbers" if internals.seed_generators(layer) else
+                "normalizes with batch statistics"
+                if isinstance(layer, keras.layers.BatchNormalization) else None)
+        if what is not None:
+            raise runtime.TarantellaError(
+                f"TNT_PIPELINE_WEIGHT_GRADIENTS=recompute computes a stage's weight gradients "
+                f"from a second forward of the whole batch, but layer '{layer.name}' "
+                f"({type(layer).__name__}) {what}, so that forward would not compute what the "
+                "micro-batches' did: unset TNT_PIPELINE_WEIGHT_GRADIENTS (each micro-batch's "
+                "gradients are then summed)")
 
 
 def _label(schedule, s, i):
