@@ -377,3 +377,33 @@ def test_report_reliability_section(tmp_path):
     (tmp_path / "reliability_backup.json").write_text(json.dumps(dict(
         json.loads((tmp_path / "reliability_backup.json").read_text()), estimated_cost=0.06)))
     assert "| 6.0 % | **MISS** |" in target_row(report(tmp_path), "BackupAndRestore")
+
+
+def test_report_capacity_run_that_may_exceed_and_the_table_of_recomputed_stages(tmp_path):
+    """A run under the limit that the benchmark expects to exceed (summed
+    weight gradients with momentum) does not fail the target, and says why;
+    the memory table's target is judged on the stages with recomputed weight
+    gradients, the summed ones shown beside."""
+    oom = "ResourceExhaustedError: OOM when allocating tensor with shape[2048,2048]"
+    result = capacity_result(oom, oom, [None] * 4, True)
+    exceeds = {"job_ok": False, "trained": False, "tail": "", "may_exceed": "0.75 W and more",
+               "ranks": [{"rank": 0, "trained": False, "error": oom}]}
+    result["results"]["4 stages, build_fn, SGD momentum, summed weight gradients, limited"] = \
+        exceeds
+
+    def row(k, mode, ratio):
+        return {"optimizer": "sgd", "stages": k, "weight_gradients": mode, "peak_mib": 1.0,
+                "need_over_k_mib": 1.0, "ratio": ratio, "met": ratio <= 1.3}
+    result["results"]["memory table"] = [row(1, "accumulate", 0.7), row(4, "accumulate", 1.42),
+                                         row(4, "recompute", 1.21)]
+    write(tmp_path / "pipeline_capacity.json", result)
+    summary = report(tmp_path)
+    capacity = target_row(summary, "Under a memory limit below the model's weights, only "
+                                   "stages built by a function train")
+    assert "| yes | PASS |" in capacity and "as it may: 0.75 W and more" in capacity, capacity
+    table = target_row(summary, "Peak per rank on K stages")
+    assert "| 1.21x | PASS |" in table and "up to 1.42x" in table, table
+    result["results"]["memory table"][2]["ratio"] = 1.35
+    result["results"]["memory table"][2]["met"] = False
+    write(tmp_path / "pipeline_capacity.json", result)
+    assert "| 1.35x | **MISS** |" in target_row(report(tmp_path), "Peak per rank on K stages")

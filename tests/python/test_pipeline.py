@@ -22,7 +22,8 @@ from test_training import assert_ranks_identical, load
 WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# (case, stages, replicas, optimizer, schedule)
+# (case, stages, replicas, optimizer, variant): the variant is a schedule,
+# or "recompute": 1F1B with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute.
 CONFIGS = [
     ("mlp", 2, 1, "adam", "1f1b"),
     ("mlp", 2, 1, "sgd", "1f1b"),
@@ -31,7 +32,17 @@ CONFIGS = [
     ("cls", 3, 1, "rmsprop", "1f1b"),
     ("mlp", 2, 2, "adam", "1f1b"),
     ("cls", 2, 2, "sgd", "gpipe"),
+    ("seq", 2, 1, "sgd", "recompute"),
+    ("skip", 3, 1, "adam", "recompute"),
+    ("cls", 3, 1, "rmsprop", "recompute"),
+    ("mlp", 2, 2, "adam", "recompute"),
 ]
+
+
+def variant_settings(variant):
+    if variant == "recompute":
+        return {"TNT_PIPELINE_WEIGHT_GRADIENTS": "recompute"}
+    return {"TNT_PIPELINE_SCHEDULE": variant}
 
 
 def serial_run(tmp_path_factory, case, stages, optimizer):
@@ -51,7 +62,7 @@ def runs(tmp_path_factory):
         run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
                            "--stages", str(stages), "--replicas", str(replicas),
                            "--optimizer", optimizer),
-            timeout=600, env={"TNT_PIPELINE_SCHEDULE": schedule})
+            timeout=600, env=variant_settings(schedule))
         out[(case, stages, replicas, optimizer, schedule)] = load(d, stages * replicas)
     return out
 
@@ -155,9 +166,13 @@ ERRORS = {
     "custom_step": ("PIPELINING", "a pipeline runs its own train_step"),
     "data_with_micro_batches": ("DATA", "num_micro_batches applies to pipelined models only"),
     "custom_loop": ("PIPELINING", "a pipeline trains through the model's own fit"),
+    "recompute_dropout": ("PIPELINING", "layer 'drop' (Dropout) draws random numbers"),
+    "recompute_batch_norm": ("PIPELINING",
+                             "layer 'norm' (BatchNormalization) normalizes with batch statistics"),
 }
 
 ERROR_SCRIPT = r"""
+import os
 import sys
 import keras
 import tarantella as tnt
@@ -190,6 +205,10 @@ def build(case):
         return keras.Model(i, keras.layers.Dense(2)(S()([a, a])))
     if case == "empty_stage":
         return keras.Model(i, keras.layers.Dense(2)(S()(S()(a))))
+    if case == "recompute_dropout":
+        a = keras.layers.Dropout(0.5, name="drop")(a)
+    if case == "recompute_batch_norm":
+        a = keras.layers.BatchNormalization(name="norm")(a)
     if case == "subclassed":
         m = Sub()
         m(keras.ops.zeros((1, 4)))
@@ -201,7 +220,16 @@ def build(case):
 def attempt(case, strategy):
     kwargs = {"num_micro_batches": 0} if case == "micro_batches" else (
         {"num_micro_batches": 4} if case == "data_with_micro_batches" else {})
-    model = tnt.Model(build(case), parallel_strategy=strategy, **kwargs)
+    recompute = case.startswith("recompute")
+    if recompute:
+        os.environ["TNT_PIPELINE_WEIGHT_GRADIENTS"] = "recompute"
+        tnt.settings.load()
+    try:
+        model = tnt.Model(build(case), parallel_strategy=strategy, **kwargs)
+    finally:
+        if recompute:
+            del os.environ["TNT_PIPELINE_WEIGHT_GRADIENTS"]
+            tnt.settings.load()
     if case == "custom_loop":
         import tensorflow as tf
         with tnt.DistributedGradientTape(tf.GradientTape()) as tape:

@@ -47,12 +47,15 @@
                the cut (the other stages' weights are freed). Then, without
                a limit, the memory table: each rank's peak against K = 1
                (serial), 2 and 4 stages for SGD and Adam, against the whole
-               model's need / K (2 W with SGD, 4 W with Adam). With momentum
-               a rank of 4 stages holds its weights, their momentums and
-               the sum of its micro-batches' gradients (3 W / 4) plus a
-               layer's new gradients and TensorFlow's step, above the limit:
-               the same run without a limit shows its peak, and a run on 8
-               stages shows momentum within the limit.
+               model's need / K (2 W with SGD, 4 W with Adam), with the
+               stages' weight gradients summed over the micro-batches and
+               recomputed (TNT_PIPELINE_WEIGHT_GRADIENTS). SGD with momentum
+               on 4 stages runs with recomputed weight gradients under the
+               limit; with summed ones a rank holds its weights, their
+               momentums and the sum of its micro-batches' gradients
+               (3 W / 4) plus a layer's new gradients and TensorFlow's step,
+               above the limit: that run may fail (MAY_EXCEED), and the same
+               without a limit shows its peak.
                --quick: serial and SGD on stages, limited, only.
                Runs with TF_ENABLE_ONEDNN_OPTS=0 and MALLOC_MMAP_THRESHOLD_
                = 1 MiB, so that freed buffers leave the data size.
@@ -755,46 +758,58 @@ def capacity_worker(args):
         os._exit(1)  # the other stages wait for this one: end the job
 
 
-# (name, stages, form, optimizer, limited)
+# How a stage gets its weight gradients (TNT_PIPELINE_WEIGHT_GRADIENTS).
+SUMMED, RECOMPUTED = "accumulate", "recompute"
+# (name, stages, form, optimizer, limited, weight gradients)
 CAPACITY_RUNS = [
-    ("serial, limited", 0, "built", "sgd", True),
-    (f"{CAP_STAGES} stages, built whole, limited", CAP_STAGES, "built", "sgd", True),
-    (f"{CAP_STAGES} stages, build_fn, SGD, limited", CAP_STAGES, "fn", "sgd", True),
-    (f"{CAP_STAGES} stages, build_fn, SGD momentum, limited", CAP_STAGES, "fn", "momentum",
-     True),
-    (f"{CAP_LAYERS} stages, build_fn, SGD momentum, limited", CAP_LAYERS, "fn", "momentum",
-     True),
+    ("serial, limited", 0, "built", "sgd", True, SUMMED),
+    (f"{CAP_STAGES} stages, built whole, limited", CAP_STAGES, "built", "sgd", True, SUMMED),
+    (f"{CAP_STAGES} stages, build_fn, SGD, limited", CAP_STAGES, "fn", "sgd", True, SUMMED),
+    (f"{CAP_STAGES} stages, build_fn, SGD momentum, recomputed weight gradients, limited",
+     CAP_STAGES, "fn", "momentum", True, RECOMPUTED),
+    (f"{CAP_STAGES} stages, build_fn, SGD momentum, summed weight gradients, limited",
+     CAP_STAGES, "fn", "momentum", True, SUMMED),
     (f"{CAP_STAGES} stages, build_fn, SGD momentum, no limit", CAP_STAGES, "fn", "momentum",
-     False),
-    (f"{CAP_STAGES} stages, built whole, SGD, no limit", CAP_STAGES, "built", "sgd", False),
+     False, SUMMED),
+    (f"{CAP_STAGES} stages, built whole, SGD, no limit", CAP_STAGES, "built", "sgd", False,
+     SUMMED),
 ]
+# Runs under the limit that are not expected to fit, and why.
+MAY_EXCEED = {
+    CAPACITY_RUNS[4][0]: "a stage holds its weights, their momentums and the sum of its "
+                         "micro-batches' gradients (0.75 W), a layer's new gradients "
+                         "(0.125 W) and TensorFlow's step: more than 0.9 W",
+}
 # --quick: whether a model larger than the limit trains on stages at all.
 QUICK_CAPACITY_RUNS = [CAPACITY_RUNS[0], CAPACITY_RUNS[2]]
-TABLE_RUNS = [(f"table: {k} stage(s), {opt}", 0 if k == 1 else k, "fn" if k > 1 else "built",
-               opt, False) for k in TABLE_STAGES for opt in TABLE_OPTIMIZERS]
+TABLE_RUNS = [(f"table: {k} stage(s), {opt}" + (", recomputed" if mode == RECOMPUTED else ""),
+               0 if k == 1 else k, "fn" if k > 1 else "built", opt, False, mode)
+              for k in TABLE_STAGES for opt in TABLE_OPTIMIZERS
+              for mode in ((SUMMED,) if k == 1 else (SUMMED, RECOMPUTED))]
 
 
 def memory_table(results):
-    """Per optimizer and number of stages K, the largest peak of a rank
-    above its base, against the whole model's need divided by K: its
-    weights and gradients with SGD (2 W), also the two moments with Adam
-    (4 W); and, for comparison, against the serial run's peak / K."""
+    """Per optimizer, number of stages K and way of getting the weight
+    gradients, the largest peak of a rank above its base, against the whole
+    model's need divided by K: its weights and gradients with SGD (2 W),
+    also the two moments with Adam (4 W); and, for comparison, against the
+    serial run's peak / K."""
     whole = capacity_weights_bytes() / MIB
     rows = []
-    for opt in TABLE_OPTIMIZERS:
+    for key, stages, _, opt, _, mode in TABLE_RUNS:
+        k = max(stages, 1)
         serial = results.get(f"table: 1 stage(s), {opt}", {}).get("ranks") or [{}]
         serial_peak = serial[0].get("peak_data_above_base_mib")
         need = TABLE_NEED_TIMES_WEIGHTS[opt] * whole
-        for k in TABLE_STAGES:
-            docs = results.get(f"table: {k} stage(s), {opt}", {}).get("ranks") or []
-            peaks = [d.get("peak_data_above_base_mib") for d in docs]
-            peak = max(peaks) if peaks and None not in peaks else None
-            ratio = round(peak / (need / k), 2) if peak is not None else None
-            rows.append({"optimizer": opt, "stages": k, "peak_mib": peak,
-                         "need_over_k_mib": round(need / k, 1), "ratio": ratio,
-                         "serial_peak_over_k_mib": (round(serial_peak / k, 1)
-                                                    if serial_peak else None),
-                         "met": ratio is not None and ratio <= TABLE_MAX_RATIO})
+        docs = results.get(key, {}).get("ranks") or []
+        peaks = [d.get("peak_data_above_base_mib") for d in docs]
+        peak = max(peaks) if peaks and None not in peaks else None
+        ratio = round(peak / (need / k), 2) if peak is not None else None
+        rows.append({"optimizer": opt, "stages": k, "weight_gradients": mode, "peak_mib": peak,
+                     "need_over_k_mib": round(need / k, 1), "ratio": ratio,
+                     "serial_peak_over_k_mib": (round(serial_peak / k, 1)
+                                                if serial_peak else None),
+                     "met": ratio is not None and ratio <= TABLE_MAX_RATIO})
     return rows
 
 
@@ -817,23 +832,27 @@ def capacity(args):
         environment={k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")})
     results = {}
     runs = QUICK_CAPACITY_RUNS if args.quick else CAPACITY_RUNS + TABLE_RUNS
-    for key, stages, form, optimizer, limited in runs:
+    for key, stages, form, optimizer, limited, weight_gradients in runs:
         work = tempfile.mkdtemp(prefix="tnt-pipebench-cap-")
         worker = ["--worker", "capacity", "--work", work, "--m", str(2 * max(stages, 1)),
                   "--stages", str(stages), "--form", form, "--optimizer", optimizer,
                   "--budget", str(CAP_BUDGET_W if limited else 0)]
+        job_env = dict(env, TNT_PIPELINE_WEIGHT_GRADIENTS=weight_gradients)
         if stages == 0:
             cmd, ranks = [sys.executable, os.path.abspath(__file__)] + worker, 1
         else:
             cmd = mpirun_cmd(args, stages, *worker, env=(
-                "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_"))
+                "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_",
+                "TNT_PIPELINE_WEIGHT_GRADIENTS"))
             ranks = stages
-        ok, tail = run_job(cmd, timeout=args.job_timeout, env=env)
+        ok, tail = run_job(cmd, timeout=args.job_timeout, env=job_env)
         docs = load_rank_files(work, ranks)
         shutil.rmtree(work, ignore_errors=True)
-        results[key] = {"job_ok": ok, "ranks": docs,
+        results[key] = {"job_ok": ok, "ranks": docs, "weight_gradients": weight_gradients,
                         "trained": len(docs) == ranks and all(d["trained"] for d in docs),
                         "tail": "" if ok else tail[-1500:]}
+        if key in MAY_EXCEED:
+            results[key]["may_exceed"] = MAY_EXCEED[key]
         print(f"capacity: {key}: trained={results[key]['trained']}: " + "; ".join(
             d.get("error", f"held {d.get('held_weights_mib')} MiB of weights, peak "
                            f"{d.get('peak_data_above_base_mib')} MiB data above the base"
@@ -849,11 +868,12 @@ def capacity(args):
                     for a, b in zip(reference, limited_sgd)))
         results["memory table"] = memory_table(results)
         for row in results["memory table"]:
-            print(f"capacity: peak per rank, {row['optimizer']}, {row['stages']} stage(s): "
+            print(f"capacity: peak per rank, {row['optimizer']}, {row['stages']} stage(s), "
+                  f"weight gradients {row['weight_gradients']}: "
                   f"{row['peak_mib']} MiB, {row['ratio']}x the whole model's need / K",
                   flush=True)
     write_json(args.json, {"config": finish_config(cfg), "results": results})
-    trained = [f"{key}: {results[key]['trained']}" for key, *_, limited in runs if limited]
+    trained = [f"{key}: {results[key]['trained']}" for key, *_, limited, _ in runs if limited]
     print("capacity: trained under the limit: " + "; ".join(trained)
           + ("" if args.quick else "; the stages' weights after training equal those of the "
              f"model built whole without a limit: {results['bitwise equal']}"))
