@@ -7,7 +7,9 @@ passes' gradients in the same (micro-batch) order, so the weights are
 bitwise those of 1F1B with the same 4 stages on 4 ranks. So are the losses
 and metrics: the models have no regularization, so only the last stage's
 metric state is not zero, and adding zeros across ranks is exact. Both
-equal serial Keras within test_pipeline.py's tolerances."""
+equal serial Keras within test_pipeline.py's tolerances. With the weight
+gradients recomputed (TNT_PIPELINE_WEIGHT_GRADIENTS=recompute) the chunks of
+a rank recompute theirs after the rank's schedule."""
 import json
 import os
 import sys
@@ -22,11 +24,12 @@ from test_training import assert_ranks_identical, load
 CASES = ["mlp", "seq"]
 
 
-def pipelined(tmp_path_factory, case, ranks, schedule):
-    d = str(tmp_path_factory.mktemp(f"{case}-{schedule}-{ranks}"))
+def pipelined(tmp_path_factory, case, ranks, schedule, weight_gradients="accumulate"):
+    d = str(tmp_path_factory.mktemp(f"{case}-{schedule}-{ranks}-{weight_gradients}"))
     run(mpirun_command(ranks, sys.executable, WORKER, case, "--out", d, "--stages", "4",
                        "--micro-batches", "4", "--optimizer", "adam"),
-        timeout=600, env={"TNT_PIPELINE_SCHEDULE": schedule})
+        timeout=600, env={"TNT_PIPELINE_SCHEDULE": schedule,
+                          "TNT_PIPELINE_WEIGHT_GRADIENTS": weight_gradients})
     return load(d, ranks)
 
 
@@ -42,6 +45,20 @@ def test_interleaved_equals_1f1b_bitwise_and_serial(case, tmp_path_factory):
             f"{case}: {key} differs between interleaved (2 ranks) and 1F1B (4 ranks)"
     assert_matches_serial(interleaved[0], serial_run(tmp_path_factory, case, 4, "adam"),
                           (case, "interleaved"))
+
+
+def test_interleaved_with_recomputed_weight_gradients(tmp_path_factory):
+    """TNT_PIPELINE_WEIGHT_GRADIENTS=recompute with two chunks per rank:
+    each chunk recomputes its weight gradients after the rank's schedule,
+    as the same stage does alone on its rank under 1F1B (bitwise), and
+    training equals serial Keras."""
+    interleaved = pipelined(tmp_path_factory, "mlp", 2, "interleaved", "recompute")
+    assert_ranks_identical(interleaved)
+    one_f_one_b = pipelined(tmp_path_factory, "mlp", 4, "1f1b", "recompute")
+    for key in [k for k in one_f_one_b[0] if k.startswith("w")] + ["loss", "predict"]:
+        assert np.array_equal(interleaved[0][key], one_f_one_b[0][key]), key
+    assert_matches_serial(interleaved[0], serial_run(tmp_path_factory, "mlp", 4, "adam"),
+                          ("mlp", "interleaved, recomputed"))
 
 
 BAD = """
