@@ -176,22 +176,37 @@ def serialize_as(cls, base):
         object_registration.GLOBAL_CUSTOM_NAMES[cls] = name
 
 
-def compiled_loss(model, y, y_pred, sample_weight, counted=True):
-    """The loss that compile() set up, without the regularization losses.
-    Keras's loss also adds each output's loss to a metric of its own (models
-    of several outputs); `counted=False` leaves those metrics as they were
-    (for a loss computed a second time)."""
-    loss = model._compile_loss
+def compiled_loss(model, y, y_pred, sample_weight):
+    """The loss that compile() set up, without the regularization losses,
+    and each output's unweighted loss (models of several outputs; [] for
+    one). Keras's loss also adds each output's loss to a Mean metric of its
+    own; those metrics are left as they were: a pipeline computes the loss
+    one micro-batch at a time, and adds the step's loss of each output
+    once (count_output_losses), as Keras adds a batch's."""
+    loss = compile_loss(model)
     if not loss:
-        return None
-    if counted:
-        return loss(y, y_pred, sample_weight)
-    variables = [v for metric in loss.metrics for v in metric.variables]
-    before = [keras.ops.copy(v.value) for v in variables]
+        return None, []
+    before = [[keras.ops.copy(v.value) for v in metric.variables] for metric in loss.metrics]
     value = loss(y, y_pred, sample_weight)
-    for v, b in zip(variables, before):
-        v.assign(b)  # after the update: the traced step orders a variable's uses
-    return value
+    parts = []
+    for metric, old in zip(loss.metrics, before):
+        total, count = metric.variables  # a Mean: the sum of the values and of their weights
+        parts.append(keras.ops.cast((total.value - old[0]) / (count.value - old[1]), "float32"))
+        for v, b in zip(metric.variables, old):
+            v.assign(b)  # after the reads: the traced step orders a variable's uses
+    return value, parts
+
+
+def count_output_losses(model, values, weight):
+    """Adds `values`, each output's loss of a step, to the output's loss
+    metric with `weight`, as Keras's loss does with a batch's."""
+    for metric, value in zip(compile_loss(model).metrics, values):
+        metric.update_state(value, sample_weight=weight)
+
+
+def compile_loss(model):
+    """The loss that compile() set up (a Keras loss container), or None."""
+    return model._compile_loss
 
 
 def compile_metrics(model):

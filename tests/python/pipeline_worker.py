@@ -11,6 +11,8 @@ evaluate's results, predictions, and the weights of the whole model):
   cls    a classifier (sparse categorical cross-entropy, accuracy), with L2
          regularization on every stage's kernel
   seq    the mlp as a keras.Sequential model
+  two    the mlp with a second output on its last stage: two losses, weighted
+         (per-output losses in the results as "output_losses")
 150 samples in global batches of 20: the replicas and the micro-batches get
 unequal shares, and the last batch is partial. With --save PATH the model
 is saved after training (the master writes it). With --build-fn the model
@@ -30,6 +32,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
+from keras import tree  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -48,6 +51,8 @@ def data(case):
         y = np.argmax(x @ rng.normal(size=(6, 4)), axis=1).astype(np.int32)
     else:
         y = (np.tanh(x @ rng.normal(size=(6, 3)))).astype(np.float32)
+    if case == "two":
+        return x, {"out": y, "aux": y[:, :2] * 2.0}
     return x, y
 
 
@@ -56,7 +61,7 @@ def build(case, stages):
     the same for every number of stages (up to 4): only its cuts move."""
     keras.utils.set_random_seed(11)
     inputs = keras.Input((6,), name="x")
-    if case in ("mlp", "seq"):
+    if case in ("mlp", "seq", "two"):
         layers = []
         for k in range(3):
             layers.append(keras.layers.Dense(12, activation="tanh", name=f"d{k}"))
@@ -66,9 +71,12 @@ def build(case, stages):
         if case == "seq":
             return keras.Sequential([inputs] + layers, name="seq")
         h = inputs
-        for layer in layers:
+        for layer in layers[:-1]:
             h = layer(h)
-        return keras.Model(inputs, h, name="mlp")
+        if case == "two":
+            aux = keras.layers.Dense(2, name="aux")(h)
+            return keras.Model(inputs, {"out": layers[-1](h), "aux": aux}, name="two")
+        return keras.Model(inputs, layers[-1](h), name="mlp")
     reg = keras.regularizers.L2(1e-3) if case == "cls" else None
     h = keras.layers.Dense(12, activation="tanh", kernel_regularizer=reg, name="d0")(inputs)
     skip = keras.layers.Dense(5, name="s0")(inputs) if case == "skip" else None
@@ -93,6 +101,9 @@ def compile_model(model, case, opt):
     if case == "cls":
         model.compile(optimizer=optimizer(opt), metrics=["accuracy"],
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    elif case == "two":
+        model.compile(optimizer=optimizer(opt), loss={"out": "mse", "aux": "mae"},
+                      loss_weights={"out": 1.0, "aux": 0.5}, metrics={"out": ["mae"]})
     else:
         model.compile(optimizer=optimizer(opt), loss="mse", metrics=["mae"])
 
@@ -110,7 +121,7 @@ def guard(model, when, out):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["mlp", "skip", "cls", "seq"])
+    p.add_argument("case", choices=["mlp", "skip", "cls", "seq", "two"])
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     p.add_argument("--stages", type=int, default=2)
@@ -162,15 +173,22 @@ def main():
             keras.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=10.0),
             keras.callbacks.EarlyStopping("val_loss", patience=5, restore_best_weights=True)]
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                        validation_data=(x[:50], y[:50]), callbacks=callbacks)
+                        validation_data=(x[:50], tree.map_structure(lambda t: t[:50], y)),
+                        callbacks=callbacks)
     guard(model, "fit", stage_file)
-    metric = "accuracy" if args.case == "cls" else "mae"
+    metric = {"cls": "accuracy", "two": "out_mae"}.get(args.case, "mae")
+    predicted = model.predict(x, batch_size=BATCH, verbose=0)
+    if isinstance(predicted, dict):
+        predicted = np.concatenate([predicted[k] for k in sorted(predicted)], axis=1)
     results = {"loss": np.array(history.history["loss"]),
                "metric": np.array(history.history[metric]),
                "val_loss": np.array(history.history["val_loss"]),
                "evaluate": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
-               "predict": np.asarray(model.predict(x, batch_size=BATCH, verbose=0), np.float32),
+               "predict": np.asarray(predicted, np.float32),
                "learning_rate": np.array(history.history.get("learning_rate", []))}
+    if args.case == "two":
+        results["output_losses"] = np.array(
+            [history.history[f"{k}_loss"] for k in ("out", "aux")])
     guard(model, "evaluate and predict", stage_file)
     if args.num_stages and not args.serial:
         results["cuts"] = np.array([",".join(c) for c in model._tnt.pipeline.partition.cut_names])

@@ -118,7 +118,9 @@ class Partition:
         num_stages = 1 + max([stage[n] + (1 if is_split[n] else 0) for n in order], default=0)
         self.num_stages = num_stages
         outputs = config["output_layers"]
-        if outputs and isinstance(outputs[0], str):
+        if isinstance(outputs, dict):  # outputs by name: {name: [layer, node, index]}
+            outputs = list(outputs.values())
+        elif outputs and isinstance(outputs[0], str):
             outputs = [outputs]  # one output: [name, node, index]
         output_names = [entry[0] for entry in outputs]
         for n in output_names:
@@ -144,8 +146,10 @@ class Partition:
         for s in range(num_stages):
             inputs = fm.inputs if s == 0 else [internals.output_in_graph(fm, layers[n])
                                                for n in self.cut_names[s - 1]]
-            outputs = (fm.outputs if s == num_stages - 1
-                       else [internals.output_in_graph(fm, layers[n])
+            # The last stage returns the model's outputs in their structure
+            # (a dict of outputs by name is what the compiled loss expects).
+            outputs = ((fm.output if isinstance(fm.output, dict) else fm.outputs)
+                       if s == num_stages - 1 else [internals.output_in_graph(fm, layers[n])
                              for n in self.cut_names[s]])
             self.stages.append(keras.Model(inputs, outputs, name=f"{fm.name}_stage_{s}"))
         self.variables = [list(m.weights) for m in self.stages]

@@ -194,19 +194,22 @@ class Pipeline:
         first = schedule.stages_of(0)
         who = (f"stage {first[0]}" if len(first) == 1
                else f"rank 0 (stages {', '.join(map(str, first))})")
+        gradients = ("; weight gradients recomputed from the whole batch after the schedule "
+                     "(each stage also keeps its inputs of every micro-batch)"
+                     if self.recompute else "")
         log.logger.info(
             "pipeline: %d stages x %d replicas, %d micro-batches per step, schedule %s "
-            "(%s holds at most %d micro-batches' activations)", self.partition.num_stages,
+            "(%s holds at most %d micro-batches' activations%s)", self.partition.num_stages,
             self.num_replicas, self.num_micro_batches, self.schedule_name, who,
-            schedule.held(0))
+            schedule.held(0), gradients)
         for line in self.partition.description(mbs):
             log.logger.info("pipeline: %s", line)
 
     def build_state(self, model, dataset):
-        """Builds the optimizer, and the compiled metrics from a batch of
-        `dataset` (Keras builds them at their first update, which only the
-        last stage makes; every rank needs them built to add their state
-        up)."""
+        """Builds the optimizer, and the compiled metrics and loss from a
+        batch of `dataset` (Keras builds them at their first update, which
+        only the last stage makes; every rank needs them built to add their
+        state up: the loss has a metric per output when there are several)."""
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and not optimizer.built:
             # For the stage's weights only: its slots (momentums, ...) are
@@ -214,21 +217,25 @@ class Pipeline:
             optimizer.build(self.trainable)
         if optimizer is not None:
             optimizers.update_in_place(optimizer)
-        metrics = internals.compile_metrics(model)
-        if metrics is None or metrics.built or dataset is None:
+        unbuilt = [c for c in (internals.compile_metrics(model), internals.compile_loss(model))
+                   if c is not None and not c.built]
+        if not unbuilt or dataset is None:
             return
         x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
         y = tf.nest.map_structure(lambda t: t[:1], y)
-        shapes = [tuple(t.shape[1:]) for t in model.outputs]
-        if all(d is not None for shape in shapes for d in shape):
-            # Metrics are built from shapes: zeros shaped like one sample's
-            # outputs, not a forward pass of the whole model on this stage.
-            outputs = [tf.zeros((1,) + shape, t.dtype) for shape, t in zip(shapes, model.outputs)]
-            metrics.build(y, outputs[0] if len(outputs) == 1 else outputs)
+        output = self.partition.output  # the structure of the model's outputs
+        if all(d is not None for t in tf.nest.flatten(output) for d in t.shape[1:]):
+            # Built from shapes: zeros shaped like one sample's outputs,
+            # not a forward pass of the whole model on this stage.
+            outputs = tf.nest.map_structure(
+                lambda t: tf.zeros((1,) + tuple(t.shape[1:]), t.dtype), output)
         else:  # outputs of unknown shapes: from the whole model, gathered for it
             with self.whole():
-                metrics.build(y, model(tf.nest.map_structure(lambda t: t[:1], x),
-                                       training=False))
+                outputs = model(tf.nest.map_structure(lambda t: t[:1], x), training=False)
+        if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+            outputs = outputs[0]  # one output (a Sequential model's list of one)
+        for container in unbuilt:
+            container.build(y, outputs)
 
     # ------------------------------------------------------------- the steps
 
@@ -261,6 +268,7 @@ class Pipeline:
         step_ = _Step(self, model, data, schedule, training, predicting)
         for action in schedule.actions[self.layout.stage]:
             getattr(step_, action.kind.lower())(action)
+        step_.count_output_losses()
         if step_.recompute:
             for s in self.stages:
                 step_.recompute_weight_gradients(s)
@@ -365,6 +373,8 @@ class _Step:
         self.last = pipeline.partition.num_stages - 1
         first_x = next(t for t in tf.nest.flatten(x) if t is not None)
         n = tf.shape(first_x)[0]
+        self.static_batch = first_x.shape[0]  # Keras weighs each output's loss by it
+        self.output_losses = []  # of the micro-batches so far, each weighted by n_i / n
         self.sizes = tf.stack([n // m + tf.cast(i < n % m, tf.int32) for i in range(m)])
         self.nf = tf.cast(n, tf.float32)
         self.xs = pipeline._split(x, self.sizes) if 0 in pipeline.stages else None
@@ -385,11 +395,16 @@ class _Step:
         # for the stage's weight gradients after the schedule.
         self.recompute = training and pipeline.recompute
         self.kept_inputs, self.kept_seeds = {}, {}
-        self.whole_scale = tf.math.divide_no_nan(self.nf, self.nf)  # the sum of the n_i / n
 
     def _specs(self, s):
         cuts = self.pipeline.partition.cut_specs
         return (cuts[s - 1] if s > 0 else None), (cuts[s] if s < self.last else None)
+
+    def _float_outputs(self, s, outputs):
+        """Stage s's outputs that carry gradients back (the floating ones)."""
+        _, out_specs = self._specs(s)
+        return [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
+                if tf.as_dtype(spec[1]).is_floating]
 
     def recv_f(self, action):
         s, i = action.stage, action.micro_batch
@@ -420,10 +435,12 @@ class _Step:
                        if s > 0 else [])
             outputs = stage_model(inputs, training=self.training)
             objective = tf.constant(0.0)
-            reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
-            reg = tf.add_n(reg) if reg else None
+            reg = _regularization(stage_model)
             if last and not self.predicting:
-                loss = self._loss(i, outputs)
+                loss, parts = self._loss(i, outputs)
+                parts = [p * scale for p in parts]
+                self.output_losses = ([a + p for a, p in zip(self.output_losses, parts)]
+                                      if self.output_losses else parts)
                 total = loss + reg if reg is not None else loss
                 objective = total * scale
             elif reg is not None:
@@ -455,10 +472,18 @@ class _Step:
         if self.recompute and s > 0:
             self.kept_inputs[(s, i)] = inputs
 
-    def _loss(self, i, outputs, counted=True):
-        """Micro-batch i's loss (float32), without regularization."""
-        loss = internals.compiled_loss(self.model, self.ys[i], outputs, self.ws[i], counted)
-        return tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)
+    def _loss(self, i, outputs):
+        """Micro-batch i's loss (float32), without regularization, and the
+        unweighted loss of each output (models of several outputs)."""
+        loss, parts = internals.compiled_loss(self.model, self.ys[i], outputs, self.ws[i])
+        return (tf.cast(loss, tf.float32) if loss is not None else tf.constant(0.0)), parts
+
+    def count_output_losses(self):
+        """Adds the replica's batch's loss of each output (of its micro-
+        batches', each weighted by n_i / n) to the output's loss metric,
+        once, as Keras does with a batch's."""
+        if self.output_losses:
+            internals.count_output_losses(self.model, self.output_losses, self.static_batch)
 
     def send_f(self, action):
         s, i = action.stage, action.micro_batch
@@ -483,13 +508,11 @@ class _Step:
     def b(self, action):
         s, i = action.stage, action.micro_batch
         tape, inputs, outputs, objective = self.saved.pop((s, i))
-        in_specs, out_specs = self._specs(s)
         # The stage's outputs are differentiated with the received
         # gradients (a vector-Jacobian product), its own loss with 1.
         targets, seeds = [objective], [tf.ones_like(objective)]
         if s < self.last:
-            targets += [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
-                        if tf.as_dtype(spec[1]).is_floating]
+            targets += self._float_outputs(s, outputs)
             seeds += self.seeds.pop((s, i))
             if self.recompute:
                 self.kept_seeds[(s, i)] = seeds[1:]
@@ -544,20 +567,20 @@ class _Step:
         stage_model = self.pipeline.models[s]
         with tf.GradientTape() as tape:
             outputs = stage_model(inputs, training=True)
-            reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
-            objective = tf.add_n(reg) * self.whole_scale if reg else tf.constant(0.0)
+            reg = _regularization(stage_model)
+            # The passes' regularization, reg x n_i / n, summed: reg x 1 (0 for an empty batch).
+            objective = (reg * tf.math.divide_no_nan(self.nf, self.nf) if reg is not None
+                         else tf.constant(0.0))
             if s == self.last:
                 scales = tf.math.divide_no_nan(tf.cast(self.sizes, tf.float32), self.nf)
                 parts = self.pipeline._split(outputs, self.sizes)
-                objective += tf.add_n([self._loss(i, parts[i], counted=False) * scales[i]
+                objective += tf.add_n([self._loss(i, parts[i])[0] * scales[i]
                                         for i in range(m)])
             if self.model.optimizer is not None:
                 objective = self.model.optimizer.scale_loss(objective)
         targets, seeds = [objective], [tf.ones_like(objective)]
         if s < self.last:
-            _, out_specs = self._specs(s)
-            targets += [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
-                        if tf.as_dtype(spec[1]).is_floating]
+            targets += self._float_outputs(s, outputs)
             kept = [self.kept_seeds.pop((s, i)) for i in range(m)]
             seeds += [tf.concat(per_output, axis=0) for per_output in zip(*kept)]
         trainable = self.pipeline.trainable_of[s]
@@ -574,6 +597,12 @@ class _Step:
         peer, tag = self.schedule.transfer(action)
         self.after += [self.pipeline._send(g, spec[1], peer, tag)
                        for g, spec in zip(self.sending.pop((s, i)), back)]
+
+
+def _regularization(stage_model):
+    """The sum of the stage's regularization losses (float32), or None."""
+    reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
+    return tf.add_n(reg) if reg else None
 
 
 def _dense(grads, sources):
