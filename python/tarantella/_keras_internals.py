@@ -69,6 +69,10 @@ _USED = (
     # fused kernel (optimizers.update_in_place); which momentum is the
     # variable's, Keras's update_step finds through this alone.
     ("Optimizer._get_variable_index", keras.optimizers.SGD, "_get_variable_index"),
+    # A pipeline stage's Adam updates a variable and its moments a block of
+    # rows at a time (optimizers.py); Keras keeps the moments only in these.
+    ("Adam._momentums", "adam", "_momentums"),
+    ("Adam._velocities", "adam", "_velocities"),
 )
 
 
@@ -99,6 +103,8 @@ def verify():
     if not isinstance(getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None), dict):
         _missing("object_registration.GLOBAL_CUSTOM_NAMES")
     instances["variable"] = keras.Variable(keras.initializers.Zeros(), shape=(1,))
+    instances["adam"] = keras.optimizers.Adam()
+    instances["adam"].build([keras.Variable(keras.initializers.Zeros(), shape=(1,))])
     from keras.src.backend.common import global_state
     from keras.src.backend.common import symbolic_scope
     if not callable(getattr(symbolic_scope, "in_symbolic_scope", None)):
@@ -411,6 +417,13 @@ def optimizer_variable_index(optimizer, variable):
     """The index of `variable` among the variables `optimizer` was built
     for: its slots' index in lists such as SGD's momentums."""
     return optimizer._get_variable_index(variable)
+
+
+def adam_slots(optimizer, variable):
+    """The first and second moments (Keras variables) of `variable` in a
+    built keras.optimizers.Adam."""
+    index = optimizer_variable_index(optimizer, variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
 
 
 def model_file_json(model):
