@@ -120,12 +120,18 @@ def test_report_pipeline_section(tmp_path):
                     "measured_idle_share": 0.1} for m in (4, 8)]
     write(tmp_path / "pipeline_bubble.json", {"config": {"quick": True}, "results": bubble,
                                               "interleaved": interleaved})
+    # The traced step grows 10 MiB per micro-batch; what a step holds above
+    # it is the schedule's: the targets judge the latter.
     memory = [{"schedule": s, "micro_batches": m, "stage": st, "peak_rss_mib": 600.0 + grow,
-               "peak_above_base_mib": grow, "rss_before_fit_mib": 500.0}
-              for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8) for st in (0, 1)
+               "peak_above_base_mib": grow + 10.0 * m, "rss_before_fit_mib": 500.0,
+               "traced_step_mib": 10.0 * m, "step_above_traced_mib": grow}
+              for s, ms in (("gpipe", (1, 2, 4, 8)), ("1f1b", (1, 2, 4, 8)),
+                            ("interleaved", (2, 4, 8)))
+              for m in ms for st in (0, 1)
               for grow in [40.0 * (m if s == "gpipe" else min(m, 2 - st))]]
     write(tmp_path / "pipeline_memory.json", {
-        "config": {"kept_activations_mib_per_micro_batch": 40.0}, "results": memory})
+        "config": {"kept_activations_mib_per_micro_batch": 40.0,
+                   "interleaved_kept_mib_per_chunk_micro_batch": 24.0}, "results": memory})
     os.makedirs(tmp_path / "logs")
     (tmp_path / "logs" / "stages.tsv").write_text(
         "stage\tstatus\trc\tseconds\tlog\n"
@@ -138,8 +144,12 @@ def test_report_pipeline_section(tmp_path):
     row = target_row(summary, "Pipeline step time / ideal K t_alone + (M-1) t_busy, 3 stages "
                               "(oversubscribed)")
     assert "1.400x | N/A" in row
-    row = target_row(summary, "Pipeline peak memory against M")
+    row = target_row(summary, "Pipeline memory of a step against M")
     assert "1F1B +0.0, GPipe +6.0 micro-batches | PASS" in row
+    row = target_row(summary, "Interleaved 1F1B memory of a step against M")
+    assert "+0.0 chunk micro-batches | PASS" in row
+    row = target_row(summary, "Traced step's memory against M")
+    assert "+40.0 MiB | N/A" in row and "interleaved 40 -> 80 MiB" in row
     row = target_row(summary, "Pipelined / data-parallel throughput")
     assert "NOT RUN" in row and "needs root" in row
     assert "## 6. Pipeline parallelism" in summary

@@ -32,6 +32,11 @@
   memory       2 stages, a model with large activations and small weights:
                each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
                fresh job per (schedule, M), since a peak never goes down.
+               Split in two: what the traced step keeps (the RSS after a
+               warm-up step, above the RSS before fit: its graph grows with
+               M, as the schedule is unrolled), and what a training step
+               holds on top of it (its activations). Runs with
+               MEM_ENVIRONMENT, so that freed buffers leave the RSS.
   capacity     a model whose weights alone exceed a memory limit that the
                benchmark sets on each process before the model is built
                (RLIMIT_DATA: the process's data size then, plus
@@ -107,6 +112,10 @@ BUBBLE_WIDTH, BUBBLE_LAYERS, BUBBLE_MICRO = 1024, 4, 64
 # a MEM_CHANNELS input by repetition; every stage holds a small dense layer
 # and MEM_TANH elementwise layers whose outputs the backward pass keeps.
 MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
+# As in the capacity stage: buffers that TensorFlow frees leave the RSS (no
+# oneDNN allocator keeping them, glibc unmaps buffers of 1 MiB and more), so
+# that a step's peak above the RSS after the warm-up step is what it holds.
+MEM_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 # Where pipelining wins: SIM_LAYERS dense layers of SIM_WIDTH units (about
 # 48 MiB of float32 weights), cut in the middle; global batch SIM_BATCH in
@@ -562,17 +571,21 @@ def memory(args):
         weights_bytes=2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
             MEM_CHANNELS * 8 + 8) * 4,
         steps=steps, quick=bool(args.quick),
+        environment=MEM_ENVIRONMENT,
         statistic="VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
-                  "peak above base = peak - VmRSS before the first fit")
+                  "peak above base = peak - VmRSS before the first fit; traced step = VmRSS "
+                  "after the warm-up step - VmRSS before the first fit; step above traced = "
+                  "peak of the training steps - VmRSS after the warm-up step")
     results, problems = [], cfg["problems"]
     configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
     configs += [("interleaved", m) for m in MEM_INTERLEAVED_M]
     for schedule, m in configs:
         work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
-        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule)
+        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule, **MEM_ENVIRONMENT)
         ok, tail = run_job(mpirun_cmd(args, 2, "--worker", "memory", "--work", work,
                                       "--steps", str(steps), "--m", str(m),
-                                      env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE")),
+                                      env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE",
+                                           *MEM_ENVIRONMENT)),
                            timeout=args.job_timeout, env=env)
         docs = load_rank_files(work, 2)
         shutil.rmtree(work, ignore_errors=True)
@@ -585,6 +598,12 @@ def memory(args):
                 "schedule": schedule, "micro_batches": m, "stage": d["stage"],
                 "peak_rss_mib": round(peak / 1024, 1),
                 "peak_above_base_mib": round((peak - d["rss_before_fit_kib"]) / 1024, 1),
+                # What the traced step keeps (its graph, kernels, executor)
+                # and what a step holds on top of it while it runs.
+                "traced_step_mib": round((d["rss_after_warmup_kib"] - d["rss_before_fit_kib"])
+                                         / 1024, 1),
+                "step_above_traced_mib": round((peak - d["rss_after_warmup_kib"]) / 1024, 1)
+                if d["peak_reset"] else None,
                 "rss_before_fit_mib": round(d["rss_before_fit_kib"] / 1024, 1),
                 "peak_lifetime_mib": round(d["peak_lifetime_kib"] / 1024, 1),
                 "peak_of": "training steps (VmHWM reset after the warm-up step)"

@@ -1040,9 +1040,11 @@ def plot_pipeline_memory(plt, results, res):
                           key=lambda r: r["micro_batches"])
             if mine:
                 ax.plot([r["micro_batches"] for r in mine],
-                        [r["peak_above_base_mib"] for r in mine], style,
+                        [_step_memory(r) for r in mine], style,
                         label=f"{schedule}, {_memory_holder(schedule, stage)}")
+    split = all(r.get("step_above_traced_mib") is not None for r in res)
     save_against_m(fig, ax, results, sorted({r["micro_batches"] for r in res}),
+                   "a step's peak RSS above the traced step's (MiB)" if split else
                    "peak RSS above the RSS before fit (MiB)",
                    "Pipeline memory per stage: GPipe, 1F1B, interleaved", "pipeline_memory.png")
 
@@ -1217,8 +1219,16 @@ def _memory_holder(schedule, rank):
             else f"rank {rank}: stage {rank}")
 
 
+def _step_memory(row):
+    """What a training step holds above the traced step (results that
+    split the two), else its peak above the RSS before fit."""
+    held = row.get("step_above_traced_mib")
+    return row["peak_above_base_mib"] if held is None else held
+
+
 def _pipeline_memory(results, stages, plt, targets):
-    name = "Pipeline peak memory against M, 2 stages: 1F1B flat, GPipe growing (stage 0)"
+    name = ("Pipeline memory of a step against M, 2 stages: 1F1B flat, GPipe growing "
+            "(stage 0)")
     req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
     out, d = open_section(results, stages, targets, "pipeline_memory.json",
                           ["pipeline_memory", "pipeline"], "### Memory per stage: GPipe, 1F1B, interleaved",
@@ -1227,11 +1237,18 @@ def _pipeline_memory(results, stages, plt, targets):
         return out
     res, cfg = d.get("results", []), d.get("config", {})
     per_mb = cfg.get("kept_activations_mib_per_micro_batch")
+    split = all(r.get("step_above_traced_mib") is not None for r in res)
+    what = ("peak of the training steps above the RSS after the warm-up step"
+            if split else "peak above base")
 
-    def peak(schedule, m, stage=0):
+    def row(schedule, m, stage=0):
         hit = [r for r in res if (r["schedule"], r["micro_batches"], r["stage"]) ==
                (schedule, m, stage)]
-        return hit[0]["peak_above_base_mib"] if hit else None
+        return hit[0] if hit else None
+
+    def peak(schedule, m, stage=0):
+        r = row(schedule, m, stage)
+        return _step_memory(r) if r else None
 
     grow = {s: (peak(s, 8), peak(s, 2)) for s in ("1f1b", "gpipe")}
     if per_mb and all(a is not None and b is not None for a, b in grow.values()):
@@ -1239,13 +1256,13 @@ def _pipeline_memory(results, stages, plt, targets):
             (grow["gpipe"][0] - grow["gpipe"][1]) / per_mb
         t = Target(name, req, f"1F1B {g1:+.1f}, GPipe {gg:+.1f} micro-batches",
                    g1 < 1 and gg > 3, family="pipeline")
-        t.note = (f"stage 0 peak above base, M = 2 -> 8: 1F1B {grow['1f1b'][1]:.0f} -> "
+        t.note = (f"stage 0, {what}, M = 2 -> 8: 1F1B {grow['1f1b'][1]:.0f} -> "
                   f"{grow['1f1b'][0]:.0f} MiB, GPipe {grow['gpipe'][1]:.0f} -> "
                   f"{grow['gpipe'][0]:.0f} MiB; one micro-batch keeps about {per_mb:.0f} MiB")
         targets.append(t)
     else:
         targets.append(Target(name, req, note="no results for M = 2 and 8 of both schedules"))
-    name = ("Interleaved 1F1B peak memory against M, 2 ranks of 2 chunks: flat once every "
+    name = ("Interleaved 1F1B memory of a step against M, 2 ranks of 2 chunks: flat once every "
             "chunk is busy (rank 0)")
     req = "grows < 1 chunk micro-batch from M = 4 to 8"
     per_chunk = cfg.get("interleaved_kept_mib_per_chunk_micro_batch")
@@ -1256,13 +1273,29 @@ def _pipeline_memory(results, stages, plt, targets):
         # chunk micro-batches (docs/pipelining.md), whatever M.
         targets.append(Target(name, req, f"{g:+.1f} chunk micro-batches", g < 1,
                               family="pipeline",
-                              note=f"rank 0 peak above base, M = 4 -> 8: {low:.0f} -> "
+                              note=f"rank 0, {what}, M = 4 -> 8: {low:.0f} -> "
                                    f"{high:.0f} MiB, a chunk micro-batch {per_chunk:.0f} MiB; "
                                    "the schedule holds at most 5 chunk micro-batches at both "
                                    "M; 1F1B's stage 0 over the same M: "
                                    f"{_growth(peak('1f1b', 4), peak('1f1b', 8))}"))
     else:
         targets.append(Target(name, req, note="no interleaved results for M = 4 and 8"))
+    if split:
+        traced = {s: [row(s, m) for m in (4, 8)] for s in ("1f1b", "interleaved")}
+        if all(all(traced[s]) for s in traced):
+            def grew(s):
+                a, b = traced[s]
+                return b["traced_step_mib"] - a["traced_step_mib"]
+            targets.append(Target(
+                "Traced step's memory against M (the schedule unrolled), rank 0",
+                "(for information)", f"{grew('interleaved'):+.1f} MiB",
+                None, family="pipeline",
+                note=f"the RSS after the warm-up step above the RSS before fit, M = 4 -> 8: "
+                     f"interleaved {traced['interleaved'][0]['traced_step_mib']:.0f} -> "
+                     f"{traced['interleaved'][1]['traced_step_mib']:.0f} MiB, 1F1B "
+                     f"{traced['1f1b'][0]['traced_step_mib']:.0f} -> "
+                     f"{traced['1f1b'][1]['traced_step_mib']:.0f} MiB: the traced step's "
+                     "passes are unrolled, its graph grows with M"))
     out.append("Two stages, one rank each; a model with large activations (a "
                f"{' x '.join(str(v) for v in cfg.get('activation_shape_per_sample', []))} "
                f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
@@ -1288,10 +1321,14 @@ def _pipeline_memory(results, stages, plt, targets):
             for m in ms:
                 hit = [r for r in res if (r["schedule"], r["micro_batches"], r["stage"]) ==
                        (schedule, m, stage)]
-                cells.append(f"{hit[0]['peak_rss_mib']:.0f} (+{hit[0]['peak_above_base_mib']:.0f})"
+                cells.append((f"{hit[0]['peak_rss_mib']:.0f} (+{hit[0]['peak_above_base_mib']:.0f}"
+                              + (f"; traced step {hit[0]['traced_step_mib']:.0f}, step "
+                                 f"+{hit[0]['step_above_traced_mib']:.0f})" if split else ")"))
                              if hit else "-")
             rows.append([schedule, _memory_holder(schedule, stage)] + cells)
-    out.append("Peak RSS in MiB (above the RSS before fit):")
+    out.append("Peak RSS in MiB (above the RSS before fit" +
+               ("; of which the traced step, and the step's peak above it" if split else "")
+               + "):")
     out.append("")
     out.append(table(header, rows))
     out += problem_lines(cfg)
