@@ -69,8 +69,9 @@ _USED = (
     # fused kernel (optimizers.update_in_place); which momentum is the
     # variable's, Keras's update_step finds through this alone.
     ("Optimizer._get_variable_index", keras.optimizers.SGD, "_get_variable_index"),
-    # A pipeline stage's Adam updates a variable and its moments a block of
-    # rows at a time (optimizers.py); Keras keeps the moments only in these.
+    # A pipeline stage's Adam runs Keras's update of a variable and its
+    # moments one part after the other (optimizers.py); Keras keeps the
+    # moments only in these.
     ("Adam._momentums", "adam", "_momentums"),
     ("Adam._velocities", "adam", "_velocities"),
 )
