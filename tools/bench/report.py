@@ -1301,7 +1301,11 @@ def _pipeline_memory(results, stages, plt, targets):
                f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
                f"weights; micro-batches of {cfg.get('micro_batch', '?')} samples (the global "
                "batch grows with M). Peak RSS (VmHWM) of each rank during the training steps, "
-               "a fresh job per schedule and M; above base = peak - RSS before the first fit. "
+               "a fresh job per schedule and M; above base = peak - RSS before the first fit"
+               + ("; of which the traced step keeps the RSS after a warm-up step above the "
+                  "RSS before fit (its graph, unrolled, grows with M), and a step holds its "
+                  "peak above that (its activations: what the targets judge). " if split
+                  else ". ") +
                f"A stage keeps about {per_mb} MiB of activations per micro-batch in flight: "
                "GPipe holds all M, 1F1B at most K - s (2 on stage 0, 1 on stage 1). "
                f"Interleaved: {cfg.get('interleaved', 'not run')}; a chunk keeps about "
