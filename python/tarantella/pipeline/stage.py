@@ -217,13 +217,16 @@ class Pipeline:
             optimizer.build(self.trainable)
         if optimizer is not None:
             optimizers.update_in_place(optimizer)
-        unbuilt = [c for c in (internals.compile_metrics(model), internals.compile_loss(model))
+        output = self.partition.output  # the structure of the model's outputs
+        # The loss keeps state (a metric per output) only for several outputs.
+        several = len(tf.nest.flatten(output)) > 1
+        unbuilt = [c for c in (internals.compile_metrics(model),
+                               internals.compile_loss(model) if several else None)
                    if c is not None and not c.built]
         if not unbuilt or dataset is None:
             return
         x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
         y = tf.nest.map_structure(lambda t: t[:1], y)
-        output = self.partition.output  # the structure of the model's outputs
         if all(d is not None for t in tf.nest.flatten(output) for d in t.shape[1:]):
             # Built from shapes: zeros shaped like one sample's outputs,
             # not a forward pass of the whole model on this stage.
