@@ -36,7 +36,7 @@
                warm-up step, above the RSS before fit: its graph grows with
                M, as the schedule is unrolled), and what a training step
                holds on top of it (its activations). Runs with
-               MEM_ENVIRONMENT, so that freed buffers leave the RSS.
+               FREED_MEMORY_LEAVES, so that freed buffers leave the RSS.
   capacity     a model whose weights alone exceed a memory limit that the
                benchmark sets on each process before the model is built
                (RLIMIT_DATA: the process's data size then, plus
@@ -112,10 +112,14 @@ BUBBLE_WIDTH, BUBBLE_LAYERS, BUBBLE_MICRO = 1024, 4, 64
 # a MEM_CHANNELS input by repetition; every stage holds a small dense layer
 # and MEM_TANH elementwise layers whose outputs the backward pass keeps.
 MEM_POSITIONS, MEM_CHANNELS, MEM_TANH, MEM_MICRO = 2048, 64, 3, 8
-# As in the capacity stage: buffers that TensorFlow frees leave the RSS (no
-# oneDNN allocator keeping them, glibc unmaps buffers of 1 MiB and more), so
-# that a step's peak above the RSS after the warm-up step is what it holds.
-MEM_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+# The memory and capacity stages' environment. TensorFlow's oneDNN allocator
+# keeps freed buffers in the process, and glibc serves buffers below its
+# dynamic mmap threshold (up to 32 MiB) from a heap that rarely shrinks:
+# either way memory freed by one step stays in the RSS and the data size,
+# which would then measure the allocators' caches rather than what training
+# holds. Without oneDNN and with buffers of 1 MiB and more mapped on their
+# own, freed memory returns to the system.
+FREED_MEMORY_LEAVES = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 # Where pipelining wins: SIM_LAYERS dense layers of SIM_WIDTH units (about
 # 48 MiB of float32 weights), cut in the middle; global batch SIM_BATCH in
@@ -571,7 +575,7 @@ def memory(args):
         weights_bytes=2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
             MEM_CHANNELS * 8 + 8) * 4,
         steps=steps, quick=bool(args.quick),
-        environment=MEM_ENVIRONMENT,
+        environment=FREED_MEMORY_LEAVES,
         statistic="VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
                   "peak above base = peak - VmRSS before the first fit; traced step = VmRSS "
                   "after the warm-up step - VmRSS before the first fit; step above traced = "
@@ -581,11 +585,11 @@ def memory(args):
     configs += [("interleaved", m) for m in MEM_INTERLEAVED_M]
     for schedule, m in configs:
         work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
-        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule, **MEM_ENVIRONMENT)
+        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule, **FREED_MEMORY_LEAVES)
         ok, tail = run_job(mpirun_cmd(args, 2, "--worker", "memory", "--work", work,
                                       "--steps", str(steps), "--m", str(m),
                                       env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE",
-                                           *MEM_ENVIRONMENT)),
+                                           *FREED_MEMORY_LEAVES)),
                            timeout=args.job_timeout, env=env)
         docs = load_rank_files(work, 2)
         shutil.rmtree(work, ignore_errors=True)
@@ -833,14 +837,7 @@ def memory_table(results):
 
 
 def capacity(args):
-    # TensorFlow's oneDNN allocator keeps freed buffers in the process, and
-    # glibc serves buffers below its dynamic mmap threshold (up to 32 MiB)
-    # from a heap that rarely shrinks: either way memory freed by one step
-    # stays in the data size, and the limit would measure the allocators'
-    # caches rather than what training needs. Without oneDNN and with
-    # buffers of 1 MiB and more mapped on their own, freed memory returns
-    # to the system.
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", MALLOC_MMAP_THRESHOLD_=str(MIB),
+    env = dict(os.environ, **FREED_MEMORY_LEAVES,
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     cfg = new_config(
         benchmark="pipeline_capacity", layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
@@ -848,7 +845,7 @@ def capacity(args):
         table_max_ratio=TABLE_MAX_RATIO,
         limit="RLIMIT_DATA = VmData before the model is built + budget x the whole model's "
               "weights bytes, per process",
-        environment={k: env[k] for k in ("TF_ENABLE_ONEDNN_OPTS", "MALLOC_MMAP_THRESHOLD_")})
+        environment=FREED_MEMORY_LEAVES)
     results = {}
     runs = QUICK_CAPACITY_RUNS if args.quick else CAPACITY_RUNS + TABLE_RUNS
     for key, stages, form, optimizer, limited, weight_gradients in runs:
