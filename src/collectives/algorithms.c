@@ -3,14 +3,15 @@
  *
  * On one host the shared-memory algorithms win at every size (measured with
  * tnt-bench against MPI_Allreduce). Across hosts, the allreduce is
- * hierarchical (shared memory within hosts, the pipelined ring among one
- * leader per host) when hosts are alike and hold several ranks each.
+ * hierarchical (shared memory within hosts, one leader per host combining
+ * across hosts as below) when hosts are alike and hold several ranks each.
  * Otherwise it is recursive doubling for small messages, Rabenseifner's
  * algorithm for medium ones and the pipelined ring for large ones, the
  * sizes between them set by a cost model of the three that depends on the
- * number of ranks (rd_max_bytes, ring_min_bytes; the first fitted to
- * libtnt's algorithms simulated on fat-trees of 8 to 1024 hosts,
- * docs/performance.md "At scale"). Where the model leaves
+ * number of ranks and on how fast a rank reduces (TNT_REDUCE_GBPS: where
+ * reducing is free, the ring never wins on a power of two) (rd_max_bytes,
+ * ring_min_bytes; the first fitted to libtnt's algorithms simulated on
+ * fat-trees of 8 to 1024 hosts, docs/performance.md "At scale"). Where the model leaves
  * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
@@ -33,10 +34,12 @@
 #define TNT__RD_MAX_BYTES (64u * 1024u)
 /* The cost model of rd_max_bytes and ring_min_bytes: a message's latency
  * across the network times a link's rate (L x B), and a link's rate over
- * one rank's rate of reducing: 25 GB/s while the vectors fit in cache
- * (memcpy measured 39 GB/s at 2 to 4 MiB, a reduction moves 1.5 times the
- * bytes of a copy), up to TNT__CACHED_BYTES, and 10 GB/s from memory above
- * (13 GB/s at 64 MiB), against 12.5 GB/s links.
+ * one rank's rate of reducing (R), against 12.5 GB/s (100 Gbit/s) links.
+ * The reduction rate from memory is TNT_REDUCE_GBPS (10 GB/s by default:
+ * memcpy measured 13 GB/s at 64 MiB, a reduction moves 1.5 times the bytes
+ * of a copy); while the vectors fit in cache, up to TNT__CACHED_BYTES, it
+ * is TNT__CACHED_REDUCE_SPEEDUP times that (memcpy measured 39 GB/s at 2 to
+ * 4 MiB).
  *
  * L x B for recursive doubling against Rabenseifner's algorithm grows with
  * the network's depth, which grows as the log of the hosts: this many bytes
@@ -47,16 +50,19 @@
  * 35 KB); no constant L x B fits both 8 and 1024 hosts. The crossing also moves with the link's rate (on 8 and 64 hosts:
  * 4-8 KiB at 10 Gbit/s, 64-128 KiB at 400), which the choice cannot see.
  *
- * The ring's crossing is not fitted to the simulation: SimGrid shares a
- * link among the ring's segments in flight, which then arrive together, so
- * the simulated ring is not pipelined and shows neither the reductions nor
- * the latencies its pipeline hides. It keeps L x B = 25 KB (2 us at
+ * The ring pays 2(n-1) latencies where Rabenseifner's algorithm pays
+ * 2 log2 p for the same traffic (n a power of two), and wins only by
+ * hiding the reductions that Rabenseifner's algorithm runs between its
+ * transfers: where reducing costs nothing next to the link (R -> 0, as on
+ * the simulated clusters of docs/performance.md "At scale", where copies
+ * and reductions are free and tnt-sim says so through TNT_REDUCE_GBPS) the
+ * ring never wins on a power of two. The ring's L x B is 25 KB (2 us at
  * 12.5 GB/s; 10 Gbit/s Ethernet at 20 us gives the same product). */
 #define TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING 2800.0
 #define TNT__RING_LATENCY_BANDWIDTH_BYTES 25000.0
 #define TNT__CACHED_BYTES (8.0 * 1024 * 1024)
-#define TNT__LINK_OVER_REDUCE_RATE_CACHED 0.5
-#define TNT__LINK_OVER_REDUCE_RATE_MEMORY 1.25
+#define TNT__LINK_GBPS 12.5
+#define TNT__CACHED_REDUCE_SPEEDUP 2.5
 
 static const tnt__algo_t *const allreduce_algos[] = {
     &tnt__allreduce_shm, &tnt__allreduce_rd, &tnt__allreduce_ring, &tnt__allreduce_mpi,
@@ -121,24 +127,29 @@ static size_t rd_max_bytes(int n) {
 
 /* The ring from here on: where its 2(n-1) latencies cost less than what
  * Rabenseifner's algorithm pays on top of the same traffic (its reductions,
- * and for n > p the fold). */
-static double ring_crossing(int n, double R) {
+ * and for n > p the fold); SIZE_MAX where they never do. */
+static size_t ring_crossing(int n, double R) {
   int p, log2p;
   powers_below(n, &p, &log2p);
   const int fold = n > p;
   const double latency_saved = 2.0 * TNT__RING_LATENCY_BANDWIDTH_BYTES * (n - 1 - log2p - fold);
   const double per_byte_extra =
       (double)(p - 1) / p * (2.0 + R) + fold * (2.0 + R) - 2.0 * (n - 1) / n;
-  return latency_saved <= 0.0 ? 0.0 : latency_saved / per_byte_extra;
+  if (latency_saved <= 0.0) return 0;
+  if (per_byte_extra <= 0.0 || latency_saved / per_byte_extra >= (double)(SIZE_MAX / 2)) {
+    return SIZE_MAX;
+  }
+  return (size_t)(latency_saved / per_byte_extra);
 }
 
 static size_t ring_min_bytes(int n) {
-  const double cached = ring_crossing(n, TNT__LINK_OVER_REDUCE_RATE_CACHED);
-  if (cached <= TNT__CACHED_BYTES) return (size_t)cached;
+  const double memory_R = TNT__LINK_GBPS / tnt__setting_number(TNT__S_REDUCE_GBPS);
+  const size_t cached = ring_crossing(n, memory_R / TNT__CACHED_REDUCE_SPEEDUP);
+  if (cached <= TNT__CACHED_BYTES) return cached;
   /* Beyond the cache the reductions cost more and the ring wins sooner,
    * but not before the cache is left. */
-  const double memory = ring_crossing(n, TNT__LINK_OVER_REDUCE_RATE_MEMORY);
-  return (size_t)(memory > TNT__CACHED_BYTES ? memory : TNT__CACHED_BYTES);
+  const size_t memory = ring_crossing(n, memory_R);
+  return memory > TNT__CACHED_BYTES ? memory : (size_t)TNT__CACHED_BYTES;
 }
 
 /* The allreduce of n ranks with one rank per host, by size. */
@@ -146,6 +157,10 @@ static tnt__algo_choice_t across_hosts(int n) {
   const size_t rd_max = rd_max_bytes(n), ring_from = ring_min_bytes(n);
   if (ring_from <= rd_max) {
     return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_ring}, {rd_max, SIZE_MAX}};
+  }
+  if (ring_from == SIZE_MAX) {
+    return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_rabenseifner},
+                                {rd_max, SIZE_MAX}};
   }
   return (tnt__algo_choice_t){{&tnt__allreduce_rd, &tnt__allreduce_rabenseifner,
                                &tnt__allreduce_ring},

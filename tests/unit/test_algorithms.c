@@ -100,6 +100,34 @@ static void test_the_ring_threshold_grows_with_the_hosts(void **state) {
   assert_true(ring_from(8) <= ((size_t)1 << 20));
 }
 
+static void set_reduce_gbps(const char *value) {
+  if (value != NULL) setenv("TNT_REDUCE_GBPS", value, 1);
+  else unsetenv("TNT_REDUCE_GBPS");
+  assert_int_equal(tnt_settings_load(), TNT_OK);
+}
+
+/* The ring wins only by hiding the reductions: where a rank reduces as fast
+ * as it likes (the simulated clusters), a power of two never chooses it and
+ * keeps Rabenseifner's algorithm up to 1 GiB and beyond, while the fold of n > p
+ * still makes the ring worth it from some size; the slower the reductions,
+ * the sooner the ring. */
+static void test_the_ring_follows_the_reduction_rate(void **state) {
+  (void)state;
+  const size_t default_from = ring_from(64);
+  set_reduce_gbps("1000000000");
+  for (int n = 4; n <= 1024; n *= 2) {
+    tnt__comm_t c = flat(n);
+    assert_int_equal(ring_from(n), 0);
+    assert_string_equal(chosen(&c, (size_t)1 << 30), "rabenseifner");
+  }
+  assert_true(ring_from(48) > 0 && ring_from(1000) > 0);
+  set_reduce_gbps("2");
+  const size_t slow_from = ring_from(64);
+  set_reduce_gbps(NULL);
+  assert_true(slow_from > 0 && slow_from < default_from);
+  assert_int_equal(ring_from(64), default_from);
+}
+
 static void test_a_forced_algorithm_serves_every_size(void **state) {
   (void)state;
   setenv("TNT_ALLREDUCE_ALGORITHM", "rabenseifner", 1);
@@ -117,6 +145,7 @@ int main(void) {
       cmocka_unit_test(test_many_hosts_use_rabenseifner_for_medium_sizes),
       cmocka_unit_test(test_the_ring_threshold_grows_with_the_hosts),
       cmocka_unit_test(test_recursive_doubling_gives_way_where_the_simulation_crossed),
+      cmocka_unit_test(test_the_ring_follows_the_reduction_rate),
       cmocka_unit_test(test_a_forced_algorithm_serves_every_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

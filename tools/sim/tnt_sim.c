@@ -13,7 +13,9 @@
  *   tnt-sim --bench [--algos auto,ring,rd,hier] [--mpi] [--min B] [--max B]
  *       float32 sum at sizes min, 2 min, 4 min ... max: one JSON object per
  *       line on stdout (rank 0): impl, algorithm, bytes, us, busbw
- *   options: --copy-gbps G (memcpy GB/s of one rank, default 10),
+ *   options: --copy-gbps G (memcpy GB/s of one rank, default 10; 0: copies
+ *            and reductions are free; libtnt's choice is told the rate
+ *            through TNT_REDUCE_GBPS),
  *            --iters K (timed calls, default 1: each starts after a barrier
  *            and the simulation is deterministic, so more only repeat it)
  */
@@ -49,6 +51,17 @@ static size_t parse_bytes(const char *s) {
   return (size_t)v;
 }
 
+/* libtnt's choice across hosts weighs the reductions against the link
+ * (TNT_REDUCE_GBPS): it is told the simulated machine's rate, a reduction
+ * costing 1.5 copies (sim_hooks.c), and free reductions (--copy-gbps 0) as
+ * the registry's largest rate. A value in the environment stays. */
+static void tell_reduce_rate(void) {
+  char rate[32];
+  const double gbps = tnt_sim_opts.copy_gbps > 0.0 ? tnt_sim_opts.copy_gbps / 1.5 : 1e9;
+  snprintf(rate, sizeof rate, "%.9g", gbps);
+  setenv("TNT_REDUCE_GBPS", rate, 0);
+}
+
 static int parse_args(int argc, char **argv, args_t *a) {
   *a = (args_t){.iters = 1, .min_bytes = 4096, .max_bytes = 256u << 20};
   snprintf(a->algos, sizeof a->algos, "auto");
@@ -79,6 +92,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
     return -1;
   }
   tnt_sim_opts.data = a->check;
+  tell_reduce_rate();
   return 0;
 }
 
