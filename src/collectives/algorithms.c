@@ -44,11 +44,11 @@
  * L x B for recursive doubling against Rabenseifner's algorithm grows with
  * the network's depth, which grows as the log of the hosts: this many bytes
  * per doubling (times log2 p, p the largest power of two <= n). Simulated
- * at 100 Gbit/s, the two cross between 16 and 32 KiB on 8, 64 and 256
- * hosts and between 32 and 64 KiB on 1024 hosts; 2.8 KB per doubling puts
- * the model's crossing inside each of those intervals (20, 25, 30 and
- * 35 KB); no constant L x B fits both 8 and 1024 hosts. The crossing also moves with the link's rate (on 8 and 64 hosts:
- * 4-8 KiB at 10 Gbit/s, 64-128 KiB at 400), which the choice cannot see.
+ * at 100 Gbit/s, the two cross between 16 and 32 KiB on 8, 64, 256 and
+ * 1024 hosts; 2.5 KB per doubling puts the model's crossing inside that
+ * interval at each (18, 22, 27 and 31 KB). The crossing also moves with the
+ * link's rate (on 8 and 64 hosts: 4-8 KiB at 10 Gbit/s, 64-128 KiB at
+ * 400), which the choice cannot see.
  *
  * The ring pays 2(n-1) latencies where Rabenseifner's algorithm pays
  * 2 log2 p for the same traffic (n a power of two), and wins only by
@@ -58,7 +58,7 @@
  * and reductions are free and tnt-sim says so through TNT_REDUCE_GBPS) the
  * ring never wins on a power of two. The ring's L x B is 25 KB (2 us at
  * 12.5 GB/s; 10 Gbit/s Ethernet at 20 us gives the same product). */
-#define TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING 2800.0
+#define TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING 2500.0
 #define TNT__RING_LATENCY_BANDWIDTH_BYTES 25000.0
 #define TNT__CACHED_BYTES (8.0 * 1024 * 1024)
 #define TNT__LINK_GBPS 12.5
