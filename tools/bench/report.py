@@ -191,21 +191,14 @@ def image(name, results):
 # What would close a missed target, from the analysis of earlier runs (the
 # per-target note gives this run's figures).
 NEXT_STEPS = {
-    "scale": "where libtnt runs the pipelined ring (8 hosts from 512 KiB, 64 hosts from "
-             "8 MiB, 256 hosts at 16 MiB) the free-copy simulation is its worst case: the reductions it hides cost "
-             "nothing there, and SimGrid's link sharing and a multi-level tree's lock-step "
-             "slow it (docs/performance.md, \"At scale\"); the threshold comes from a cost "
-             "model that a real cluster should check (TNT_ALLREDUCE_ALGORITHM=rabenseifner "
-             "forces the alternative). Below 64 KiB the better of recursive doubling and "
-             "Rabenseifner's algorithm depends on the link's rate (on 8 hosts they cross at "
+    "scale": "below 64 KiB the better of recursive doubling and Rabenseifner's algorithm "
+             "depends on the network's latency x link rate (on 8 hosts they cross at "
              "4-8 KiB at 10 Gbit/s, 16-32 KiB at 100, 64-128 KiB at 400), which a choice by "
              "the number of ranks cannot see: it follows the 100 Gbit/s crossing, so 10 and "
-             "400 Gbit/s miss at 16 to 64 KiB; a measured latency x link rate, agreed by all "
-             "ranks, would close it. At 1024 hosts and 32 KiB SMPI's Open MPI selector "
-             "(its Rabenseifner) beats both of libtnt's: not explained yet (the order of the "
-             "exchanges is not it). Sizes of 64 MiB "
-             "and more at 256 and 1024 hosts were not simulated (SMPI's memory, the ring's "
-             "2(n-1) steps in wall time).",
+             "400 Gbit/s miss at 8 to 32 KiB (docs/performance.md, \"At scale\"). Closing "
+             "it needs the latency of each doubling's route, which grows with the tree's "
+             "levels; a threshold scaled by one latency x rate setting would move the 10 "
+             "Gbit/s loss to 4 KiB rather than remove it.",
     "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
                         "which the simulation does not model; at 10 Gbit/s the measured ring "
                         "beat the TCP stream rate the simulated link is set to. Next: measure "

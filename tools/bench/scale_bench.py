@@ -44,7 +44,7 @@ SMPI_CFG = ["--cfg=smpi/privatization:no", "--cfg=smpi/simulate-computation:no",
 VALIDATE_LAT_US = 10.0
 # --scale compares the networks' use only: SMPI's MPI_Allreduce reduces and
 # copies for free in the simulation, so libtnt's copies and reductions are
-# free too (tnt-sim --copy-gbps 0).
+# free too (tnt-sim --copy-gbps 0), and tnt-sim tells libtnt's choice so.
 SCALE_COPY_GBPS = 0.0
 
 
@@ -198,6 +198,8 @@ def scale(args, sim):
                     print(json.dumps(run), flush=True)
     config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
               "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG,
+              "libtnt_reduce_gbps": "told by tnt-sim from --copy-gbps (TNT_REDUCE_GBPS; "
+                                    "0: free, the registry's largest rate)",
               "busbw": "bytes / time * 2(n-1)/n, n ranks, GB/s",
               "timing": "one untimed call, then one call started on every rank at "
                         "the same simulated instant (1 ms after the latest rank left a "
