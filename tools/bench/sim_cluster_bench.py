@@ -120,33 +120,41 @@ def tuning():
             if k in TUNING or k.startswith("OMPI_MCA_btl_tcp_")}
 
 
-# Cluster.tcp_gbit: a receiver that counts to the end of the stream and
-# answers one byte, and a sender that times nbytes until that answer.
+# Cluster.tcp_gbit: one process per host, as one rank of the ring: it
+# accepts its peer's stream, connects to the peer, then sends nbytes while a
+# thread receives the peer's nbytes into one buffer; it prints the seconds
+# until both are done. Two processes on the machine, as for the 2-host
+# allreduce (a receiver and a sender per host made four, on 2 cores, and
+# measured less than the ring itself carried).
 TCP_PROBE_PORT = 5399
 TCP_PROBE_BYTES = 256 << 20
-TCP_PROBE_SERVER = f"""
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", {TCP_PROBE_PORT}))
-s.listen(1)
+TCP_PROBE = f"""
+import socket, sys, threading, time
+peer, n = sys.argv[1], int(sys.argv[2])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", {TCP_PROBE_PORT}))
+srv.listen(1)
 print("listening", flush=True)
-c, _ = s.accept()
-while c.recv(1 << 22):
-    pass
-c.sendall(b"x")
-"""
-TCP_PROBE_CLIENT = f"""
-import socket, sys, time
-host, n = sys.argv[1], int(sys.argv[2])
-s = socket.create_connection((host, {TCP_PROBE_PORT}))
-chunk = bytes(1 << 22)
+sys.stdin.readline()  # both listen: go
+out = socket.create_connection((peer, {TCP_PROBE_PORT}))
+inc, _ = srv.accept()
+buf = memoryview(bytearray(1 << 22))
+def receive():
+    got = 0
+    while got < n:
+        k = inc.recv_into(buf, min(len(buf), n - got))
+        if k == 0:
+            raise SystemExit("tcp probe: the peer closed early")
+        got += k
+chunk = memoryview(bytes(1 << 22))
 t = time.monotonic()
+r = threading.Thread(target=receive)
+r.start()
 for off in range(0, n, len(chunk)):
-    s.sendall(memoryview(chunk)[:min(len(chunk), n - off)])
-s.shutdown(socket.SHUT_WR)
-s.recv(1)
-print(time.monotonic() - t)
+    out.sendall(chunk[:min(len(chunk), n - off)])
+r.join()
+print(time.monotonic() - t, flush=True)
 """
 
 
@@ -406,26 +414,28 @@ class Cluster:
 
     def tcp_gbit(self, nbytes=TCP_PROBE_BYTES):
         """What TCP itself carries between hosts 0 and 1 on the shaped links:
-        one stream each way at once, `nbytes` each, in Gbit/s of payload (the
-        slower direction): the ceiling for any library's link share, below
-        the link rate by the TCP, IP and Ethernet headers and by what the
+        one stream each way at once, `nbytes` each, each host's sending and
+        receiving in one process (TCP_PROBE), in Gbit/s of payload (the
+        slower host): the ceiling for any library's link share, below the
+        link rate by the TCP, IP and Ethernet headers and by what the
         kernel's TCP work can keep up with on this machine."""
-        servers = [subprocess.Popen(["ip", "netns", "exec", h, sys.executable, "-c",
-                                     TCP_PROBE_SERVER], stdout=subprocess.PIPE, text=True)
-                   for h in self.hosts[:2]]
+        probes = [subprocess.Popen(["ip", "netns", "exec", self.hosts[k], sys.executable, "-c",
+                                    TCP_PROBE, self.address(1 - k), str(nbytes)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                  for k in (0, 1)]
         try:
-            for srv in servers:  # each prints a line once it listens
-                srv.stdout.readline()
-            clients = [subprocess.Popen(
-                ["ip", "netns", "exec", self.hosts[k], sys.executable, "-c", TCP_PROBE_CLIENT,
-                 self.address(1 - k), str(nbytes)], stdout=subprocess.PIPE, text=True)
-                for k in (0, 1)]
-            secs = [float(c.communicate(timeout=120)[0]) for c in clients]
+            for p in probes:  # each prints a line once it listens
+                p.stdout.readline()
+            for p in probes:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            secs = [float(p.communicate(timeout=120)[0]) for p in probes]
             return round(nbytes * 8 / max(secs) / 1e9, 3)
         finally:
-            for srv in servers:
-                srv.kill()
-                srv.wait()
+            for p in probes:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
 
     def kill_processes(self):
         for host in self.hosts:
