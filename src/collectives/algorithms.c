@@ -8,10 +8,11 @@
  * Otherwise it is recursive doubling for small messages, Rabenseifner's
  * algorithm for medium ones and the pipelined ring for large ones, the
  * sizes between them set by a cost model of the three that depends on the
- * number of ranks and on how fast a rank reduces (TNT_REDUCE_GBPS: where
- * reducing is free, the ring never wins on a power of two) (rd_max_bytes,
- * ring_min_bytes; the first fitted to libtnt's algorithms simulated on
- * fat-trees of 8 to 1024 hosts, docs/performance.md "At scale"). Where the model leaves
+ * number of ranks and on the machine: the network's rate and latency and
+ * how fast a rank reduces (TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US,
+ * TNT_REDUCE_GBPS; rd_max_bytes, ring_min_bytes, checked against libtnt's
+ * algorithms simulated on fat-trees of 8 to 1024 hosts, docs/performance.md
+ * "At scale"). Where the model leaves
  * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
@@ -32,36 +33,37 @@
 /* Recursive doubling at most up to this size: on 2 hosts it beats the ring
  * up to here (measured with tnt-bench). */
 #define TNT__RD_MAX_BYTES (64u * 1024u)
-/* The cost model of rd_max_bytes and ring_min_bytes: a message's latency
- * across the network times a link's rate (L x B), and a link's rate over
- * one rank's rate of reducing (R), against 12.5 GB/s (100 Gbit/s) links.
- * The reduction rate from memory is TNT_REDUCE_GBPS (10 GB/s by default:
- * memcpy measured 13 GB/s at 64 MiB, a reduction moves 1.5 times the bytes
- * of a copy); while the vectors fit in cache, up to TNT__CACHED_BYTES, it
- * is TNT__CACHED_REDUCE_SPEEDUP times that (memcpy measured 39 GB/s at 2 to
- * 4 MiB).
+/* The cost model of rd_max_bytes and ring_min_bytes reads three facts of
+ * the machine, each a setting whose default describes a 100 Gbit/s
+ * cluster: the link's rate B (TNT_NETWORK_GBIT, 100), a message's latency
+ * between two hosts (TNT_NETWORK_LATENCY_US, 1 us), and how fast one rank
+ * reduces vectors larger than its cache (TNT_REDUCE_GBPS, 10 GB/s: memcpy
+ * measured 13 GB/s at 64 MiB, a reduction moves 1.5 times the bytes of a
+ * copy); while the vectors fit in cache, up to TNT__CACHED_BYTES, a rank
+ * reduces TNT__CACHED_REDUCE_SPEEDUP times faster (memcpy measured 39 GB/s
+ * at 2 to 4 MiB).
  *
- * L x B for recursive doubling against Rabenseifner's algorithm grows with
- * the network's depth, which grows as the log of the hosts: this many bytes
- * per doubling (times log2 p, p the largest power of two <= n). Simulated
- * at 100 Gbit/s, the two cross between 16 and 32 KiB on 8, 64, 256 and
- * 1024 hosts; 2.5 KB per doubling puts the model's crossing inside that
- * interval at each (18, 22, 27 and 31 KB). The crossing also moves with the
- * link's rate (on 8 and 64 hosts: 4-8 KiB at 10 Gbit/s, 64-128 KiB at
- * 400), which the choice cannot see.
+ * Recursive doubling gives way to Rabenseifner's algorithm at
+ * TNT__RD_CROSSING_LATENCIES x latency x B. With one latency per exchange
+ * the model below puts the tie at log2 p / (log2 p - 2(p-1)/p) latencies
+ * x B: 2.4 at 8 hosts, 1.25 at 1024; but an exchange with a far host
+ * crosses more switches, and simulated on fat-trees (docs/performance.md,
+ * "At scale") the two crossed where 2 latencies (host to host under one
+ * switch) x B put them on every tree: between 16 and 32 KiB at 100 Gbit/s
+ * on 8, 64, 256 and 1024 hosts, between 4 and 8 KiB at 10 Gbit/s with
+ * 2 us (8 and 64 hosts), between 64 and 128 KiB at 400 Gbit/s (8 and 64).
  *
  * The ring pays 2(n-1) latencies where Rabenseifner's algorithm pays
  * 2 log2 p for the same traffic (n a power of two), and wins only by
  * hiding the reductions that Rabenseifner's algorithm runs between its
- * transfers: where reducing costs nothing next to the link (R -> 0, as on
- * the simulated clusters of docs/performance.md "At scale", where copies
- * and reductions are free and tnt-sim says so through TNT_REDUCE_GBPS) the
- * ring never wins on a power of two. The ring's L x B is 25 KB (2 us at
- * 12.5 GB/s; 10 Gbit/s Ethernet at 20 us gives the same product). */
-#define TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING 2500.0
-#define TNT__RING_LATENCY_BANDWIDTH_BYTES 25000.0
+ * transfers: where reducing costs nothing next to the link (as on the
+ * simulated clusters, where copies and reductions are free and tnt-sim
+ * says so through TNT_REDUCE_GBPS) the ring never wins on a power of two.
+ * A ring step's latency is taken as 2 latencies (it waits for the previous
+ * step's segment and its reduction). */
+#define TNT__RD_CROSSING_LATENCIES 2.0
+#define TNT__RING_STEP_LATENCIES 2.0
 #define TNT__CACHED_BYTES (8.0 * 1024 * 1024)
-#define TNT__LINK_GBPS 12.5
 #define TNT__CACHED_REDUCE_SPEEDUP 2.5
 
 static const tnt__algo_t *const allreduce_algos[] = {
@@ -104,25 +106,29 @@ const tnt__algo_t *tnt__algo_at(tnt__coll_kind_t kind, int index) {
  *   ring                2(n-1) L + 2(n-1)/n S  (its pipeline hides the reductions)
  * For n > p, recursive doubling and Rabenseifner's algorithm both fold the
  * extra ranks in first and send them the result last (2 L + S (2 + R)).
- * The thresholds depend on n alone, so every rank computes the same.
+ * The thresholds depend on n and the settings alone, so every rank
+ * computes the same.
  */
 static void powers_below(int n, int *p, int *log2p) {
   *p = 1, *log2p = 0;
   while (*p * 2 <= n) *p *= 2, ++*log2p;
 }
 
-/* Recursive doubling up to here: where it ties with Rabenseifner's. At
- * these sizes the vectors stay in cache and reducing them costs little next
- * to the link (R = 0). */
+/* Bytes the link carries in one message latency (L x B). */
+static double latency_bytes(void) {
+  return tnt__setting_number(TNT__S_NETWORK_LATENCY_US) * 1e-6 *
+         tnt__setting_number(TNT__S_NETWORK_GBIT) * 1e9 / 8.0;
+}
+
+/* Recursive doubling up to here: where it ties with Rabenseifner's (see
+ * TNT__RD_CROSSING_LATENCIES); on 2 and 3 ranks, which leave Rabenseifner's
+ * algorithm no sizes of its own, up to the 64 KiB measured on 2 hosts. */
 static size_t rd_max_bytes(int n) {
   int p, log2p;
   powers_below(n, &p, &log2p);
-  const double per_byte_extra = log2p - 2.0 * (p - 1) / p;
-  const double latency_saved = TNT__LATENCY_BANDWIDTH_BYTES_PER_DOUBLING * log2p * log2p;
-  if (per_byte_extra <= 0.0 || latency_saved / per_byte_extra >= TNT__RD_MAX_BYTES) {
-    return TNT__RD_MAX_BYTES;
-  }
-  return (size_t)(latency_saved / per_byte_extra);
+  const double tie = TNT__RD_CROSSING_LATENCIES * latency_bytes();
+  if (p < 4 || tie >= TNT__RD_MAX_BYTES) return TNT__RD_MAX_BYTES;
+  return (size_t)tie;
 }
 
 /* The ring from here on: where its 2(n-1) latencies cost less than what
@@ -132,7 +138,8 @@ static size_t ring_crossing(int n, double R) {
   int p, log2p;
   powers_below(n, &p, &log2p);
   const int fold = n > p;
-  const double latency_saved = 2.0 * TNT__RING_LATENCY_BANDWIDTH_BYTES * (n - 1 - log2p - fold);
+  const double latency_saved =
+      2.0 * TNT__RING_STEP_LATENCIES * latency_bytes() * (n - 1 - log2p - fold);
   const double per_byte_extra =
       (double)(p - 1) / p * (2.0 + R) + fold * (2.0 + R) - 2.0 * (n - 1) / n;
   if (latency_saved <= 0.0) return 0;
@@ -143,7 +150,8 @@ static size_t ring_crossing(int n, double R) {
 }
 
 static size_t ring_min_bytes(int n) {
-  const double memory_R = TNT__LINK_GBPS / tnt__setting_number(TNT__S_REDUCE_GBPS);
+  const double link_gbps = tnt__setting_number(TNT__S_NETWORK_GBIT) / 8.0;
+  const double memory_R = link_gbps / tnt__setting_number(TNT__S_REDUCE_GBPS);
   const size_t cached = ring_crossing(n, memory_R / TNT__CACHED_REDUCE_SPEEDUP);
   if (cached <= TNT__CACHED_BYTES) return cached;
   /* Beyond the cache the reductions cost more and the ring wins sooner,

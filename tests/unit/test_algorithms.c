@@ -126,6 +126,43 @@ static void test_the_ring_follows_the_reduction_rate(void **state) {
   assert_int_equal(ring_from(64), default_from);
 }
 
+static void set_network(const char *gbit, const char *latency_us) {
+  if (gbit != NULL) setenv("TNT_NETWORK_GBIT", gbit, 1);
+  else unsetenv("TNT_NETWORK_GBIT");
+  if (latency_us != NULL) setenv("TNT_NETWORK_LATENCY_US", latency_us, 1);
+  else unsetenv("TNT_NETWORK_LATENCY_US");
+  assert_int_equal(tnt_settings_load(), TNT_OK);
+}
+
+/* Recursive doubling gives way at 2 latencies x the link's rate: where the
+ * simulated fat-trees crossed at 10 Gbit/s with 2 us between hosts (4 to
+ * 8 KiB) and at 400 Gbit/s with 1 us (64 to 128 KiB: recursive doubling
+ * up to the 64 KiB cap), on 8 and 64 hosts; 2 and 3 ranks keep the cap. */
+static void test_recursive_doubling_follows_the_network(void **state) {
+  (void)state;
+  set_network("10", "2");
+  for (int n = 8; n <= 64; n *= 8) assert_true(rd_until(n) > 4 * 1024 && rd_until(n) <= 8 * 1024);
+  assert_int_equal(rd_until(2), 64 * 1024 + 1);
+  set_network("400", "1");
+  for (int n = 8; n <= 64; n *= 8) assert_int_equal(rd_until(n), 64 * 1024 + 1);
+  set_network(NULL, NULL);
+}
+
+/* The ring's crossing grows with the latency it pays 2(n-1) times, and
+ * comes sooner when the link outruns the reductions more (400 Gbit/s at a
+ * quarter of the latency: the same latency x rate, reductions 4 times
+ * slower next to the link). */
+static void test_the_ring_follows_the_network(void **state) {
+  (void)state;
+  const size_t base = ring_from(64);
+  set_network("100", "4");
+  const size_t slow_network = ring_from(64);
+  set_network("400", "0.25");
+  const size_t fast_link = ring_from(64);
+  set_network(NULL, NULL);
+  assert_true(slow_network > base && fast_link < base);
+}
+
 static void test_a_forced_algorithm_serves_every_size(void **state) {
   (void)state;
   setenv("TNT_ALLREDUCE_ALGORITHM", "rabenseifner", 1);
@@ -144,6 +181,8 @@ int main(void) {
       cmocka_unit_test(test_the_ring_threshold_grows_with_the_hosts),
       cmocka_unit_test(test_recursive_doubling_gives_way_where_the_simulation_crossed),
       cmocka_unit_test(test_the_ring_follows_the_reduction_rate),
+      cmocka_unit_test(test_recursive_doubling_follows_the_network),
+      cmocka_unit_test(test_the_ring_follows_the_network),
       cmocka_unit_test(test_a_forced_algorithm_serves_every_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,7 @@ The simulation is deterministic: one run per configuration.
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,15 +107,27 @@ def check(args, sim):
             "results": out}
 
 
+def network_env(platform):
+    """libtnt is told the simulated network, as a user tells it theirs
+    (TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US): the platform's link rate,
+    and the latency from one host to another under one switch (two links)."""
+    with open(platform) as f:
+        text = f.read()
+    gbit = re.search(r'\bbw="([0-9.]+)Gbps"', text).group(1)
+    lat_us = float(re.search(r'\blat="([0-9.]+)us"', text).group(1))
+    return {"TNT_NETWORK_GBIT": gbit, "TNT_NETWORK_LATENCY_US": f"{2 * lat_us:g}"}
+
+
 def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
     """Runs tnt-sim --bench; returns (rows, wall seconds, error or None). A
     run stopped at `timeout` keeps the sizes it finished."""
+    env = dict(os.environ, **network_env(platform))
     with tempfile.TemporaryDirectory() as d:
         cmd = ["smpirun", "-np", str(hosts * per_host), "-platform", platform, "-hostfile",
                hostfile(d, [per_host] * hosts), *SMPI_CFG, *extra_cfg, sim, "--bench", *args]
         start = time.monotonic()
         with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
-            p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, env=env)
             try:
                 rc, why = p.wait(timeout=timeout), None
             except subprocess.TimeoutExpired:
@@ -198,8 +211,10 @@ def scale(args, sim):
                     print(json.dumps(run), flush=True)
     config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
               "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG,
-              "libtnt_reduce_gbps": "told by tnt-sim from --copy-gbps (TNT_REDUCE_GBPS; "
-                                    "0: free, the registry's largest rate)",
+              "libtnt_told": "the platform's link rate and 2 links' latency "
+                             "(TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US, by scale_bench); "
+                             "the reduction rate from --copy-gbps (TNT_REDUCE_GBPS, by "
+                             "tnt-sim; 0: free, the registry's largest rate)",
               "busbw": "bytes / time * 2(n-1)/n, n ranks, GB/s",
               "timing": "one untimed call, then one call started on every rank at "
                         "the same simulated instant (1 ms after the latest rank left a "
