@@ -191,14 +191,12 @@ def image(name, results):
 # What would close a missed target, from the analysis of earlier runs (the
 # per-target note gives this run's figures).
 NEXT_STEPS = {
-    "scale": "below 64 KiB the better of recursive doubling and Rabenseifner's algorithm "
-             "depends on the network's latency x link rate (on 8 hosts they cross at "
-             "4-8 KiB at 10 Gbit/s, 16-32 KiB at 100, 64-128 KiB at 400), which a choice by "
-             "the number of ranks cannot see: it follows the 100 Gbit/s crossing, so 10 and "
-             "400 Gbit/s miss at 8 to 32 KiB (docs/performance.md, \"At scale\"). Closing "
-             "it needs the latency of each doubling's route, which grows with the tree's "
-             "levels; a threshold scaled by one latency x rate setting would move the 10 "
-             "Gbit/s loss to 4 KiB rather than remove it.",
+    "scale": "libtnt's choice across hosts reads the network (TNT_NETWORK_GBIT, "
+             "TNT_NETWORK_LATENCY_US, set by scale_bench from each platform) and the "
+             "reduction rate (TNT_REDUCE_GBPS, set by tnt-sim): a run without them chooses "
+             "as on a 100 Gbit/s network with CPU reductions, and below 64 KiB loses at 10 and "
+             "400 Gbit/s (0.76x and 0.70x), and runs the ring where free reductions make it "
+             "the worse choice (docs/performance.md, \"At scale\").",
     "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
                         "which the simulation does not model; at 10 Gbit/s the measured ring "
                         "beat the TCP stream rate the simulated link is set to. Next: measure "
