@@ -114,10 +114,14 @@ static void powers_below(int n, int *p, int *log2p) {
   while (*p * 2 <= n) *p *= 2, ++*log2p;
 }
 
+/* The link's rate B in bytes per second. */
+static double link_bytes_per_s(void) {
+  return tnt__setting_number(TNT__S_NETWORK_GBIT) * 1e9 / 8.0;
+}
+
 /* Bytes the link carries in one message latency (L x B). */
 static double latency_bytes(void) {
-  return tnt__setting_number(TNT__S_NETWORK_LATENCY_US) * 1e-6 *
-         tnt__setting_number(TNT__S_NETWORK_GBIT) * 1e9 / 8.0;
+  return tnt__setting_number(TNT__S_NETWORK_LATENCY_US) * 1e-6 * link_bytes_per_s();
 }
 
 /* Recursive doubling up to here: where it ties with Rabenseifner's (see
@@ -150,8 +154,7 @@ static size_t ring_crossing(int n, double R) {
 }
 
 static size_t ring_min_bytes(int n) {
-  const double link_gbps = tnt__setting_number(TNT__S_NETWORK_GBIT) / 8.0;
-  const double memory_R = link_gbps / tnt__setting_number(TNT__S_REDUCE_GBPS);
+  const double memory_R = link_bytes_per_s() / (tnt__setting_number(TNT__S_REDUCE_GBPS) * 1e9);
   const size_t cached = ring_crossing(n, memory_R / TNT__CACHED_REDUCE_SPEEDUP);
   if (cached <= TNT__CACHED_BYTES) return cached;
   /* Beyond the cache the reductions cost more and the ring wins sooner,

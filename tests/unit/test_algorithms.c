@@ -98,11 +98,14 @@ static void test_the_ring_threshold_grows_with_the_hosts(void **state) {
   assert_true(ring_from(8) <= ((size_t)1 << 20));
 }
 
-static void set_reduce_gbps(const char *value) {
-  if (value != NULL) setenv("TNT_REDUCE_GBPS", value, 1);
-  else unsetenv("TNT_REDUCE_GBPS");
+/* Sets (or, with NULL, unsets) a setting and reloads the registry. */
+static void use_setting(const char *name, const char *value) {
+  if (value != NULL) setenv(name, value, 1);
+  else unsetenv(name);
   assert_int_equal(tnt_settings_load(), TNT_OK);
 }
+
+static void set_reduce_gbps(const char *value) { use_setting("TNT_REDUCE_GBPS", value); }
 
 /* The ring wins only by hiding the reductions: where a rank reduces as fast
  * as it likes (the simulated clusters), a power of two never chooses it and
@@ -127,11 +130,8 @@ static void test_the_ring_follows_the_reduction_rate(void **state) {
 }
 
 static void set_network(const char *gbit, const char *latency_us) {
-  if (gbit != NULL) setenv("TNT_NETWORK_GBIT", gbit, 1);
-  else unsetenv("TNT_NETWORK_GBIT");
-  if (latency_us != NULL) setenv("TNT_NETWORK_LATENCY_US", latency_us, 1);
-  else unsetenv("TNT_NETWORK_LATENCY_US");
-  assert_int_equal(tnt_settings_load(), TNT_OK);
+  use_setting("TNT_NETWORK_GBIT", gbit);
+  use_setting("TNT_NETWORK_LATENCY_US", latency_us);
 }
 
 /* Recursive doubling gives way at 2 latencies x the link's rate: where the
@@ -165,11 +165,9 @@ static void test_the_ring_follows_the_network(void **state) {
 
 static void test_a_forced_algorithm_serves_every_size(void **state) {
   (void)state;
-  setenv("TNT_ALLREDUCE_ALGORITHM", "rabenseifner", 1);
-  assert_int_equal(tnt_settings_load(), TNT_OK);
+  use_setting("TNT_ALLREDUCE_ALGORITHM", "rabenseifner");
   tnt__comm_t c = flat(2);
-  unsetenv("TNT_ALLREDUCE_ALGORITHM");
-  assert_int_equal(tnt_settings_load(), TNT_OK);
+  use_setting("TNT_ALLREDUCE_ALGORITHM", NULL);
   assert_string_equal(chosen(&c, 4), "rabenseifner");
   assert_string_equal(chosen(&c, (size_t)1 << 30), "rabenseifner");
 }

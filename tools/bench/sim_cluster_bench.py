@@ -140,12 +140,13 @@ sys.stdin.readline()  # both listen: go
 out = socket.create_connection((peer, {TCP_PROBE_PORT}))
 inc, _ = srv.accept()
 buf = memoryview(bytearray(1 << 22))
+got = 0
 def receive():
-    got = 0
+    global got
     while got < n:
         k = inc.recv_into(buf, min(len(buf), n - got))
         if k == 0:
-            raise SystemExit("tcp probe: the peer closed early")
+            return
         got += k
 chunk = memoryview(bytes(1 << 22))
 t = time.monotonic()
@@ -154,6 +155,8 @@ r.start()
 for off in range(0, n, len(chunk)):
     out.sendall(chunk[:min(len(chunk), n - off)])
 r.join()
+if got < n:  # a thread's exit would not end the process: say it here
+    sys.exit(f"tcp probe: the peer closed after {{got}} of {{n}} bytes")
 print(time.monotonic() - t, flush=True)
 """
 

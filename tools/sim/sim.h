@@ -27,6 +27,10 @@
 
 #include "transport/transport.h"
 
+/* A reduction dst op= src reads two vectors and writes one: it costs this
+ * many copies of the vector (sim_hooks.c). */
+#define TNT_SIM_REDUCE_COPIES 1.5
+
 /* What the command line sets for every rank. */
 typedef struct tnt_sim_opts {
   int data;          /* 1: real data (moved, reduced, checked); 0: timing only */

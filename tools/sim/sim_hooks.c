@@ -111,10 +111,9 @@ void *__wrap_memcpy(void *dst, const void *src, size_t n) {
   return __real_memcpy(dst, src, n);
 }
 
-/* dst op= src reads two vectors and writes one: one and a half copies. */
 void __wrap_tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype,
                         tnt_op_t op) {
-  charge(1.5 * (double)count * (double)tnt__dtype_size(dtype));
+  charge(TNT_SIM_REDUCE_COPIES * (double)count * (double)tnt__dtype_size(dtype));
   if (tnt_sim_opts.data) __real_tnt__reduce(dst, src, count, dtype, op);
 }
 

@@ -52,13 +52,14 @@ static size_t parse_bytes(const char *s) {
 }
 
 /* libtnt's choice across hosts weighs the reductions against the link
- * (TNT_REDUCE_GBPS): it is told the simulated machine's rate, a reduction
- * costing 1.5 copies (sim_hooks.c), and free reductions (--copy-gbps 0) as
+ * (TNT_REDUCE_GBPS): it is told the simulated machine's rate (a reduction
+ * costs TNT_SIM_REDUCE_COPIES copies), and free reductions (--copy-gbps 0) as
  * the registry's largest rate (--bench only). A value in the environment
  * stays. */
 static void tell_reduce_rate(void) {
   char rate[32];
-  const double gbps = tnt_sim_opts.copy_gbps > 0.0 ? tnt_sim_opts.copy_gbps / 1.5 : 1e9;
+  const double copy = tnt_sim_opts.copy_gbps;
+  const double gbps = copy > 0.0 ? copy / TNT_SIM_REDUCE_COPIES : 1e9;
   snprintf(rate, sizeof rate, "%.9g", gbps);
   setenv("TNT_REDUCE_GBPS", rate, 0);
 }
