@@ -82,6 +82,9 @@ typedef enum tnt_dtype {
   TNT_BFLOAT16 = 3, /* bfloat16; reductions accumulate in float */
   TNT_INT32 = 4,
   TNT_INT64 = 5,
+  TNT_INT8 = 6,  /* integer sums wrap around in the type's width, as NumPy's */
+  TNT_INT16 = 7,
+  TNT_UINT8 = 8,
   TNT_DTYPE_COUNT
 } tnt_dtype_t;
 

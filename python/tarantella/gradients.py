@@ -35,7 +35,8 @@ from tarantella import ops
 from tarantella import runtime
 
 _DTYPES = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
-           tf.bfloat16: "bfloat16", tf.int32: "int32", tf.int64: "int64"}
+           tf.bfloat16: "bfloat16", tf.int8: "int8", tf.int16: "int16", tf.int32: "int32",
+           tf.int64: "int64", tf.uint8: "uint8"}
 
 
 class GradientReducer:

@@ -679,7 +679,7 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
   const long i = find_tensor(f, id, call);
   if (i < 0) return TNT_ERR_INVALID_ARG;
   const tnt_tensor_info_t *t = &f->tensors[i];
-  if ((t->dtype == TNT_INT32 || t->dtype == TNT_INT64) && (long long)divisor == 0) {
+  if (tnt__dtype_is_integer(t->dtype) && (long long)divisor == 0) {
     return tnt__api_invalid(call, "tensor %llu: an integer tensor cannot be divided by %g",
                             (unsigned long long)id, divisor);
   }

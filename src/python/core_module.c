@@ -199,7 +199,8 @@ static const char *op_name_at(int i) {
 
 static const name_table_t kDtypeNames = {
     "dtype", dtype_name_at, TNT_DTYPE_COUNT,
-    "'float32', 'float64', 'float16', 'bfloat16', 'int32' or 'int64'"};
+    "'float32', 'float64', 'float16', 'bfloat16', 'int8', 'int16', 'int32', 'int64' or "
+    "'uint8'"};
 static const name_table_t kOpNames = {"op", op_name_at, TNT_OP_COUNT,
                                       "'sum', 'average', 'min' or 'max'"};
 
@@ -275,6 +276,15 @@ static int dtype_of_format(const Py_buffer *v, tnt_dtype_t *out) {
       return v->itemsize == 8 ? 0 : -1;
     case 'e':
       *out = TNT_FLOAT16;
+      return v->itemsize == 2 ? 0 : -1;
+    case 'b':
+      *out = TNT_INT8;
+      return v->itemsize == 1 ? 0 : -1;
+    case 'B':
+      *out = TNT_UINT8;
+      return v->itemsize == 1 ? 0 : -1;
+    case 'h':
+      *out = TNT_INT16;
       return v->itemsize == 2 ? 0 : -1;
     case 'i':
     case 'l':
@@ -395,7 +405,8 @@ static int get_tensor(const char *call, const char *name, PyObject *obj, int wri
     if (r < 0) {
       PyErr_Format(PyExc_TypeError,
                    "%s: %s has the element format '%s' (%zd bytes), which tarantella cannot "
-                   "reduce: use float32, float64, float16, int32 or int64 data, or pass "
+                   "reduce: use float32, float64, float16, int8, int16, int32, int64 or uint8 "
+                   "data, or pass "
                    "dtype='bfloat16' for bfloat16 data",
                    call, name, t->view.format != NULL ? t->view.format : "B", t->view.itemsize);
       goto fail;
@@ -727,7 +738,8 @@ PyDoc_STRVAR(allreduce_doc,
              "handle, when given) with op ('sum', 'average', 'min'\n"
              "or 'max'; 'average' divides integers with integer division). The result\n"
              "replaces buf, or goes to out (same dtype and element count) when given.\n"
-             "buf is any C-contiguous buffer of float32, float64, float16, int32 or int64;\n"
+             "buf is any C-contiguous buffer of float32, float64, float16, int8, int16,\n"
+             "int32, int64 or uint8 (integer sums wrap around in the type's width);\n"
              "dtype='bfloat16' takes a buffer with 2-byte elements as bfloat16 (dtype\n"
              "overrides the buffer's own element type; the item size must match). Every\n"
              "rank passes the same dtype and count. Returns the array holding the result.");
@@ -1466,7 +1478,8 @@ PyDoc_STRVAR(fusion_doc,
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
              "the number of elements, dtype a name ('float32', 'float64', 'float16',\n"
-             "'bfloat16', 'int32', 'int64'). Tensors are packed into buckets of one dtype\n"
+             "'bfloat16', 'int8', 'int16', 'int32', 'int64', 'uint8'). Tensors are packed\n"
+             "into buckets of one dtype\n"
              "each that close at threshold_bytes (0: one tensor per bucket); each bucket is\n"
              "reduced with op as soon as all its tensors have started. Creation is\n"
              "collective: every rank passes the same list. Each round, every tensor is\n"

@@ -10,7 +10,7 @@
 #include "tensorflow/c/tf_status.h"
 
 /* The types every op accepts for its attribute T: the dtypes of libtnt. */
-#define TNT_TF_TYPE_ATTR "T: {float, double, half, bfloat16, int32, int64}"
+#define TNT_TF_TYPE_ATTR "T: {float, double, half, bfloat16, int8, int16, int32, int64, uint8}"
 
 /* Registers the definitions and shape functions of every op; on failure
  * `status` says which op could not be registered and why. */

@@ -154,6 +154,15 @@ static bool tnt_dtype_of(TF_DataType type, tnt_dtype_t *dtype) {
     case TF_INT64:
       *dtype = TNT_INT64;
       return true;
+    case TF_INT8:
+      *dtype = TNT_INT8;
+      return true;
+    case TF_INT16:
+      *dtype = TNT_INT16;
+      return true;
+    case TF_UINT8:
+      *dtype = TNT_UINT8;
+      return true;
     default:
       return false;
   }

@@ -248,6 +248,9 @@ static tnt_status_t mpi_native_allreduce(tnt__transport_t *t, const void *sendbu
     case TNT_FLOAT64: type = MPI_DOUBLE; break;
     case TNT_INT32: type = MPI_INT32_T; break;
     case TNT_INT64: type = MPI_INT64_T; break;
+    case TNT_INT8: type = MPI_INT8_T; break;
+    case TNT_INT16: type = MPI_INT16_T; break;
+    case TNT_UINT8: type = MPI_UINT8_T; break;
     default:
       type = MPI_UINT16_T;
       MPI_TRY(MPI_Op_create(half_fns[dtype == TNT_BFLOAT16][opi], 1, &mop));

@@ -246,17 +246,19 @@ void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire)
 /* ------------------------------------------------------ scaled copies */
 
 /* One loop per (type, direction): with the factor a loop constant, the
- * compiler vectorizes each, and no product or quotient is contracted. */
-#define TNT__SCALE_LOOP(T, d, s, n, f, divide)       \
-  do {                                                \
-    T *restrict d_ = (T *)(d);                        \
-    const T *restrict s_ = (const T *)(s);            \
-    const T f_ = (T)(f);                              \
-    if (divide) {                                     \
-      for (size_t i = 0; i < (n); i++) d_[i] = s_[i] / f_; \
-    } else {                                          \
-      for (size_t i = 0; i < (n); i++) d_[i] = s_[i] * f_; \
-    }                                                 \
+ * compiler vectorizes each, and no product or quotient is contracted. F is
+ * the type the factor is taken in: int64_t for the integers, so that a
+ * factor beyond a narrow type's range is not wrapped into it. */
+#define TNT__SCALE_LOOP(T, F, d, s, n, f, divide)                  \
+  do {                                                             \
+    T *restrict d_ = (T *)(d);                                     \
+    const T *restrict s_ = (const T *)(s);                         \
+    const F f_ = (F)(f);                                           \
+    if (divide) {                                                  \
+      for (size_t i = 0; i < (n); i++) d_[i] = (T)(s_[i] / f_);    \
+    } else {                                                       \
+      for (size_t i = 0; i < (n); i++) d_[i] = (T)(s_[i] * f_);    \
+    }                                                              \
   } while (0)
 
 static float half_round(float f, tnt_dtype_t t) {
@@ -290,10 +292,13 @@ void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dty
     return;
   }
   switch (dst_dtype) {
-    case TNT_FLOAT32: TNT__SCALE_LOOP(float, dst, src, count, factor, divide); break;
-    case TNT_FLOAT64: TNT__SCALE_LOOP(double, dst, src, count, factor, divide); break;
-    case TNT_INT32: TNT__SCALE_LOOP(int32_t, dst, src, count, factor, divide); break;
-    case TNT_INT64: TNT__SCALE_LOOP(int64_t, dst, src, count, factor, divide); break;
+    case TNT_FLOAT32: TNT__SCALE_LOOP(float, float, dst, src, count, factor, divide); break;
+    case TNT_FLOAT64: TNT__SCALE_LOOP(double, double, dst, src, count, factor, divide); break;
+    case TNT_INT32: TNT__SCALE_LOOP(int32_t, int64_t, dst, src, count, factor, divide); break;
+    case TNT_INT64: TNT__SCALE_LOOP(int64_t, int64_t, dst, src, count, factor, divide); break;
+    case TNT_INT8: TNT__SCALE_LOOP(int8_t, int64_t, dst, src, count, factor, divide); break;
+    case TNT_INT16: TNT__SCALE_LOOP(int16_t, int64_t, dst, src, count, factor, divide); break;
+    case TNT_UINT8: TNT__SCALE_LOOP(uint8_t, int64_t, dst, src, count, factor, divide); break;
     case TNT_FLOAT16:
     case TNT_BFLOAT16: {
       const float f = half_round((float)factor, dst_dtype);
@@ -362,39 +367,37 @@ static inline double div_f64(double a, int d) {
   return a / (double)d;
 }
 
-/* Integer sums wrap around (two's complement) instead of overflowing,
- * which C leaves undefined for signed types. */
-static inline int32_t add_i32(int32_t a, int32_t b) {
-  return (int32_t)((uint32_t)a + (uint32_t)b);
-}
+/*
+ * The integer element types' operators, one set per type. Sums wrap around
+ * in the type's width (two's complement, as NumPy's and TensorFlow's sums
+ * of the type do) instead of overflowing, which C leaves undefined for
+ * signed types: the sum is taken in the unsigned type U and converted
+ * back. Wrapping addition is associative, so every order of combination
+ * gives the same bits. The average divides the wrapped sum by the group
+ * size with C's truncating division, in a type wide enough for any size.
+ */
+#define TNT__DEFINE_INT_OPS(SFX, T, U)                                \
+  static inline T add_##SFX(T a, T b) {                               \
+    return (T)(U)((U)a + (U)b);                                       \
+  }                                                                   \
+  static inline T min_##SFX(T a, T b) {                               \
+    return a < b ? a : b;                                             \
+  }                                                                   \
+  static inline T max_##SFX(T a, T b) {                               \
+    return a > b ? a : b;                                             \
+  }                                                                   \
+  static inline T div_##SFX(T a, int d) {                             \
+    return (T)((int64_t)a / (int64_t)d);                              \
+  }                                                                   \
+  static inline T id_##SFX(T a) {                                     \
+    return a;                                                         \
+  }
 
-static inline int64_t add_i64(int64_t a, int64_t b) {
-  return (int64_t)((uint64_t)a + (uint64_t)b);
-}
-
-static inline int32_t min_i32(int32_t a, int32_t b) {
-  return a < b ? a : b;
-}
-
-static inline int32_t max_i32(int32_t a, int32_t b) {
-  return a > b ? a : b;
-}
-
-static inline int64_t min_i64(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-
-static inline int64_t max_i64(int64_t a, int64_t b) {
-  return a > b ? a : b;
-}
-
-static inline int32_t div_i32(int32_t a, int d) {
-  return a / (int32_t)d;
-}
-
-static inline int64_t div_i64(int64_t a, int d) {
-  return a / (int64_t)d;
-}
+TNT__DEFINE_INT_OPS(i8, int8_t, uint8_t)
+TNT__DEFINE_INT_OPS(i16, int16_t, uint16_t)
+TNT__DEFINE_INT_OPS(i32, int32_t, uint32_t)
+TNT__DEFINE_INT_OPS(i64, int64_t, uint64_t)
+TNT__DEFINE_INT_OPS(u8, uint8_t, uint8_t)
 
 static inline float id_f32(float a) {
   return a;
@@ -404,13 +407,6 @@ static inline double id_f64(double a) {
   return a;
 }
 
-static inline int32_t id_i32(int32_t a) {
-  return a;
-}
-
-static inline int64_t id_i64(int64_t a) {
-  return a;
-}
 
 /* ------------------------------------------------------- general kernels */
 
@@ -460,6 +456,10 @@ TNT__DEFINE_GENERIC(generic_i32, int32_t, int32_t, id_i32, id_i32, add_i32, min_
                     div_i32)
 TNT__DEFINE_GENERIC(generic_i64, int64_t, int64_t, id_i64, id_i64, add_i64, min_i64, max_i64,
                     div_i64)
+TNT__DEFINE_GENERIC(generic_i8, int8_t, int8_t, id_i8, id_i8, add_i8, min_i8, max_i8, div_i8)
+TNT__DEFINE_GENERIC(generic_i16, int16_t, int16_t, id_i16, id_i16, add_i16, min_i16, max_i16,
+                    div_i16)
+TNT__DEFINE_GENERIC(generic_u8, uint8_t, uint8_t, id_u8, id_u8, add_u8, min_u8, max_u8, div_u8)
 
 /* float16 SUM (and AVERAGE): the general kernel's order and rounding, with
  * each block converted by the array conversions (F16C where the CPU has
@@ -662,6 +662,15 @@ void tnt__reduce_many(void *dst, const void *const *srcs, int n, size_t count, t
     case TNT_INT64:
       generic_i64(dst, srcs, n, count, op, div);
       break;
+    case TNT_INT8:
+      generic_i8(dst, srcs, n, count, op, div);
+      break;
+    case TNT_INT16:
+      generic_i16(dst, srcs, n, count, op, div);
+      break;
+    case TNT_UINT8:
+      generic_u8(dst, srcs, n, count, op, div);
+      break;
     default:
       break;
   }
@@ -672,6 +681,12 @@ void tnt__reduce(void *dst, const void *src, size_t count, tnt_dtype_t dtype, tn
   const void *srcs[2] = {dst, src};
   tnt__reduce_many(dst, srcs, 2, count, dtype, op == TNT_AVERAGE ? TNT_SUM : op, 1);
 }
+
+#define TNT__DIVIDE_LOOP(T, SFX, buf, count, divisor)                    \
+  do {                                                                   \
+    T *p_ = (T *)(buf);                                                  \
+    for (size_t i = 0; i < (count); i++) p_[i] = div_##SFX(p_[i], divisor); \
+  } while (0)
 
 void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op, int divisor) {
   if (op != TNT_AVERAGE || divisor <= 1) return;
@@ -700,16 +715,11 @@ void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
       }
       break;
     }
-    case TNT_INT32: {
-      int32_t *p = buf;
-      for (size_t i = 0; i < count; i++) p[i] = p[i] / (int32_t)divisor;
-      break;
-    }
-    case TNT_INT64: {
-      int64_t *p = buf;
-      for (size_t i = 0; i < count; i++) p[i] = p[i] / (int64_t)divisor;
-      break;
-    }
+    case TNT_INT32: TNT__DIVIDE_LOOP(int32_t, i32, buf, count, divisor); break;
+    case TNT_INT64: TNT__DIVIDE_LOOP(int64_t, i64, buf, count, divisor); break;
+    case TNT_INT8: TNT__DIVIDE_LOOP(int8_t, i8, buf, count, divisor); break;
+    case TNT_INT16: TNT__DIVIDE_LOOP(int16_t, i16, buf, count, divisor); break;
+    case TNT_UINT8: TNT__DIVIDE_LOOP(uint8_t, u8, buf, count, divisor); break;
     default:
       break;
   }

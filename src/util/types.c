@@ -9,11 +9,13 @@
 static const size_t dtype_sizes[TNT_DTYPE_COUNT] = {
     [TNT_FLOAT32] = 4,  [TNT_FLOAT64] = 8, [TNT_FLOAT16] = 2,
     [TNT_BFLOAT16] = 2, [TNT_INT32] = 4,   [TNT_INT64] = 8,
+    [TNT_INT8] = 1,     [TNT_INT16] = 2,   [TNT_UINT8] = 1,
 };
 
 static const char *const dtype_names[TNT_DTYPE_COUNT] = {
     [TNT_FLOAT32] = "float32",   [TNT_FLOAT64] = "float64", [TNT_FLOAT16] = "float16",
     [TNT_BFLOAT16] = "bfloat16", [TNT_INT32] = "int32",     [TNT_INT64] = "int64",
+    [TNT_INT8] = "int8",         [TNT_INT16] = "int16",     [TNT_UINT8] = "uint8",
 };
 
 static const char *const op_names[TNT_OP_COUNT] = {
@@ -25,6 +27,11 @@ static const char *const op_names[TNT_OP_COUNT] = {
 
 int tnt__dtype_valid(tnt_dtype_t dtype) {
   return (unsigned)dtype < (unsigned)TNT_DTYPE_COUNT;
+}
+
+int tnt__dtype_is_integer(tnt_dtype_t dtype) {
+  return dtype == TNT_INT32 || dtype == TNT_INT64 || dtype == TNT_INT8 || dtype == TNT_INT16 ||
+         dtype == TNT_UINT8;
 }
 
 int tnt__op_valid(tnt_op_t op) {

@@ -14,6 +14,8 @@
 /* 1 when `dtype` (`op`) is one of the values of tnt.h, else 0. */
 int tnt__dtype_valid(tnt_dtype_t dtype);
 int tnt__op_valid(tnt_op_t op);
+/* Whether `dtype` is one of the integer types (divided by truncation). */
+int tnt__dtype_is_integer(tnt_dtype_t dtype);
 
 /* Size in bytes of one element, or 0 for an invalid dtype. */
 size_t tnt__dtype_size(tnt_dtype_t dtype);

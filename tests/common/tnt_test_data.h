@@ -104,7 +104,7 @@ static inline float td_bf16_to_float(uint16_t b) {
 
 /* The size of one element, independently of tnt_dtype_size. */
 static inline size_t td_dsize(tnt_dtype_t dt) {
-  static const size_t sizes[TNT_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8};
+  static const size_t sizes[TNT_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1, 2, 1};
   return sizes[dt];
 }
 
@@ -130,6 +130,15 @@ static inline void td_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
     case TNT_INT64:
       ((int64_t *)buf)[i] = (int64_t)v;
       break;
+    case TNT_INT8:
+      ((int8_t *)buf)[i] = (int8_t)v;
+      break;
+    case TNT_INT16:
+      ((int16_t *)buf)[i] = (int16_t)v;
+      break;
+    case TNT_UINT8:
+      ((uint8_t *)buf)[i] = (uint8_t)v;
+      break;
     default:
       break;
   }
@@ -149,6 +158,12 @@ static inline double td_load(tnt_dtype_t dt, const void *buf, size_t i) {
       return ((const int32_t *)buf)[i];
     case TNT_INT64:
       return (double)((const int64_t *)buf)[i];
+    case TNT_INT8:
+      return ((const int8_t *)buf)[i];
+    case TNT_INT16:
+      return ((const int16_t *)buf)[i];
+    case TNT_UINT8:
+      return ((const uint8_t *)buf)[i];
     default:
       return 0.0;
   }
@@ -180,6 +195,11 @@ static inline void td_store_average(tnt_dtype_t dt, void *buf, size_t i, double 
     case TNT_INT64:
       ((int64_t *)buf)[i] = (int64_t)sum / n;
       break;
+    case TNT_INT8:
+    case TNT_INT16:
+    case TNT_UINT8:
+      td_store(dt, buf, i, (double)((int64_t)sum / n));
+      break;
     default:
       break;
   }
@@ -190,6 +210,13 @@ static inline void td_store_average(tnt_dtype_t dt, void *buf, size_t i, double 
 /* The value that contributor `rank` gives at element `i` of a dtype `dt`
  * buffer; `arg` carries the generator's own parameters (a seed, a salt). */
 typedef double (*td_value_fn)(const void *arg, tnt_dtype_t dt, int rank, size_t i);
+
+/* `v`, a value from -half to half, as a generator gives it for `dt`: the
+ * unsigned uint8 takes it shifted up by `half`, so that it is never
+ * negative. */
+static inline double td_centred(tnt_dtype_t dt, double v, double half) {
+  return dt == TNT_UINT8 ? v + half : v;
+}
 
 /* Fills buf[0..count-1] with the contribution of `rank`. */
 static inline void td_fill(tnt_dtype_t dt, void *buf, size_t count, td_value_fn value,

@@ -261,12 +261,14 @@ static inline uint64_t mt_bits(tnt_dtype_t dt, const void *buf, size_t i) {
 }
 
 static inline int mt_is_int(tnt_dtype_t dt) {
-  return dt == TNT_INT32 || dt == TNT_INT64;
+  return dt == TNT_INT32 || dt == TNT_INT64 || dt == TNT_INT8 || dt == TNT_INT16 ||
+         dt == TNT_UINT8;
 }
 
 static inline const char *mt_dname(tnt_dtype_t dt) {
-  static const char *names[TNT_DTYPE_COUNT] = {"float32",  "float64", "float16",
-                                               "bfloat16", "int32",   "int64"};
+  static const char *names[TNT_DTYPE_COUNT] = {"float32", "float64", "float16",
+                                               "bfloat16", "int32",   "int64",
+                                               "int8",    "int16",   "uint8"};
   return (int)dt >= 0 && dt < TNT_DTYPE_COUNT ? names[dt] : "invalid";
 }
 
@@ -312,7 +314,8 @@ static inline uint64_t mt_mix64(uint64_t x) {
  * Ranges keep every sum over up to 8 ranks exact in the dtype: |v| <= 30
  * for float16 and bfloat16 (sums <= 240 < 256), about one million for
  * float32, float64 and int32, and int64 adds multiples of 2^36 so that the
- * upper word matters.
+ * upper word matters; |v| <= 15 for int8 (sums <= 120 < 128), |v| <= 4000
+ * for int16 (<= 32000 < 32768) and 0 <= v <= 31 for uint8 (<= 248 < 256).
  */
 static inline double mt_value(uint64_t seed, int r, size_t i, tnt_dtype_t dt) {
   uint64_t h = (uint64_t)i * 0x9e3779b1u + (uint64_t)(r + 1) * 0x85ebca77u + seed * 0xc2b2ae3du;
@@ -326,6 +329,12 @@ static inline double mt_value(uint64_t seed, int r, size_t i, tnt_dtype_t dt) {
     case TNT_INT64:
       return (double)((int64_t)(h % 2000001) - 1000000) +
              (double)((int64_t)((h >> 32) % 7) - 3) * 68719476736.0;
+    case TNT_INT8:
+      return (double)(int64_t)(h % 31) - 15.0;
+    case TNT_INT16:
+      return (double)(int64_t)(h % 8001) - 4000.0;
+    case TNT_UINT8:
+      return (double)(h % 32);
     default:
       return (double)((int64_t)(h % 2000001) - 1000000);
   }

@@ -29,9 +29,10 @@ import tensorflow as tf  # noqa: E402
 # Checks trace a function per dtype on purpose; TensorFlow would warn.
 tf.get_logger().setLevel("ERROR")
 
-DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64]
+DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.int8,
+          tf.int16, tf.uint8]
 TNT_DTYPES = {tf.float32: 0, tf.float64: 1, tf.float16: 2, tf.bfloat16: 3, tf.int32: 4,
-              tf.int64: 5}
+              tf.int64: 5, tf.int8: 6, tf.int16: 7, tf.uint8: 8}
 TNT_OPS = {"sum": 0, "average": 1, "min": 2, "max": 3}
 
 
@@ -231,9 +232,11 @@ def check_round_trip(t):
     # Eagerly: every dtype, started in one order and finished in another.
     tensors = {10 + k: rank_values([3, 2], dt, 0, k) for k, dt in enumerate(DTYPES)}
     fusion = t.fusion([(i, v.shape, v.dtype) for i, v in tensors.items()], 16)
+    ids = list(tensors)
+    started, finished = ids[3:] + ids[:3], ids[::-1][2:] + ids[::-1][:2]
     for _ in range(2):
-        tokens = {i: t.start(tensors[i], fusion, i) for i in [13, 10, 15, 11, 14, 12]}
-        for i in [12, 15, 10, 13, 11, 14]:
+        tokens = {i: t.start(tensors[i], fusion, i) for i in started}
+        for i in finished:
             out = t.finish(tokens[i], tensors[i], fusion, i)
             assert out.dtype == tensors[i].dtype
             assert_equal(out, tensors[i], f"eager tensor {i}")

@@ -24,8 +24,10 @@ import tarantella._core as core
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # numpy dtype -> the libtnt dtype it maps to. np.intc and np.longlong have
-# the buffer formats 'i' and 'q'; np.int64 has 'l' on Linux.
-NUMERIC = [np.float32, np.float64, np.float16, np.intc, np.int64, np.longlong]
+# the buffer formats 'i' and 'q'; np.int64 has 'l' on Linux; np.int8,
+# np.int16 and np.uint8 have 'b', 'h' and 'B'.
+NUMERIC = [np.float32, np.float64, np.float16, np.intc, np.int64, np.longlong, np.int8,
+           np.int16, np.uint8]
 OPS = ["sum", "average", "min", "max"]
 SESSION_TIMEOUT_S = 3.0
 
@@ -311,7 +313,7 @@ def test_buffers_that_are_rejected():
     raises(ValueError, "read-only", lambda: core.allreduce(ro))
     raises(ValueError, "read-only", lambda: core.allreduce(b"abcd"))
     raises(ValueError, "read-only", lambda: core.broadcast(ro))
-    for bad in [np.uint8, np.uint16, np.int16, np.bool_, np.complex64, np.uint64]:
+    for bad in [np.uint16, np.uint32, np.bool_, np.complex64, np.uint64]:
         raises(TypeError, "element format", lambda: core.allreduce(np.zeros(2, bad)))
     raises(TypeError, "byte order", lambda: core.allreduce(np.zeros(2, ">f4")))
     raises(TypeError, "dtype='bfloat16'",

@@ -35,6 +35,7 @@
 #include "transport_threads.h"
 #include "util/log.h"
 #include "util/reduce.h"
+#include "util/types.h"
 #include "tnt_test_data.h"
 
 #define MAX_RANKS 8
@@ -177,12 +178,18 @@ static void run_all_layouts(rank_fn fn, void *shared) {
 
 /* Input element i of rank r (a generator of tnt_test_data.h): a small
  * integer, so that sums of up to 8 ranks are exact in every dtype (halves
- * hold integers up to 2048, bfloat16 up to 256). */
+ * hold integers up to 2048, bfloat16 up to 256, int8 up to 127, uint8 up
+ * to 255: their inputs span 31 values, uint8's from 0). */
 static double input_value(const void *arg, tnt_dtype_t dt, int r, size_t i) {
   (void)arg;
-  int64_t span = (dt == TNT_FLOAT16 || dt == TNT_BFLOAT16) ? 33 : 2001;
-  return (double)((int64_t)((i * 131u + (size_t)r * 977u + (i >> 7) * 7u) % (size_t)span) -
-                  span / 2);
+  int64_t span = (dt == TNT_FLOAT16 || dt == TNT_BFLOAT16) ? 33
+                 : (dt == TNT_INT8 || dt == TNT_UINT8)     ? 31
+                                                           : 2001;
+  return td_centred(dt,
+                    (double)((int64_t)((i * 131u + (size_t)r * 977u + (i >> 7) * 7u) %
+                                       (size_t)span) -
+                             span / 2),
+                    (double)(span / 2));
 }
 
 /* Counts: empty, tiny, primes, one slot exactly (float32, 4 KiB slots), and
@@ -306,7 +313,7 @@ static int agree_rank(rank_ctx_t *rc, tnt__comm_t *c) {
     const tnt__algo_t *algo = tnt__algo_find(TNT__COLL_ALLREDUCE, kAllreduceAlgos[a]);
     if (algo == NULL || !algo->usable(c)) continue;
     for (int dt = 0; dt < TNT_DTYPE_COUNT; dt++) {
-      if (dt == TNT_INT32 || dt == TNT_INT64) continue;
+      if (tnt__dtype_is_integer((tnt_dtype_t)dt)) continue;
       for (int op = TNT_SUM; op <= TNT_AVERAGE; op++) {
         size_t esz = tnt_dtype_size((tnt_dtype_t)dt);
         uint8_t *in = malloc(count * esz), *mine = tab->result[c->rank];

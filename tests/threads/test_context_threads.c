@@ -60,11 +60,12 @@ typedef struct rank_arg {
 /* -------------------------------------------------------------- values */
 
 /* Element i of rank r (a generator of tnt_test_data.h; `arg` is the salt):
- * a small integer, so that every expected result is exact. */
+ * a small integer (-15 to 15; 0 to 30 for uint8), so that every expected
+ * result is exact in every dtype. */
 static double value(const void *arg, tnt_dtype_t dt, int r, size_t i) {
-  (void)dt;
   int salt = *(const int *)arg;
-  return (double)((int64_t)((i * 37u + (size_t)r * 11u + (size_t)salt * 5u) % 31u) - 15);
+  return td_centred(
+      dt, (double)((int64_t)((i * 37u + (size_t)r * 11u + (size_t)salt * 5u) % 31u) - 15), 15);
 }
 
 static void fill(void *buf, size_t count, tnt_dtype_t dt, int r, int salt) {

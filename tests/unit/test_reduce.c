@@ -55,6 +55,10 @@ static void fill_random(void *buf, size_t count, tnt_dtype_t dtype) {
       v = (double)((int32_t)(rng() % 2000001) - 1000000);
     } else if (dtype == TNT_INT64) {
       v = (double)(((int64_t)(rng() % 2000001) - 1000000) * 1000003);
+    } else if (dtype == TNT_INT8 || dtype == TNT_UINT8 || dtype == TNT_INT16) {
+      /* The narrow integers draw from their whole range, so sums wrap. */
+      uint32_t span = dtype == TNT_INT16 ? 65536u : 256u;
+      v = (double)(int64_t)(rng() % span) - (dtype == TNT_UINT8 ? 0.0 : (double)(span / 2));
     }
     td_store(dtype, buf, i, v);
   }
@@ -78,11 +82,35 @@ static double ref_f64(double a, double b, tnt_op_t op) {
   return a + b;
 }
 
-static int64_t ref_i64(int64_t a, int64_t b, tnt_op_t op, int bits32) {
+/* `s` wrapped around into the integer dtype's width, as a value. */
+static int64_t wrap_int(uint64_t s, tnt_dtype_t dtype) {
+  switch (dtype) {
+    case TNT_INT8: return (int8_t)(uint8_t)s;
+    case TNT_INT16: return (int16_t)(uint16_t)s;
+    case TNT_UINT8: return (uint8_t)s;
+    case TNT_INT32: return (int32_t)(uint32_t)s;
+    default: return (int64_t)s;
+  }
+}
+
+/* Element i of an integer buffer and its store, exactly: int64 does not
+ * go through a double. */
+static int64_t load_int(tnt_dtype_t dtype, const void *buf, size_t i) {
+  return dtype == TNT_INT64 ? ((const int64_t *)buf)[i] : (int64_t)td_load(dtype, buf, i);
+}
+
+static void store_int(tnt_dtype_t dtype, void *buf, size_t i, int64_t v) {
+  if (dtype == TNT_INT64) {
+    ((int64_t *)buf)[i] = v;
+  } else {
+    td_store(dtype, buf, i, (double)v); /* v is in the dtype's range */
+  }
+}
+
+static int64_t ref_int(int64_t a, int64_t b, tnt_op_t op, tnt_dtype_t dtype) {
   if (op == TNT_MIN) return a < b ? a : b;
   if (op == TNT_MAX) return a > b ? a : b;
-  uint64_t s = (uint64_t)a + (uint64_t)b;
-  return bits32 ? (int64_t)(int32_t)(uint32_t)s : (int64_t)s;
+  return wrap_int((uint64_t)a + (uint64_t)b, dtype);
 }
 
 /* The documented semantics of tnt__reduce_many, one element at a time, for
@@ -116,18 +144,15 @@ static void ref_reduce_many(void *dst, void *const *srcs, int n, size_t count, t
         td_store(dtype, dst, i, acc);
         break;
       }
-      case TNT_INT32: {
-        int64_t acc = ((int32_t *)srcs[0])[i];
-        for (int k = 1; k < n; k++) acc = ref_i64(acc, ((int32_t *)srcs[k])[i], op, 1);
+      case TNT_INT32:
+      case TNT_INT64:
+      case TNT_INT8:
+      case TNT_INT16:
+      case TNT_UINT8: {
+        int64_t acc = load_int(dtype, srcs[0], i);
+        for (int k = 1; k < n; k++) acc = ref_int(acc, load_int(dtype, srcs[k], i), op, dtype);
         if (avg) acc /= divisor;
-        ((int32_t *)dst)[i] = (int32_t)acc;
-        break;
-      }
-      case TNT_INT64: {
-        int64_t acc = ((int64_t *)srcs[0])[i];
-        for (int k = 1; k < n; k++) acc = ref_i64(acc, ((int64_t *)srcs[k])[i], op, 0);
-        if (avg) acc /= divisor;
-        ((int64_t *)dst)[i] = acc;
+        store_int(dtype, dst, i, acc);
         break;
       }
       default:
@@ -521,6 +546,30 @@ static void test_sum_special_values(void **state) {
   const void *sl[2] = {&l1, &l2};
   tnt__reduce_many(&lr, sl, 2, 1, TNT_INT64, TNT_SUM, 1);
   assert_true(lr == INT64_MIN + 1);
+  /* The narrow ones wrap in their own width, as NumPy's sums of them do
+   * (int16: 32767 + 2 == -32767; uint8: 255 + 2 == 1), and take min and
+   * max by their own (signed or unsigned) order. */
+  int16_t h1s = INT16_MAX, h2s = 2, hrs;
+  const void *sh16[2] = {&h1s, &h2s};
+  tnt__reduce_many(&hrs, sh16, 2, 1, TNT_INT16, TNT_SUM, 1);
+  assert_int_equal(hrs, -32767);
+  int8_t c1 = -128, c2 = -1, crs;
+  const void *s8[2] = {&c1, &c2};
+  tnt__reduce_many(&crs, s8, 2, 1, TNT_INT8, TNT_SUM, 1);
+  assert_int_equal(crs, 127);
+  tnt__reduce_many(&crs, s8, 2, 1, TNT_INT8, TNT_MAX, 1);
+  assert_int_equal(crs, -1);
+  uint8_t u1 = 255, u2 = 2, urs;
+  const void *su[2] = {&u1, &u2};
+  tnt__reduce_many(&urs, su, 2, 1, TNT_UINT8, TNT_SUM, 1);
+  assert_int_equal(urs, 1);
+  tnt__reduce_many(&urs, su, 2, 1, TNT_UINT8, TNT_MIN, 1);
+  assert_int_equal(urs, 2);
+  /* A divisor beyond the type's range divides, it is not wrapped into it:
+   * 100 / 300 == 0 in int8, not 100 / 44. */
+  int8_t big = 100;
+  tnt__reduce_finish(&big, 1, TNT_INT8, TNT_AVERAGE, 300);
+  assert_int_equal(big, 0);
   /* Half sums accumulate in float and round once: 2048 + 1 + 1 in half
    * rounds 2049 to 2048 if done pairwise, but 2050 is exact. */
   uint16_t h2048 = tnt__float_to_half(2048.0f), h1 = tnt__float_to_half(1.0f), hr;

@@ -62,12 +62,18 @@ static void test_dtype_sizes_and_names(void **state) {
   assert_int_equal(tnt_dtype_size(TNT_BFLOAT16), 2);
   assert_int_equal(tnt_dtype_size(TNT_INT32), 4);
   assert_int_equal(tnt_dtype_size(TNT_INT64), 8);
+  assert_int_equal(tnt_dtype_size(TNT_INT8), 1);
+  assert_int_equal(tnt_dtype_size(TNT_INT16), 2);
+  assert_int_equal(tnt_dtype_size(TNT_UINT8), 1);
   assert_string_equal(tnt_dtype_name(TNT_FLOAT32), "float32");
   assert_string_equal(tnt_dtype_name(TNT_FLOAT64), "float64");
   assert_string_equal(tnt_dtype_name(TNT_FLOAT16), "float16");
   assert_string_equal(tnt_dtype_name(TNT_BFLOAT16), "bfloat16");
   assert_string_equal(tnt_dtype_name(TNT_INT32), "int32");
   assert_string_equal(tnt_dtype_name(TNT_INT64), "int64");
+  assert_string_equal(tnt_dtype_name(TNT_INT8), "int8");
+  assert_string_equal(tnt_dtype_name(TNT_INT16), "int16");
+  assert_string_equal(tnt_dtype_name(TNT_UINT8), "uint8");
   for (int a = 0; a < TNT_DTYPE_COUNT; a++) {
     for (int b = 0; b < a; b++) {
       assert_string_not_equal(tnt_dtype_name((tnt_dtype_t)a), tnt_dtype_name((tnt_dtype_t)b));

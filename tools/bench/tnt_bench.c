@@ -484,6 +484,15 @@ static void store_value(void *buf, tnt_dtype_t dtype, size_t i, int64_t v) {
     case TNT_INT32:
       ((int32_t *)buf)[i] = (int32_t)v;
       break;
+    case TNT_INT8:
+      ((int8_t *)buf)[i] = (int8_t)v;
+      break;
+    case TNT_INT16:
+      ((int16_t *)buf)[i] = (int16_t)v;
+      break;
+    case TNT_UINT8:
+      ((uint8_t *)buf)[i] = (uint8_t)v;
+      break;
     default:
       ((int64_t *)buf)[i] = v;
       break;
@@ -502,6 +511,12 @@ static double load_value(const void *buf, tnt_dtype_t dtype, size_t i) {
       return bfloat16_to_float(((const uint16_t *)buf)[i]);
     case TNT_INT32:
       return ((const int32_t *)buf)[i];
+    case TNT_INT8:
+      return ((const int8_t *)buf)[i];
+    case TNT_INT16:
+      return ((const int16_t *)buf)[i];
+    case TNT_UINT8:
+      return ((const uint8_t *)buf)[i];
     default:
       return (double)((const int64_t *)buf)[i];
   }
@@ -538,6 +553,12 @@ static int64_t exact_integer_limit(tnt_dtype_t dtype) {
       return INT64_C(1) << 53;
     case TNT_INT32:
       return INT32_MAX;
+    case TNT_INT8:
+      return INT8_MAX;
+    case TNT_INT16:
+      return INT16_MAX;
+    case TNT_UINT8:
+      return UINT8_MAX;
     default:
       return INT64_MAX;
   }
@@ -1096,6 +1117,15 @@ static void setup_mpi_peer(bench_t *b) {
       break;
     case TNT_INT64:
       b->mpi_type = MPI_INT64_T;
+      break;
+    case TNT_INT8:
+      b->mpi_type = MPI_INT8_T;
+      break;
+    case TNT_INT16:
+      b->mpi_type = MPI_INT16_T;
+      break;
+    case TNT_UINT8:
+      b->mpi_type = MPI_UINT8_T;
       break;
     default:
       b->mpi_type = MPI_UINT16_T;
