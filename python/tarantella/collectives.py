@@ -15,28 +15,25 @@ import tensorflow as tf
 from tarantella import _core
 from tarantella import runtime
 
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64",
+           "uint8")
 _OPS = ("sum", "average", "min", "max")
 
 
 def _leaves(value, what):
     """The leaves of `value` in order, as (kind, array) pairs; TypeError for
-    what cannot travel."""
+    what cannot travel. Empty lists, dicts and arrays are values like any
+    other: an empty container has no leaves, an empty array is a leaf of
+    no elements."""
     if isinstance(value, dict):
-        if not value:
-            raise TypeError(f"{what}: an empty dict has nothing to communicate")
         return [leaf for k in value for leaf in _leaves(value[k], what)]
     if isinstance(value, (list, tuple)):
-        if not value:
-            raise TypeError(f"{what}: an empty list has nothing to communicate")
         return [leaf for v in value for leaf in _leaves(v, what)]
     if isinstance(value, bool) or not (isinstance(value, (numbers.Number, np.ndarray, np.generic))
                                        or tf.is_tensor(value)):
         raise TypeError(f"{what}: {type(value).__name__} values cannot be communicated; give "
                         "numbers, NumPy arrays, TensorFlow tensors, or lists and dicts of them")
     array = np.array(value.numpy() if tf.is_tensor(value) else value, copy=True)
-    if array.size == 0:
-        raise TypeError(f"{what}: an empty array has nothing to communicate")
     if array.dtype.name not in _DTYPES:
         raise TypeError(f"{what}: arrays of {array.dtype.name} cannot be communicated; use one "
                         f"of {', '.join(_DTYPES)}")
@@ -98,7 +95,7 @@ class TensorAllreducer(_Collective):
     def allreduce(self, inputs):
         leaves = self._checked(inputs)
         for _, array in leaves:
-            _core.allreduce(array, op=self.reduction_op)
+            _core.allreduce(array, op=self.reduction_op, dtype=array.dtype.name)
         return _rebuild(inputs, iter(leaves))
 
 
@@ -123,7 +120,7 @@ class TensorBroadcaster(_Collective):
             inputs = self._template
         leaves = self._checked(inputs)
         for _, array in leaves:
-            _core.broadcast(array, root=self.root_rank)
+            _core.broadcast(array, root=self.root_rank, dtype=array.dtype.name)
         return _rebuild(self._template, iter(leaves))
 
 
@@ -145,6 +142,7 @@ class TensorAllgatherer(_Collective):
         gathered = []
         for i, (_, array) in enumerate(leaves):
             out = np.empty(int(counts[:, i].sum()), dtype=array.dtype)
-            _core.allgatherv(array.reshape(-1), out, [int(c) for c in counts[:, i]])
+            _core.allgatherv(array.reshape(-1), out, [int(c) for c in counts[:, i]],
+                             dtype=array.dtype.name)
             gathered.append(("array", out))
         return _rebuild(inputs, iter(gathered))

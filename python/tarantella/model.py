@@ -42,6 +42,7 @@ runs through the stages, and BackupAndRestore backs each stage up on its
 own.
 """
 import contextlib
+import copy
 import hashlib
 import os
 
@@ -192,7 +193,10 @@ class Model(keras.Model, metaclass=_ModelType):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """A tnt.Model with the architecture in `config` (get_config())."""
+        """A tnt.Model with the architecture in `config` (get_config()).
+        `config` stays as it was: Keras's deserializers take a functional
+        model's config apart, so they are given a copy."""
+        config = copy.deepcopy(config)
         if cls is not Model:
             return distributed(cls._tnt_base.from_config(config, custom_objects=custom_objects))
         runtime.require_init()

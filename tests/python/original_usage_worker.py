@@ -1,6 +1,7 @@
 """Programs for test_original_usage.py: code written for the original
 Tarantella (its test suite's usage, in Keras 3 spelling), run on the ranks
 of a Tarantella job. Each mode prints lines the tests check."""
+import copy
 import os
 import sys
 
@@ -78,72 +79,6 @@ def callbacks():
           sorted(history.history), len(history.history["loss"]))
 
 
-def collectives():
-    """4: tnt.TensorAllreducer, TensorBroadcaster, TensorAllgatherer."""
-    rank, size = tnt.get_rank(), tnt.get_size()
-    checks = {}
-    a = np.ones((35, 1), np.float32)
-    out = tnt.TensorAllreducer(a).allreduce(a)
-    checks["array"] = isinstance(out, np.ndarray) and np.array_equal(out, a * size)
-    value = float(rank)
-    out = tnt.TensorAllreducer(value).allreduce(value)
-    checks["scalar"] = isinstance(out, float) and out == sum(range(size))
-    mixed = [np.ones((238, 1), np.float32), np.ones((42, 1), np.float64)]
-    out = tnt.TensorAllreducer(mixed).allreduce(mixed)
-    checks["list"] = isinstance(out, list) and all(
-        np.array_equal(o, i * size) and o.dtype == i.dtype for o, i in zip(out, mixed))
-    nested = {"list_of_tensors": [np.full((4, 5), 3.29, np.float32)] * 3,
-              "single_tensor": np.full((2, 15, 4), 17.0, np.float64), "value": 4.2}
-    out = tnt.TensorAllreducer(nested).allreduce(nested)
-    checks["dict"] = (len(out["list_of_tensors"]) == 3
-                      and all(np.array_equal(t, size * nested["list_of_tensors"][0])
-                              for t in out["list_of_tensors"])
-                      and np.array_equal(out["single_tensor"], size * nested["single_tensor"])
-                      and out["value"] == 4.2 * size)
-    t = tf.constant(np.ones((11, 12), np.float32))
-    out = tnt.TensorAllreducer(t).allreduce(t)
-    checks["tensor"] = tf.is_tensor(out) and np.array_equal(out.numpy(), t.numpy() * size)
-    mine = np.array([rank + 1, -rank], np.int64)
-    expected = {"sum": [size * (size + 1) // 2, -sum(range(size))],
-                "min": [1, -(size - 1)], "max": [size, 0]}
-    for op in ("sum", "min", "max"):
-        out = tnt.TensorAllreducer(mine, reduction_op=op).allreduce(mine)
-        checks[f"op {op}"] = out.tolist() == expected[op]
-    f = np.array([rank + 1.0], np.float64)
-    out = tnt.TensorAllreducer(f, reduction_op="average").allreduce(f)
-    checks["op average"] = out.tolist() == [(size + 1) / 2]
-    nan = np.ones(12, np.float32)
-    if rank == size - 1:
-        nan[7] = np.nan
-    checks["nan"] = bool(np.isnan(tnt.TensorAllreducer(nan).allreduce(nan)[7]))
-    root = size - 1
-    b = np.random.default_rng(42).random((5, 7)).astype(np.float32)
-    caster = tnt.TensorBroadcaster(b, root)
-    out = caster.broadcast(b) if rank == root else caster.broadcast()
-    checks["broadcast array"] = isinstance(out, np.ndarray) and np.array_equal(out, b)
-    inputs = 3 * [3 * [b if rank == 0 else np.zeros_like(b)]] + [35 if rank == 0 else 0]
-    caster = tnt.TensorBroadcaster(inputs, 0)
-    out = caster.broadcast(inputs) if rank == 0 else caster.broadcast()
-    checks["broadcast list of lists"] = (isinstance(out, list) and out[-1] == 35 and all(
-        np.array_equal(x, b) for inner in out[:-1] for x in inner))
-    g = np.ones((2, 1), np.float32)
-    out = tnt.TensorAllgatherer(g).allgather(g)
-    checks["allgather array"] = np.array_equal(out, np.ones(2 * size, np.float32))
-    out = tnt.TensorAllgatherer(50).allgather(50)
-    checks["allgather scalar"] = np.array_equal(out, np.full(size, 50))
-    uneven = np.full(rank + 1, rank, np.int32)
-    out = tnt.TensorAllgatherer(uneven).allgather(uneven)
-    checks["allgather uneven"] = out.tolist() == [r for r in range(size) for _ in range(r + 1)]
-    for bad in (np.empty(0, np.float32), [], "sample input"):
-        try:
-            tnt.TensorAllreducer(bad)
-            checks[f"TypeError for {bad!r}"] = False
-        except TypeError:
-            checks[f"TypeError for {bad!r}"] = True
-    failed = [k for k, ok in checks.items() if not ok]
-    print(f"rank {rank} collectives: {len(checks)} checks, failed {failed}")
-
-
 def save_uncompiled(out):
     """5: save before compile; plain Keras loads the file."""
     model = tnt.Model(mlp())
@@ -216,6 +151,30 @@ def wrap():
         w.fit(x, data()[1], batch_size=16, epochs=1, verbose=0)
         print(kind, "after fit user model uncompiled", not m.compiled,
               "same predictions", np.allclose(m.predict(x, verbose=0), w.predict(x, verbose=0)))
+
+
+def from_config_twice():
+    """11: every from_config entry point leaves the config it is given as
+    it was, so it can be called twice on one dict."""
+    x = data()[0]
+    seq = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+    sub = Subclassed()
+    sub(x[:1])
+    for kind, m in (("Functional", mlp()), ("Sequential", seq), ("Subclassed", sub)):
+        w = tnt.Model(m)
+        config = (keras.saving.serialize_keras_object(w) if kind == "Subclassed"
+                  else w.get_config())
+        entry_points = {"tnt.Model.from_config": tnt.Model.from_config,
+                        "tnt.models.model_from_config": tnt.models.model_from_config}
+        if kind != "Subclassed":
+            entry_points["type(w).from_config"] = type(w).from_config
+        if kind == "Sequential":
+            entry_points["tnt.Sequential.from_config"] = tnt.Sequential.from_config
+        for how, from_config in entry_points.items():
+            snapshot = copy.deepcopy(config)
+            models = [from_config(config) for _ in range(2)]
+            print(kind, how, "twice", config == snapshot,
+                  all(isinstance(r, tnt.Model) and r(x).shape == m(x).shape for r in models))
 
 
 def split_save(out):

@@ -4,6 +4,8 @@ original's test suite, in Keras 3 spelling), each a test here; the launcher's
 import os
 import sys
 
+import pytest
+
 from conftest import ROOT, mpirun_command, run
 
 WORKER = os.path.join(ROOT, "tests", "python", "original_usage_worker.py")
@@ -46,11 +48,16 @@ def test_explicit_progbar_prints_once_and_fit_returns_the_users_history(tmp_path
     has(lines, "fit returned the user's History True ['loss'] 3", 2)
 
 
-def test_tensor_collectives_in_the_originals_call_forms(tmp_path, python):
-    for n in (1, 3):
-        lines, _ = job(n, python, "collectives", tmp_path)
-        for r in range(n):
-            has(lines, f"rank {r} collectives: 18 checks, failed []")
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_the_originals_collectives_suite(nranks, python):
+    """The original's tensor_allreducer/broadcaster/allgatherer tests
+    (original_collectives_cases.py), run by pytest on every rank."""
+    cases = os.path.join(ROOT, "tests", "python", "original_collectives_cases.py")
+    proc = run(mpirun_command(nranks, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              cases), timeout=600)
+    summaries = [line for line in proc.stdout.splitlines() if " passed" in line]
+    assert len(summaries) == nranks and all(
+        "failed" not in line and "error" not in line for line in summaries), proc.stdout[-3000:]
 
 
 def test_save_before_compile_and_pipelined_cuts_load_in_plain_keras(tmp_path, python):
@@ -90,6 +97,16 @@ def test_wrapping_leaves_the_users_model_and_round_trips_through_keras(tmp_path,
         has(lines, f"{kind} keras clone_model {cls} True {kind == 'Functional'} True")
         has(lines, f"{kind} keras model_from_json plain True")
         has(lines, f"{kind} after fit user model uncompiled True same predictions True")
+
+
+def test_from_config_leaves_its_argument_and_can_be_called_twice(tmp_path, python):
+    lines, _ = job(1, python, "from_config_twice", tmp_path)
+    for kind in ("Functional", "Sequential", "Subclassed"):
+        has(lines, f"{kind} tnt.Model.from_config twice True True")
+        has(lines, f"{kind} tnt.models.model_from_config twice True True")
+    for kind in ("Functional", "Sequential"):
+        has(lines, f"{kind} type(w).from_config twice True True")
+    has(lines, "Sequential tnt.Sequential.from_config twice True True")
 
 
 def test_init_is_optional(tmp_path, python):
