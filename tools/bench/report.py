@@ -197,10 +197,12 @@ NEXT_STEPS = {
              "as on a 100 Gbit/s network with CPU reductions, and below 64 KiB loses at 10 and "
              "400 Gbit/s (0.76x and 0.70x), and runs the ring where free reductions make it "
              "the worse choice (docs/performance.md, \"At scale\").",
-    "scale_validation": "the 2x2 measurements ran four ranks and the kernel's TCP on 2 cores, "
-                        "which the simulation does not model; at 10 Gbit/s the measured ring "
-                        "beat the TCP stream rate the simulated link is set to. Next: measure "
-                        "on hosts with a core per rank.",
+    "scale_validation": "at 1 Gbit/s the measured runs are network-bound when the machine "
+                        "is otherwise idle; a miss there comes with a high load before the "
+                        "run (the table's column): other work took the cores that four ranks "
+                        "and the kernel's TCP share. Next: measure again on an idle machine. "
+                        "The 10 Gbit/s rows are CPU-bound on 2 cores and only informational; "
+                        "validating them needs hosts with a core per rank.",
     "allreduce": "where the ratio is low, compare Tarantella's bus bandwidth with the memcpy "
                  "column: on one host the shared-memory allreduce is memory bound, and with "
                  "more ranks than cores every synchronisation waits for a scheduler slice. Next: "

