@@ -92,41 +92,21 @@ static int dtype_of_format(const Py_buffer *v, tnt_dtype_t *out) {
     ++f;
   }
   if (f[0] == '\0' || f[1] != '\0') return -1;
-  switch (f[0]) {
-    case 'f':
-      *out = TNT_FLOAT32;
-      return v->itemsize == 4 ? 0 : -1;
-    case 'd':
-      *out = TNT_FLOAT64;
-      return v->itemsize == 8 ? 0 : -1;
-    case 'e':
-      *out = TNT_FLOAT16;
-      return v->itemsize == 2 ? 0 : -1;
-    case 'b':
-      *out = TNT_INT8;
-      return v->itemsize == 1 ? 0 : -1;
-    case 'B':
-      *out = TNT_UINT8;
-      return v->itemsize == 1 ? 0 : -1;
-    case 'h':
-      *out = TNT_INT16;
-      return v->itemsize == 2 ? 0 : -1;
-    case 'i':
-    case 'l':
-    case 'q':
-      /* C's int and long differ in size between platforms: go by size. */
-      if (v->itemsize == 4) {
-        *out = TNT_INT32;
-        return 0;
-      }
-      if (v->itemsize == 8) {
-        *out = TNT_INT64;
-        return 0;
-      }
-      return -1;
-    default:
-      return -1;
+  /* The formats of one size each; C's int and long differ in size between
+   * platforms, so those go by size. */
+  static const struct {
+    char format;
+    tnt_dtype_t dtype;
+  } kFormats[] = {{'f', TNT_FLOAT32}, {'d', TNT_FLOAT64}, {'e', TNT_FLOAT16},
+                  {'b', TNT_INT8},    {'B', TNT_UINT8},   {'h', TNT_INT16}};
+  for (size_t k = 0; k < sizeof kFormats / sizeof kFormats[0]; ++k) {
+    if (f[0] != kFormats[k].format) continue;
+    *out = kFormats[k].dtype;
+    return (size_t)v->itemsize == tnt_dtype_size(*out) ? 0 : -1;
   }
+  if (strchr("ilq", f[0]) == NULL || (v->itemsize != 4 && v->itemsize != 8)) return -1;
+  *out = v->itemsize == 4 ? TNT_INT32 : TNT_INT64;
+  return 0;
 }
 
 /* PyObject_GetBuffer failed on `obj`: replaces the exporter's error with

@@ -193,7 +193,6 @@ PyDoc_STRVAR(allgatherv_doc,
              "elements start at sum(counts[:r]). Every rank passes the same counts, one\n"
              "entry per rank, and a writable recv of sum(counts) elements. Returns recv.");
 
-
 static PyObject *core_allgatherv(PyObject *module, PyObject *args, PyObject *kwargs) {
   (void)module;
   static const char call[] = "allgatherv";
