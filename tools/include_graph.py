@@ -2,7 +2,7 @@
 """The include graph of libtnt: which layer includes which, and a check that
 the library reads top-down.
 
-libtnt's layers, from the top: api -> engine -> fusion -> collectives ->
+libtnt's layers, from the top: api -> fusion -> engine -> collectives ->
 transport -> util (src/<layer>/). A file may include headers of its own
 layer and of the layers below it, never above, and no two headers may
 include each other, however indirectly. Prints the graph between layers
@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-LAYERS = ["api", "engine", "fusion", "collectives", "transport", "util"]
+LAYERS = ["api", "fusion", "engine", "collectives", "transport", "util"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

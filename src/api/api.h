@@ -4,8 +4,8 @@
  * group.c, the collectives and point-to-point calls in collectives.c,
  * tnt_request_* in request.c, tnt_fusion_* in fusion.c, tnt_timeline_* in
  * timeline.c, names and tnt_last_error in status.c). The layers below
- * (engine, collectives, transport, util) are internal and never call
- * back up.
+ * (fusion, engine, collectives, transport, util) are internal and never
+ * call back up.
  *
  * The error contract. Every public call that returns a tnt_status_t clears
  * the calling thread's message when it starts (tnt__error_clear) and ends

@@ -10,17 +10,9 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/collectives.h"
 #include "util/reduce.h"
 
 /* ---------------------------------------------------- work functions */
-
-static tnt_status_t allreduce_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
-  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLREDUCE, work->bytes);
-  work->algorithm = a->name;
-  return a->fn.allreduce(work->comm, work->sendbuf, work->recvbuf, work->count, work->dtype,
-                         work->op, w);
-}
 
 static tnt_status_t broadcast_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
   const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_BROADCAST, work->bytes);
@@ -64,29 +56,14 @@ static tnt_status_t check_rank(const char *call, const tnt_group_t *g, int rank,
   return TNT_OK;
 }
 
-/* A request on group g for the work that `proto` describes, labelled
- * "<call> of <bytes> bytes" unless proto has a label. */
+/* A request on group g for the work that `proto` describes. */
 static tnt_status_t new_work(tnt_group_t *g, const tnt__work_t *proto, tnt_request_t **out) {
-  TNT_CHECK(tnt__request_new(tnt__context_engine(g->ctx), out));
-  tnt__work_t *work = &(*out)->work;
-  *work = *proto;
-  work->comm = g->comm;
-  if (work->label[0] == '\0') {
-    snprintf(work->label, sizeof work->label, "%s of %zu bytes", work->call, work->bytes);
-  }
-  return TNT_OK;
+  return tnt__engine_work(tnt__context_engine(g->ctx), g->comm, proto, out);
 }
 
 /* Submits a non-blocking request, or runs a blocking one. */
 static tnt_status_t submit(tnt_group_t *g, tnt_request_t *req, tnt_request_t **out) {
-  tnt__engine_t *e = tnt__context_engine(g->ctx);
-  if (out == NULL) {
-    return req->work.kind == TNT__WORK_RUN ? tnt__engine_run(e, req)
-                                           : tnt__engine_submit_wait(e, req);
-  }
-  tnt__engine_submit(e, req);
-  *out = req;
-  return TNT_OK;
+  return tnt__engine_post(tnt__context_engine(g->ctx), req, out);
 }
 
 /* The public end of call `call` on group g (which may be NULL). */
@@ -96,31 +73,23 @@ static tnt_status_t end(const char *call, const tnt_group_t *g, tnt_status_t st)
 
 /* ---------------------------------------------------------- allreduce */
 
-tnt_status_t tnt__allreduce_submit(tnt_group_t *g, const void *sendbuf, void *recvbuf,
-                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                   const char *label, long bucket, tnt_request_t **req) {
+/* tnt_iallreduce, or tnt_allreduce with req == NULL. */
+static tnt_status_t allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                              tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req) {
   static const char call[] = "allreduce";
   TNT_CHECK(check_common(call, g, dtype, count));
   if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, count, "recvbuf"));
-  tnt__work_t work = {
-      .kind = TNT__WORK_RUN, .run = allreduce_run, .call = call, .bucket = bucket,
-      .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count, .dtype = dtype, .op = op,
-      .bytes = count * tnt__dtype_size(dtype),
-      .sig = {.count = count, .kind = TNT__COLL_ALLREDUCE, .dtype = (uint8_t)dtype,
-              .op = (uint8_t)op, .set = 1}};
-  if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
-  tnt_request_t *r = NULL;
-  TNT_CHECK(new_work(g, &work, &r));
-  return submit(g, r, req);
+  return tnt__engine_allreduce(tnt__context_engine(g->ctx), g->comm, sendbuf, recvbuf, count,
+                               dtype, op, NULL, -1, req);
 }
 
 tnt_status_t tnt_allreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
                            tnt_dtype_t dtype, tnt_op_t op) {
   tnt__error_clear();
   return end("tnt_allreduce", g,
-             tnt__allreduce_submit(g, sendbuf, recvbuf, count, dtype, op, NULL, -1, NULL));
+             allreduce(g, sendbuf, recvbuf, count, dtype, op, NULL));
 }
 
 tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
@@ -128,7 +97,7 @@ tnt_status_t tnt_iallreduce(tnt_group_t *g, const void *sendbuf, void *recvbuf, 
   static const char call[] = "tnt_iallreduce";
   tnt__error_clear();
   if (req == NULL) return tnt__api_invalid(call, "req is NULL");
-  return end(call, g, tnt__allreduce_submit(g, sendbuf, recvbuf, count, dtype, op, NULL, -1, req));
+  return end(call, g, allreduce(g, sendbuf, recvbuf, count, dtype, op, req));
 }
 
 const char *tnt_allreduce_algorithm(const tnt_group_t *g, size_t bytes) {

@@ -136,13 +136,13 @@ static tnt_status_t hier_allreduce(tnt__comm_t *c, const void *sendbuf, void *re
       if (b < nblocks) {
         const size_t off = b * block, n = TNT__MIN(block, count - off);
         const tnt__algo_t *across = tnt__algo_choose(&c->cross_allreduce, n * esz);
-        if (across == &tnt__allreduce_rd) {
-          TNT_CHECK_GOTO(tnt__rd_allreduce(c->cross, dst + off * esz, n, dtype, sum_op, w), st,
-                         out);
-        } else if (across == &tnt__allreduce_rabenseifner) {
+        if (across == &tnt__allreduce_rd || across == &tnt__allreduce_rabenseifner) {
+          const tnt__participants_fn among = across == &tnt__allreduce_rd
+                                                 ? tnt__rd_exchanges
+                                                 : tnt__rabenseifner_exchanges;
+          uint8_t *part = dst + off * esz;
           TNT_CHECK_GOTO(
-              tnt__rabenseifner_allreduce(c->cross, dst + off * esz, n, dtype, sum_op, w), st,
-              out);
+              tnt__allreduce_folded(c->cross, part, part, n, dtype, sum_op, among, w), st, out);
         } else {
           TNT_CHECK_GOTO(
               tnt__ring_start(&ring, c->cross, &c->ring, dst + off * esz, n, dtype, sum_op), st,

@@ -54,7 +54,7 @@ static void blocks(size_t count, size_t esz, int p, int b0, int b1, size_t *lo, 
   *hi = block_start(count, esz, p, b1);
 }
 
-static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
+tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
                                       size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
                                       int extra, int v, const tnt__wait_ctx_t *w) {
   const size_t esz = tnt__dtype_size(dtype);
@@ -86,17 +86,11 @@ static tnt_status_t halve_then_double(tnt__transport_t *t, uint8_t *buf, uint8_t
   return TNT_OK;
 }
 
-tnt_status_t tnt__rabenseifner_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
-                                         tnt_dtype_t dtype, tnt_op_t op,
-                                         const tnt__wait_ctx_t *w) {
-  return tnt__allreduce_folded(t, recvbuf, count, dtype, op, halve_then_double, w);
-}
-
 static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                            size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                            const tnt__wait_ctx_t *w) {
-  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
-  return tnt__rabenseifner_allreduce(c->t, recvbuf, count, dtype, op, w);
+  return tnt__allreduce_folded(c->t, sendbuf, recvbuf, count, dtype, op,
+                               tnt__rabenseifner_exchanges, w);
 }
 
 const tnt__algo_t tnt__allreduce_rabenseifner = {

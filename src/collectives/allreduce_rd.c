@@ -21,11 +21,12 @@ static int rd_usable(const tnt__comm_t *c) {
 
 int tnt__participant_rank(int v, int extra) { return v < extra ? v * 2 + 1 : v + extra; }
 
-tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, void *recvbuf, size_t count,
-                                   tnt_dtype_t dtype, tnt_op_t op, tnt__participants_fn among,
-                                   const tnt__wait_ctx_t *w) {
+tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, void *recvbuf,
+                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                   tnt__participants_fn among, const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
   const size_t bytes = count * tnt__dtype_size(dtype);
+  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
   if (n == 1 || count == 0) {
     tnt__reduce_finish(recvbuf, count, dtype, op, n);
     return TNT_OK;
@@ -55,9 +56,9 @@ out:
 }
 
 /* Exchanges of the whole vector with the participants at distance 1, 2, 4... */
-static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
-                             tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
-                             const tnt__wait_ctx_t *w) {
+tnt_status_t tnt__rd_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
+                               tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
+                               const tnt__wait_ctx_t *w) {
   const size_t bytes = count * tnt__dtype_size(dtype);
   for (int mask = 1; mask < p; mask <<= 1) {
     const int peer = tnt__participant_rank(v ^ mask, extra);
@@ -67,16 +68,10 @@ static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, si
   return TNT_OK;
 }
 
-tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *recvbuf, size_t count,
-                               tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
-  return tnt__allreduce_folded(t, recvbuf, count, dtype, op, doubling, w);
-}
-
 static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                  size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                  const tnt__wait_ctx_t *w) {
-  if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
-  return tnt__rd_allreduce(c->t, recvbuf, count, dtype, op, w);
+  return tnt__allreduce_folded(c->t, sendbuf, recvbuf, count, dtype, op, tnt__rd_exchanges, w);
 }
 
 const tnt__algo_t tnt__allreduce_rd = {

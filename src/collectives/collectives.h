@@ -213,25 +213,28 @@ tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg
  * their vector to the odd one next to them and sit out until it sends them
  * the result. `among` runs the exchanges on participant v (buf holds its
  * vector, tmp room for a whole one); the frame then takes the average, if
- * any, and hands results back. tnt__participant_rank is participant v's rank.
+ * any (AVERAGE divides by t->size), and hands results back. sendbuf is
+ * copied into recvbuf first unless they are the same. tnt__participant_rank
+ * is participant v's rank.
  */
 typedef tnt_status_t (*tnt__participants_fn)(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
                                              size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                              int p, int extra, int v,
                                              const tnt__wait_ctx_t *w);
-tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, void *buf, size_t count,
-                                   tnt_dtype_t dtype, tnt_op_t op, tnt__participants_fn among,
-                                   const tnt__wait_ctx_t *w);
+tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, void *recvbuf,
+                                   size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                   tnt__participants_fn among, const tnt__wait_ctx_t *w);
 int tnt__participant_rank(int v, int extra);
 
-/* In-place recursive doubling and Rabenseifner's allreduce over transport
- * `t` (allreduce_rd.c, allreduce_rabenseifner.c); AVERAGE divides by
- * t->size. Used directly by the hierarchy for the step across hosts. */
-tnt_status_t tnt__rd_allreduce(tnt__transport_t *t, void *buf, size_t count, tnt_dtype_t dtype,
-                               tnt_op_t op, const tnt__wait_ctx_t *w);
-tnt_status_t tnt__rabenseifner_allreduce(tnt__transport_t *t, void *buf, size_t count,
-                                         tnt_dtype_t dtype, tnt_op_t op,
-                                         const tnt__wait_ctx_t *w);
+/* The exchanges of recursive doubling and of Rabenseifner's algorithm
+ * (allreduce_rd.c, allreduce_rabenseifner.c), for tnt__allreduce_folded;
+ * the hierarchy runs them directly for its step across hosts. */
+tnt_status_t tnt__rd_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
+                               tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
+                               const tnt__wait_ctx_t *w);
+tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
+                                         size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
+                                         int extra, int v, const tnt__wait_ctx_t *w);
 
 /* A position in a ring's sequence of transfers: step k and segment j of the
  * chunk of that step. Positions run in (k, j) order; k == steps is the end. */

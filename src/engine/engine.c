@@ -26,7 +26,8 @@
  *
  * The engine does not know the context, groups or fusion sets above it:
  * work items carry a function and its arguments, and the engine calls back
- * into nothing but them.
+ * into nothing but them. The one work item it describes itself is the
+ * allreduce, which both the API and the fusion runtime submit.
  */
 #include "engine/engine.h"
 
@@ -418,6 +419,52 @@ tnt_status_t tnt__engine_call(tnt__engine_t *e, tnt__comm_t *comm, const char *l
   req->work.bucket = -1;
   snprintf(req->work.label, sizeof req->work.label, "%s", label);
   return tnt__engine_run(e, req);
+}
+
+/* ---------------------------------------------------------- work items */
+
+tnt_status_t tnt__engine_work(tnt__engine_t *e, tnt__comm_t *comm, const tnt__work_t *proto,
+                              tnt_request_t **out) {
+  TNT_CHECK(tnt__request_new(e, out));
+  tnt__work_t *work = &(*out)->work;
+  *work = *proto;
+  work->comm = comm;
+  if (work->label[0] == '\0') {
+    snprintf(work->label, sizeof work->label, "%s of %zu bytes", work->call, work->bytes);
+  }
+  return TNT_OK;
+}
+
+tnt_status_t tnt__engine_post(tnt__engine_t *e, tnt_request_t *req, tnt_request_t **out) {
+  if (out == NULL) {
+    return req->work.kind == TNT__WORK_RUN ? tnt__engine_run(e, req)
+                                           : tnt__engine_submit_wait(e, req);
+  }
+  tnt__engine_submit(e, req);
+  *out = req;
+  return TNT_OK;
+}
+
+static tnt_status_t allreduce_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLREDUCE, work->bytes);
+  work->algorithm = a->name;
+  return a->fn.allreduce(work->comm, work->sendbuf, work->recvbuf, work->count, work->dtype,
+                         work->op, w);
+}
+
+tnt_status_t tnt__engine_allreduce(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                   void *recvbuf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                   const char *label, long bucket, tnt_request_t **req) {
+  tnt__work_t work = {
+      .kind = TNT__WORK_RUN, .run = allreduce_run, .call = "allreduce", .bucket = bucket,
+      .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count, .dtype = dtype, .op = op,
+      .bytes = count * tnt__dtype_size(dtype),
+      .sig = {.count = count, .kind = TNT__COLL_ALLREDUCE, .dtype = (uint8_t)dtype,
+              .op = (uint8_t)op, .set = 1}};
+  if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
+  tnt_request_t *r = NULL;
+  TNT_CHECK(tnt__engine_work(e, comm, &work, &r));
+  return tnt__engine_post(e, r, req);
 }
 
 /* ---------------------------------------------------------- life cycle */

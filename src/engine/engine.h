@@ -2,10 +2,11 @@
  * The engine: the executor of a context's communication, and the keeper of
  * its failure record. See engine.c for the threading design.
  *
- * The engine knows nothing of contexts, groups or fusion sets: the API
- * layer (src/api) describes each operation as a work item, a function and
- * its arguments, and the engine runs it in submission order. Below the
- * engine are the collectives (src/collectives) that work items call.
+ * The engine knows nothing of contexts, groups or fusion sets: the layers
+ * above (src/api, src/fusion) describe each operation as a work item, a
+ * function and its arguments, and the engine runs it in submission order.
+ * Below the engine are the collectives (src/collectives) that work items
+ * call.
  */
 #ifndef TNT_ENGINE_ENGINE_H
 #define TNT_ENGINE_ENGINE_H
@@ -119,5 +120,23 @@ tnt_status_t tnt__engine_submit_wait(tnt__engine_t *e, tnt_request_t *req);
  * a group's communicator over `comm`. */
 tnt_status_t tnt__engine_call(tnt__engine_t *e, tnt__comm_t *comm, const char *label,
                               tnt__work_fn fn, void *arg);
+
+/* ---------------------------------------------------------- work items */
+
+/* A request on `comm` for the work that `proto` describes, labelled
+ * "<call> of <bytes> bytes" unless proto has a label; references as
+ * tnt__request_new. */
+tnt_status_t tnt__engine_work(tnt__engine_t *e, tnt__comm_t *comm, const tnt__work_t *proto,
+                              tnt_request_t **out);
+/* Submits `req` with *out as the caller's reference, or, with out == NULL,
+ * runs it blocking (tnt__engine_run, or tnt__engine_submit_wait for
+ * point-to-point work) and returns its status. */
+tnt_status_t tnt__engine_post(tnt__engine_t *e, tnt_request_t *req, tnt_request_t **out);
+/* An allreduce on `comm` labelled `label` (NULL: "allreduce of N bytes")
+ * for fusion bucket `bucket` (-1: none), posted as tnt__engine_post does.
+ * Checks nothing: the caller has validated the arguments. */
+tnt_status_t tnt__engine_allreduce(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                   void *recvbuf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                   const char *label, long bucket, tnt_request_t **req);
 
 #endif
