@@ -684,7 +684,7 @@ def across_epochs(dataset, steps_per_execution=1):
     that epoch reads; the dropped one is never read), so that a shuffle
     that reshuffles on each iteration draws the orders that it draws in
     plain Keras, and nothing reads ahead across an epoch's end. The last
-    epoch's dropped iterator is the caller's to make (resume.py)."""
+    epoch's dropped iterator is the caller's to make (backup/position.py)."""
     batches = tf.get_static_value(dataset.cardinality())
     specs = tf.nest.flatten(dataset.element_spec)
     if (batches is None or batches <= 0 or batches % steps_per_execution or

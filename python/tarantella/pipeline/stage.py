@@ -35,7 +35,7 @@ stage only (weights.py); whole() gives it every stage's weights, copied
 from the ranks that train them, for as long as its weights are read
 (get_weights), and frees them afterwards. save and save_weights, and so
 ModelCheckpoint, stream the stages to the writer instead (checkpoint.py),
-BackupAndRestore backs each stage up on its own (resume.py), and predict
+BackupAndRestore backs each stage up on its own (backup/), and predict
 runs through the stages.
 """
 import weakref
