@@ -66,11 +66,11 @@ _USED = (
     ("Function._nodes_by_depth", "functional", "_nodes_by_depth"),
     ("Node.output_tensors", "node", "output_tensors"),
     # A pipeline stage's SGD updates a variable and its momentum in one
-    # fused kernel (optimizers.update_in_place); which momentum is the
+    # fused kernel (pipeline/in_place.py); which momentum is the
     # variable's, Keras's update_step finds through this alone.
     ("Optimizer._get_variable_index", keras.optimizers.SGD, "_get_variable_index"),
     # A pipeline stage's Adam runs Keras's update of a variable and its
-    # moments one part after the other (optimizers.py); Keras keeps the
+    # moments one part after the other (pipeline/in_place.py); Keras keeps the
     # moments only in these.
     ("Adam._momentums", "adam", "_momentums"),
     ("Adam._velocities", "adam", "_velocities"),

@@ -47,12 +47,12 @@ from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import ops
-from tarantella import optimizers
 from tarantella import runtime
 from tarantella import settings
 from tarantella import step
 from tarantella import subclass
 from tarantella.pipeline import autocut
+from tarantella.pipeline import in_place
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
 from tarantella.pipeline import weights as weights_lib
@@ -216,7 +216,7 @@ class Pipeline:
             # the stage's alone (checkpoint.py maps them for files).
             optimizer.build(self.trainable)
         if optimizer is not None:
-            optimizers.update_in_place(optimizer)
+            in_place.update_in_place(optimizer)
         output = self.partition.output  # the structure of the model's outputs
         # The loss keeps state (a metric per output) only for several outputs.
         several = len(tf.nest.flatten(output)) > 1
