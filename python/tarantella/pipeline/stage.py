@@ -270,7 +270,7 @@ class Pipeline:
         schedule = self.schedules[training]
         step_ = _Step(self, model, data, schedule, training, predicting)
         for action in schedule.actions[self.layout.stage]:
-            getattr(step_, action.kind.lower())(action)
+            step_.run(action)
         step_.count_output_losses()
         if step_.recompute:
             for s in self.stages:
@@ -363,9 +363,10 @@ class Pipeline:
 
 class _Step:
     """One step of this rank's schedule, traced: a method per kind of
-    action (schedule.py), and the state that the actions pass on, per
-    (stage, micro-batch). `after`: what the next transfer or pass waits
-    for, so that TensorFlow runs the actions in the list's order."""
+    action (schedule.Kind, dispatched by run), and the state that the
+    actions pass on, per (stage, micro-batch). `after`: what the next
+    transfer or pass waits for, so that TensorFlow runs the actions in the
+    list's order."""
 
     def __init__(self, pipeline, model, data, schedule, training, predicting=False):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -399,6 +400,10 @@ class _Step:
         self.recompute = training and pipeline.recompute
         self.kept_inputs, self.kept_seeds = {}, {}
 
+    def run(self, action):
+        """Runs `action` through the method of its kind."""
+        _ACTIONS[action.kind](self, action)
+
     def _specs(self, s):
         cuts = self.pipeline.partition.cut_specs
         return (cuts[s - 1] if s > 0 else None), (cuts[s] if s < self.last else None)
@@ -409,7 +414,7 @@ class _Step:
         return [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
                 if tf.as_dtype(spec[1]).is_floating]
 
-    def recv_f(self, action):
+    def recv_activations(self, action):
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
         peer, tag = self.schedule.transfer(action)
@@ -418,7 +423,7 @@ class _Step:
         self.after = []
         self.received[(s, i)] = inputs[0] if len(inputs) == 1 else inputs
 
-    def f(self, action):
+    def forward(self, action):
         s, i = action.stage, action.micro_batch
         n_i = self.sizes[i]
         scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), self.nf)
@@ -488,14 +493,14 @@ class _Step:
         if self.output_losses:
             internals.count_output_losses(self.model, self.output_losses, self.static_batch)
 
-    def send_f(self, action):
+    def send_activations(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
         peer, tag = self.schedule.transfer(action)
         self.after = [self.pipeline._send(o, spec[1], peer, tag)
                       for o, spec in zip(self.sending.pop((s, i)), out_specs)]
 
-    def recv_b(self, action):
+    def recv_gradients(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
         _, _, outputs, _ = self.saved[(s, i)]
@@ -508,7 +513,7 @@ class _Step:
                 self.after = []
         self.seeds[(s, i)] = seeds
 
-    def b(self, action):
+    def backward(self, action):
         s, i = action.stage, action.micro_batch
         tape, inputs, outputs, objective = self.saved.pop((s, i))
         # The stage's outputs are differentiated with the received
@@ -593,7 +598,7 @@ class _Step:
         self.grads[s] = grads
         self.after = list(grads)
 
-    def send_b(self, action):
+    def send_gradients(self, action):
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
         back = [spec for spec in in_specs if tf.as_dtype(spec[1]).is_floating]
@@ -637,3 +642,12 @@ def _label(schedule, s, i):
     """A pass's name on the timeline: the micro-batch, and the stage when
     a rank runs several."""
     return f"{i}" if schedule.num_stages == schedule.num_ranks else f"{i} of stage {s}"
+
+
+# The method of _Step that runs each kind of action.
+_ACTIONS = {schedule_lib.Kind.RECV_ACTIVATIONS: _Step.recv_activations,
+            schedule_lib.Kind.FORWARD: _Step.forward,
+            schedule_lib.Kind.SEND_ACTIVATIONS: _Step.send_activations,
+            schedule_lib.Kind.RECV_GRADIENTS: _Step.recv_gradients,
+            schedule_lib.Kind.BACKWARD: _Step.backward,
+            schedule_lib.Kind.SEND_GRADIENTS: _Step.send_gradients}
