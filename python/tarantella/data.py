@@ -114,7 +114,7 @@ def _distribute(dataset, micro_batch_size, what, parts, part, size):
     given = dataset
     info = batch_info(dataset)
     if micro_batch_size is not None:
-        if not runtime._is_whole_number(micro_batch_size) or micro_batch_size <= 0:
+        if not runtime.is_whole_number(micro_batch_size) or micro_batch_size <= 0:
             raise runtime.TarantellaError(
                 f"tnt_micro_batch_size={micro_batch_size!r} must be a positive whole number of "
                 "samples")
@@ -735,7 +735,7 @@ def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
     as Keras builds for `fit(x, y, batch_size=...)`."""
     if batch_size is None:
         batch_size = 32
-    if not runtime._is_whole_number(batch_size) or batch_size <= 0:
+    if not runtime.is_whole_number(batch_size) or batch_size <= 0:
         raise runtime.TarantellaError(
             f"batch_size={batch_size!r} must be a positive whole number of samples (the global "
             "batch size)")

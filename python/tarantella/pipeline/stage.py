@@ -102,8 +102,9 @@ class Pipeline:
     def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
         """`deferred`: the variables of a model built by
         weights.build_deferred, none of them allocated yet."""
-        if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
-              or num_micro_batches > MAX_MICRO_BATCHES):
+        if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
+                                              or num_micro_batches < 1
+                                              or num_micro_batches > MAX_MICRO_BATCHES):
             raise runtime.TarantellaError(
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
@@ -116,7 +117,7 @@ class Pipeline:
                     "it with ParallelStrategy.DATA, or move the custom logic into layers and "
                     "the loss")
         if num_stages is not None:
-            if not runtime._is_whole_number(num_stages) or num_stages < 2:
+            if not runtime.is_whole_number(num_stages) or num_stages < 2:
                 raise runtime.TarantellaError(
                     f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
                     "stages to cut the model into)")
