@@ -22,14 +22,14 @@ _USED = (
     ("Layer._flatten_layers", keras.layers.Layer, "_flatten_layers"),
     # BackupAndRestore has no public way to change where and how it writes
     # its backup; Tarantella writes it from the master only and atomically
-    # (callbacks.py), through these (BackupState).
+    # (backup/callback.py), through these (BackupAndRestoreHooks).
     ("BackupAndRestore._load_model", keras.callbacks.BackupAndRestore, "_load_model"),
     ("BackupAndRestore._save_model", keras.callbacks.BackupAndRestore, "_save_model"),
     ("BackupAndRestore._training_metadata_path", "backup", "_training_metadata_path"),
     ("BackupAndRestore._current_epoch", "backup", "_current_epoch"),
     ("BackupAndRestore._last_batch_seen", "backup", "_last_batch_seen"),
     # A fit resumed in mid-epoch counts the batches to its next backup from
-    # the restored one, as the interrupted fit did (BackupState.resume_at).
+    # the restored one, as the interrupted fit did (BackupAndRestoreHooks.resume_at).
     ("BackupAndRestore._batches_seen_since_last_saving", "backup",
      "_batches_seen_since_last_saving"),
     # Where fit starts when a backup is restored.
@@ -66,11 +66,11 @@ _USED = (
     ("Function._nodes_by_depth", "functional", "_nodes_by_depth"),
     ("Node.output_tensors", "node", "output_tensors"),
     # A pipeline stage's SGD updates a variable and its momentum in one
-    # fused kernel (optimizers.update_in_place); which momentum is the
+    # fused kernel (pipeline/in_place.py); which momentum is the
     # variable's, Keras's update_step finds through this alone.
     ("Optimizer._get_variable_index", keras.optimizers.SGD, "_get_variable_index"),
     # A pipeline stage's Adam runs Keras's update of a variable and its
-    # moments one part after the other (optimizers.py); Keras keeps the
+    # moments one part after the other (pipeline/in_place.py); Keras keeps the
     # moments only in these.
     ("Adam._momentums", "adam", "_momentums"),
     ("Adam._velocities", "adam", "_velocities"),
@@ -316,46 +316,51 @@ class SynchronizedMoments:
         return super()._moments(inputs, mask)
 
 
-class BackupState:
-    """The parts of a keras.callbacks.BackupAndRestore that Tarantella's
-    atomic backup reads and replaces."""
+class BackupAndRestoreHooks(keras.callbacks.BackupAndRestore):
+    """A keras.callbacks.BackupAndRestore whose subclass writes and restores
+    the backup itself (save_backup, load_backup), where Keras's on_train_begin,
+    on_epoch_end and on_train_batch_end would call Keras's own, and reads and
+    sets Keras's count of epochs and batches through the methods below."""
 
-    def __init__(self, callback):
-        self.callback = callback
-        self.keras_load = callback._load_model
-        self.metadata_path = callback._training_metadata_path
+    def _load_model(self):
+        self.load_backup()
+
+    def _save_model(self):
+        self.save_backup()
+
+    def keras_load(self):
+        """Keras's own restore, of a backup that Keras wrote."""
+        super()._load_model()
+
+    @property
+    def metadata_path(self):
+        return self._training_metadata_path
 
     @property
     def epoch(self):
-        return self.callback._current_epoch
+        return self._current_epoch
 
     @property
     def batch(self):
-        return self.callback._last_batch_seen
+        return self._last_batch_seen
 
     def batches_done(self):
         """Batches of the epoch in progress trained on when a backup is
         taken: all those up to the last one seen for a backup after a
         batch; none for a backup at the end of an epoch (which the epoch
         count then includes)."""
-        return 0 if self.callback.save_freq == "epoch" else self.callback._last_batch_seen + 1
+        return 0 if self.save_freq == "epoch" else self._last_batch_seen + 1
 
     def resume_at(self, epoch, batches_done):
-        """Makes the callback count epochs and batches from a restored
-        backup, as the fit that took it did (Keras's own restore leaves the
-        count of epochs at 0 until the first epoch ends)."""
-        self.callback._current_epoch = epoch
-        self.callback._last_batch_seen = max(batches_done - 1, 0)
-        self.callback._batches_seen_since_last_saving = 0
+        """Counts epochs and batches from a restored backup, as the fit that
+        took it did (Keras's own restore leaves the count of epochs at 0
+        until the first epoch ends)."""
+        self._current_epoch = epoch
+        self._last_batch_seen = max(batches_done - 1, 0)
+        self._batches_seen_since_last_saving = 0
 
     def set_initial_epoch(self, epoch):
-        self.callback.model._initial_epoch = epoch
-
-    def keras_load_hook(self, load):
-        self.callback._load_model = load
-
-    def keras_save_hook(self, save):
-        self.callback._save_model = save
+        self.model._initial_epoch = epoch
 
 
 # A pipelined model is saved stage by stage in Keras's own weights layout.

@@ -250,7 +250,7 @@ _ASIDE = _Aside()
 class CountsIterators(DeletesIteratorsAside):
     """Counts the iterators made of it: a shuffle that reshuffles on each
     iteration draws each order from the number of iterators made before
-    (resume.py)."""
+    (backup/position.py)."""
 
     def __init__(self, input_dataset):
         self.iterators_made = 0

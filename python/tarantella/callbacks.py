@@ -13,10 +13,11 @@ Callbacks that write files write them once:
   stage's weights for it;
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
-* BackupAndRestore restores on every rank (the backup is read by all) and
-  writes and deletes its backup on the master only (a pipelined model's
-  stages write their own weights files), so that a job killed while it
-  writes leaves the previous backup usable.
+* BackupAndRestore is replaced by a DistributedBackupAndRestore of the
+  same configuration (backup/), which restores on every rank (the backup is
+  read by all) and writes and deletes its backup on the master only (a
+  pipelined model's stages write their own weights files), so that a job
+  killed while it writes leaves the previous backup usable.
 
 A callback that runs on the master only and raises ends fit on every rank:
 the other ranks learn of the failure at the next epoch's end (or at the
@@ -30,20 +31,15 @@ Tarantella's wrappers forward only the hooks the wrapped callback defines,
 so Keras still dispatches the batch hooks of the others asynchronously.
 """
 import contextlib
-import json
 import os
-import re
 
 import keras
-import numpy as np
 
-from tarantella import _keras_internals as internals
-from tarantella import log
 from tarantella import progress
-from tarantella import resume
 from tarantella import runtime
-from tarantella import saving
 from tarantella import settings
+from tarantella.backup import DistributedBackupAndRestore
+from tarantella.backup import position
 
 LOCAL_PREFIX = "tnt_local/"
 
@@ -114,7 +110,7 @@ def _hook(name):
         logs = kwargs.pop("logs") if "logs" in kwargs else (
             args.pop() if len(args) > leading else None)
         # Batches a resumed fit goes past untrained are no batches to callbacks.
-        if name in _ALIASES and resume.skipping(args[0]):
+        if name in _ALIASES and position.skipping(args[0]):
             return
         self._forward(name, args, logs)
     method.__name__ = name
@@ -240,236 +236,6 @@ def _quiet(callback):
         callback.verbose = 0
 
 
-# The metadata's names of a backup's files.
-_BACKUP_FILES = ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state")
-
-
-def _backup_files(meta):
-    """The names of the files of the backups that the metadata `meta`
-    names (a pipelined model's weights are a list of files, one a stage)."""
-    names = set()
-    for k in _BACKUP_FILES:
-        value = meta.get(k)
-        names.update(value if isinstance(value, list) else [value])
-    names.discard(None)
-    return names
-
-
-def _remove_files(directory, names, keep):
-    """Removes the files `names` of `directory` not in `keep`."""
-    for name in names:
-        if name not in keep:
-            try:
-                os.remove(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
-
-
-def _savez(path, arrays):
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def _backup_error(path, error, old):
-    """What went wrong when the master wrote the backup file `path`, and
-    which backup (the metadata `old`) is kept."""
-    cause = error
-    while cause.__cause__ is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__
-    errno = getattr(cause, "errno", None)
-    if errno is None:
-        # h5py writes the errno into the message of the OSError it raises.
-        found = re.search(r"\[Errno (\d+)\]", str(cause))
-        errno = int(found.group(1)) if found else None
-    reason = (f"{os.strerror(errno)} (errno {errno})" if errno
-              else f"{type(error).__name__}: {error}")
-    kept = (f"the previous backup (epoch {old.get('epoch', 0)}, batch {old['batch']}) is kept, "
-            "and a fit started again resumes from it" if old.get("tnt_weights")
-            else "no earlier backup exists")
-    return f"BackupAndRestore could not write {path}: {reason}; {kept}"
-
-
-def _backup_atomically(callback, callbacks):
-    """Makes a BackupAndRestore write on the master only, and so that a job
-    killed at any moment leaves a consistent backup: the weights go to a
-    new file named by epoch and batch (through a temporary file; a
-    pipelined model's go to a file per stage, each written by the stage's
-    rank of the first replica, and every rank learns whether all of them
-    were written), and so does the state the weights leave out (resume.py:
-    every rank's random seeds and metric accumulators); then the metadata
-    that names these files replaces the previous metadata in one rename, and
-    only then the previous files are deleted. Every rank restores the
-    backup the metadata names (of a pipelined model: its stage's file) and
-    goes on from the batch after it (resume.py). With
-    double_checkpoint=True the previous backup is kept and named in the
-    metadata too, and a restore that cannot read the latest weights (an
-    I/O error) restores the previous ones, as Keras's own BackupAndRestore
-    does. The backup also holds the logs of the finished epochs and the state
-    of the user's `callbacks` that fit keeps from epoch to epoch
-    (resume.callbacks_state), which a resumed fit gives back to them and to
-    its History when its first epoch begins, after every callback's
-    on_train_begin has reset them."""
-    backup = internals.BackupState(callback)
-    model_of = lambda: callback.model  # noqa: E731
-    pending = {}  # the restored backup's position and state, until its epoch begins
-    finished = {}  # the logs of the finished epochs of the fit in progress
-
-    def metadata():
-        try:
-            with open(backup.metadata_path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    def restore_position(meta, prefix):
-        """After the weights of the backup that meta names (prefix "" for
-        the latest, "previous_" for the one before) were loaded."""
-        state = meta.get(f"tnt_{prefix}state")
-        if state is None:
-            return
-        epoch = meta["epoch"] if not prefix else meta.get("tnt_previous_epoch", 0)
-        batches = meta.get(f"tnt_{prefix}batches_done", 0)
-        with np.load(os.path.join(callback.backup_dir, state)) as tables:
-            pending.update(tables=dict(tables), batches=batches)
-        backup.resume_at(epoch, batches)
-        resume.replay_iterators(model_of(), meta.get(f"tnt_{prefix}iterators_to_replay", 0))
-
-    def restore(names):
-        """Restores this rank's file of the weights files `names`; returns
-        why this rank (of a pipeline: the first rank that) could not read
-        its file, or None. Collective for a pipelined model."""
-        name = resume.weights_file_to_restore(model_of(), names)
-        try:
-            resume.restore_variables(model_of(), os.path.join(callback.backup_dir, name))
-            unreadable = None
-        except resume.UnreadableBackup as e:
-            unreadable = str(e)
-        if isinstance(names, list):  # the stages restore the same backup
-            unreadable = runtime.first_message(unreadable)
-        return unreadable
-
-    def load():
-        meta = metadata()
-        names = meta.get("tnt_weights")
-        if names is None:
-            return backup.keras_load()
-        unreadable = restore(names)
-        if unreadable is None:
-            backup.set_initial_epoch(meta["epoch"])
-            restore_position(meta, "")
-            return
-        previous = meta.get("tnt_previous")
-        if not previous:
-            raise resume.UnreadableBackup(unreadable)
-        log.logger.warning("%s; restoring the previous backup %s", unreadable, previous)
-        unreadable = restore(previous)
-        if unreadable is not None:
-            raise resume.UnreadableBackup(unreadable)
-        backup.set_initial_epoch(meta.get("tnt_previous_epoch", 0))
-        restore_position(meta, "previous_")
-
-    keras_train_begin = callback.on_train_begin
-
-    def on_train_begin(logs=None):
-        finished.clear()
-        keras_train_begin(logs)
-
-    def on_epoch_begin(epoch, logs=None):
-        if not pending:
-            return
-        tables = pending.pop("tables")
-        finished.update(resume.restore_callbacks_state(user_callbacks, model_of(), tables))
-        if not resume.restore_seeds(model_of(), tables):
-            log.logger.info("BackupAndRestore: the backup was taken on %d ranks: training goes "
-                            "on from it with fresh random seeds and metrics",
-                            len(tables["seeds"]))
-        resume.skip_batches(model_of(), pending.pop("batches"), tables["metrics"])
-
-    keras_epoch_end = callback.on_epoch_end
-
-    def on_epoch_end(epoch, logs=None):
-        resume.end_of_epoch()
-        finished[epoch] = dict(logs or {})
-        keras_epoch_end(epoch, logs)
-
-    def write_weights(name, writing):
-        """Writes this rank's weights file `name` of the backup. The file
-        being written is writing[0]."""
-        writing[0] = callback.backup_dir
-        os.makedirs(callback.backup_dir, exist_ok=True)
-        writing[0] = os.path.join(callback.backup_dir, name)
-        arrays = resume.variables_snapshot(model_of())
-        saving.write_atomically(writing[0], lambda path: _savez(path, arrays))
-
-    def write(names, state, tables, old, writing):
-        """Writes the backup's state file `state`, then the metadata that
-        names it and the weights files `names` (master). The file being
-        written is writing[0]. Returns the names of the files the metadata
-        names."""
-        writing[0] = os.path.join(callback.backup_dir, state)
-        saving.write_atomically(writing[0], lambda path: _savez(path, tables))
-        done = backup.batches_done()
-        meta = {"epoch": backup.epoch, "batch": backup.batch, "tnt_weights": names,
-                "tnt_state": state, "tnt_batches_done": done,
-                "tnt_iterators_to_replay": resume.iterators_to_replay(model_of(), done)}
-        if callback.double_checkpoint and old.get("tnt_weights") not in (None, names):
-            meta.update(tnt_previous=old["tnt_weights"], tnt_previous_epoch=old.get("epoch", 0),
-                        tnt_previous_state=old.get("tnt_state"),
-                        tnt_previous_batches_done=old.get("tnt_batches_done", 0),
-                        tnt_previous_iterators_to_replay=old.get("tnt_iterators_to_replay", 0))
-        text = json.dumps(meta)
-
-        def write_meta(path):
-            with open(path, "w") as f:
-                f.write(text)
-        writing[0] = backup.metadata_path
-        saving.write_atomically(writing[0], write_meta)
-        return _backup_files(meta)
-
-    def save():
-        tables = resume.gather(model_of())  # collective: every rank saves
-        base = f"epoch{backup.epoch}-batch{backup.batch}"
-        names, state = resume.weights_files(model_of(), base), f"{base}.state.npz"
-        own = resume.own_weights_file(model_of(), names)
-        old = metadata() if own is not None or runtime.is_master_rank() else {}
-        writing, error, text = [None], None, None
-        if own is not None:
-            try:
-                write_weights(own, writing)
-            except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
-                error, text = e, _backup_error(writing[0], e, old)
-        if isinstance(names, list):  # the first failed stage writer's error, on every rank
-            text = runtime.first_message(text)
-        if runtime.is_master_rank():
-            if text is None:
-                tables.update(resume.callbacks_state(user_callbacks, finished))
-                try:
-                    keep = write(names, state, tables, old, writing)
-                except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
-                    error, text = e, _backup_error(writing[0], e, old)
-                else:
-                    _remove_files(callback.backup_dir, _backup_files(old), keep)
-                    # What a job killed while it wrote a backup left behind.
-                    saving.remove_leftover_temporaries(callback.backup_dir)
-            if text is not None:
-                # What this backup wrote before it failed; the previous backup is untouched.
-                new = _backup_files({"tnt_weights": names, "tnt_state": state})
-                _remove_files(callback.backup_dir, new, _backup_files(old))
-        # The master's error (or a stage's), on every rank, so that all stop at once.
-        text = runtime.master_message(text)
-        if text is not None:
-            raise runtime.TarantellaError(text) from error
-
-    user_callbacks = [cb.callback if isinstance(cb, Callback) else cb for cb in callbacks]
-    backup.keras_load_hook(load)
-    backup.keras_save_hook(save)
-    callback.on_train_begin = on_train_begin
-    callback.on_epoch_begin = on_epoch_begin
-    callback.on_epoch_end = on_epoch_end
-    if not runtime.is_master_rank():
-        callback.on_train_end = lambda logs=None: None
-
-
 def distribute(callbacks, pipelined=False):
     """The callbacks this rank runs, adapted as described above. A
     BackupAndRestore comes after the others, so that a backup taken at an
@@ -504,7 +270,8 @@ def distribute(callbacks, pipelined=False):
                 out.append(_master_only(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            _backup_atomically(cb, callbacks)
+            cb = DistributedBackupAndRestore(cb, [c.callback if isinstance(c, Callback) else c
+                                                  for c in callbacks])
         _quiet(cb)
         if isinstance(cb, _FOUND_BY_TYPE):
             out.append(cb)  # Keras looks for it by its type (else it adds its own)

@@ -107,7 +107,7 @@ class TensorBroadcaster(_Collective):
 
     def __init__(self, inputs, root_rank=0):
         super().__init__(inputs)
-        if not runtime._is_whole_number(root_rank) or not 0 <= root_rank < runtime.get_size():
+        if not runtime.is_whole_number(root_rank) or not 0 <= root_rank < runtime.get_size():
             raise ValueError(f"TensorBroadcaster: root_rank={root_rank!r} must be a rank, "
                              f"from 0 to {runtime.get_size() - 1}")
         self.root_rank = int(root_rank)

@@ -114,7 +114,7 @@ def _distribute(dataset, micro_batch_size, what, parts, part, size):
     given = dataset
     info = batch_info(dataset)
     if micro_batch_size is not None:
-        if not runtime._is_whole_number(micro_batch_size) or micro_batch_size <= 0:
+        if not runtime.is_whole_number(micro_batch_size) or micro_batch_size <= 0:
             raise runtime.TarantellaError(
                 f"tnt_micro_batch_size={micro_batch_size!r} must be a positive whole number of "
                 "samples")
@@ -684,7 +684,7 @@ def across_epochs(dataset, steps_per_execution=1):
     that epoch reads; the dropped one is never read), so that a shuffle
     that reshuffles on each iteration draws the orders that it draws in
     plain Keras, and nothing reads ahead across an epoch's end. The last
-    epoch's dropped iterator is the caller's to make (resume.py)."""
+    epoch's dropped iterator is the caller's to make (backup/position.py)."""
     batches = tf.get_static_value(dataset.cardinality())
     specs = tf.nest.flatten(dataset.element_spec)
     if (batches is None or batches <= 0 or batches % steps_per_execution or
@@ -735,7 +735,7 @@ def from_arrays(x, y=None, sample_weight=None, batch_size=None, shuffle=False):
     as Keras builds for `fit(x, y, batch_size=...)`."""
     if batch_size is None:
         batch_size = 32
-    if not runtime._is_whole_number(batch_size) or batch_size <= 0:
+    if not runtime.is_whole_number(batch_size) or batch_size <= 0:
         raise runtime.TarantellaError(
             f"batch_size={batch_size!r} must be a positive whole number of samples (the global "
             "batch size)")

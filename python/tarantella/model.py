@@ -19,7 +19,7 @@ distribution needs changes, through Keras's public extension points:
   of XLA (the communication ops are not XLA ops);
 * ``fit``, ``evaluate`` and ``predict`` split every global batch into
   micro-batches (data.py), broadcast the master's weights first, and adapt
-  the callbacks to many ranks (callbacks.py);
+  the callbacks to many ranks (callbacks.py, backup/);
 * ``save`` and ``save_weights`` write once, atomically (saving.py), files
   that plain Keras loads;
 * output (progress bars, ``summary``) comes from the master rank only,
@@ -57,12 +57,12 @@ from tarantella import data
 from tarantella import log
 from tarantella import metrics
 from tarantella import optimizers
-from tarantella import resume
 from tarantella import runtime
 from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
+from tarantella.backup import position
 from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
 from tarantella.pipeline import weights as stage_weights
@@ -527,7 +527,7 @@ class Model(keras.Model, metaclass=_ModelType):
         cbs, verbose = self._tnt_callbacks(callbacks, verbose)
         cbs = timeline.with_step_spans(cbs)  # TNT_TIMELINE: mark the training steps
         # One iterator across the epochs; BackupAndRestore's data position.
-        train, steps, epochs_read = resume.track_training_data(
+        train, steps, epochs_read = position.track_training_data(
             self, train, kwargs.pop("steps_per_epoch", None))
         if epochs_read is not None:
             cbs.insert(0, epochs_read)

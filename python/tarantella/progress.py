@@ -12,8 +12,8 @@ launcher there is no such file and both do nothing.
 import keras
 
 from tarantella import log
-from tarantella import resume
 from tarantella import settings
+from tarantella.backup import position
 
 _reported = False
 
@@ -46,5 +46,5 @@ class Reporter(keras.callbacks.Callback):
     async_safe = True
 
     def on_train_batch_end(self, batch, logs=None):
-        if not resume.skipping(batch):
+        if not position.skipping(batch):
             step_completed()

@@ -29,7 +29,7 @@ def init(seed=None):
     """
     if _core.is_initialized():
         return
-    if seed is not None and not _is_whole_number(seed):
+    if seed is not None and not is_whole_number(seed):
         raise TarantellaError(f"tnt.init(seed={seed!r}): the seed must be an integer, "
                               "or None for the default")
     _require_tensorflow_backend()
@@ -87,7 +87,7 @@ def _require_tensorflow_backend():
             "imported")
 
 
-def _is_whole_number(value):
+def is_whole_number(value):
     """True for ints (and NumPy integers), not for bools, floats or strings."""
     import numbers
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -14,20 +14,28 @@ from tarantella import runtime
 
 # Endings that Keras requires a path to keep.
 _SUFFIXES = (".weights.h5", ".weights.json", ".keras", ".h5", ".json")
+# What the name of a file being written holds, before the writer's process id.
+_TEMPORARY = ".tnt-tmp-"
 
 
-def _temporary_name(path):
+def temporary_name(path):
+    """The name under which `path` is written before its rename."""
     head, base = os.path.split(os.path.abspath(path))
     suffix = next((s for s in _SUFFIXES if base.endswith(s)), "")
     stem = base[:len(base) - len(suffix)] if suffix else base
-    return os.path.join(head, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
+    return os.path.join(head, f".{stem}{_TEMPORARY}{os.getpid()}{suffix}")
+
+
+def is_temporary(name):
+    """True when the file name `name` is one of temporary_name's."""
+    return name.startswith(".") and _TEMPORARY in name
 
 
 def write_atomically(filepath, write):
     """Runs write(temporary_path) and renames the result to `filepath`, so
     that `filepath` is either the old file or the complete new one."""
     filepath = os.fspath(filepath)
-    tmp = _temporary_name(filepath)
+    tmp = temporary_name(filepath)
     try:
         write(tmp)
         os.replace(tmp, filepath)
@@ -43,18 +51,6 @@ def write_atomically(filepath, write):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def remove_leftover_temporaries(directory):
-    """Removes from `directory` the temporary files of writes that were cut
-    short (a process killed while it wrote); no write into it may be in
-    progress."""
-    for name in os.listdir(directory):
-        if name.startswith(".") and ".tnt-tmp-" in name:
-            try:
-                os.remove(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
 
 
 def write_on_master(filepath, overwrite, all_devices, write, others=None):

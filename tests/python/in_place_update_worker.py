@@ -1,5 +1,5 @@
 """Trains the same models with Keras's SGD and Adam and with those a
-pipeline stage uses (optimizers.update_in_place: TensorFlow's fused kernels
+pipeline stage uses (pipeline/in_place.py: TensorFlow's fused kernels
 for SGD, Keras's operations one after the other for Adam), on one rank, and
 prints whether their weights are bitwise equal (test_in_place_update.py)."""
 import json
@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 import tarantella as tnt
-from tarantella import optimizers
+from tarantella.pipeline.in_place import update_in_place
 
 CONFIGS = [("SGD", dict(momentum=0.0)), ("SGD", dict(momentum=0.9)),
            ("SGD", dict(momentum=0.9, nesterov=True)),
@@ -35,7 +35,7 @@ def trained(kind, name, config, in_place):
     model = build(kind)
     optimizer = optimizer_of(name, config)
     if in_place:
-        optimizers.update_in_place(optimizer)
+        update_in_place(optimizer)
     model.compile(optimizer=optimizer, loss="mse")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 12)).astype(np.float32)
@@ -48,7 +48,7 @@ def fused_kernels(name, config):
     """The update ops of one traced apply of the in-place optimizer."""
     variable = keras.Variable(np.ones((3, 2), np.float32))
     optimizer = optimizer_of(name, config)
-    optimizers.update_in_place(optimizer)
+    update_in_place(optimizer)
     optimizer.build([variable])
     apply = tf.function(lambda g: optimizer.apply([g], [variable]))
     graph = apply.get_concrete_function(tf.ones((3, 2))).graph

@@ -1,6 +1,6 @@
 """A pipeline stage's SGD updates its variables with TensorFlow's fused
 kernels, and its Adam runs Keras's operations one part after the other
-(optimizers.update_in_place); both compute Keras's update operation for
+(pipeline/in_place.py); both compute Keras's update operation for
 operation: training with them must give weights bitwise equal to Keras's
 SGD (plain, momentum, Nesterov) and Adam (default and other betas and
 epsilon), Sequential and Functional, and the traced update must be the

@@ -11,6 +11,9 @@ train data-parallel.
                 of the actions); gathering the whole model for saving
 * weights.py    each rank holds its stage's weights only; building a model
                 without allocating its weights
+* in_place.py   a stage's optimizer updates its variables in place
+* autocut.py    where to cut a model that has no SplitLayers
+* checkpoint.py saving a pipelined model stage by stage, in Keras's layout
 """
 from tarantella.pipeline.layers import SplitLayer
 from tarantella.pipeline.layout import ParallelStrategy

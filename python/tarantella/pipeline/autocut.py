@@ -82,17 +82,9 @@ class Plan:
 def _graph(model):
     """The functional view, its layer order, each layer's producers, how
     often each layer is called, and the names of the output layers."""
-    fm = partition_lib._functional(model)
+    fm = partition_lib.functional(model)
     config = fm.get_config()
-    order, producers, uses = [], {}, {}
-    for layer_config in config["layers"]:
-        name = layer_config["name"]
-        order.append(name)
-        found = []
-        for node in layer_config.get("inbound_nodes", []):
-            partition_lib._history(node, found)
-        producers[name] = found
-        uses[name] = len(layer_config.get("inbound_nodes", []))
+    order, producers, _, uses = partition_lib.graph(config)
     outputs = config["output_layers"]
     if outputs and isinstance(outputs[0], str):
         outputs = [outputs]
@@ -222,7 +214,7 @@ def measure(model, cuts, tick=lambda: None, hold=None):
     block is then allocated, timed and freed in turn, so that no more than
     one block's weights are held at once. `tick` is called between the
     steps of the work (plan() keeps the other ranks informed from it)."""
-    fm = partition_lib._functional(model)
+    fm = partition_lib.functional(model)
     ends = [internals.output_in_graph(fm, fm.get_layer(n)) for n in cuts]
     blocks = []
     for b in range(len(cuts) + 1):
@@ -288,7 +280,7 @@ def _time(step, x, tick, budget):
 
 def _parameters(model, cuts):
     """Parameters of each block between `cuts` (plus one: none is free)."""
-    fm = partition_lib._functional(model)
+    fm = partition_lib.functional(model)
     order = [c["name"] for c in fm.get_config()["layers"]]
     bounds = [order.index(n) for n in cuts] + [len(order) - 1]
     counts, start = [], 0

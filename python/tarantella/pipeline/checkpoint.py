@@ -273,7 +273,7 @@ class _ShardedSink:
         base = path.stem.replace(".weights", "")
         self.names = [f"{base}_{s:05}.weights.h5" for s in range(num_stages)]
         self.final = [path.with_name(n) for n in self.names]
-        self.tmp = [pathlib.Path(saving._temporary_name(p)) for p in self.final]
+        self.tmp = [pathlib.Path(saving.temporary_name(p)) for p in self.final]
         self.files = [h5py.File(p, "w") for p in self.tmp]
         self.sinks = [_H5Sink(f) for f in self.files]
         self.weight_map, self.total = {}, 0
@@ -360,7 +360,7 @@ def save(model, pipeline, filepath, overwrite, all_devices):
     plan = Plan(model, pipeline)
 
     def write(path):
-        weights = saving._temporary_name(path + ".weights.h5")
+        weights = saving.temporary_name(path + ".weights.h5")
         try:
             with contextlib.ExitStack() as files:
                 _stream(plan, pipeline,

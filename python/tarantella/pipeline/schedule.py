@@ -4,12 +4,17 @@ actions it runs in one step, checked once when the pipeline is built.
 An action is (kind, stage, micro-batch), written like "2F0" or
 "1RECV_B3" (stage, kind, micro-batch):
 
-* RECV_F  receive the stage's inputs (the activations of stage - 1)
-* F       run the stage forward; the last stage computes the loss
-* SEND_F  send the stage's outputs to stage + 1
-* RECV_B  receive the gradients of the stage's outputs (from stage + 1)
-* B       differentiate the stage; add its weight gradients to the step's
-* SEND_B  send the gradients of the stage's inputs to stage - 1
+* RECV_F  (Kind.RECV_ACTIVATIONS) receive the stage's inputs (the
+          activations of stage - 1)
+* F       (Kind.FORWARD) run the stage forward; the last stage computes
+          the loss
+* SEND_F  (Kind.SEND_ACTIVATIONS) send the stage's outputs to stage + 1
+* RECV_B  (Kind.RECV_GRADIENTS) receive the gradients of the stage's
+          outputs (from stage + 1)
+* B       (Kind.BACKWARD) differentiate the stage; add its weight
+          gradients to the step's
+* SEND_B  (Kind.SEND_GRADIENTS) send the gradients of the stage's inputs
+          to stage - 1
 
 Stage s of a pipeline of R ranks runs on rank s mod R. With one stage per
 rank (R = K stages):
@@ -40,6 +45,7 @@ what it needs, or a rank would hold more activations than the schedule's
 bound.
 """
 import collections
+import enum
 
 from tarantella import runtime
 from tarantella import settings
@@ -47,13 +53,39 @@ from tarantella import settings
 NAMES = ("1f1b", "gpipe", "interleaved")
 MAX_TAG = 32767  # libtnt's transfer tags
 
+
+
+class Kind(str, enum.Enum):
+    """The kind of an action; its value is how actions write it ("2F0")."""
+    RECV_ACTIVATIONS = "RECV_F"
+    FORWARD = "F"
+    SEND_ACTIVATIONS = "SEND_F"
+    RECV_GRADIENTS = "RECV_B"
+    BACKWARD = "B"
+    SEND_GRADIENTS = "SEND_B"
+
+    __hash__ = str.__hash__  # a kind and its value are one key
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+
+_SENDS = (Kind.SEND_ACTIVATIONS, Kind.SEND_GRADIENTS)
+_RECEIVES = (Kind.RECV_ACTIVATIONS, Kind.RECV_GRADIENTS)
+_GRADIENTS = (Kind.RECV_GRADIENTS, Kind.SEND_GRADIENTS)
 _Action = collections.namedtuple("Action", "kind stage micro_batch")
 
 
 class Action(_Action):
-    """One step of a rank's list: `kind` (RECV_F, F, SEND_F, RECV_B, B,
-    SEND_B) of `micro_batch` on `stage`."""
+    """One step of a rank's list: `kind` (a Kind, or its value) of
+    `micro_batch` on `stage`."""
     __slots__ = ()
+
+    def __new__(cls, kind, stage, micro_batch):
+        return super().__new__(cls, Kind(kind), stage, micro_batch)
 
     def __str__(self):
         return f"{self.stage}{self.kind}{self.micro_batch}"
@@ -96,10 +128,11 @@ class Schedule:
         the activations: unique per pair of ranks and step. Chunk c of
         micro-batch i tags 2 (c M + i), + 1 for gradients; with one stage
         per rank, 2 i (+ 1)."""
-        toward = action.stage + (1 if action.kind in ("SEND_F", "RECV_B") else -1)
+        downstream = action.kind in (Kind.SEND_ACTIVATIONS, Kind.RECV_GRADIENTS)
+        toward = action.stage + (1 if downstream else -1)
         chunk = min(action.stage, toward) // self.num_ranks
         tag = 2 * (chunk * self.num_micro_batches + action.micro_batch)
-        return self.rank_of(toward), tag + int(action.kind.endswith("_B"))
+        return self.rank_of(toward), tag + int(action.kind in _GRADIENTS)
 
     def held(self, rank):
         """The most activations `rank`'s list holds at once."""
@@ -109,24 +142,24 @@ class Schedule:
 def _passes(stage, num_stages, kind, micro_batch):
     """A pass with the transfers around it."""
     last = num_stages - 1
-    if kind == "F":
-        return ([Action("RECV_F", stage, micro_batch)] if stage > 0 else []) + \
-            [Action("F", stage, micro_batch)] + \
-            ([Action("SEND_F", stage, micro_batch)] if stage < last else [])
-    return ([Action("RECV_B", stage, micro_batch)] if stage < last else []) + \
-        [Action("B", stage, micro_batch)] + \
-        ([Action("SEND_B", stage, micro_batch)] if stage > 0 else [])
+    if kind == Kind.FORWARD:
+        return ([Action(Kind.RECV_ACTIVATIONS, stage, micro_batch)] if stage > 0 else []) + \
+            [Action(Kind.FORWARD, stage, micro_batch)] + \
+            ([Action(Kind.SEND_ACTIVATIONS, stage, micro_batch)] if stage < last else [])
+    return ([Action(Kind.RECV_GRADIENTS, stage, micro_batch)] if stage < last else []) + \
+        [Action(Kind.BACKWARD, stage, micro_batch)] + \
+        ([Action(Kind.SEND_GRADIENTS, stage, micro_batch)] if stage > 0 else [])
 
 
 def _one_stage_order(name, stage, num_stages, m):
     """[(kind, micro-batch)] of a rank that runs `stage` only."""
     if name == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        return [(Kind.FORWARD, i) for i in range(m)] + [(Kind.BACKWARD, i) for i in range(m)]
     warmup = min(num_stages - 1 - stage, m)
-    order = [("F", i) for i in range(warmup)]
+    order = [(Kind.FORWARD, i) for i in range(warmup)]
     for j in range(m - warmup):
-        order += [("F", warmup + j), ("B", j)]
-    return order + [("B", i) for i in range(m - warmup, m)]
+        order += [(Kind.FORWARD, warmup + j), (Kind.BACKWARD, j)]
+    return order + [(Kind.BACKWARD, i) for i in range(m - warmup, m)]
 
 
 def _interleaved_order(rank, num_ranks, chunks, m):
@@ -142,10 +175,10 @@ def _interleaved_order(rank, num_ranks, chunks, m):
         return chunk * p + r, (k // (p * chunks)) * p + k % p
 
     warmup = min(2 * (p - 1 - r) + (chunks - 1) * p, total)
-    order = [("F",) + forward(k) for k in range(warmup)]
+    order = [(Kind.FORWARD,) + forward(k) for k in range(warmup)]
     for j in range(total - warmup):
-        order += [("F",) + forward(warmup + j), ("B",) + backward(j)]
-    return order + [("B",) + backward(k) for k in range(total - warmup, total)]
+        order += [(Kind.FORWARD,) + forward(warmup + j), (Kind.BACKWARD,) + backward(j)]
+    return order + [(Kind.BACKWARD,) + backward(k) for k in range(total - warmup, total)]
 
 
 def training(name, num_stages, num_ranks, num_micro_batches):
@@ -189,7 +222,7 @@ def inference(num_stages, num_ranks, num_micro_batches):
     k, p, m = num_stages, num_ranks, num_micro_batches
     actions = [[] for _ in range(p)]
     for s in range(k):  # stage by stage: rank r runs chunk c's forwards before chunk c + 1's
-        actions[s % p] += sum((_passes(s, k, "F", i) for i in range(m)), [])
+        actions[s % p] += sum((_passes(s, k, Kind.FORWARD, i) for i in range(m)), [])
     schedule = Schedule("inference", k, p, m, actions, [0] * p)
     check(schedule, training=False)
     return schedule
@@ -212,7 +245,7 @@ def check(schedule, training):
     repeats one, uses a tag twice or beyond libtnt's range, or holds more
     activations than its bound (training)."""
     k, m = schedule.num_stages, schedule.num_micro_batches
-    passes = ("F", "B") if training else ("F",)
+    passes = (Kind.FORWARD, Kind.BACKWARD) if training else (Kind.FORWARD,)
     expected = {a for s in range(k) for kind in passes for i in range(m)
                 for a in _passes(s, k, kind, i)}
     seen = set()
@@ -224,7 +257,7 @@ def check(schedule, training):
             if a in seen:
                 raise ScheduleError(f"{where}: runs twice")
             seen.add(a)
-            if a.kind.startswith("SEND") and schedule.transfer(a)[1] > MAX_TAG:
+            if a.kind in _SENDS and schedule.transfer(a)[1] > MAX_TAG:
                 raise ScheduleError(
                     f"{where}: its transfer tag exceeds {MAX_TAG}: use fewer micro-batches "
                     "or chunks")
@@ -238,7 +271,9 @@ def check(schedule, training):
 
 
 # What an action needs done before it on its own rank.
-_NEEDS_LOCAL = {"F": "RECV_F", "SEND_F": "F", "RECV_B": "F", "B": "RECV_B", "SEND_B": "B"}
+_NEEDS_LOCAL = {Kind.FORWARD: Kind.RECV_ACTIVATIONS, Kind.SEND_ACTIVATIONS: Kind.FORWARD,
+                Kind.RECV_GRADIENTS: Kind.FORWARD, Kind.BACKWARD: Kind.RECV_GRADIENTS,
+                Kind.SEND_GRADIENTS: Kind.BACKWARD}
 
 
 def _check_order(schedule):
@@ -247,10 +282,10 @@ def _check_order(schedule):
         done = set()
         for a in actions:
             needs = [_NEEDS_LOCAL[a.kind]] if a.kind in _NEEDS_LOCAL else []
-            if a.kind == "F" and a.stage == 0:
+            if a.kind == Kind.FORWARD and a.stage == 0:
                 needs = []
-            if a.kind == "B":
-                needs = ["F"] + (["RECV_B"] if a.stage < last else [])
+            if a.kind == Kind.BACKWARD:
+                needs = [Kind.FORWARD] + ([Kind.RECV_GRADIENTS] if a.stage < last else [])
             for kind in needs:
                 if (kind, a.stage, a.micro_batch) not in done:
                     raise ScheduleError(
@@ -264,7 +299,7 @@ def _holding(actions):
     keeps its micro-batch's until its backward."""
     held = 0
     for a in actions:
-        held += {"F": 1, "B": -1}.get(a.kind, 0)
+        held += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
         yield a, held
 
 
@@ -280,9 +315,9 @@ def _check_memory(schedule):
 
 def _matching_send(a):
     """The send that receive `a` waits for."""
-    if a.kind == "RECV_F":
-        return Action("SEND_F", a.stage - 1, a.micro_batch)
-    return Action("SEND_B", a.stage + 1, a.micro_batch)
+    if a.kind == Kind.RECV_ACTIVATIONS:
+        return Action(Kind.SEND_ACTIVATIONS, a.stage - 1, a.micro_batch)
+    return Action(Kind.SEND_GRADIENTS, a.stage + 1, a.micro_batch)
 
 
 def _simulate(schedule, forward=0.0, backward=0.0):
@@ -299,12 +334,12 @@ def _simulate(schedule, forward=0.0, backward=0.0):
         for r, actions in enumerate(schedule.actions):
             while position[r] < len(actions):
                 a = actions[position[r]]
-                if a.kind.startswith("RECV"):
+                if a.kind in _RECEIVES:
                     if _matching_send(a) not in posted:
                         break
                     clock[r] = max(clock[r], posted[_matching_send(a)])
-                clock[r] += {"F": forward, "B": backward}.get(a.kind, 0.0)
-                if a.kind.startswith("SEND"):
+                clock[r] += {Kind.FORWARD: forward, Kind.BACKWARD: backward}.get(a.kind, 0.0)
+                if a.kind in _SENDS:
                     posted[a] = clock[r]
                 position[r] += 1
                 moved = True

@@ -35,7 +35,7 @@ stage only (weights.py); whole() gives it every stage's weights, copied
 from the ranks that train them, for as long as its weights are read
 (get_weights), and frees them afterwards. save and save_weights, and so
 ModelCheckpoint, stream the stages to the writer instead (checkpoint.py),
-BackupAndRestore backs each stage up on its own (resume.py), and predict
+BackupAndRestore backs each stage up on its own (backup/), and predict
 runs through the stages.
 """
 import weakref
@@ -47,12 +47,12 @@ from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import ops
-from tarantella import optimizers
 from tarantella import runtime
 from tarantella import settings
 from tarantella import step
 from tarantella import subclass
 from tarantella.pipeline import autocut
+from tarantella.pipeline import in_place
 from tarantella.pipeline import partition as partition_lib
 from tarantella.pipeline import schedule as schedule_lib
 from tarantella.pipeline import weights as weights_lib
@@ -102,8 +102,9 @@ class Pipeline:
     def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
         """`deferred`: the variables of a model built by
         weights.build_deferred, none of them allocated yet."""
-        if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
-              or num_micro_batches > MAX_MICRO_BATCHES):
+        if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
+                                              or num_micro_batches < 1
+                                              or num_micro_batches > MAX_MICRO_BATCHES):
             raise runtime.TarantellaError(
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
@@ -116,7 +117,7 @@ class Pipeline:
                     "it with ParallelStrategy.DATA, or move the custom logic into layers and "
                     "the loss")
         if num_stages is not None:
-            if not runtime._is_whole_number(num_stages) or num_stages < 2:
+            if not runtime.is_whole_number(num_stages) or num_stages < 2:
                 raise runtime.TarantellaError(
                     f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
                     "stages to cut the model into)")
@@ -216,7 +217,7 @@ class Pipeline:
             # the stage's alone (checkpoint.py maps them for files).
             optimizer.build(self.trainable)
         if optimizer is not None:
-            optimizers.update_in_place(optimizer)
+            in_place.update_in_place(optimizer)
         output = self.partition.output  # the structure of the model's outputs
         # The loss keeps state (a metric per output) only for several outputs.
         several = len(tf.nest.flatten(output)) > 1
@@ -270,7 +271,7 @@ class Pipeline:
         schedule = self.schedules[training]
         step_ = _Step(self, model, data, schedule, training, predicting)
         for action in schedule.actions[self.layout.stage]:
-            getattr(step_, action.kind.lower())(action)
+            step_.run(action)
         step_.count_output_losses()
         if step_.recompute:
             for s in self.stages:
@@ -363,9 +364,10 @@ class Pipeline:
 
 class _Step:
     """One step of this rank's schedule, traced: a method per kind of
-    action (schedule.py), and the state that the actions pass on, per
-    (stage, micro-batch). `after`: what the next transfer or pass waits
-    for, so that TensorFlow runs the actions in the list's order."""
+    action (schedule.Kind, dispatched by run), and the state that the
+    actions pass on, per (stage, micro-batch). `after`: what the next
+    transfer or pass waits for, so that TensorFlow runs the actions in the
+    list's order."""
 
     def __init__(self, pipeline, model, data, schedule, training, predicting=False):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -399,6 +401,10 @@ class _Step:
         self.recompute = training and pipeline.recompute
         self.kept_inputs, self.kept_seeds = {}, {}
 
+    def run(self, action):
+        """Runs `action` through the method of its kind."""
+        _ACTIONS[action.kind](self, action)
+
     def _specs(self, s):
         cuts = self.pipeline.partition.cut_specs
         return (cuts[s - 1] if s > 0 else None), (cuts[s] if s < self.last else None)
@@ -409,7 +415,7 @@ class _Step:
         return [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
                 if tf.as_dtype(spec[1]).is_floating]
 
-    def recv_f(self, action):
+    def recv_activations(self, action):
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
         peer, tag = self.schedule.transfer(action)
@@ -418,7 +424,7 @@ class _Step:
         self.after = []
         self.received[(s, i)] = inputs[0] if len(inputs) == 1 else inputs
 
-    def f(self, action):
+    def forward(self, action):
         s, i = action.stage, action.micro_batch
         n_i = self.sizes[i]
         scale = tf.math.divide_no_nan(tf.cast(n_i, tf.float32), self.nf)
@@ -488,14 +494,14 @@ class _Step:
         if self.output_losses:
             internals.count_output_losses(self.model, self.output_losses, self.static_batch)
 
-    def send_f(self, action):
+    def send_activations(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
         peer, tag = self.schedule.transfer(action)
         self.after = [self.pipeline._send(o, spec[1], peer, tag)
                       for o, spec in zip(self.sending.pop((s, i)), out_specs)]
 
-    def recv_b(self, action):
+    def recv_gradients(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
         _, _, outputs, _ = self.saved[(s, i)]
@@ -508,7 +514,7 @@ class _Step:
                 self.after = []
         self.seeds[(s, i)] = seeds
 
-    def b(self, action):
+    def backward(self, action):
         s, i = action.stage, action.micro_batch
         tape, inputs, outputs, objective = self.saved.pop((s, i))
         # The stage's outputs are differentiated with the received
@@ -593,7 +599,7 @@ class _Step:
         self.grads[s] = grads
         self.after = list(grads)
 
-    def send_b(self, action):
+    def send_gradients(self, action):
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
         back = [spec for spec in in_specs if tf.as_dtype(spec[1]).is_floating]
@@ -637,3 +643,12 @@ def _label(schedule, s, i):
     """A pass's name on the timeline: the micro-batch, and the stage when
     a rank runs several."""
     return f"{i}" if schedule.num_stages == schedule.num_ranks else f"{i} of stage {s}"
+
+
+# The method of _Step that runs each kind of action.
+_ACTIONS = {schedule_lib.Kind.RECV_ACTIVATIONS: _Step.recv_activations,
+            schedule_lib.Kind.FORWARD: _Step.forward,
+            schedule_lib.Kind.SEND_ACTIVATIONS: _Step.send_activations,
+            schedule_lib.Kind.RECV_GRADIENTS: _Step.recv_gradients,
+            schedule_lib.Kind.BACKWARD: _Step.backward,
+            schedule_lib.Kind.SEND_GRADIENTS: _Step.send_gradients}
