@@ -13,8 +13,8 @@ Callbacks that write files write them once:
   stage's weights for it;
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
-* BackupAndRestore is replaced by a DistributedBackupAndRestore of the
-  same configuration (backup/), which restores on every rank (the backup is
+* BackupAndRestore is replaced by a DistributedBackupAndRestore made from
+  it (backup/; a user's subclass keeps its own methods), which restores on every rank (the backup is
   read by all) and writes and deletes its backup on the master only (a
   pipelined model's stages write their own weights files), so that a job
   killed while it writes leaves the previous backup usable.
@@ -38,7 +38,7 @@ import keras
 from tarantella import progress
 from tarantella import runtime
 from tarantella import settings
-from tarantella.backup import DistributedBackupAndRestore
+from tarantella import backup
 from tarantella.backup import position
 
 LOCAL_PREFIX = "tnt_local/"
@@ -270,8 +270,8 @@ def distribute(callbacks, pipelined=False):
                 out.append(_master_only(cb))
             continue
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            cb = DistributedBackupAndRestore(cb, [c.callback if isinstance(c, Callback) else c
-                                                  for c in callbacks])
+            cb = backup.distributed(cb, [c.callback if isinstance(c, Callback) else c
+                                         for c in callbacks])
         _quiet(cb)
         if isinstance(cb, _FOUND_BY_TYPE):
             out.append(cb)  # Keras looks for it by its type (else it adds its own)

@@ -19,3 +19,4 @@ def test_double_checkpoint_falls_back_to_the_previous_backup(tmp_path, python):
     for r in range(2):
         assert (f"rank {r}: resumed for epochs [2, 3, 4], History of epochs [0, 1, 2, 3, 4] "
                 "with 5 losses") in out, out[-2000:]
+        assert f"rank {r}: the subclass's on_epoch_end ran for epochs [2, 3, 4]" in out

@@ -2,8 +2,8 @@
 backup, also in mid-epoch.
 
 Users pass keras.callbacks.BackupAndRestore to fit as they would to Keras;
-callbacks.distribute runs a DistributedBackupAndRestore of the same
-configuration in its place. Keras's BackupAndRestore restores the weights
+callbacks.distribute runs a DistributedBackupAndRestore made from it in its
+place (distributed(): a user's subclass keeps its own methods). Keras's BackupAndRestore restores the weights
 and the optimizer state and starts fit again at the beginning of the epoch
 in which the backup was taken. Under Tarantella a resumed fit goes on where
 the backup was taken, as if it had never stopped; with the same number of
@@ -22,5 +22,6 @@ weights are bitwise the same.
                again, the batches of its first epoch that it goes past
 """
 from tarantella.backup.callback import DistributedBackupAndRestore
+from tarantella.backup.callback import distributed
 
-__all__ = ["DistributedBackupAndRestore"]
+__all__ = ["DistributedBackupAndRestore", "distributed"]

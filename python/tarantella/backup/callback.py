@@ -9,6 +9,7 @@ from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import runtime
 from tarantella import saving
+from tarantella import subclass
 from tarantella.backup import files
 from tarantella.backup import position
 from tarantella.backup import state
@@ -35,13 +36,13 @@ class DistributedBackupAndRestore(internals.BackupAndRestoreHooks):
     its History when its first epoch begins, after every callback's
     on_train_begin has reset them.
 
-    Made from the user's `keras_callback` (its configuration) and the
-    user's `user_callbacks` of fit, whose state it backs up."""
+    Made by distributed() from the user's `keras_callback` and the user's
+    `user_callbacks` of fit, whose state it backs up."""
 
     def __init__(self, keras_callback, user_callbacks):
-        super().__init__(keras_callback.backup_dir, save_freq=keras_callback.save_freq,
-                         double_checkpoint=keras_callback.double_checkpoint,
-                         delete_checkpoint=keras_callback.delete_checkpoint)
+        # The user's callback as it was made (by its own class's __init__,
+        # whose arguments are its own), shallowly copied: it stays as it is.
+        self.__dict__.update(keras_callback.__dict__)
         self.user_callbacks = user_callbacks
         self._pending = {}  # the restored backup's position and state, until its epoch begins
         self._finished = {}  # the logs of the finished epochs of the fit in progress
@@ -211,3 +212,12 @@ def _write_error(path, error, old):
             "and a fit started again resumes from it" if old.get("tnt_weights")
             else "no earlier backup exists")
     return f"BackupAndRestore could not write {path}: {reason}; {kept}"
+
+
+def distributed(keras_callback, user_callbacks):
+    """The DistributedBackupAndRestore that runs in place of the user's
+    `keras_callback`, which is left as it is. Its class goes in front of
+    the callback's own (subclass.mixin_class), so that a user's subclass of
+    BackupAndRestore keeps its methods and attributes."""
+    cls = subclass.mixin_class(DistributedBackupAndRestore, type(keras_callback))
+    return cls(keras_callback, user_callbacks)
