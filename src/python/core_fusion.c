@@ -1,6 +1,7 @@
 /*
  * tarantella._core.Fusion: a libtnt fusion set, whose integer handle the
- * TensorFlow ops look up. finalize() closes the open ones (g_fusions).
+ * TensorFlow ops look up to start and finish its tensors. finalize()
+ * closes the open ones (g_fusions).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,7 +20,6 @@ struct FusionObject {
   int64_t handle;
   Py_ssize_t num_buckets;
   Py_ssize_t ntensors;
-  long busy;                 /* calls on this set with the GIL released */
   FusionObject *prev, *next; /* in g_fusions while open */
   PyObject *weakreflist;
 };
@@ -148,8 +148,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   }
   self->ntensors = n;
   /* libtnt checks the list itself (unique ids: TntInvalidArgumentError,
-   * a ValueError) and keeps it; start() and finish() ask it for each
-   * tensor's entry (tnt_fusion_tensor). */
+   * a ValueError) and keeps it. */
   /* Creation is collective: every rank compares the list with the others. */
   tnt_fusion_t *f = NULL;
   tnt_status_t st;
@@ -190,149 +189,12 @@ static tnt_fusion_t *fusion_get(FusionObject *self, const char *call) {
   return self->fusion;
 }
 
-/* Reads a tensor id and asks the open set `f` for its entry (*t); 0, or
- * -1 with KeyError raised when it is not in the set. */
-static int fusion_tensor(const tnt_fusion_t *f, const char *call, PyObject *id_obj,
-                         tnt_tensor_info_t *t) {
-  PyObject *index = PyNumber_Index(id_obj);
-  if (index == NULL) return -1;
-  unsigned long long id = PyLong_AsUnsignedLongLong(index);
-  Py_DECREF(index);
-  if (!PyErr_Occurred() && tnt_fusion_tensor(f, id, t)) return 0;
-  PyErr_Clear();
-  PyObject *msg = PyUnicode_FromFormat("%s: tensor id %R is not in this Fusion", call, id_obj);
-  if (msg != NULL) PyErr_SetObject(PyExc_KeyError, msg);
-  Py_XDECREF(msg);
-  return -1;
-}
-
-/* Acquires the buffer of tensor `t` and checks it against the set's entry. */
-static int fusion_buffer(const char *call, const char *name, PyObject *obj, int writable,
-                         const tnt_tensor_info_t *t, tensor_t *out) {
-  /* bfloat16 has no buffer format of its own: such tensors take any buffer
-   * of 2-byte elements. */
-  int want = t->dtype == TNT_BFLOAT16 ? TNT_BFLOAT16 : -1;
-  if (get_tensor(call, name, obj, writable, want, out) < 0) return -1;
-  if (out->dtype != t->dtype) {
-    PyErr_Format(PyExc_TypeError, "%s: tensor %llu is %s but %s holds %s", call,
-                 (unsigned long long)t->id, tnt_dtype_name(t->dtype), name,
-                 tnt_dtype_name(out->dtype));
-    release_tensor(out);
-    return -1;
-  }
-  if (out->count != t->count) {
-    PyErr_Format(PyExc_ValueError, "%s: tensor %llu has %zu elements but %s has %zu", call,
-                 (unsigned long long)t->id, t->count, name, out->count);
-    release_tensor(out);
-    return -1;
-  }
-  return 0;
-}
-
-/* What Fusion.start and Fusion.finish both begin with: the open set, the
- * id of tensor `id_obj`, and the tensor's buffer `obj` (argument `name`).
- * Returns NULL with an exception raised and `buf` released on failure. */
-static tnt_fusion_t *fusion_tensor_buffer(FusionObject *self, const char *call, PyObject *id_obj,
-                                          const char *name, PyObject *obj, int writable,
-                                          uint64_t *id, tensor_t *buf) {
-  tnt_fusion_t *f = fusion_get(self, call);
-  if (f == NULL) return NULL;
-  tnt_tensor_info_t t;
-  if (fusion_tensor(f, call, id_obj, &t) < 0) return NULL;
-  if (fusion_buffer(call, name, obj, writable, &t, buf) < 0) return NULL;
-  *id = t.id;
-  return f;
-}
-
-PyDoc_STRVAR(fusion_bucket_of_doc,
-             "bucket_of(id)\n--\n\n"
-             "The index of the bucket that holds tensor id (KeyError when unknown).");
-
-static PyObject *fusion_bucket_of(FusionObject *self, PyObject *id_obj) {
-  static const char call[] = "Fusion.bucket_of";
-  tnt_fusion_t *f = fusion_get(self, call);
-  if (f == NULL) return NULL;
-  tnt_tensor_info_t t;
-  if (fusion_tensor(f, call, id_obj, &t) < 0) return NULL;
-  return PyLong_FromLong(tnt_fusion_bucket_of(f, t.id));
-}
-
-PyDoc_STRVAR(fusion_start_doc,
-             "start(id, buf)\n--\n\n"
-             "Copies buf (tensor id's data: its dtype and element count) into the tensor's\n"
-             "bucket and returns at once; once every tensor of a bucket has started, the\n"
-             "bucket is reduced in the background. Each tensor starts once per round, and\n"
-             "a round of a bucket ends when every tensor of the bucket has finished:\n"
-             "starting a tensor again before that raises TntError.");
-
-static PyObject *fusion_start(FusionObject *self, PyObject *args, PyObject *kwargs) {
-  static const char call[] = "Fusion.start";
-  static char *kwlist[] = {"id", "buf", NULL};
-  PyObject *id_obj, *buf_obj;
-  tensor_t buf = {0};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:start", kwlist, &id_obj, &buf_obj)) {
-    return NULL;
-  }
-  uint64_t id;
-  tnt_fusion_t *f = fusion_tensor_buffer(self, call, id_obj, "buf", buf_obj, 0, &id, &buf);
-  if (f == NULL) return NULL;
-  tnt_status_t st;
-  ++self->busy;
-  TNT_WITHOUT_GIL(st = tnt_fusion_start(f, id, buf.view.buf));
-  --self->busy;
-  release_tensor(&buf);
-  return result_of(call, st, NULL, Py_None);
-}
-
-PyDoc_STRVAR(fusion_finish_doc,
-             "finish(id, out, timeout_s=-1)\n--\n\n"
-             "Waits for the bucket of tensor id (at most timeout_s seconds; < 0 or None:\n"
-             "the context timeout) and copies the reduced tensor into out (writable, the\n"
-             "tensor's dtype and element count). Returns out. Raises TntTimeoutError when\n"
-             "the bucket is not done in time (the log names the tensors this rank has not\n"
-             "started); finish may then be called again.");
-
-static PyObject *fusion_finish(FusionObject *self, PyObject *args, PyObject *kwargs) {
-  static const char call[] = "Fusion.finish";
-  static char *kwlist[] = {"id", "out", "timeout_s", NULL};
-  PyObject *id_obj, *out_obj, *timeout_obj = Py_None;
-  tensor_t out = {0};
-  double timeout_s = -1.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:finish", kwlist, &id_obj, &out_obj,
-                                   &timeout_obj)) {
-    return NULL;
-  }
-  if (timeout_obj != Py_None) {
-    timeout_s = PyFloat_AsDouble(timeout_obj);
-    if (timeout_s == -1.0 && PyErr_Occurred()) return NULL;
-    if (timeout_s != timeout_s) {
-      PyErr_Format(PyExc_ValueError, "%s: timeout_s must be a number of seconds, not nan", call);
-      return NULL;
-    }
-  }
-  uint64_t id;
-  tnt_fusion_t *f = fusion_tensor_buffer(self, call, id_obj, "out", out_obj, 1, &id, &out);
-  if (f == NULL) return NULL;
-  tnt_status_t st;
-  ++self->busy;
-  TNT_WITHOUT_GIL(st = tnt_fusion_finish(f, id, out.view.buf, timeout_s));
-  --self->busy;
-  release_tensor(&out);
-  return result_of(call, st, NULL, out_obj);
-}
-
 PyDoc_STRVAR(fusion_close_doc,
              "close()\n--\n\n"
              "Destroys the fusion set (waiting for reductions still running); its handle\n"
              "is then invalid. Idempotent; also done when the object is deleted.");
 
 static PyObject *fusion_close(FusionObject *self, PyObject *Py_UNUSED(ignored)) {
-  if (self->busy > 0) {
-    PyErr_Format(TntError,
-                 "Fusion.close: another thread is inside start() or finish() of this "
-                 "Fusion; close it once they returned");
-    return NULL;
-  }
   fusion_close_now(self);
   Py_RETURN_NONE;
 }
@@ -383,9 +245,6 @@ static PyObject *fusion_repr(FusionObject *self) {
 }
 
 static PyMethodDef fusion_methods[] = {
-    {"bucket_of", (PyCFunction)fusion_bucket_of, METH_O, fusion_bucket_of_doc},
-    {"start", TNT_PYFN(fusion_start), METH_VARARGS | METH_KEYWORDS, fusion_start_doc},
-    {"finish", TNT_PYFN(fusion_finish), METH_VARARGS | METH_KEYWORDS, fusion_finish_doc},
     {"close", (PyCFunction)fusion_close, METH_NOARGS, fusion_close_doc},
     {"__enter__", (PyCFunction)fusion_enter, METH_NOARGS, "Returns the Fusion itself."},
     {"__exit__", (PyCFunction)fusion_exit, METH_VARARGS, "Closes the Fusion."},
@@ -417,10 +276,11 @@ PyDoc_STRVAR(fusion_doc,
              "into buckets of one dtype\n"
              "each that close at threshold_bytes (0: one tensor per bucket); each bucket is\n"
              "reduced with op as soon as all its tensors have started. Creation is\n"
-             "collective: every rank passes the same list. Each round, every tensor is\n"
-             "started once (start) and finished once (finish). wire_dtype 'float16' or\n"
-             "'bfloat16' sends float32 tensors in 16 bits (each reduction step adds in\n"
-             "float32); None or 'float32' sends them as they are. tune_threshold=True\n"
+             "collective: every rank passes the same list. Each round, the TensorFlow ops\n"
+             "start every tensor once and finish it once (by the set's handle). wire_dtype\n"
+             "'float16' or 'bfloat16' sends float32 tensors in 16 bits (each reduction\n"
+             "step adds in float32); None or 'float32' sends them as they are.\n"
+             "tune_threshold=True\n"
              "ignores threshold_bytes: the set tries 32 KiB to 8 MiB in its first rounds\n"
              "and keeps the master's fastest; order='readiness' fills the buckets in the\n"
              "order the master started the tensors in the first round; overlap='off'\n"

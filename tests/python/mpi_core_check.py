@@ -10,6 +10,7 @@ and then ends the job with abort(3), the status the test driver expects
 (abort(4) when the error was not the expected one).
 """
 import sys
+import threading
 import time
 import traceback
 
@@ -17,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 import tarantella._core as core
+from libtnt_calls import FusionCalls
 
 FLOAT_DTYPES = [np.float32, np.float64, np.float16]
 INT_DTYPES = [np.int32, np.int64]
@@ -103,15 +105,16 @@ def check_fusion(rank, size):
     # 16 bytes: some buckets hold more than one tensor.
     with core.Fusion(tensors, 16, "average") as fusion:
         check(fusion.num_buckets >= 4, f"{fusion.num_buckets} buckets")
+        calls = FusionCalls(fusion.handle)
         # Ranks start their tensors in different orders; libtnt must still
         # reduce the buckets in the same order everywhere.
         order = tensors if rank % 2 == 0 else tensors[::-1]
         for step in range(3):
             for tid, count, dtype in order:
                 value = (rank + 1) * (step + 1) * 2
-                fusion.start(tid, np.full(count, value, dtypes[dtype]))
+                calls.start(tid, np.full(count, value, dtypes[dtype]))
             for tid, count, dtype in tensors:
-                out = fusion.finish(tid, np.zeros(count, dtypes[dtype]))
+                out = calls.finish(tid, np.zeros(count, dtypes[dtype]))
                 want = (step + 1) * (size + 1)
                 check_equal(out.astype(np.float64), np.full(count, want),
                             f"fusion tensor {tid} ({dtype}) in round {step}")
@@ -126,6 +129,26 @@ def check_fusion(rank, size):
         check(size == 1, "a Fusion whose list differs between ranks was created")
 
 
+def check_finalize_waits_for_calls(rank, size):
+    # finalize() must not end the context under a call that another thread
+    # is still making: here a barrier that waits for rank 0.
+    if rank == 0:
+        time.sleep(1.0)
+        core.barrier()
+        return
+    waiting = threading.Thread(target=core.barrier)
+    waiting.start()
+    time.sleep(0.2)
+    try:
+        core.finalize()
+    except core.TntError as e:
+        check("still running in other threads" in str(e), f"finalize message: {e}")
+    else:
+        check(False, "finalize ended the context under a running barrier")
+    waiting.join()
+    check(core.is_initialized(), "the context survives the refused finalize")
+
+
 def run_checks():
     core.init()
     rank, size = core.rank(), core.size()
@@ -134,6 +157,7 @@ def run_checks():
     check_broadcast(rank, size)
     check_allgatherv(rank, size)
     check_fusion(rank, size)
+    check_finalize_waits_for_calls(rank, size)
     core.barrier()
     if rank == 0:
         print(f"mpi_core_check: every check passed on {size} ranks", flush=True)

@@ -7,8 +7,8 @@ singleton) and at 2 ranks under mpirun, for example
     python3 mpi_tf_ops_check.py round_trip errors
     mpirun -np 2 python3 mpi_tf_ops_check.py ranks collectives
 
-The context, the world group and the fusion sets are made through ctypes on
-the libtnt.so that the op library loaded, since the integer handles that
+The context, the world group and the fusion sets are made through ctypes
+(libtnt_calls.py) on the libtnt.so that the op library loaded, since the integer handles that
 the ops carry are only known to that copy of libtnt. The op library is
 $TNT_TF_OPS_LIBRARY, else libtnt_tf_ops.so of the installed tarantella
 package. Every check prints "<check>: OK" on each rank when it passes and
@@ -23,6 +23,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from libtnt_calls import FusionOptions, TensorInfo, check, libtnt  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -48,62 +49,19 @@ def op_library_path():
     return os.path.join(list(spec.submodule_search_locations)[0], "libtnt_tf_ops.so")
 
 
-def loaded_library(prefix):
-    """Path of the shared object mapped into this process whose file name
-    starts with `prefix`."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith(prefix):
-                return fields[5].strip()
-    raise RuntimeError(f"no {prefix}* is loaded in this process")
-
-
-class TensorInfo(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint64), ("count", ctypes.c_size_t), ("dtype", ctypes.c_int)]
-
-
-class FusionOptions(ctypes.Structure):
-    # The fields of tnt_fusion_options_t (tnt.h); `size` tells libtnt how
-    # many bytes of them it may read.
-    _fields_ = [("size", ctypes.c_size_t), ("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
-                ("wire_dtype", ctypes.c_int), ("tune_threshold", ctypes.c_int),
-                ("order", ctypes.c_int), ("overlap", ctypes.c_int)]
-
-
 class Tnt:
     """The op library, and a libtnt context over every rank of the job."""
 
     def __init__(self, ops_path):
         self.ops = tf.load_op_library(ops_path)
-        lib = ctypes.CDLL(loaded_library("libtnt.so"))
-        vp, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.tnt_status_string.restype = ctypes.c_char_p
-        lib.tnt_context_create.argtypes = [vp, ctypes.POINTER(vp)]
-        lib.tnt_context_destroy.argtypes = [vp]
-        lib.tnt_context_world.argtypes = [vp]
-        lib.tnt_context_world.restype = vp
-        for name in ("tnt_group_rank", "tnt_group_size"):
-            getattr(lib, name).argtypes = [vp]
-        lib.tnt_group_handle.argtypes = [vp]
-        lib.tnt_group_handle.restype = i64
-        lib.tnt_fusion_create.argtypes = [vp, ctypes.POINTER(TensorInfo), ctypes.c_size_t,
-                                          ctypes.POINTER(FusionOptions), ctypes.POINTER(vp)]
-        lib.tnt_fusion_destroy.argtypes = [vp]
-        lib.tnt_fusion_handle.argtypes = [vp]
-        lib.tnt_fusion_handle.restype = i64
-        self.lib = lib
-        self.ctx = vp()
-        self._check(lib.tnt_context_create(None, ctypes.byref(self.ctx)), "tnt_context_create")
+        self.lib = lib = libtnt()
+        self.ctx = ctypes.c_void_p()
+        check(lib, lib.tnt_context_create(None, ctypes.byref(self.ctx)), "tnt_context_create")
         self.world = lib.tnt_context_world(self.ctx)
         self.rank = lib.tnt_group_rank(self.world)
         self.size = lib.tnt_group_size(self.world)
         self.group = lib.tnt_group_handle(self.world)
         self._sets = []
-
-    def _check(self, status, what):
-        if status < 0:
-            raise RuntimeError(f"{what}: {self.lib.tnt_status_string(status).decode()}")
 
     def fusion(self, tensors, threshold_bytes, op="average"):
         """A fusion set of `tensors` [(id, tf.TensorShape or count, dtype)],
@@ -113,9 +71,9 @@ class Tnt:
         f = ctypes.c_void_p()
         options = FusionOptions(ctypes.sizeof(FusionOptions), threshold_bytes, TNT_OPS[op],
                                 TNT_DTYPES[tf.float32])
-        self._check(self.lib.tnt_fusion_create(self.world, infos, len(tensors),
-                                               ctypes.byref(options), ctypes.byref(f)),
-                    "tnt_fusion_create")
+        check(self.lib, self.lib.tnt_fusion_create(self.world, infos, len(tensors),
+                                                   ctypes.byref(options), ctypes.byref(f)),
+              "tnt_fusion_create")
         self._sets.append(f)
         return self.lib.tnt_fusion_handle(f)
 
@@ -129,8 +87,8 @@ class Tnt:
 
     def close(self):
         for f in self._sets:
-            self._check(self.lib.tnt_fusion_destroy(f), "tnt_fusion_destroy")
-        self._check(self.lib.tnt_context_destroy(self.ctx), "tnt_context_destroy")
+            check(self.lib, self.lib.tnt_fusion_destroy(f), "tnt_fusion_destroy")
+        check(self.lib, self.lib.tnt_context_destroy(self.ctx), "tnt_context_destroy")
 
 
 def count_of(shape):

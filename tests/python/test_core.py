@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import tarantella._core as core
+from libtnt_calls import FusionCalls, LibtntError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -119,8 +120,7 @@ def test_finalize_ends_the_context():
         assert not core.is_initialized()
         assert fusion.closed, "finalize closes open fusion sets"
         core.finalize()  # a second finalize is a no-op
-        for call in [core.rank, lambda: core.allreduce(np.zeros(2)), core.init,
-                     lambda: fusion.start(0, np.zeros(2, np.float32))]:
+        for call in [core.rank, lambda: core.allreduce(np.zeros(2)), core.init]:
             try:
                 call()
             except core.TntError as e:
@@ -192,9 +192,7 @@ def test_every_function_has_a_docstring():
     for name in names:
         doc = getattr(core, name).__doc__
         assert doc and len(doc) > 10, name
-    for name in ["start", "finish", "bucket_of", "close"]:
-        assert getattr(core.Fusion, name).__doc__, name
-    assert core.Fusion.__doc__ and core.__doc__
+    assert core.Fusion.close.__doc__ and core.Fusion.__doc__ and core.__doc__
 
 
 # ---------------------------------------------------------------- collectives
@@ -368,11 +366,14 @@ def test_bad_arguments_of_allgatherv():
 
 
 # ---------------------------------------------------------------- fusion
+# A Fusion's tensors are started and finished by the TensorFlow ops; these
+# tests make the same libtnt calls through ctypes (libtnt_calls.py).
 
 FUSED = [(7, 3, "float32"), (3, 2, "float32"), (9, 4, "float64"), (1, 5, "int32"),
          (4, 2, "bfloat16"), (5, 3, "float16"), (6, 2, "int64")]
 NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
              "int64": np.int64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TNT_ERR_TIMEOUT = -4
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -383,16 +384,16 @@ def test_fusion_round_trip(op, threshold):
         assert 1 <= fusion.num_buckets <= len(FUSED)
         if threshold == 0:
             assert fusion.num_buckets == len(FUSED)
-        buckets = {tid: fusion.bucket_of(tid) for tid, _, _ in FUSED}
+        calls = FusionCalls(fusion.handle)
+        buckets = {tid: calls.bucket_of(tid) for tid, _, _ in FUSED}
         assert set(buckets.values()) == set(range(fusion.num_buckets))
         for step in range(3):
             data = {tid: (np.arange(n) + step - 1).astype(NP_DTYPES[dt]) for tid, n, dt in FUSED}
             for tid, _, _ in reversed(FUSED):
-                assert fusion.start(tid, data[tid]) is None
+                calls.start(tid, data[tid])
             for tid, n, dt in FUSED:
-                out = np.zeros(n, NP_DTYPES[dt])
-                assert fusion.finish(tid, out) is out
-                np.testing.assert_array_equal(out, data[tid])
+                np.testing.assert_array_equal(calls.finish(tid, np.zeros(n, NP_DTYPES[dt])),
+                                              data[tid])
     assert fusion.closed
 
 
@@ -401,8 +402,9 @@ def test_fusion_handles_are_distinct_and_default_op_works():
     b = core.Fusion([(0, 4, "float32")], 0)
     assert a.handle != b.handle
     x = np.arange(4, dtype=np.float32)
-    a.start(0, x)
-    np.testing.assert_array_equal(a.finish(0, np.zeros(4, np.float32), timeout_s=None), x)
+    calls = FusionCalls(a.handle)
+    calls.start(0, x)
+    np.testing.assert_array_equal(calls.finish(0, np.zeros(4, np.float32)), x)
     assert "2 buckets" not in repr(a) and "1 tensors" in repr(a)
     a.close()
     a.close()  # idempotent
@@ -419,13 +421,14 @@ def test_fusion_wire_dtype(wire, rounded):
     y = np.array([1 / 3, 1e300], np.float64)
     with core.Fusion([(0, 6, "float32"), (1, 2, "float64")], 1 << 20, "sum",
                      wire_dtype=wire) as fusion:
+        calls = FusionCalls(fusion.handle)
         for _ in range(2):
-            fusion.start(1, y)
-            fusion.start(0, x)
-            out = fusion.finish(0, np.zeros(6, np.float32))
+            calls.start(1, y)
+            calls.start(0, x)
+            out = calls.finish(0, np.zeros(6, np.float32))
             np.testing.assert_array_equal(out, x.astype(rounded).astype(np.float32))
             assert out[2] != x[2]
-            np.testing.assert_array_equal(fusion.finish(1, np.zeros(2, np.float64)), y)
+            np.testing.assert_array_equal(calls.finish(1, np.zeros(2, np.float64)), y)
 
 
 def test_fusion_tunes_its_threshold():
@@ -435,14 +438,15 @@ def test_fusion_tunes_its_threshold():
     tensors = [(i, 40000, "float32") for i in range(6)]
     candidates = [32, 128, 512, 2048, 8192]
     with core.Fusion(tensors, 0, "sum", tune_threshold=True) as fusion:
+        calls = FusionCalls(fusion.handle)
         seen = []
         for step in range(16):
             seen.append(fusion.threshold_bytes // 1024)
             data = [np.full(40000, step + i, np.float32) for i in range(6)]
             for i in reversed(range(6)):
-                fusion.start(i, data[i])
+                calls.start(i, data[i])
             for i in range(6):
-                np.testing.assert_array_equal(fusion.finish(i, np.zeros(40000, np.float32)),
+                np.testing.assert_array_equal(calls.finish(i, np.zeros(40000, np.float32)),
                                               data[i])
         assert seen[:14] == [32] * 3 + candidates * 2 + [8192]
         assert seen[14] in candidates and seen[15] == seen[14]
@@ -460,13 +464,14 @@ def test_fusion_readiness_order():
     # the k-th tensor started in round 0.
     tensors = [(i, 3, "float32") for i in range(4)]
     with core.Fusion(tensors, 0, "sum", order="readiness") as fusion:
+        calls = FusionCalls(fusion.handle)
         for step in range(3):
             for i in reversed(range(4)):
-                fusion.start(i, np.full(3, i + step, np.float32))
+                calls.start(i, np.full(3, i + step, np.float32))
             for i in range(4):
-                np.testing.assert_array_equal(fusion.finish(i, np.zeros(3, np.float32)),
+                np.testing.assert_array_equal(calls.finish(i, np.zeros(3, np.float32)),
                                               np.full(3, i + step, np.float32))
-        assert [fusion.bucket_of(i) for i in range(4)] == [3, 2, 1, 0]
+        assert [calls.bucket_of(i) for i in range(4)] == [3, 2, 1, 0]
     raises(ValueError, "use 'list' or 'readiness'",
            lambda: core.Fusion(tensors, 0, order="ready"))
 
@@ -478,10 +483,11 @@ def test_fusion_overlap():
     tensors = [(i, 5, "float32") for i in range(3)]
 
     def step(fusion, k):
+        calls = FusionCalls(fusion.handle)
         for i in reversed(range(3)):
-            fusion.start(i, np.full(5, i + k, np.float32))
+            calls.start(i, np.full(5, i + k, np.float32))
         for i in range(3):
-            np.testing.assert_array_equal(fusion.finish(i, np.zeros(5, np.float32)),
+            np.testing.assert_array_equal(calls.finish(i, np.zeros(5, np.float32)),
                                           np.full(5, i + k, np.float32))
 
     with core.Fusion(tensors, 0, "sum", overlap="off") as fusion:
@@ -506,15 +512,16 @@ def test_fusion_bad_wire_dtype():
     raises(TypeError, "at most 4 positional",
            lambda: core.Fusion([(0, 2, "float32")], 0, "sum", None, "float16"))
     with core.Fusion([(0, 2, "float32")], 0, wire_dtype="float32") as fusion:
+        calls = FusionCalls(fusion.handle)
         x = np.array([1 / 3, 2.0], np.float32)
-        fusion.start(0, x)
-        np.testing.assert_array_equal(fusion.finish(0, np.zeros(2, np.float32)), x)
+        calls.start(0, x)
+        np.testing.assert_array_equal(calls.finish(0, np.zeros(2, np.float32)), x)
 
 
 def test_fusion_of_no_tensors():
     fusion = core.Fusion([], 1024)
     assert fusion.num_buckets == 0
-    raises(KeyError, "not in this Fusion", lambda: fusion.bucket_of(0))
+    assert FusionCalls(fusion.handle).bucket_of(0) == -1
     fusion.close()
 
 
@@ -535,85 +542,72 @@ def test_fusion_bad_lists():
     raises(ValueError, "unknown op", lambda: core.Fusion([(1, 2, "float32")], 0, "mean"))
 
 
-def test_fusion_bad_calls():
+def test_fusion_calls_out_of_order():
     fusion = core.Fusion([(1, 4, "float32"), (2, 2, "bfloat16")], 0)
+    calls = FusionCalls(fusion.handle)
     x = np.zeros(4, np.float32)
-    raises(KeyError, "tensor id 99 is not in this Fusion", lambda: fusion.start(99, x))
-    raises(KeyError, "tensor id 99", lambda: fusion.finish(99, x))
-    raises(KeyError, "tensor id 99", lambda: fusion.bucket_of(99))
-    raises(TypeError, "tensor 1 is float32 but buf holds float64",
-           lambda: fusion.start(1, np.zeros(4)))
-    raises(ValueError, "tensor 1 has 4 elements but buf has 5",
-           lambda: fusion.start(1, np.zeros(5, np.float32)))
-    raises(TypeError, "2-byte elements", lambda: fusion.start(2, np.zeros(2, np.float32)))
-    raises(core.TntError, "tensor 1 was not started", lambda: fusion.finish(1, x))
-    fusion.start(1, x)
-    raises(core.TntError, "tensor 1 was started already in this round",
-           lambda: fusion.start(1, x))
-    ro = np.zeros(4, np.float32)
-    ro.flags.writeable = False
-    raises(ValueError, "read-only", lambda: fusion.finish(1, ro))
-    fusion.finish(1, x)
+    assert calls.bucket_of(99) == -1
+    raises(LibtntError, "tensor 1 was not started", lambda: calls.finish(1, x))
+    calls.start(1, x)
+    raises(LibtntError, "tensor 1 was started already in this round", lambda: calls.start(1, x))
+    calls.finish(1, x)
     fusion.close()
-    raises(core.TntError, "this Fusion is closed", lambda: fusion.start(1, x))
-    raises(core.TntError, "this Fusion is closed", lambda: fusion.bucket_of(1))
 
 
 def test_fusion_finish_times_out_and_can_be_retried():
     # Both tensors share a bucket, which is reduced once both have started.
     fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
     assert fusion.num_buckets == 1
+    calls = FusionCalls(fusion.handle)
     a = np.ones(2, np.float32)
-    fusion.start(1, a)
-    with pytest.raises(core.TntTimeoutError) as info:
-        fusion.finish(1, np.zeros(2, np.float32), timeout_s=0.2)
+    calls.start(1, a)
+    with pytest.raises(LibtntError) as info:
+        calls.finish(1, np.zeros(2, np.float32), timeout_s=0.2)
     assert "every rank must start every tensor" in str(info.value)
-    assert info.value.status == -4
-    assert info.value.context_error == ""  # the context is still healthy
-    fusion.start(2, a * 2)
-    np.testing.assert_array_equal(fusion.finish(1, np.zeros(2, np.float32)), a)
-    np.testing.assert_array_equal(fusion.finish(2, np.zeros(2, np.float32)), a * 2)
+    assert info.value.status == TNT_ERR_TIMEOUT
+    assert calls.context_status() == 0  # the context is still healthy
+    calls.start(2, a * 2)
+    np.testing.assert_array_equal(calls.finish(1, np.zeros(2, np.float32)), a)
+    np.testing.assert_array_equal(calls.finish(2, np.zeros(2, np.float32)), a * 2)
     fusion.close()
 
 
 def test_fusion_round_ends_when_the_whole_bucket_finished():
     fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
+    calls = FusionCalls(fusion.handle)
     one, two = np.ones(2, np.float32), np.full(2, 2, np.float32)
-    fusion.start(1, one)
-    fusion.start(2, two)
-    fusion.finish(1, np.zeros(2, np.float32))
+    calls.start(1, one)
+    calls.start(2, two)
+    calls.finish(1, np.zeros(2, np.float32))
     # Tensor 2 has not finished round 1: tensor 1 cannot start round 2 yet.
-    raises(core.TntError, "started already in this round", lambda: fusion.start(1, one))
-    fusion.finish(2, np.zeros(2, np.float32))
-    fusion.start(1, one)
+    raises(LibtntError, "started already in this round", lambda: calls.start(1, one))
+    calls.finish(2, np.zeros(2, np.float32))
+    calls.start(1, one)
     fusion.close()
 
 
-def test_fusion_finish_waits_without_the_gil():
-    # A thread waits in finish() for a bucket that this thread completes:
-    # the wait must let go of the GIL. Meanwhile neither the set nor the
-    # context may be torn down.
+def test_fusion_finish_waits_for_a_start_in_another_thread():
+    # A thread waits in finish() for a bucket that this thread completes.
     fusion = core.Fusion([(1, 2, "float32"), (2, 2, "float32")], 1 << 20)
+    calls = FusionCalls(fusion.handle)
     one, two = np.ones(2, np.float32), np.full(2, 2, np.float32)
-    fusion.start(1, one)
+    calls.start(1, one)
     results = []
 
     def finish_one():
         begin = time.monotonic()
-        out = fusion.finish(1, np.zeros(2, np.float32))
+        out = calls.finish(1, np.zeros(2, np.float32))
         results.append((time.monotonic() - begin, out))
 
     t = threading.Thread(target=finish_one)
     t.start()
     time.sleep(0.3)
-    raises(core.TntError, "another thread is inside", fusion.close)
-    raises(core.TntError, "still running in other threads", core.finalize)
-    fusion.start(2, two)
+    calls.start(2, two)
     t.join()
     waited, out = results[0]
     assert 0.2 < waited < SESSION_TIMEOUT_S
     np.testing.assert_array_equal(out, one)
-    fusion.finish(2, np.zeros(2, np.float32))
+    calls.finish(2, np.zeros(2, np.float32))
     fusion.close()
     assert core.is_initialized()
 
