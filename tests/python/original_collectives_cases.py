@@ -181,25 +181,16 @@ def test_dict_of_tensors(input_dict):
     assert output_dict == expected_dict
 
 
-@pytest.mark.parametrize("array_length, index", [(35, 12)])
-def test_array_nan(array_length, index):
+@pytest.mark.parametrize("special, found", [(math.nan, np.isnan), (math.inf, np.isinf)],
+                         ids=["nan", "inf"])
+@pytest.mark.parametrize("array_length, index", [(35, 12), (12, 7), (78, 3)])
+def test_array_nan_and_inf(special, found, array_length, index):
     injection_rank = same_random_int_all_ranks(0, tnt.get_size())
     input_array = np.ones(shape=(array_length, 1), dtype=np.float32)
     if tnt.get_rank() == injection_rank:
-        input_array[index] = math.nan
+        input_array[index] = special
     output_array = tnt.TensorAllreducer(input_array).allreduce(input_array)
-    assert np.isnan(output_array[index])
-
-
-@pytest.mark.parametrize("array_length", [12, 78])
-@pytest.mark.parametrize("index", [7, 3])
-def test_array_inf(array_length, index):
-    injection_rank = same_random_int_all_ranks(0, tnt.get_size())
-    input_array = np.ones(shape=(array_length, 1), dtype=np.float32)
-    if tnt.get_rank() == injection_rank:
-        input_array[index] = math.inf
-    output_array = tnt.TensorAllreducer(input_array).allreduce(input_array)
-    assert np.isinf(output_array[index])
+    assert found(output_array[index])
 
 
 # ------------------------------------- every dtype on every collective
