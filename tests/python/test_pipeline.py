@@ -11,7 +11,6 @@ saves a plain Keras file that loads on one rank and predicts the same. Bad
 models and settings fail with errors that say what to change, and a killed
 stage ends the job like a killed data-parallel rank."""
 import os
-import subprocess
 import sys
 
 import numpy as np

@@ -1,16 +1,17 @@
 """Checkpoints of a pipelined model that no rank gathers whole.
 
 A model built by a function trains one epoch on K stages (3; 4 on 2 ranks
-with the interleaved schedule; 4 in the long test) and saves a sharded checkpoint (a shard per stage), a .weights.h5
-file and a .keras file, the master writing each from the stages' values
-streamed to it (checkpoint_worker.py). Plain Keras, in one process, loads
-each into the model built whole: the weights are those of the pipeline
-bitwise (copied, never computed), and its predictions are within 1e-5 of
-the pipeline's. Loaded on 2 stages cut elsewhere (by tnt.models.load_model
-from the .keras file, and by load_weights from the sharded one), one more
-epoch gives the weights of one more epoch of the uninterrupted model. After
-the saves and the loads, reading any weight of another stage raises on
-every rank: none is allocated there.
+with the interleaved schedule; 4 in the long test) and saves a sharded
+checkpoint (a shard per stage), a .weights.h5 file and a .keras file, the
+master writing each from the stages' values streamed to it
+(checkpoint_worker.py). Plain Keras, in one process, loads each into the
+model built whole: the weights are those of the pipeline bitwise (copied,
+never computed), and its predictions are within 1e-5 of the pipeline's.
+Loaded on 2 stages cut elsewhere (by tnt.models.load_model from the .keras
+file, and by load_weights from the sharded one), one more epoch gives the
+weights of one more epoch of the uninterrupted model. After the saves and
+the loads, reading any weight of another stage raises on every rank: none
+is allocated there.
 
 Tolerances. Predictions: plain Keras computes each output from the same
 float32 weights in other batch shapes and graphs than the pipeline (whose

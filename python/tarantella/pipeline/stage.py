@@ -102,8 +102,9 @@ class Pipeline:
     def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
         """`deferred`: the variables of a model built by
         weights.build_deferred, none of them allocated yet."""
-        if num_micro_batches is not None and (not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
-              or num_micro_batches > MAX_MICRO_BATCHES):
+        if num_micro_batches is not None and (
+                not runtime._is_whole_number(num_micro_batches) or num_micro_batches < 1
+                or num_micro_batches > MAX_MICRO_BATCHES):
             raise runtime.TarantellaError(
                 f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
                 f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
@@ -604,7 +605,7 @@ class _Step:
 
 def _regularization(stage_model):
     """The sum of the stage's regularization losses (float32), or None."""
-    reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
+    reg = [tf.cast(loss, tf.float32) for loss in stage_model.losses]
     return tf.add_n(reg) if reg else None
 
 
