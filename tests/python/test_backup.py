@@ -3,7 +3,11 @@ double_checkpoint=True a damaged latest backup falls back to the previous one.""
 import json
 import os
 
+import pytest
+
 from conftest import ROOT, mpirun_command, run
+
+pytestmark = pytest.mark.ranks
 
 WORKER = os.path.join(ROOT, "tests", "python", "backup_worker.py")
 

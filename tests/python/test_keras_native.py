@@ -59,6 +59,7 @@ def test_keras_internals_exist_and_a_missing_one_names_the_version():
             f"Keras {keras.__version__} does not have") in proc.stdout, proc.stdout
 
 
+@pytest.mark.ranks
 def test_failing_master_only_callback_ends_fit_on_every_rank(tmp_path, python):
     cmd = mpirun_command(2, python, WORKER, "failing_callback", str(tmp_path))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,

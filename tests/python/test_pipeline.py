@@ -19,6 +19,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,11 +17,15 @@ import json
 import os
 import sys
 
+import pytest
+
 from conftest import ROOT, run
 
 BENCH = os.path.join(ROOT, "tools", "bench", "pipeline_bench.py")
 sys.path.insert(0, os.path.dirname(BENCH))
 import pipeline_bench  # noqa: E402
+
+pytestmark = pytest.mark.ranks
 
 MIB = 1 << 20
 MEMORY_ERRORS = ("OOM", "ResourceExhausted", "MemoryError", "bad_alloc")

@@ -106,12 +106,14 @@ def check_round_trip(d, stages, resume_stages):
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+@pytest.mark.ranks
 def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resume_stages,
                                                        schedule):
     check_round_trip(runs(case, stages, resume_stages, schedule), stages, resume_stages)
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES[:1])
+@pytest.mark.ranks
 def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case, stages,
                                                                      resume_stages, schedule):
     d = runs(case, stages, resume_stages, schedule)
@@ -123,6 +125,7 @@ def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case,
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+@pytest.mark.ranks
 def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages,
                                                          schedule):
     d = runs(case, stages, resume_stages, schedule)
@@ -159,6 +162,7 @@ def assert_same_datasets(a, b, what):
         assert np.array_equal(a[name], b[name]), f"{what}: {name}"
 
 
+@pytest.mark.ranks
 def test_model_checkpoint_writes_what_save_writes_without_gathering(tmp_path):
     """ModelCheckpoint on 2 stages (the whole model, its best weights, its
     weights every 2 batches) writes through the collective save: its files

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "seed_snippets_worker.py")
 
 RUN = ["ranks", "history on the master only", "global batch from micro-batch size",
