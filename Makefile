@@ -2,10 +2,28 @@
 #   make demo   install what is missing, build, install, train the quick start on 2 ranks
 #               (with the tarantella launcher)
 #   make test   install what is missing, build, install, run every test suite
-#   make test-long  install, then the long tests make test leaves out (the
-#               tests marked `long`: random kill trials, soak, 4-rank training)
+#               but the long tests (the tiers below but test-long), in
+#               tests/run_all.py, which counts results from JUnit XML
+#               (build/test-results/) and prints each tier's time
 #   make bench  install, run the benchmark suite, write bench/results/summary.md
 #               (make bench QUICK=1: a short version)
+# The test tiers, each a part of make test (tests/run_all.py TIER runs one):
+#   make check  build, stage the Python package in build/python (pip --target,
+#               nothing installed, no root), ruff, then the C unit and
+#               threaded tests (ctest -L 'unit|threads') and the Python tests
+#               that start no ranks (pytest -m "not ranks"): a few minutes
+#   make test-mpi         build, the C tests under mpirun and on SimGrid
+#                         (ctest -L 'mpi|sim')
+#   make test-sanitizers  the C tests built with ASan+UBSan, the threaded
+#                         ones with TSan (build-asan, build-tsan)
+#   make test-launcher    install, the launcher's end-to-end tests, its fuzz
+#                         targets, the bad-input matrix (tests/reliability)
+#   make test-python      install, the Python tests that start ranks
+#                         (pytest -m ranks), the wheel (tests/packaging)
+#   make test-long        install, the tests marked `long` that make test
+#                         leaves out: random kill trials, soak, 4-rank training
+# ctest labels (tests/CMakeLists.txt) and pytest markers (pyproject.toml,
+# tests/python/conftest.py) select the tests of a tier.
 # All are safe to run again; they rebuild only what changed.
 
 PREFIX    ?= /usr/local
@@ -17,7 +35,8 @@ MPIFLAGS  ?= --oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--al
 
 export PYTHON
 
-.PHONY: all deps build install demo test test-long bench clean
+.PHONY: all deps build stage install demo test check test-mpi test-sanitizers test-launcher \
+        test-python test-long bench clean
 
 all: build
 
@@ -28,6 +47,12 @@ deps:
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The Python package built from this tree (build-py/) and copied to
+# $(BUILD)/python, whence `make check` imports it: nothing is installed.
+stage: build
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip install --quiet --root-user-action=ignore \
+	  --no-build-isolation --no-deps --upgrade --target $(BUILD)/python .
 
 # libtnt and tnt-bench under PREFIX, and the Python package for $(PYTHON).
 install: build
@@ -40,11 +65,21 @@ demo: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PREFIX)/bin/tarantella --no-gpu -n 2 --python-interpreter $(PYTHON) \
 	  -- examples/quick_start.py --epochs 3
 
-test: install
-	tests/run_all.sh $(BUILD)
+test: install stage
+	$(PYTHON) tests/run_all.py --build $(BUILD)
 
-test-long: install
-	tests/run_all.sh --long $(BUILD)
+check: stage
+	$(PYTHON) -m ruff check python tests tools examples
+	$(PYTHON) tests/run_all.py --build $(BUILD) check
+
+test-mpi: build
+	$(PYTHON) tests/run_all.py --build $(BUILD) mpi
+
+test-sanitizers: deps
+	$(PYTHON) tests/run_all.py --build $(BUILD) sanitizers
+
+test-launcher test-python test-long: install
+	$(PYTHON) tests/run_all.py --build $(BUILD) $(@:test-%=%)
 
 # Collectives against MPI, framework overhead, fusion threshold sweep,
 # training against other frameworks, simulated cluster: JSON, plots and

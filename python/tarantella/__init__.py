@@ -30,6 +30,7 @@ from tarantella.runtime import is_master_rank
 __version__ = "0.1.0"
 
 __all__ = ["Model", "Sequential", "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
-           "ParallelStrategy", "TarantellaError", "keras", "models", "data", "init", "get_rank", "get_size",
+           "ParallelStrategy", "TarantellaError", "keras", "models", "data", "settings", "init",
+           "get_rank", "get_size",
            "get_master_rank", "is_master_rank", "get_local_rank", "get_local_size",
            "DistributedGradientTape", "distribute_optimizer", "broadcast_variables", "allreduce"]

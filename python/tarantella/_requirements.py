@@ -67,7 +67,8 @@ def check():
         # __init__.py, what uninstalling one of two distributions leaves.
         where = ""
         if spec is not None and spec.submodule_search_locations:
-            where = f" (an incomplete tensorflow directory is in {list(spec.submodule_search_locations)[0]})"
+            where = (" (an incomplete tensorflow directory is in "
+                     f"{list(spec.submodule_search_locations)[0]})")
         raise ImportError(
             f"Tarantella needs TensorFlow {TENSORFLOW_VERSION[0]}.{TENSORFLOW_VERSION[1]}, which "
             f"{sys.executable} cannot import{where}: {_what_to_install()}")

@@ -114,7 +114,7 @@ class AverageMovingStatisticsEvery(AverageMovingStatistics):
 def averaging_callback(model, callbacks):
     """The callback that averages `model`'s moving statistics for fit with
     `callbacks` (a list), or None when the model needs none."""
-    if runtime.get_size() == 1 or not any(not l.synchronized for l in layers(model)):
+    if runtime.get_size() == 1 or not any(not layer.synchronized for layer in layers(model)):
         return None
     freqs = [cb.save_freq for cb in callbacks
              if isinstance(cb, keras.callbacks.ModelCheckpoint) and isinstance(cb.save_freq, int)]

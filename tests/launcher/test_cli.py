@@ -20,7 +20,7 @@ def dry(args, env=None, **kw):
     """Runs a dry run; returns (command words, exported variables, stdout, stderr)."""
     proc = run_launcher(["--dry-run"] + args, env=env, **kw)
     assert proc.returncode == 0, proc.stderr
-    lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#")]
+    lines = [line for line in proc.stdout.splitlines() if line and not line.startswith("#")]
     exports = {}
     for line in lines[:-1]:
         assert line.startswith("export "), line
@@ -230,8 +230,9 @@ def test_slurm_allocation_of_many_nodes(launcher, prog):
     assert words[words.index("-np") + 1] == "400"
     assert words[words.index("--host") + 1] == ",".join(f"node{i}:1" for i in range(400))
     assert "# 400 ranks on 400 hosts (1 per host), on the CPU" in out
-    line = next(l for l in out.splitlines() if l.startswith("# hosts from the Slurm allocation"))
-    assert len(line) == len("# hosts from ") + 1023 and nodes.startswith(line.split("SLURM_JOB_NODELIST=")[1])
+    line = next(x for x in out.splitlines() if x.startswith("# hosts from the Slurm allocation"))
+    assert len(line) == len("# hosts from ") + 1023
+    assert nodes.startswith(line.split("SLURM_JOB_NODELIST=")[1])
 
 
 def test_hostfile_wins_over_slurm(launcher, prog, tmp_path):

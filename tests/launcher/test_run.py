@@ -96,7 +96,7 @@ def test_pinning_to_a_numa_node(launcher, marked):
                          os.path.join(d, "run"), "--", os.path.join(d, "rank_program.py"),
                          "--pin"])
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if "cpus" in l)
+    line = next(x for x in proc.stdout.splitlines() if "cpus" in x)
     first, _, last = cpus.partition("-")
     expected = list(range(int(first), int(last or first) + 1)) if "," not in cpus else None
     if expected is not None:

@@ -120,10 +120,12 @@ def test_wheel_requires_no_tensorflow(wheel):
         meta = email.parser.Parser().parsestr(z.read(meta_name).decode())
     requires = meta.get_all("Requires-Dist") or []
     unconditional = [r for r in requires if "extra ==" not in r]
-    assert not [r for r in unconditional if re.match(r"(tensorflow|tf-nightly|tf_nightly)", r)], requires
+    assert not [r for r in unconditional
+                if re.match(r"(tensorflow|tf-nightly|tf_nightly)", r)], requires
     assert set(meta.get_all("Provides-Extra")) >= {"cpu", "gpu"}
     assert any(r.startswith("tensorflow-cpu") and 'extra == "cpu"' in r for r in requires), requires
-    assert any(r.startswith("tensorflow[and-cuda]") and 'extra == "gpu"' in r for r in requires), requires
+    assert any(r.startswith("tensorflow[and-cuda]") and 'extra == "gpu"' in r
+               for r in requires), requires
     # What remains is already installed here (the environment relies on it).
     for r in unconditional:
         name = re.match(r"[A-Za-z0-9_.-]+", r).group(0)
@@ -144,11 +146,12 @@ def test_package_and_libtnt_come_from_the_environment(venv):
     libtnt loaded from beside the extension."""
     site = venv_site_packages(venv)
     code = ("import tarantella, tarantella._core; print(tarantella.__file__); "
-            "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libtnt' in l}), sep='\\n')")
+            "print(*sorted({m.split()[-1] for m in open('/proc/self/maps') if 'libtnt' in m}),"
+            " sep='\\n')")
     proc = run([str(venv / "bin" / "python"), "-c", code], timeout=120)
     lines = proc.stdout.split()
     assert lines[0] == os.path.join(site, "tarantella", "__init__.py"), proc.stdout
-    libs = [l for l in lines[1:] if "libtnt.so" in l]
+    libs = [line for line in lines[1:] if "libtnt.so" in line]
     assert libs == [os.path.join(site, "tarantella", "libtnt.so")], proc.stdout
 
 
@@ -158,8 +161,10 @@ def test_launcher_runs_scripts_with_its_environments_python(venv, tmp_path):
     Tarantella too; --python-interpreter still wins."""
     launcher = str(venv / "bin" / "tarantella")
     env = clean_env()
-    args = ["--dry-run", "--no-gpu", "-n", "2", "--run-dir", str(tmp_path / "run"), "--", QUICK_START]
-    words = run([launcher] + args, timeout=60, env=env, cwd=tmp_path).stdout.splitlines()[-1].split()
+    args = ["--dry-run", "--no-gpu", "-n", "2", "--run-dir", str(tmp_path / "run"), "--",
+            QUICK_START]
+    out = run([launcher] + args, timeout=60, env=env, cwd=tmp_path).stdout
+    words = out.splitlines()[-1].split()
     assert words[words.index(QUICK_START) - 1] == str(venv / "bin" / "python3"), words
     words = run([launcher, "--python-interpreter", sys.executable] + args, timeout=60, env=env,
                 cwd=tmp_path).stdout.splitlines()[-1].split()
@@ -233,4 +238,5 @@ def test_two_tensorflow_distributions_in_one_directory_warn(bare_python, tmp_pat
     site = fake_site(tmp_path / "site", ("tensorflow", "2.21.0"), ("tensorflow-cpu", "2.21.0"))
     proc = check_requirements(bare_python, site)
     assert proc.returncode == 0, proc.stderr
-    assert "tensorflow 2.21.0 and tensorflow-cpu 2.21.0 are both installed" in proc.stderr, proc.stderr
+    assert ("tensorflow 2.21.0 and tensorflow-cpu 2.21.0 are both installed"
+            in proc.stderr), proc.stderr

@@ -9,10 +9,10 @@ SplitLayers: Tarantella cuts them into K stages (num_stages).
 
 save: a model built by a function, on K stages, trains one epoch with Adam,
 then writes DIR/ckpt.weights.json (sharded), DIR/one.weights.h5 and
-DIR/model.keras (values streamed in pieces of 256 bytes); writes DIR/save.npz (rank 0): the predictions then, the
-whole model's weights then ("w/<i>": model.weights[i]), and those after
-one more epoch ("after/<i>"). Every rank
-writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
+DIR/model.keras (values streamed in pieces of 256 bytes); writes
+DIR/save.npz (rank 0): the predictions then, the whole model's weights
+then ("w/<i>": model.weights[i]), and those after one more epoch
+("after/<i>"). Every rank writes DIR/guard-save-<rank>.txt: what reading the other stages' weights
 gave after the saves, and DIR/errors-<rank>.txt: the errors of a save to a
 file name without a weights ending, and of one over an existing file with
 overwrite=False (one per line).

@@ -19,7 +19,8 @@ class TensorInfo(ctypes.Structure):
 class FusionOptions(ctypes.Structure):
     # The fields of tnt_fusion_options_t (tnt.h); `size` tells libtnt how
     # many bytes of them it may read.
-    _fields_ = [("size", ctypes.c_size_t), ("threshold_bytes", ctypes.c_size_t), ("op", ctypes.c_int),
+    _fields_ = [("size", ctypes.c_size_t), ("threshold_bytes", ctypes.c_size_t),
+                ("op", ctypes.c_int),
                 ("wire_dtype", ctypes.c_int), ("tune_threshold", ctypes.c_int),
                 ("order", ctypes.c_int), ("overlap", ctypes.c_int)]
 

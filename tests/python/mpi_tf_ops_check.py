@@ -356,13 +356,14 @@ def profile_events(fn, *args):
     op events as {node name: (begin, end)} in microseconds."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    fn(*args)
-    tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
-    with open(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0], "rb") as f:
-        space.ParseFromString(f.read())
+    with tempfile.TemporaryDirectory(prefix="tnt-profile-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        fn(*args)
+        tf.profiler.experimental.stop()
+        trace = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0]
+        with open(trace, "rb") as f:
+            space.ParseFromString(f.read())
     events = {}
     for plane in space.planes:
         names = {k: m.name for k, m in plane.event_metadata.items()}

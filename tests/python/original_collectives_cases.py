@@ -168,7 +168,8 @@ def test_nd_tensor(input_shape, dtype):
 
 
 @pytest.mark.parametrize("input_dict", [
-    {"a": tf.constant(22.610077, dtype=np.float32), "b": tf.constant(1.000610077, dtype=np.float64)},
+    {"a": tf.constant(22.610077, dtype=np.float32),
+     "b": tf.constant(1.000610077, dtype=np.float64)},
     {"a": tf.constant(-31222, dtype=np.int16), "b": tf.constant(55000111, dtype=np.int32)}])
 def test_dict_of_tensors(input_dict):
     # TensorFlow's product wraps int16 around as libtnt's sum does:

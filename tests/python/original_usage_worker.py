@@ -8,7 +8,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 if sys.argv[1:2] != ["plain_load"]:  # plain_load shows that plain Keras needs no Tarantella

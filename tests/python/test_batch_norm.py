@@ -14,6 +14,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "batch_norm_worker.py")
 
 

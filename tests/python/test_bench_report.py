@@ -139,7 +139,8 @@ def test_report_pipeline_section(tmp_path):
 
     summary = report(tmp_path)
 
-    row = target_row(summary, "Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = 8")
+    row = target_row(summary,
+                     "Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = 8")
     assert "1.100x | PASS" in row
     row = target_row(summary, "Pipeline step time / ideal K t_alone + (M-1) t_busy, 3 stages "
                               "(oversubscribed)")

@@ -9,6 +9,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "callbacks_worker.py")
 
 
@@ -123,7 +125,8 @@ def recorder(kind):
     return keras.callbacks.LambdaCallback(
         on_epoch_end=lambda e, logs: seen[kind].append(dict(logs)))
 history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0,
-                    callbacks=[tnt.keras.callbacks.Callback(recorder("local"), aggregate_logs=False),
+                    callbacks=[tnt.keras.callbacks.Callback(recorder("local"),
+                                                            aggregate_logs=False),
                                tnt.keras.callbacks.Callback(recorder("global")),
                                tnt.keras.callbacks.Callback(recorder("master"),
                                                             run_on_all_ranks=False)])

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import tarantella._core as core
+from conftest import require_ranks_mark
 from libtnt_calls import FusionCalls, LibtntError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,6 +61,7 @@ def run_python(code, timeout=120):
 
 
 def mpirun_command(np_):
+    require_ranks_mark()
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
@@ -619,6 +621,7 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 
 @needs_mpirun
 @pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.ranks
 def test_across_ranks(ranks):
     cmd = mpirun_command(ranks) + [sys.executable, os.path.join(HERE, "mpi_core_check.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
@@ -629,6 +632,7 @@ def test_across_ranks(ranks):
 
 
 @needs_mpirun
+@pytest.mark.ranks
 def test_timeout_names_the_missing_peer():
     cmd = mpirun_command(2) + [sys.executable, os.path.join(HERE, "mpi_core_check.py"),
                                "timeout"]

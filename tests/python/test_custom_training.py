@@ -10,6 +10,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "custom_training_worker.py")
 CASES = ["two_optimizers", "vae", "loop"]
 

@@ -368,6 +368,7 @@ def test_tf_data_internals_of_tensorflow_2_21():
                                          (["--shuffle", "--stop-in-epoch"], 2)],
                          ids=["data-parallel", "pipelined", "data-parallel-reshuffled",
                               "unbuilt-model-reshuffled", "stopped-in-an-epoch-reshuffled"])
+@pytest.mark.ranks
 def test_fit_equals_serial(flags, ranks, tmp_path, python):
     """On 2 ranks (data-parallel), or on 2 replicas of a 2-stage pipeline
     (4 ranks): the replicas share the global batches. Reshuffled each epoch,
@@ -465,6 +466,7 @@ def test_random_augmentation_is_the_same_on_any_number_of_ranks(data_share, capl
         assert mapped == ([2 * n for n in per_epoch] if size < 4 else [2 * 23] * 4)
 
 
+@pytest.mark.ranks
 def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_path, python):
     """Trained on 1, 2 and 3 ranks, a model whose input map draws random
     factors ends with the same weights and losses: every rank count sees the
@@ -531,6 +533,7 @@ THREADS = ("import tensorflow as tf, tarantella as tnt; from tarantella import r
 
 
 @pytest.mark.parametrize("chosen", [None, "2"])
+@pytest.mark.ranks
 def test_ranks_share_the_cores_among_tensorflow_threads(chosen, python):
     """Two ranks on this host: each runs TensorFlow's ops on its share of
     the cores, unless the program chose the number of threads itself."""

@@ -8,6 +8,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "data_worker.py")
 
 

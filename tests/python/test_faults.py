@@ -15,6 +15,8 @@ import pytest
 
 from conftest import mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fault_worker.py")
 TIMEOUT_S = 30  # TNT_TIMEOUT_S, the documented default

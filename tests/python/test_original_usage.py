@@ -8,6 +8,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "original_usage_worker.py")
 
 

@@ -11,7 +11,6 @@ saves a plain Keras file that loads on one rank and predicts the same. Bad
 models and settings fail with errors that say what to change, and a killed
 stage ends the job like a killed data-parallel rank."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 from test_training import assert_ranks_identical, load
+
+pytestmark = pytest.mark.ranks
 
 WORKER = os.path.join(ROOT, "tests", "python", "pipeline_worker.py")
 HERE = os.path.dirname(os.path.abspath(__file__))

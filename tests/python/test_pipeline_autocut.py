@@ -50,12 +50,14 @@ def auto_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{k}x{r}" for k, r in SHAPES])
+@pytest.mark.ranks
 def test_autocut_pipeline_equals_serial(shape, auto_runs):
     results, want, _ = auto_runs[shape]
     assert_matches_serial(results[0], want, "%d stages x %d replicas" % shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{k}x{r}" for k, r in SHAPES])
+@pytest.mark.ranks
 def test_every_rank_gets_the_same_cuts(shape, auto_runs):
     k = shape[0]
     results, _, log = auto_runs[shape]
@@ -256,6 +258,7 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(ERRORS))
+@pytest.mark.ranks
 def test_autocut_errors(case, tmp_path, python):
     script = tmp_path / "bad.py"
     script.write_text(ERROR_SCRIPT)
@@ -292,6 +295,7 @@ print("cuts", cuts, "took", took)
 """
 
 
+@pytest.mark.ranks
 def test_a_long_measurement_does_not_time_out_the_other_ranks(tmp_path, python):
     """While the master measures (here 8 s), the other ranks wait in a
     broadcast bounded by TNT_TIMEOUT_S (here 3 s): the master's heartbeats

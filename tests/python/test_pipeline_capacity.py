@@ -10,17 +10,22 @@ Keras cannot hold the model under that limit: its weights alone are more
 than 0.9 W, so it must fail for lack of memory. On 4 stages every rank
 must hold exactly its two layers' weights, W / 4, and train, predict and
 save the model (a .keras file and a sharded checkpoint, which the master
-writes from the stages' values streamed to it) under the same limit. How much room each rank has left is machine-dependent
-(TensorFlow's temporaries) and is what the benchmark reports."""
+writes from the stages' values streamed to it) under the same limit. How
+much room each rank has left is machine-dependent (TensorFlow's
+temporaries) and is what the benchmark reports."""
 import json
 import os
 import sys
+
+import pytest
 
 from conftest import ROOT, run
 
 BENCH = os.path.join(ROOT, "tools", "bench", "pipeline_bench.py")
 sys.path.insert(0, os.path.dirname(BENCH))
 import pipeline_bench  # noqa: E402
+
+pytestmark = pytest.mark.ranks
 
 MIB = 1 << 20
 MEMORY_ERRORS = ("OOM", "ResourceExhausted", "MemoryError", "bad_alloc")

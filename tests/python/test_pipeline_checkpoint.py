@@ -1,16 +1,17 @@
 """Checkpoints of a pipelined model that no rank gathers whole.
 
 A model built by a function trains one epoch on K stages (3; 4 on 2 ranks
-with the interleaved schedule; 4 in the long test) and saves a sharded checkpoint (a shard per stage), a .weights.h5
-file and a .keras file, the master writing each from the stages' values
-streamed to it (checkpoint_worker.py). Plain Keras, in one process, loads
-each into the model built whole: the weights are those of the pipeline
-bitwise (copied, never computed), and its predictions are within 1e-5 of
-the pipeline's. Loaded on 2 stages cut elsewhere (by tnt.models.load_model
-from the .keras file, and by load_weights from the sharded one), one more
-epoch gives the weights of one more epoch of the uninterrupted model. After
-the saves and the loads, reading any weight of another stage raises on
-every rank: none is allocated there.
+with the interleaved schedule; 4 in the long test) and saves a sharded
+checkpoint (a shard per stage), a .weights.h5 file and a .keras file, the
+master writing each from the stages' values streamed to it
+(checkpoint_worker.py). Plain Keras, in one process, loads each into the
+model built whole: the weights are those of the pipeline bitwise (copied,
+never computed), and its predictions are within 1e-5 of the pipeline's.
+Loaded on 2 stages cut elsewhere (by tnt.models.load_model from the .keras
+file, and by load_weights from the sharded one), one more epoch gives the
+weights of one more epoch of the uninterrupted model. After the saves and
+the loads, reading any weight of another stage raises on every rank: none
+is allocated there.
 
 Tolerances. Predictions: plain Keras computes each output from the same
 float32 weights in other batch shapes and graphs than the pipeline (whose
@@ -105,12 +106,14 @@ def check_round_trip(d, stages, resume_stages):
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+@pytest.mark.ranks
 def test_round_trip_through_plain_keras_and_other_cuts(runs, case, stages, resume_stages,
                                                        schedule):
     check_round_trip(runs(case, stages, resume_stages, schedule), stages, resume_stages)
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES[:1])
+@pytest.mark.ranks
 def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case, stages,
                                                                      resume_stages, schedule):
     d = runs(case, stages, resume_stages, schedule)
@@ -122,6 +125,7 @@ def test_bad_file_names_and_overwrite_get_clear_errors_on_every_rank(runs, case,
 
 
 @pytest.mark.parametrize("case,stages,resume_stages,schedule", CASES)
+@pytest.mark.ranks
 def test_no_rank_holds_another_stage_after_save_and_load(runs, case, stages, resume_stages,
                                                          schedule):
     d = runs(case, stages, resume_stages, schedule)
@@ -158,6 +162,7 @@ def assert_same_datasets(a, b, what):
         assert np.array_equal(a[name], b[name]), f"{what}: {name}"
 
 
+@pytest.mark.ranks
 def test_model_checkpoint_writes_what_save_writes_without_gathering(tmp_path):
     """ModelCheckpoint on 2 stages (the whole model, its best weights, its
     weights every 2 batches) writes through the collective save: its files

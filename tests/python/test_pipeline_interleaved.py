@@ -21,6 +21,8 @@ from conftest import mpirun_command, run
 from test_pipeline import WORKER, assert_matches_serial, serial_run
 from test_training import assert_ranks_identical, load
 
+pytestmark = pytest.mark.ranks
+
 CASES = ["mlp", "seq"]
 
 

@@ -63,6 +63,7 @@ IDS = ["-".join(map(str, c)) for c in CONFIGS]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.ranks
 def test_built_by_a_function_trains_as_the_model_built_whole(config, runs):
     by_fn, built, serial = runs[config]
     ranks = config[1] * config[2]
@@ -76,6 +77,7 @@ def test_built_by_a_function_trains_as_the_model_built_whole(config, runs):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.ranks
 def test_each_stage_starts_as_a_normal_build(config, runs):
     by_fn, _, serial = runs[config]
     normal = dict(np.load(os.path.join(serial, "rank0-stage.npz")))
@@ -94,6 +96,7 @@ def test_each_stage_starts_as_a_normal_build(config, runs):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.ranks
 def test_reading_a_weight_of_another_stage_names_it(config, runs):
     by_fn = runs[config][0]
     stages = config[1]
@@ -105,6 +108,7 @@ def test_reading_a_weight_of_another_stage_names_it(config, runs):
             assert f"which rank {r} does not hold (it holds stage {r} only)" in message, message
 
 
+@pytest.mark.ranks
 def test_cut_by_tarantella_from_a_function(tmp_path):
     """num_stages=2 on a model given as a function: Tarantella times the
     blocks with the model's weights allocated for the while, then each rank

@@ -10,13 +10,16 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, require_ranks_mark
+
+pytestmark = pytest.mark.ranks
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist is not installed")
 def test_demo_training_prints_no_warning(tmp_path):
+    require_ranks_mark()
     launcher = shutil.which("tarantella")
     assert launcher, "the tarantella launcher is not on PATH: run `make install` first"
     cmd = [launcher, "--no-gpu", "-n", "2", "--output-on-all-devices", "--log-on-all-devices",

@@ -101,6 +101,7 @@ KILLS = [
 
 
 @pytest.mark.parametrize("rank,epoch,batch", KILLS)
+@pytest.mark.ranks
 def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, epoch, batch):
     proc, got = train(2, tmp_path, "--kill-rank", str(rank), "--kill-epoch", str(epoch),
                       "--kill-batch", str(batch), restarts=1)
@@ -109,6 +110,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, rank, 
 
 
 @pytest.mark.parametrize("steps", [None, 6], ids=["without-steps", "with-the-epochs-steps"])
+@pytest.mark.ranks
 def test_a_backup_at_an_epochs_end_resumes_with_the_next_epochs_data_order(tmp_path,
                                                                           uninterrupted, steps):
     """BackupAndRestore(save_freq="epoch") backs up at the end of epoch 1;
@@ -146,6 +148,7 @@ KILL_MATRIX = [matrix_case(where, ranks, rank, cheap=(where, ranks, rank) == ("a
 
 
 @pytest.mark.parametrize("where,ranks,rank", KILL_MATRIX)
+@pytest.mark.ranks
 def test_killed_in_a_step_and_resumed_equals_uninterrupted(tmp_path, runs_of, where, ranks, rank):
     proc, got = train(ranks, tmp_path, "--kill-in", where, "--kill-rank", str(rank),
                       "--kill-step", str(KILL_STEP), "--kill-delay", str(KILL_DELAY_S),
@@ -164,6 +167,7 @@ def test_killed_in_a_step_and_resumed_equals_uninterrupted(tmp_path, runs_of, wh
 
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.long)])
+@pytest.mark.ranks
 def test_killed_while_writing_a_backup_resumes_from_the_previous_one(tmp_path, runs_of, ranks):
     """The master dies with half of the backup of step 8 written to its
     temporary file: the metadata still names the backup of step 4 (epoch 0,
@@ -178,6 +182,7 @@ def test_killed_while_writing_a_backup_resumes_from_the_previous_one(tmp_path, r
     assert_same_run(got, runs_of(ranks, hooked=True))
 
 
+@pytest.mark.ranks
 def test_history_and_early_stopping_survive_a_restart(tmp_path):
     """EarlyStopping(patience=2) on a loss that never improves enough stops
     fit after epoch 2. Rank 1 is killed in epoch 2 after the backup of step
@@ -197,6 +202,7 @@ def test_history_and_early_stopping_survive_a_restart(tmp_path):
     assert summary["early_stopping"] == expected_summary["early_stopping"]
 
 
+@pytest.mark.ranks
 def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
     """A model cut into 2 pipeline stages (2 ranks, 2 micro-batches; the
     dropout in stage 1): each stage's rank writes the weights and the
@@ -226,6 +232,7 @@ def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
         proc.stderr[-4000:]
 
 
+@pytest.mark.ranks
 def test_an_interleaved_pipeline_backs_up_and_resumes_the_stages_of_each_rank(tmp_path):
     """4 stages on 2 ranks (TNT_PIPELINE_SCHEDULE=interleaved): each rank
     writes the weights and the optimizer state of its two stages to a file
@@ -268,6 +275,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.ranks
 def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupted):
     """The backup disk fills up after step 5 (the backup of step 4 is on
     it): the backup of step 8 cannot be written. Every rank stops with an
@@ -302,6 +310,7 @@ def test_a_full_disk_keeps_the_previous_backup(tmp_path, small_disk, uninterrupt
 
 
 @pytest.mark.long
+@pytest.mark.ranks
 def test_middle_rank_of_three_killed_and_resumed(tmp_path, runs_of):
     proc, got = train(3, tmp_path / "killed", "--kill-rank", "1", "--kill-epoch", "2",
                       "--kill-batch", "4", restarts=1)

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "seed_snippets_worker.py")
 
 RUN = ["ranks", "history on the master only", "global batch from micro-batch size",
@@ -36,14 +38,14 @@ def output(tmp_path_factory, python=None):
 
 @pytest.mark.parametrize("name", RUN)
 def test_snippet_runs(name, output):
-    for rank_line in (l for l in output if l.endswith(f" {name}") or f" {name}:" in l):
+    for rank_line in (x for x in output if x.endswith(f" {name}") or f" {name}:" in x):
         assert rank_line == f"ok {name}", rank_line
     assert output.count(f"ok {name}") == 2, f"{name}: not ok on both ranks: {output}"
 
 
 @pytest.mark.parametrize("name", sorted(FAIL))
 def test_snippet_fails_saying_what_to_write(name, output):
-    errors = [l for l in output if l.startswith(f"error {name}:")]
+    errors = [x for x in output if x.startswith(f"error {name}:")]
     assert len(errors) == 2, f"{name}: expected an error on both ranks: {output}"
     for line in errors:
         assert FAIL[name] in line, line

@@ -8,6 +8,8 @@ import pytest
 from conftest import ROOT, mpirun_command, run
 from test_training import load
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "soak_worker.py")
 
 

@@ -22,6 +22,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import mpi_tf_ops_check as check  # noqa: E402
+from conftest import require_ranks_mark  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "mpi_tf_ops_check.py")
@@ -45,6 +46,7 @@ def run_checks(nranks, *checks, env=None, timeout=300):
     """Runs mpi_tf_ops_check.py with `checks` on `nranks` ranks."""
     cmd = [sys.executable, SCRIPT, *checks]
     if nranks > 1:
+        require_ranks_mark()
         mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(nranks)]
         if os.geteuid() == 0:
             mpirun.append("--allow-run-as-root")
@@ -168,6 +170,7 @@ def test_round_trip_of_gradients_in_a_function():
     assert_checks_pass(1, "round_trip")
 
 
+@pytest.mark.ranks
 def test_scaling_in_libtnt_equals_tensorflows_bitwise():
     assert_checks_pass(3, "scaled")
 
@@ -189,10 +192,12 @@ def test_communication_overlaps_backprop():
 # ------------------------------------------------------------- 2 ranks
 
 
+@pytest.mark.ranks
 def test_two_ranks_start_in_different_orders():
     assert_checks_pass(2, "ranks", "collectives")
 
 
+@pytest.mark.ranks
 def test_two_ranks_failure_reaches_tensorflow():
     # The check ends both processes without finalizing MPI after a failed
     # context, so mpirun reports an improper exit: the result is in the output.

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "timeline_worker.py")
 NRANKS = 2
 PHASES = {"M", "X", "i", "B", "E"}

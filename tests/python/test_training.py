@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT, mpirun_command, run
 
+pytestmark = pytest.mark.ranks
+
 WORKER = os.path.join(ROOT, "tests", "python", "train_worker.py")
 
 

@@ -135,8 +135,8 @@ CASES = [
       files=PROG_FILE),
     L("-x NAME of an unset variable", "SURELY_NOT_SET_ANYWHERE is not set", "-x",
       "SURELY_NOT_SET_ANYWHERE", *PROG, files=PROG_FILE),
-    *[L(f"--fusion-threshold '{v}'", "takes a number from 0 to 1048576, or auto", "--fusion-threshold", v,
-        *PROG, files=PROG_FILE)
+    *[L(f"--fusion-threshold '{v}'", "takes a number from 0 to 1048576, or auto",
+        "--fusion-threshold", v, *PROG, files=PROG_FILE)
       for v in ["-1", "-0.5", "abc", "12kb", "nan", "inf", "0x20", ""]],
     *[L(f"--max-restarts '{v}'", "--max-restarts takes a whole number from 0 to 1000000",
         "--max-restarts", v, *PROG, files=PROG_FILE) for v in ["-1", "many", "1.5"]],

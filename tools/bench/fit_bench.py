@@ -99,7 +99,8 @@ def overhead(args):
     default ("auto") is shown too, as what a user would otherwise run."""
     steps = args.samples // args.batch
     ds = data(args.samples, args.batch, args.model)
-    models = {"keras": build(False, False, args.model), "keras_auto": build(False, "auto", args.model),
+    models = {"keras": build(False, False, args.model),
+              "keras_auto": build(False, "auto", args.model),
               "tnt": build(True, name=args.model)}
     times = {name: [] for name in models}
     for trial in range(args.trials):

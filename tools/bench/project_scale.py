@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Training at scale, projected: step time and weak-scaling efficiency E(N) from measured timelines and simulated allreduces.
+"""Training at scale, projected: step time and weak-scaling efficiency E(N)
+from measured timelines and simulated allreduces.
 
 --measure: every model of train_compare.py (LeNet-5, the small ResNet, the
 Transformer) trains on 2 ranks of this machine, 32 samples per rank, with

@@ -19,7 +19,8 @@ Reads (each optional; a missing file is reported as "not run"):
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
 sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
-pipeline_bubble.png, pipeline_memory.png (a plot only when its data is there). File names never change from run to run.
+pipeline_bubble.png, pipeline_memory.png (a plot only when its data is
+there). File names never change from run to run.
 """
 import argparse
 import csv
@@ -669,8 +670,8 @@ def fusion_section(results, stages, plt, targets):
     any_doc = next(iter(sweeps.values()))
     out.append(f"{any_doc['ranks']} ranks, global batch {any_doc['global_batch']}, "
                f"{any_doc['steps_per_epoch']} steps per epoch, median of {any_doc['trials']} "
-               "interleaved trials per threshold; step time relative to the best threshold of the same "
-               "model. A threshold of 0 gives one bucket per tensor.")
+               "interleaved trials per threshold; step time relative to the best threshold of "
+               "the same model. A threshold of 0 gives one bucket per tensor.")
     out.append("")
     for model, d in sweeps.items():
         rows = d["rows"]
@@ -1224,8 +1225,8 @@ def _pipeline_memory(results, stages, plt, targets):
             "(stage 0)")
     req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
     out, d = open_section(results, stages, targets, "pipeline_memory.json",
-                          ["pipeline_memory", "pipeline"], "### Memory per stage: GPipe, 1F1B, interleaved",
-                          [(name, req)])
+                          ["pipeline_memory", "pipeline"],
+                          "### Memory per stage: GPipe, 1F1B, interleaved", [(name, req)])
     if d is None:
         return out
     res, cfg = d.get("results", []), d.get("config", {})
@@ -1706,7 +1707,8 @@ def reliability_section(results, stages, targets):
         out.append(f"**Restart time**: the {cfg['model']}, {cfg['ranks']} ranks, "
                    f"`--max-restarts 1`, BackupAndRestore(save_freq={cfg['save_freq']}); the "
                    f"last rank is killed after step {cfg['kill_step']}. The trial of the median "
-                   f"total of {len(r['trials'])} (totals {totals} s), load average {r['load_average']:.1f} on "
+                   f"total of {len(r['trials'])} (totals {totals} s), load average "
+                   f"{r['load_average']:.1f} on "
                    f"{r['cpus']} cores. Command: `{r['command']}`.")
         out.append("")
         rows = [["the launcher ends the attempt and starts the next", f"{m['restart']:.2f}"],

@@ -104,7 +104,7 @@ def check(args, sim):
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
                 ok, why = p.returncode == 0, (p.stderr.strip().splitlines() or [""])[-1]
-                lines = [l for l in p.stdout.splitlines() if l.strip()]
+                lines = [line for line in p.stdout.splitlines() if line.strip()]
             except subprocess.TimeoutExpired:
                 ok, why, lines = False, f"stopped after {args.run_timeout:g} s", []
         out.append({"layout": spec, "hosts": len(counts), "ranks": sum(counts),
@@ -144,7 +144,7 @@ def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
             wall = time.monotonic() - start
             out.seek(0)
             err.seek(0)
-            rows = [json.loads(l) for l in out if l.startswith("{")]
+            rows = [json.loads(line) for line in out if line.startswith("{")]
             if why is None and rc != 0:
                 why = (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
         return rows, wall, why

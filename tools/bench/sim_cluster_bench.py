@@ -534,8 +534,8 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
 
 def print_table(results):
     head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} "
-            f"{'compute':>8} {'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} {'ready':>7} "
-            f"{'reach':>7} {'ratio':>6} {'busbw':>7}")
+            f"{'compute':>8} {'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} "
+            f"{'ready':>7} {'reach':>7} {'ratio':>6} {'busbw':>7}")
     print(head)
     print("-" * len(head))
     for r in results:

@@ -355,16 +355,16 @@ def _free_ports(n):
 def _decisive(text, limit=600):
     """The lines of a failed run's output that say why: the last exception
     line, with the source line before it, or else the last lines."""
-    lines = [l.rstrip() for l in text.splitlines() if l.strip()]
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     noise = ("oneDNN", "absl::InitializeLog", "cpu_feature_guard", "rebuild TensorFlow")
-    lines = [l for l in lines if not any(n in l for n in noise)]
+    lines = [line for line in lines if not any(n in line for n in noise)]
     for i in range(len(lines) - 1, -1, -1):
-        l = lines[i]
-        head = l.split(":")[0].strip()
-        if head.endswith(("Error", "Exception")) or l.startswith(("error:", "ERROR:")):
+        line = lines[i]
+        head = line.split(":")[0].strip()
+        if head.endswith(("Error", "Exception")) or line.startswith(("error:", "ERROR:")):
             where = [lines[j].strip() for j in range(max(0, i - 2), i)
                      if lines[j].strip().startswith("File ")]
-            what = l.strip()
+            what = line.strip()
             if what.endswith(("{", "(", "[")):
                 # A message that prints a value over many lines: keep its last line.
                 tail = [t.strip() for t in lines[i + 1:] if t.startswith(("}", ")", "]"))]

@@ -22,9 +22,9 @@ DEB_PACKAGES=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libcmo
 # is installed only where none imports: tensorflow-cpu, as the CI machines
 # have no GPU; a machine with `tensorflow` (the GPU-capable package) keeps it,
 # since both install the same module and the Python package requires neither
-# (pyproject.toml).
+# (pyproject.toml). ruff: the Python linter of `make check`.
 PY_PACKAGES=("tensorflow-cpu>=2.21,<2.22:tensorflow" "scikit-build-core>=0.10:scikit_build_core"
-             "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard" "pydot:pydot")
+             "pytest:pytest" "numpy:numpy" "tensorboard:tensorboard" "pydot:pydot" "ruff:ruff")
 # only for `make bench`: the plots of the benchmark report; and tf-keras, the
 # Keras that MultiWorkerMirroredStrategy trains with on TF 2.21, installed
 # without its dependencies (it would pull the full tensorflow package over

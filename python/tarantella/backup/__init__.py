@@ -3,12 +3,12 @@ backup, also in mid-epoch.
 
 Users pass keras.callbacks.BackupAndRestore to fit as they would to Keras;
 callbacks.distribute runs a DistributedBackupAndRestore made from it in its
-place (distributed(): a user's subclass keeps its own methods). Keras's BackupAndRestore restores the weights
-and the optimizer state and starts fit again at the beginning of the epoch
-in which the backup was taken. Under Tarantella a resumed fit goes on where
-the backup was taken, as if it had never stopped; with the same number of
-ranks it computes exactly what the uninterrupted run computes, so its
-weights are bitwise the same.
+place (distributed(): a user's subclass keeps its own methods). Keras's
+BackupAndRestore restores the weights and the optimizer state and starts fit
+again at the beginning of the epoch in which the backup was taken. Under
+Tarantella a resumed fit goes on where the backup was taken, as if it had
+never stopped; with the same number of ranks it computes exactly what the
+uninterrupted run computes, so its weights are bitwise the same.
 
 * callback.py  DistributedBackupAndRestore: writes a backup atomically from
                the master (a pipeline's stages write their own weights),

@@ -178,8 +178,8 @@ def _broadcast(array, nbytes, root, group):
 
 def _stream(plan, pipeline, make_sink, all_devices):
     """Runs the plan's values through the sink that `make_sink()` returns
-    (None on ranks that do not write): sink.group(path, metadata, stage) for every group, then for each
-    entry sink.dataset(entry, shape, dtype) and sink.put(dataset, piece,
+    (None on ranks that do not write): sink.group(path, metadata, stage) for
+    every group, then for each entry sink.dataset(entry, shape, dtype) and sink.put(dataset, piece,
     array) for its pieces. A value of another stage comes from that stage's
     rank of this pipeline (collective within it). A failing sink stops
     writing, not receiving; its error is raised at the end."""

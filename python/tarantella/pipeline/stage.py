@@ -610,7 +610,7 @@ class _Step:
 
 def _regularization(stage_model):
     """The sum of the stage's regularization losses (float32), or None."""
-    reg = [tf.cast(l, tf.float32) for l in stage_model.losses]
+    reg = [tf.cast(loss, tf.float32) for loss in stage_model.losses]
     return tf.add_n(reg) if reg else None
 
 
