@@ -18,7 +18,7 @@ distribution needs changes, through Keras's public extension points:
 * ``compile`` distributes the optimizer and keeps the distributed step out
   of XLA (the communication ops are not XLA ops);
 * ``fit``, ``evaluate`` and ``predict`` split every global batch into
-  micro-batches (data.py), broadcast the master's weights first, and adapt
+  micro-batches (data/), broadcast the master's weights first, and adapt
   the callbacks to many ranks (callbacks.py, backup/);
 * ``save`` and ``save_weights`` write once, atomically (saving.py), files
   that plain Keras loads;

@@ -1,4 +1,4 @@
-"""Each rank prepares only its share of the data (tarantella/data.py).
+"""Each rank prepares only its share of the data (tarantella/data/).
 
 The rows every rank gets for every global batch must be exactly those of
 the whole-pipeline path (every rank runs the whole pipeline and slices each
@@ -22,10 +22,12 @@ import tensorflow as tf
 from conftest import ROOT, mpirun_command, run
 from test_training import load
 
-from tarantella import _tf_data_internals as tfdi
 from tarantella import data
 from tarantella import runtime
 from tarantella import settings
+from tarantella.data import _tf_data_internals as tfdi
+from tarantella.data import maps as row_maps
+from tarantella.data import selection
 from tarantella.runtime import TarantellaError
 
 
@@ -116,7 +118,7 @@ def test_float_maps_give_the_same_bits_shared(unrolled, data_share, monkeypatch)
     to repeat): every row gets the bits it gets mapped alone, float
     reductions and image ops included."""
     if not unrolled:
-        monkeypatch.setattr(data, "_UNROLLED_OPS", 0)
+        monkeypatch.setattr(row_maps, "_UNROLLED_OPS", 0)
     batch = 6
     images = np.random.default_rng(3).normal(size=(3 * batch + 5, 6, 6, 3)).astype(np.float32)
 
@@ -201,13 +203,13 @@ def test_each_rank_reads_only_its_rows(maps, data_share, monkeypatch):
     random = maps == "random"
     images = np.arange(58, dtype=np.float32).reshape(29, 2)
     gathered = []
-    real = data._gathered
+    real = selection.gathered
 
     def spy(*args):
         mine = real(*args)
         gathered.append(mine is not None)
         return mine
-    monkeypatch.setattr(data, "_gathered", spy)
+    monkeypatch.setattr(selection, "gathered", spy)
 
     def augment(x, y):
         return (x + tf.random.uniform([2]) if random else x * 2), y

@@ -12,10 +12,10 @@ import weakref
 
 import keras
 
-from tarantella import _tf_data_internals as tfdi
 from tarantella import data
 from tarantella.backup import files
 from tarantella.backup import state
+from tarantella.data import _tf_data_internals as tfdi
 
 # The training dataset of each model's fit in progress.
 _training_data = weakref.WeakKeyDictionary()

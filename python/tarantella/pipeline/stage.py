@@ -5,7 +5,7 @@ each global batch.
 A training step of stage s (inside Keras's traced train function):
 
 1. the replica's batch of n samples is split into M micro-batches of
-   n // M samples, one more for the first n % M (as data.py splits a global
+   n // M samples, one more for the first n % M (as data/ splits a global
    batch among ranks);
 2. the rank's list of actions (schedule.py) runs through one interpreter
    (_Step, a method per kind of action): a forward receives the micro-batch's

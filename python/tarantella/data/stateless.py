@@ -10,15 +10,17 @@ whose state variable advances at every call: the same thing.
 ``rewrite`` copies the map function's graph and replaces each such op by
 its stateless counterpart, seeded from the op's own seed (the user's seed,
 or the global one ``tnt.init`` sets) and a key per sample that depends on
-the epoch and the sample's index in the epoch (data.py); a SeedGenerator's
-state reads become such seeds and its updates are dropped. The map then
-gives every sample the same numbers whichever process maps it and whatever
-it mapped before, so that N ranks that each map a share of the samples see
-exactly the samples one rank sees.
+the epoch and the sample's index in the epoch (``sample_keys``); a
+SeedGenerator's state reads become such seeds and its updates are dropped.
+The map then gives every sample the same numbers whichever process maps it
+and whatever it mapped before, so that N ranks that each map a share of
+the samples see exactly the samples one rank sees.
 """
+import weakref
+
 import tensorflow as tf
 
-from tarantella import _tf_data_internals as tfdi
+from tarantella.data import _tf_data_internals as tfdi
 
 # Stateful random op -> (stateless op, index at which the seed input goes).
 # Their other inputs and attributes are the same, but for the seed attributes
@@ -151,3 +153,35 @@ def rewrite(map_dataset, ordinal):
     outputs = [t.name for t in graph.outputs]
     return Rewritten(graph_def, inputs, outputs, function.captured_inputs, key, draws,
                      input_structure, output_structure), []
+
+
+# Per dataset given by the user: the stream of per-sample keys its shares
+# draw from (kept, so that an epoch of a later fit draws other numbers).
+_keys = weakref.WeakKeyDictionary()
+
+KEYS_AT_ONCE = 1024
+_SAMPLE_KEY_SEED = 27182818  # an op seed, next to the global seed
+
+
+def sample_keys(given):
+    """An endless dataset of the keys of the samples, in vectors of
+    KEYS_AT_ONCE: another sequence at every iteration (epoch), the same on
+    every rank; the k-th sample of an epoch gets its k-th key whatever the
+    number of ranks. A key of the epoch (Dataset.random, which draws
+    another sequence at every iteration, from the global seed that tnt.init
+    sets and this op seed) seeds each vector (one op, where a random element
+    a sample would cost each its own element)."""
+    try:
+        keys = _keys.get(given)
+    except TypeError:
+        keys = None
+    if keys is None:
+        keys = tf.data.Dataset.random(seed=_SAMPLE_KEY_SEED, rerandomize_each_iteration=True).map(
+            lambda key: tf.random.stateless_uniform(
+                [KEYS_AT_ONCE], tf.stack([key, _SAMPLE_KEY_SEED]), minval=None, maxval=None,
+                dtype=tf.int64))
+        try:
+            _keys[given] = keys
+        except TypeError:
+            pass
+    return keys

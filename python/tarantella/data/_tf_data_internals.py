@@ -2,10 +2,10 @@
 
 A tf.data.Dataset keeps its transformations as a chain of private classes,
 each holding its input in `_input_dataset`. Tarantella walks that chain to
-find a dataset's batching (data.batch_info) and to select each rank's
-samples before the expensive maps (data.distribute). Everything it reads is
-named here; tests/python/test_data_share.py checks that these names still
-exist in the installed TensorFlow.
+find a dataset's batching (batches.batch_info) and to select each rank's
+samples before the expensive maps (sharing.py). Everything it reads is named
+here; tests/python/test_data_share.py checks that these names still exist
+in the installed TensorFlow.
 """
 import atexit
 import ctypes
@@ -158,7 +158,7 @@ class _PassThrough(dataset_ops.UnaryUnchangedStructureDataset):
 
 
 class ShardHere(_PassThrough):
-    """Where each rank may select its share of the samples (data.shard_here)."""
+    """Where each rank may select its share of the samples (per_rank.shard_here)."""
 
 
 class SharedBatches(_PassThrough):
