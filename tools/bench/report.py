@@ -16,6 +16,7 @@ Reads (each optional; a missing file is reported as "not run"):
   scale_timelines.json, scale_projection.json                     project_scale.py (report_scale.py)
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
+  bench/targets.toml                                              the targets and thresholds
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
 sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
@@ -25,6 +26,7 @@ there). File names never change from run to run.
 import argparse
 import csv
 import json
+import operator
 import os
 import platform
 import shutil
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 
 import report_scale
 from bench_results import TRACES, traces_dir, write_json
@@ -43,28 +46,31 @@ COLLECTIVES = [("allreduce", "MPI_Allreduce"), ("broadcast", "MPI_Bcast"),
 RANKS = [2, 4]
 MIB = 1 << 20
 
-# The targets (docs/performance.md).
-ALLREDUCE_GEOMEAN_MIN = 1.0
-ALLREDUCE_LARGE_MIN = 1.3
-LARGE_BYTES = MIB
-OVERHEAD_MAX = 0.03
-MWMS_MIN = 1.3
-HOROVOD_MIN = 1.0
-SIM_BOUND_MAX = 1.15
-SIM_MWMS_MIN = 2.0  # Tarantella / MWMS throughput on 2 simulated hosts
-SIM_E2_MIN = 0.9  # weak scaling E(2), 2 simulated hosts at 10 Gbit/s
-SIM_ALLREDUCE_MPI_MIN = 1.0   # tnt / MPI_Allreduce busbw across simulated hosts, every size
-SIM_ALLREDUCE_LINK_MIN = 0.9  # share of the shaped link at >= SIM_ALLREDUCE_LINK_BYTES
-SIM_ALLREDUCE_LINK_BYTES = 4 * MIB
-PIPELINE_BUBBLE_MAX = 1.15   # step time / (K t_alone + (M - 1) t_busy) at M = 8, 2 stages
-PIPELINE_BUBBLE_M = 8
-PIPELINE_SIM_MIN = 1.5       # pipelined / data-parallel throughput, 2 hosts at 1 Gbit/s
-DATA_ONE_RANK_MAX = 1.03     # epoch at 1 rank / plain Keras in one process
-DATA_TWO_RANKS_MAX = 1.0     # epoch at 2 ranks / plain Keras in one process
-DATA_CPU_MAX = {2: 0.55, 4: 0.3}  # input CPU per rank, shared / whole pipeline
-# Not a target but the check behind the default fusion threshold: its step
-# time is within this much of the best threshold's.
-FUSION_DEFAULT_MAX = 1.03
+# The targets, their thresholds and what each stands for.
+TARGETS_FILE = os.path.join(ROOT, "bench", "targets.toml")
+CHECKS = {">=": operator.ge, "<=": operator.le, "<": operator.lt, ">": operator.gt}
+
+
+def load_targets(path=TARGETS_FILE):
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+TARGETS = load_targets()
+
+
+def limit(key):
+    """The threshold of target `key` in bench/targets.toml."""
+    return TARGETS[key]["threshold"]
+
+
+def meets(key, value, threshold=None):
+    """Whether `value` meets target `key` (against `threshold` instead of the
+    file's where given); None for a target that is only informational."""
+    spec = TARGETS[key]
+    if not spec["required"]:
+        return None
+    return CHECKS[spec["check"]](value, spec["threshold"] if threshold is None else threshold)
 
 
 # ------------------------------------------------------------------ inputs
@@ -477,7 +483,7 @@ def plot_sim(plt, results, doc):
         ax.annotate(f"{r['ratio_to_bound']:.2f}", (k - 0.27, r["step_ms"]), ha="center",
                     va="bottom", fontsize=7)
     finish(fig, ax, f"Simulated cluster: step time vs bound (label: step / bound; target <= "
-           f"{SIM_BOUND_MAX} with the defaults)", "sim_cluster_step_vs_bound.png")
+           f"{limit('sim_bound')} with the defaults)", "sim_cluster_step_vs_bound.png")
 
 
 # ---------------------------------------------------------------- sections
@@ -562,15 +568,16 @@ def allreduce_targets(docs, notes, targets):
         over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
         name = f"Allreduce vs MPI_Allreduce, geomean over sizes, {n} ranks{over}"
         if d is None:
-            targets.append(Target(name, f">= {ALLREDUCE_GEOMEAN_MIN:.1f}x", note=notes.get(n)))
+            targets.append(Target(name, f">= {limit('allreduce_geomean'):.1f}x", note=notes.get(n)))
             continue
         g = d["geomean_ratio"]
-        t = Target(name, f">= {ALLREDUCE_GEOMEAN_MIN:.1f}x", f"{g:.2f}x",
-                   g >= ALLREDUCE_GEOMEAN_MIN, family="allreduce")
+        t = Target(name, f">= {limit('allreduce_geomean'):.1f}x", f"{g:.2f}x",
+                   meets("allreduce_geomean", g), family="allreduce")
         if not t.ok:
             below = [r for r in d["rows"] if r["ratio"] < 1.0]
             worst = min(d["rows"], key=lambda r: r["ratio"])
-            t.note = (f"{short_by(g, ALLREDUCE_GEOMEAN_MIN)}; {len(below)} of {len(d['rows'])} "
+            t.note = (f"{short_by(g, limit('allreduce_geomean'))}; {len(below)} of "
+                      f"{len(d['rows'])} "
                       f"sizes below 1.0x, worst {worst['ratio']:.2f}x at "
                       f"{size_str(worst['bytes'])} ({worst['algorithm']})")
         targets.append(t)
@@ -578,19 +585,19 @@ def allreduce_targets(docs, notes, targets):
         d = docs.get(n)
         over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
         name = f"Allreduce vs MPI_Allreduce, min over sizes >= 1 MiB, {n} ranks{over}"
-        req = f">= {ALLREDUCE_LARGE_MIN:.1f}x"
+        req = f">= {limit('allreduce_large'):.1f}x"
         if d is None:
             targets.append(Target(name, req, note=notes.get(n)))
             continue
-        large = [r for r in d["rows"] if r["bytes"] >= LARGE_BYTES]
+        large = [r for r in d["rows"] if r["bytes"] >= TARGETS["allreduce_large"]["bytes"]]
         if not large:
             targets.append(Target(name, req, note="no size >= 1 MiB was run"))
             continue
         worst = min(large, key=lambda r: r["ratio"])
         t = Target(name, req, f"{worst['ratio']:.2f}x at {size_str(worst['bytes'])}",
-                   worst["ratio"] >= ALLREDUCE_LARGE_MIN, family="allreduce")
+                   meets("allreduce_large", worst["ratio"]), family="allreduce")
         if not t.ok:
-            t.note = (f"{short_by(worst['ratio'], ALLREDUCE_LARGE_MIN)}; at "
+            t.note = (f"{short_by(worst['ratio'], limit('allreduce_large'))}; at "
                       f"{size_str(worst['bytes'])} ({worst['algorithm']}) Tarantella "
                       f"{worst['tnt_busbw']:.2f} GB/s = "
                       f"{worst['tnt_busbw'] / worst['memcpy_gbps'] * 100:.0f}% of memcpy, "
@@ -618,18 +625,18 @@ def overhead_section(results, stages, targets):
 
 def _overhead_model(results, stages, targets, fname, model, label):
     name = f"1-rank step time{label}, tnt.Model.fit vs plain Keras fit"
-    req = f"<= +{OVERHEAD_MAX * 100:.0f}%"
+    req = f"<= +{limit('overhead') * 100:.0f}%"
     out, d = open_section(results, stages, targets, fname, ["overhead"], goals=[(name, req)],
                           label=f"{model}: ")
     if d is None:
         return out
     ratio = d["ratio_tnt_keras"]
-    t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", ratio - 1 <= OVERHEAD_MAX,
+    t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", meets("overhead", ratio - 1),
                family="overhead")
     ms, tr = d["ms_per_step"], d["trials_ms"]
     if not t.ok:
         lo, hi = spread(tr["keras"])
-        t.note = (f"{(ratio - 1 - OVERHEAD_MAX) * 100:.1f} points over: "
+        t.note = (f"{(ratio - 1 - limit('overhead')) * 100:.1f} points over: "
                   f"{ms['tnt']:.2f} vs {ms['keras']:.2f} ms/step "
                   f"(+{ms['tnt'] - ms['keras']:.2f} ms); Keras' own trials spread "
                   f"{lo:+.1f}%..{hi:+.1f}%")
@@ -664,7 +671,7 @@ def fusion_section(results, stages, plt, targets):
     if not sweeps:
         note = stage_note(stages, *failed) if failed else "not run"
         targets.append(Target("Default fusion threshold vs best threshold (2 ranks)",
-                              f"<= {FUSION_DEFAULT_MAX:.2f}x best", note=note))
+                              f"<= {limit('fusion_default'):.2f}x best", note=note))
         return out + [not_run_line([note]), ""]
     default_kb = next(iter(sweeps.values())).get("default_threshold_kb", 32)
     any_doc = next(iter(sweeps.values()))
@@ -679,15 +686,15 @@ def fusion_section(results, stages, plt, targets):
         dflt = [r for r in rows if r["threshold_kb"] == default_kb]
         name = f"Default fusion threshold ({default_kb:g} KiB) vs best, {model}, " \
                f"{d['ranks']} ranks"
-        req = f"<= {FUSION_DEFAULT_MAX:.2f}x best"
+        req = f"<= {limit('fusion_default'):.2f}x best"
         if not dflt:
             targets.append(Target(name, req, note="default threshold not in the sweep"))
             continue
         rel = dflt[0]["ms_per_step"] / best["ms_per_step"]
-        t = Target(name, req, f"{rel:.3f}x", rel <= FUSION_DEFAULT_MAX, family="fusion")
+        t = Target(name, req, f"{rel:.3f}x", meets("fusion_default", rel), family="fusion")
         if not t.ok:
             lo, hi = spread(dflt[0]["trials_ms"])
-            t.note = (f"{short_by(rel, FUSION_DEFAULT_MAX, False)}; best "
+            t.note = (f"{short_by(rel, limit('fusion_default'), False)}; best "
                       f"{best['threshold_kb']:g} KiB at {best['ms_per_step']:.2f} ms/step; "
                       f"the default's trials spread {lo:+.1f}%..{hi:+.1f}%")
         targets.append(t)
@@ -722,8 +729,9 @@ def training_section(results, stages, plt, targets):
     out, d = open_section(
         results, stages, targets, "training.json", ["training"],
         "## 4. Training throughput against other frameworks",
-        [("2-rank throughput vs MWMS, per model", f">= {MWMS_MIN:.1f}x"),
-         ("2-rank throughput vs Horovod, per model (where it builds)", f">= {HOROVOD_MIN:.1f}x")])
+        [("2-rank throughput vs MWMS, per model", f">= {limit('training_mwms'):.1f}x"),
+         ("2-rank throughput vs Horovod, per model (where it builds)",
+          f">= {limit('training_horovod'):.1f}x")])
     if d is None:
         return out
     res, errors = d.get("results", []), d.get("errors", {}) or {}
@@ -736,7 +744,8 @@ def training_section(results, stages, plt, targets):
     ratio_rows = []
     for model in models or ["(no model)"]:
         tnt = pick(model, "tarantella", 2)
-        for peer, need, label in (("mwms", MWMS_MIN, "MWMS"), ("horovod", HOROVOD_MIN, "Horovod")):
+        for peer, label in (("mwms", "MWMS"), ("horovod", "Horovod")):
+            need = limit(f"training_{peer}")
             name = f"2-rank throughput vs {label}, {model}"
             req = f">= {need:.1f}x"
             other = pick(model, peer, 2)
@@ -750,7 +759,7 @@ def training_section(results, stages, plt, targets):
                 ratio_rows.append([model, label, "-", f"no 2-rank {missing} result"])
                 continue
             q = tnt["samples_per_s"] / other["samples_per_s"]
-            t = Target(name, req, f"{q:.2f}x", q >= need, family="training")
+            t = Target(name, req, f"{q:.2f}x", meets(f"training_{peer}", q), family="training")
             if not t.ok:
                 t.note = (f"{short_by(q, need)}; {tnt['samples_per_s']:.0f} vs "
                           f"{other['samples_per_s']:.0f} samples/s, E(2) "
@@ -788,7 +797,7 @@ def training_section(results, stages, plt, targets):
 
 def sim_section(results, stages, plt, targets):
     name = "Simulated cluster with the defaults: step time / bound (worst link)"
-    req = f"<= {SIM_BOUND_MAX:.2f}"
+    req = f"<= {limit('sim_bound'):.2f}"
     out, d = open_section(results, stages, targets, "sim_cluster.json", ["sim_cluster"],
                           "## 5. Simulated cluster", [(name, req)])
     if d is None:
@@ -811,12 +820,13 @@ def sim_section(results, stages, plt, targets):
         t = Target(f"Simulated cluster with the defaults, {model}, {hosts_text(worst)}"
                    + (" (oversubscribed)" if over.get(layout) else "")
                    + f": step time / bound ({dflt}), worst link",
-                   req, f"{worst['ratio_to_bound']:.3f}", worst["ratio_to_bound"] <= SIM_BOUND_MAX,
+                   req, f"{worst['ratio_to_bound']:.3f}",
+                   meets("sim_bound", worst["ratio_to_bound"]),
                    family="sim")
         t.note = (f"{worst['link']}, fusion {on_off(worst['fusion'])}: "
                   f"{worst['step_ms']:.1f} vs {worst['bound_ms']:.1f} ms")
         if not t.ok:
-            t.note = (f"{short_by(worst['ratio_to_bound'], SIM_BOUND_MAX, False)}; " + t.note +
+            t.note = (f"{short_by(worst['ratio_to_bound'], limit('sim_bound'), False)}; " + t.note +
                       f", of which {worst['wait_ms']:.1f} ms waiting for communication; "
                       f"communication {worst['comm_ms']:.1f} ms = "
                       f"{worst['comm_ms'] / worst['bound_ms']:.1f}x the bound, compute "
@@ -837,14 +847,16 @@ def sim_section(results, stages, plt, targets):
             q, link = max(slower)
             targets.append(Target(
                 f"Simulated cluster, {model}, {hosts_text(worst)}: the defaults ({dflt}) / "
-                "fastest of the other settings, worst link", "<= 1.00", f"{q:.3f}", q <= 1.0,
+                "fastest of the other settings, worst link", f"<= {limit('sim_defaults'):.2f}",
+                f"{q:.3f}", meets("sim_defaults", q),
                 note=link, family="sim"))
     for r in d.get("weak_scaling") or []:
-        e2, judged = r.get("e2_busy"), "10gbit" in r["link"]
+        e2 = r.get("e2_busy")
+        judged = any(link in r["link"] for link in TARGETS["sim_e2"]["links"])
         t = Target(f"Weak scaling E(2), {model_of(r)}, 2 simulated hosts ({r['link']}): one rank "
                    "beside another / 2-host step",
-                   f">= {SIM_E2_MIN:.2f}" if judged else "(for information)", f2(e2),
-                   (e2 is not None and e2 >= SIM_E2_MIN) if judged else None,
+                   f">= {limit('sim_e2'):.2f}" if judged else "(for information)", f2(e2),
+                   (e2 is not None and meets("sim_e2", e2)) if judged else None,
                    family="sim" if judged else None)
         t.note = (f"2-host step {r['step_ms']:.1f} ms, one rank on the per-rank batch "
                   f"{f2(r.get('solo_busy_ms'))} ms beside another, {f2(r.get('solo_alone_ms'))} "
@@ -914,7 +926,7 @@ def sim_frameworks_section(results, stages, targets):
     """Tarantella against MultiWorkerMirroredStrategy on the simulated hosts
     (sim_cluster_bench.py --frameworks)."""
     name = "Throughput vs MWMS, 2 simulated hosts"
-    req = f">= {SIM_MWMS_MIN:.1f}x"
+    req = f">= {limit('sim_mwms'):.1f}x"
     out, d = open_section(results, stages, targets, "sim_cluster_frameworks.json",
                           ["sim_cluster_frameworks"],
                           "## 5c. Against MultiWorkerMirroredStrategy on simulated hosts",
@@ -925,7 +937,7 @@ def sim_frameworks_section(results, stages, targets):
     for r in res:
         t = Target(f"{name}, {r['model']}, {r['link']}", req,
                    f"{r['ratio']:.2f}x" if r.get("ratio") else None,
-                   r["ratio"] >= SIM_MWMS_MIN if r.get("ratio") else None, family="sim")
+                   meets("sim_mwms", r["ratio"]) if r.get("ratio") else None, family="sim")
         if r.get("ratio") is None:
             t.note = "no result of one framework (see the problems below)"
         else:
@@ -943,10 +955,11 @@ def sim_frameworks_section(results, stages, targets):
 
 
 def sim_allreduce_section(results, stages, plt, targets):
+    link_bytes = TARGETS["sim_allreduce_link"]["bytes"]
     names = [("Allreduce across simulated hosts: busbw / MPI_Allreduce, every size",
-              f">= {SIM_ALLREDUCE_MPI_MIN:.1f}"),
+              f">= {limit('sim_allreduce_mpi'):.1f}"),
              (f"Allreduce across simulated hosts: share of the link at >= "
-              f"{bytes_str(SIM_ALLREDUCE_LINK_BYTES)}", f">= {SIM_ALLREDUCE_LINK_MIN:.2f}")]
+              f"{bytes_str(link_bytes)}", f">= {limit('sim_allreduce_link'):.2f}")]
     out, d = open_section(results, stages, targets, "sim_cluster_allreduce.json",
                           ["sim_cluster_allreduce"], "## 5b. Allreduce across simulated hosts",
                           names)
@@ -960,17 +973,17 @@ def sim_allreduce_section(results, stages, plt, targets):
         label = f"{hosts}x{per_host}, {link}"
         worst = min(mine, key=lambda r: r["ratio"])
         t = Target(f"{names[0][0]} ({label})", names[0][1], f"{worst['ratio']:.2f}",
-                   worst["ratio"] >= SIM_ALLREDUCE_MPI_MIN, family="sim_allreduce")
+                   meets("sim_allreduce_mpi", worst["ratio"]), family="sim_allreduce")
         t.note = f"lowest at {bytes_str(worst['bytes'])} ({worst['algorithm']})"
         targets.append(t)
-        large = [r for r in mine if r["bytes"] >= SIM_ALLREDUCE_LINK_BYTES]
+        large = [r for r in mine if r["bytes"] >= link_bytes]
         if not large:
             targets.append(Target(f"{names[1][0]} ({label})", names[1][1],
                                   note="no size that large"))
             continue
         low = min(large, key=lambda r: r["link_share"])
         t = Target(f"{names[1][0]} ({label})", names[1][1], f"{low['link_share']:.2f}",
-                   low["link_share"] >= SIM_ALLREDUCE_LINK_MIN, family="sim_allreduce")
+                   meets("sim_allreduce_link", low["link_share"]), family="sim_allreduce")
         t.note = f"lowest at {bytes_str(low['bytes'])}"
         if low.get("tcp_share") is not None:
             t.note += (f"; {low['tcp_share']:.2f} of what TCP alone carries there "
@@ -1106,9 +1119,9 @@ def problem_lines(cfg):
 
 
 def _pipeline_bubble(results, stages, plt, targets):
-    m = PIPELINE_BUBBLE_M
+    m = TARGETS["pipeline_bubble"]["micro_batches"]
     name = f"Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = {m}"
-    req = f"<= {PIPELINE_BUBBLE_MAX:.2f}x"
+    req = f"<= {limit('pipeline_bubble'):.2f}x"
     out, d = open_section(results, stages, targets, "pipeline_bubble.json",
                           ["pipeline_bubble", "pipeline"], "### Bubble", [(name, req)])
     if d is None:
@@ -1133,8 +1146,8 @@ def _pipeline_bubble(results, stages, plt, targets):
             detail += f"; against (M+K-1) t_alone {r['ratio_to_alone_ideal']:.3f}x"
         if k == 2 and not over:
             t = Target(label, req, f"{r['ratio_to_ideal']:.3f}x",
-                       r["ratio_to_ideal"] <= PIPELINE_BUBBLE_MAX, family="pipeline")
-            t.note = (short_by(r["ratio_to_ideal"], PIPELINE_BUBBLE_MAX, False) + "; "
+                       meets("pipeline_bubble", r["ratio_to_ideal"]), family="pipeline")
+            t.note = (short_by(r["ratio_to_ideal"], limit("pipeline_bubble"), False) + "; "
                       if not t.ok else "") + detail
         else:
             # With more ranks than cores the stages share cores: shown, not judged.
@@ -1223,7 +1236,8 @@ def _step_memory(row):
 def _pipeline_memory(results, stages, plt, targets):
     name = ("Pipeline memory of a step against M, 2 stages: 1F1B flat, GPipe growing "
             "(stage 0)")
-    req = "1F1B grows < 1 micro-batch, GPipe > 3, from M = 2 to 8"
+    req = (f"1F1B grows < {limit('pipeline_memory_1f1b')} micro-batch, "
+           f"GPipe > {limit('pipeline_memory_gpipe')}, from M = 2 to 8")
     out, d = open_section(results, stages, targets, "pipeline_memory.json",
                           ["pipeline_memory", "pipeline"],
                           "### Memory per stage: GPipe, 1F1B, interleaved", [(name, req)])
@@ -1249,7 +1263,8 @@ def _pipeline_memory(results, stages, plt, targets):
         g1, gg = (grow["1f1b"][0] - grow["1f1b"][1]) / per_mb, \
             (grow["gpipe"][0] - grow["gpipe"][1]) / per_mb
         t = Target(name, req, f"1F1B {g1:+.1f}, GPipe {gg:+.1f} micro-batches",
-                   g1 < 1 and gg > 3, family="pipeline")
+                   meets("pipeline_memory_1f1b", g1) and meets("pipeline_memory_gpipe", gg),
+                   family="pipeline")
         t.note = (f"stage 0, {what}, M = 2 -> 8: 1F1B {grow['1f1b'][1]:.0f} -> "
                   f"{grow['1f1b'][0]:.0f} MiB, GPipe {grow['gpipe'][1]:.0f} -> "
                   f"{grow['gpipe'][0]:.0f} MiB; one micro-batch keeps about {per_mb:.0f} MiB")
@@ -1258,14 +1273,15 @@ def _pipeline_memory(results, stages, plt, targets):
         targets.append(Target(name, req, note="no results for M = 2 and 8 of both schedules"))
     name = ("Interleaved 1F1B memory of a step against M, 2 ranks of 2 chunks: flat once every "
             "chunk is busy (rank 0)")
-    req = "grows < 1 chunk micro-batch from M = 4 to 8"
+    req = f"grows < {limit('pipeline_memory_interleaved')} chunk micro-batch from M = 4 to 8"
     per_chunk = cfg.get("interleaved_kept_mib_per_chunk_micro_batch")
     low, high = peak("interleaved", 4), peak("interleaved", 8)
     if per_chunk and low is not None and high is not None:
         g = (high - low) / per_chunk
         # Rank 0 of R = 2 ranks holds at most 2 (R - 1) + (v - 1) R + 1 = 5
         # chunk micro-batches (docs/pipelining.md), whatever M.
-        targets.append(Target(name, req, f"{g:+.1f} chunk micro-batches", g < 1,
+        targets.append(Target(name, req, f"{g:+.1f} chunk micro-batches",
+                              meets("pipeline_memory_interleaved", g),
                               family="pipeline",
                               note=f"rank 0, {what}, M = 4 -> 8: {low:.0f} -> "
                                    f"{high:.0f} MiB, a chunk micro-batch {per_chunk:.0f} MiB; "
@@ -1283,7 +1299,7 @@ def _pipeline_memory(results, stages, plt, targets):
             targets.append(Target(
                 "Traced step's memory against M (the schedule unrolled), rank 0",
                 "(for information)", f"{grew('interleaved'):+.1f} MiB",
-                None, family="pipeline",
+                meets("pipeline_traced_memory", grew("interleaved")), family="pipeline",
                 note=f"the RSS after the warm-up step above the RSS before fit, M = 4 -> 8: "
                      f"interleaved {traced['interleaved'][0]['traced_step_mib']:.0f} -> "
                      f"{traced['interleaved'][1]['traced_step_mib']:.0f} MiB, 1F1B "
@@ -1393,7 +1409,8 @@ def _pipeline_capacity(results, stages, targets):
     out, d = open_section(results, stages, targets, "pipeline_capacity.json",
                           ["pipeline_capacity", "pipeline"],
                           "### Capacity: a model whose weights do not fit one process",
-                          [(name, "yes"), (CAPACITY_TABLE_TARGET, "<= 1.3x")])
+                          [(name, "yes"),
+                           (CAPACITY_TABLE_TARGET, f"<= {limit('pipeline_capacity_table')}x")])
     if d is None:
         return out
     cfg, res = d.get("config", {}), d.get("results", {})
@@ -1422,8 +1439,8 @@ def _pipeline_capacity(results, stages, targets):
     out.append("")
     memory = res.get("memory table")
     if memory:
-        limit = cfg.get("table_max_ratio", 1.3)
-        t = Target(CAPACITY_TABLE_TARGET, f"<= {limit}x", family="pipeline")
+        most = limit("pipeline_capacity_table")
+        t = Target(CAPACITY_TABLE_TARGET, f"<= {most}x", family="pipeline")
         # The target is the stages' for models that do not fit a rank:
         # with their weight gradients recomputed (serial: one stage).
         judged = [row for row in memory
@@ -1461,7 +1478,7 @@ def _pipeline_capacity(results, stages, targets):
 
 def _pipeline_sim(results, stages, targets):
     name = "Pipelined / data-parallel throughput, 2 simulated hosts at 1 Gbit/s"
-    req = f">= {PIPELINE_SIM_MIN:.1f}x"
+    req = f">= {limit('pipeline_sim'):.1f}x"
     out, d = open_section(results, stages, targets, "pipeline_sim_cluster.json",
                           ["pipeline_sim_cluster", "pipeline"],
                           "### Where pipelining wins: 2 simulated hosts at 1 Gbit/s",
@@ -1476,11 +1493,11 @@ def _pipeline_sim(results, stages, targets):
         targets.append(Target(name, req, note="no ratio" + (
             f": {problem.strip().splitlines()[-1]}" if problem.strip() else "")))
     else:
-        t = Target(name, req, f"{q:.2f}x", q >= PIPELINE_SIM_MIN, family="pipeline")
+        t = Target(name, req, f"{q:.2f}x", meets("pipeline_sim", q), family="pipeline")
         t.note = (f"{by['pipeline']['samples_per_s']:.0f} vs {by['data']['samples_per_s']:.0f} "
                   f"samples/s; {bytes_str(cfg.get('parameter_bytes', 0))} of weights")
         if not t.ok:
-            t.note = short_by(q, PIPELINE_SIM_MIN) + "; " + t.note
+            t.note = short_by(q, limit("pipeline_sim")) + "; " + t.note
         targets.append(t)
     out.append(f"Two simulated hosts (network namespaces, one rank each, links shaped to "
                f"1 Gbit/s: `{cfg.get('link_shaping', '?')}`), a model with "
@@ -1657,30 +1674,27 @@ def data_targets(job, j, targets, note=None):
     """The targets of one job of the data stage (None: not run)."""
     ratios = {} if j is None else j["ratios"]
     spec = [(f"Input ({job}): 1 rank epoch / plain Keras", "1", "epoch_share_vs_serial",
-             DATA_ONE_RANK_MAX),
+             "data_one_rank", limit("data_one_rank")),
             (f"Input ({job}): 2 ranks epoch / plain Keras", "2", "epoch_share_vs_serial",
-             DATA_TWO_RANKS_MAX)]
-    spec += [(f"Input ({job}): {n} ranks input CPU per rank / whole", str(n),
-              "input_cpu_share_vs_whole", limit) for n, limit in DATA_CPU_MAX.items()]
-    for name, ranks, key, limit in spec:
+             "data_two_ranks", limit("data_two_ranks"))]
+    spec += [(f"Input ({job}): {n} ranks input CPU per rank / whole", n,
+              "input_cpu_share_vs_whole", "data_cpu", most)
+             for n, most in limit("data_cpu").items()]
+    for name, ranks, field, key, most in spec:
         if ranks not in ratios:
-            targets.append(Target(name, f"<= {limit:.2f}", note=note or "not measured"))
+            targets.append(Target(name, f"<= {most:.2f}", note=note or "not measured"))
             continue
-        v = ratios[ranks][key]
-        targets.append(Target(name, f"<= {limit:.2f}", f"{v:.2f}", v <= limit,
-                              "" if v <= limit else short_by(v, limit, False), family="data"))
-
-
-# The step-time cost of BackupAndRestore(save_freq=50) on the quick start
-# that training jobs are asked to accept.
-BACKUP_COST_MAX = 0.05
+        v = ratios[ranks][field]
+        ok = meets(key, v, most)
+        targets.append(Target(name, f"<= {most:.2f}", f"{v:.2f}", ok,
+                              "" if ok else short_by(v, most, False), family="data"))
 
 
 def reliability_section(results, stages, targets):
     """What BackupAndRestore costs (backup_cost.py) and how long a job takes
     from a rank's death to its next step (restart_time.py)."""
     name = "BackupAndRestore(save_freq=50) step-time cost, quick start, 2 ranks"
-    required = f"<= {BACKUP_COST_MAX * 100:.0f} %"
+    required = f"<= {limit('backup_cost') * 100:.0f} %"
     out, d = open_section(results, stages, targets, "reliability_backup.json",
                           ["reliability_backup"], "## 9. Reliability: backups and restarts",
                           goals=[(name, required)], label="Backup cost: ")
@@ -1696,7 +1710,7 @@ def reliability_section(results, stages, targets):
                    f"{', '.join(f'{c * 100:+.1f}' for c in d['cost'])} %), which the "
                    "machine's drift between rounds can exceed on a shared machine.")
         out.append("")
-        targets.append(Target(name, required, f"{cost * 100:.1f} %", cost <= BACKUP_COST_MAX,
+        targets.append(Target(name, required, f"{cost * 100:.1f} %", meets("backup_cost", cost),
                               note="a backup's time over save_freq mean step times"))
     out2, r = open_section(results, stages, [], "reliability_restart.json",
                            ["reliability_restart"], label="Restart time: ", show_config=False)

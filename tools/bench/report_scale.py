@@ -4,18 +4,6 @@ plot scale_allreduce.png."""
 import math
 import os
 
-# The targets (docs/performance.md, "At scale").
-VALIDATION_MAX_ERR = 0.15          # |simulated / measured - 1| at >= VALIDATION_BYTES
-VALIDATION_BYTES = 256 * 1024
-# The links whose rows are targets: at 10 Gbit/s the measured runs are
-# bound by the measuring machine's 2 cores, not by the link.
-VALIDATION_LINKS = ("1gbit_0.1ms",)
-MPI_MIN = 1.0                      # libtnt / the better SMPI MPI_Allreduce, every size
-LINK_MIN = 0.9                     # share of the link at >= LINK_BYTES
-LINK_BYTES = 64 << 20
-E_MIN = 0.9                        # projected E(E_HOSTS), ResNet, 100 Gbit/s
-E_HOSTS = 1024
-
 
 def layout(r):
     return f"{r['hosts']}x{r.get('per_host', r.get('ranks_per_host'))}"
@@ -32,9 +20,11 @@ def validation_part(h, d, targets):
     out = ["### Validation: simulated hosts against the measured ones", ""]
     if d is None:
         targets.append(h.Target("at scale: validation, simulated / measured busbw at >= "
-                                "256 KiB", f"within {VALIDATION_MAX_ERR:.0%}", note="not run"))
+                                "256 KiB", f"within {h.limit('scale_validation'):.0%}",
+                                note="not run"))
         return out + ["Not run.", ""]
     res, cfg = d["results"], d["config"]
+    links = h.TARGETS["scale_validation"]["links"]
     measured = cfg["measured"] if isinstance(cfg["measured"], list) else [cfg["measured"]]
     out.append(f"The measured runs of {', '.join(f'`{m}`' for m in measured)} (tnt-bench "
                f"allreduce, libtnt's choice) beside tnt-sim running the same algorithm on as "
@@ -42,21 +32,21 @@ def validation_part(h, d, targets):
                f"link at the rate one TCP stream reached in that run, "
                f"{cfg['latency_us_per_link']:g} us per link ({cfg['links_per_route']} links a "
                f"route), copies at the memcpy rate measured at each size. Targets: the "
-               f"{', '.join(VALIDATION_LINKS)} rows; faster links are CPU-bound on the "
+               f"{', '.join(links)} rows; faster links are CPU-bound on the "
                f"measuring machine (the hosts' ranks and the kernel's TCP share its 2 cores) "
                f"and shown for information; load before = the 1-minute load average before "
                f"the measured run.")
     out.append("")
     for key in sorted({(r["hosts"], r["ranks_per_host"], r["link"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) == key]
-        big = [r for r in mine if r["bytes"] >= VALIDATION_BYTES]
+        big = [r for r in mine if r["bytes"] >= h.TARGETS["scale_validation"]["bytes"]]
         if not big:
             continue
         worst = max(big, key=lambda r: abs(r["ratio"] - 1))
-        required = key[2] in VALIDATION_LINKS
-        ok = abs(worst["ratio"] - 1) <= VALIDATION_MAX_ERR
+        required = key[2] in links
+        ok = h.meets("scale_validation", abs(worst["ratio"] - 1))
         t = h.Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
-                     f"{key[0]}x{key[1]} {key[2]}", f"within {VALIDATION_MAX_ERR:.0%}",
+                     f"{key[0]}x{key[1]} {key[2]}", f"within {h.limit('scale_validation'):.0%}",
                      f"{min(r['ratio'] for r in big):.2f}..{max(r['ratio'] for r in big):.2f}",
                      ok if required else None, family="scale_validation")
         t.note = f"furthest at {h.bytes_str(worst['bytes'])}"
@@ -71,7 +61,7 @@ def validation_part(h, d, targets):
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], f"{r['sim_gbit']:g}",
              h.bytes_str(r["bytes"]), r["sim_algorithm"], f"{r['measured_busbw']:.3f}",
              f"{r['sim_busbw']:.3f}", f"{r['ratio']:.2f}", load(r),
-             "target" if r["link"] in VALIDATION_LINKS else "CPU-bound"] for r in res]
+             "target" if r["link"] in links else "CPU-bound"] for r in res]
     out.append(h.table(["layout", "link", "simulated Gbit/s", "bytes", "algorithm",
                         "measured busbw GB/s", "simulated busbw GB/s", "simulated / measured",
                         "load before", "role"], rows))
@@ -111,8 +101,8 @@ def scale_part(h, d, plt, results, targets):
     out = ["### busbw against SMPI's MPI_Allreduce on fat-trees", ""]
     if d is None:
         for name, req in (("libtnt busbw / the better SMPI MPI_Allreduce, every size",
-                           f">= {MPI_MIN:.1f}x"),
-                          ("link share at >= 64 MiB", f">= {LINK_MIN:.2f}")):
+                           f">= {h.limit('scale_mpi'):.1f}x"),
+                          ("link share at >= 64 MiB", f">= {h.limit('scale_link'):.2f}")):
             targets.append(h.Target(f"at scale: {name}", req, note="not run"))
         return out + ["Not run.", ""]
     res, cfg = d["results"], d["config"]
@@ -139,21 +129,23 @@ def scale_part(h, d, plt, results, targets):
             low, at = min(ratios)
             t = h.Target(f"at scale: libtnt busbw / the better SMPI MPI_Allreduce, "
                          f"{h.bytes_str(common[0])}..{h.bytes_str(common[-1])}, {label}",
-                         f">= {MPI_MIN:.1f}x every size", f"geomean {geo:.2f}x, min {low:.2f}x",
-                         low >= MPI_MIN, family="scale")
+                         f">= {h.limit('scale_mpi'):.1f}x every size",
+                         f"geomean {geo:.2f}x, min {low:.2f}x",
+                         h.meets("scale_mpi", low), family="scale")
             t.note = (f"min at {h.bytes_str(at)} ({tnt[at]['algorithm']} against "
                       f"{mpi[at]['impl']})")
             targets.append(t)
-        big = [tnt[b] for b in tnt if b >= LINK_BYTES]
+        big = [tnt[b] for b in tnt if b >= h.TARGETS["scale_link"]["bytes"]]
         if big:
             worst = min(big, key=link_share)
             targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
-                                    f">= {LINK_MIN:.2f}", f"{link_share(worst):.2f}",
-                                    link_share(worst) >= LINK_MIN, family="scale",
+                                    f">= {h.limit('scale_link'):.2f}", f"{link_share(worst):.2f}",
+                                    h.meets("scale_link", link_share(worst)), family="scale",
                                     note=f"lowest at {h.bytes_str(worst['bytes'])}"))
         else:
             targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
-                                    f">= {LINK_MIN:.2f}", note="no size that large was run"))
+                                    f">= {h.limit('scale_link'):.2f}",
+                                    note="no size that large was run"))
     if plt is not None and res:
         plot(h, plt, results, res)
         out += [h.image("scale_allreduce.png", results), ""]
@@ -180,7 +172,8 @@ def plot_projection(h, plt, results, res):
             if mine:
                 ax.plot([r["hosts"] for r in mine], [r["E"] for r in mine], style, ms=3,
                         label=f"{model}, compute {speedup}x")
-    ax.axhline(E_MIN, color="k", lw=1, label=f"target {E_MIN:g}")
+    e_min = h.limit("scale_projection")
+    ax.axhline(e_min, color="k", lw=1, label=f"target {e_min:g}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("hosts (one rank each)")
     ax.set_ylabel("projected E(N)")
@@ -192,9 +185,10 @@ def plot_projection(h, plt, results, res):
 
 def projection_part(h, d, plt, results, targets):
     out = ["### Training at scale, projected", ""]
-    name = f"at scale: projected E({E_HOSTS}), ResNet, 100 Gbit/s"
+    hosts = h.TARGETS["scale_projection"]["hosts"]
+    name = f"at scale: projected E({hosts}), ResNet, 100 Gbit/s"
     if d is None:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}", note="not run"))
+        targets.append(h.Target(name, f">= {h.limit('scale_projection'):.1f}", note="not run"))
         return out + ["Not run.", ""]
     res = d["results"]
     out += h.config_lines(d["config"])
@@ -229,17 +223,17 @@ def projection_part(h, d, plt, results, targets):
                              f"{c['measured_step_ms']:.2f}", f"{c['ratio']:.2f}"]
                             for c in d["check_2_hosts"]]))
         out.append("")
-    resnet = best.get(("resnet", 1, E_HOSTS))
+    resnet = best.get(("resnet", 1, hosts))
     if resnet is None:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}",
-                                note=f"no simulated allreduce at {E_HOSTS} hosts"))
+        targets.append(h.Target(name, f">= {h.limit('scale_projection'):.1f}",
+                                note=f"no simulated allreduce at {hosts} hosts"))
     else:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}", f"{resnet['E']:.3f}",
-                                resnet["E"] >= E_MIN, family="scale",
+        targets.append(h.Target(name, f">= {h.limit('scale_projection'):.1f}", f"{resnet['E']:.3f}",
+                                h.meets("scale_projection", resnet["E"]), family="scale",
                                 note=f"{resnet['mode']}; with compute 10x / 100x faster: "
-                                     + " / ".join(f"{best[('resnet', f, E_HOSTS)]['E']:.3f}"
+                                     + " / ".join(f"{best[('resnet', f, hosts)]['E']:.3f}"
                                                   for f in (10, 100)
-                                                  if ("resnet", f, E_HOSTS) in best)))
+                                                  if ("resnet", f, hosts) in best)))
     if plt is not None and res:
         plot_projection(h, plt, results, res)
         out += [h.image("scale_projection.png", results), ""]
