@@ -330,7 +330,7 @@ def test_report_sim_targets_judge_the_defaults(tmp_path):
 def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
     """sim_cluster_bench's reachable step: the largest gradient's readiness
     on each step's later rank, plus its transfer."""
-    sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "research"))
     import sim_cluster_bench as sim
 
     def trace(ready_us):

@@ -9,6 +9,7 @@ bench/results stays small and a rerun's diff reads row by row.
 Traces (TNT_TIMELINE files) and other raw series go to <results>/traces/,
 which git ignores: `make bench` writes them again.
 """
+import importlib
 import json
 import os
 import shlex
@@ -18,6 +19,16 @@ import sys
 import time
 
 TRACES = "traces"
+# The research benchmarks (the SimGrid scale study, the simulated cluster),
+# whose modules the report and the pipeline benchmark use.
+RESEARCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "research")
+
+
+def research_module(name):
+    """The module `name` of tools/research."""
+    if RESEARCH not in sys.path:
+        sys.path.append(RESEARCH)
+    return importlib.import_module(name)
 
 
 def traces_dir(results):

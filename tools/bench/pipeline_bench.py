@@ -940,7 +940,7 @@ def sim_worker(args):
 
 
 def sim_cluster(args):
-    import sim_cluster_bench as scb
+    scb = bench_results.research_module("sim_cluster_bench")
     scb.require_cluster_tools("pipeline_bench sim_cluster")
     steps, reps = (4, 2) if args.quick else (8, 3)
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
@@ -1047,7 +1047,7 @@ def main():
                 "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
-            import sim_cluster_bench as scb
+            scb = bench_results.research_module("sim_cluster_bench")
             scb.Cluster.down_all()
 
 

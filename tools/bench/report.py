@@ -8,15 +8,15 @@ Reads (each optional; a missing file is reported as "not run"):
   collectives_{allreduce,broadcast,allgather}_{2,4}ranks.json   tnt-bench --json
   overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
   training.json                                                   train_compare.py
-  sim_cluster.json                                                sim_cluster_bench.py
-  sim_cluster_allreduce.json                                      sim_cluster_bench.py --allreduce
-  sim_cluster_frameworks.json                                     sim_cluster_bench.py --frameworks
   pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
-  scale_validation.json, scale.json, scale_check.json             scale_bench.py (report_scale.py)
-  scale_timelines.json, scale_projection.json                     project_scale.py (report_scale.py)
+  sim_cluster.json, sim_cluster_{allreduce,frameworks}.json
+                                                                tools/research/sim_cluster_bench.py
+  scale_validation.json, scale.json, scale_check.json             tools/research/scale_bench.py
+  scale_timelines.json, scale_projection.json                     tools/research/project_scale.py
   logs/stages.tsv                                                 how every stage ended
   run.json                                                        commit, host, versions
   bench/targets.toml                                              the targets and thresholds
+(the scale study's section is tools/research/report_scale.py).
 Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
 sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
@@ -36,8 +36,7 @@ import sys
 import time
 import tomllib
 
-import report_scale
-from bench_results import TRACES, traces_dir, write_json
+from bench_results import TRACES, research_module, traces_dir, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -1817,7 +1816,8 @@ def main():
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages, targets)
     body += compression_section(args.results, stages, targets)
-    body += report_scale.section(sys.modules[__name__], args.results, stages, plt, targets)
+    body += research_module("report_scale").section(sys.modules[__name__], args.results, stages,
+                                                     plt, targets)
     body += reliability_section(args.results, stages, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:

@@ -45,8 +45,8 @@ allreduce times measured on the 2 simulated hosts at 10 Gbit/s
 (sim_cluster_allreduce.json) against the step those runs measured
 (sim_cluster.json, the defaults).
 
-    python3 tools/bench/project_scale.py --measure --out bench/results/scale_timelines.json
-    python3 tools/bench/project_scale.py --project --out bench/results/scale_projection.json
+    python3 tools/research/project_scale.py --measure --out bench/results/scale_timelines.json
+    python3 tools/research/project_scale.py --project --out bench/results/scale_projection.json
 
 What it leaves out: the step's own CPU time for communication (the
 progress thread shares a core with backprop when every core runs a rank),
@@ -67,7 +67,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "bench", "results")
-sys.path.insert(0, HERE)
+
 from sim_cluster_bench import load_trace, spans, union_ms  # noqa: E402
 
 MODELS = ("lenet5", "resnet", "transformer")
@@ -143,7 +143,8 @@ def measure(args):
             cmd = [tnt, "--no-gpu", "-n", "2", "--run-dir", os.path.join(d, "run"),
                    "-x", f"TNT_TIMELINE={trace}", "TNT_OVERLAP=on", "OMP_NUM_THREADS=1",
                    "TF_CPP_MIN_LOG_LEVEL=2", "--",
-                   os.path.join(HERE, "train_compare.py"), "worker", "--framework", "tarantella",
+                   os.path.join(ROOT, "tools", "bench", "train_compare.py"), "worker",
+                   "--framework", "tarantella",
                    "--model", model, "--ranks", "2", "--cores", "2",
                    "--per-rank-batch", str(PER_RANK_BATCH), "--warmup", "3",
                    "--steps", str(args.steps), "--keras", "keras3",

@@ -16,8 +16,8 @@ Two measurements, each one JSON file:
               on the fat-trees of tools/sim/platforms, float32 sums from
               --min to --max: busbw per size, and the wall time of each run.
 
-  python3 tools/bench/scale_bench.py --validate --out bench/results/scale_validation.json
-  python3 tools/bench/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
+  python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.json
+  python3 tools/research/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
       --gbit 100 --out bench/results/scale.json
 
 The simulation is deterministic: one run per configuration.

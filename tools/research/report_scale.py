@@ -1,5 +1,5 @@
 """The "At scale (simulated)" section of the benchmark report (report.py):
-scale_validation.json and scale.json of tools/bench/scale_bench.py, and the
+scale_validation.json and scale.json of tools/research/scale_bench.py, and the
 plot scale_allreduce.png."""
 import math
 import os
@@ -194,7 +194,7 @@ def projection_part(h, d, plt, results, targets):
     out += h.config_lines(d["config"])
     out.append("Step time from each model's measured timeline (when each fusion bucket is "
                "submitted) and libtnt's simulated allreduce of each bucket on N hosts "
-               "(`tools/bench/project_scale.py`); E(N) = compute / step at the same samples "
+               "(`tools/research/project_scale.py`); E(N) = compute / step at the same samples "
                "per rank. Hybrid: K pipeline stages x N/K replicas.")
     out.append("")
     best = {}
@@ -269,7 +269,7 @@ def section(h, results, stages, plt, targets):
     """h: the report module (its table, Target and formatting helpers)."""
     out = ["## At scale (simulated)", "",
            "libtnt's own allreduce code on clusters simulated by SimGrid (tnt-sim, "
-           "tools/bench/scale_bench.py; docs/performance.md \"At scale\")."
+           "tools/research/scale_bench.py; docs/performance.md \"At scale\")."
            " busbw = bytes / time * 2(n-1)/n over n ranks; link share = algbw * 2(H-1)/H "
            "over H hosts / link rate.", ""]
     val, _ = h.load_json(os.path.join(results, "scale_validation.json"))

@@ -39,8 +39,8 @@ computes beside it (E(2) busy), as the two simulated hosts compute on this
 machine's cores at once; E(2) busy leaves out what the hosts' sharing of
 one machine costs and keeps what distribution costs.
 
-    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # fewer steps and fits
-    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 16 minutes
+    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json  # fewer steps, fits
+    sudo python3 tools/research/sim_cluster_bench.py --out full.json           # about 16 minutes
 
 With --allreduce it measures the allreduce alone instead: `tnt-bench
 allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
@@ -50,7 +50,7 @@ each run. Besides tnt-bench's figures each row gets link_share:
 the bytes every host must send, 2(H-1)/H of the vector for H hosts, per
 second, as a fraction of the shaped link rate (1.0: the link never idles).
 
-    sudo python3 tools/bench/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
+    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
 
 With --variants it compares the fusion settings instead of fusion and
 overlap on/off, all with overlap on and the default threshold: none
@@ -60,7 +60,7 @@ overlap_off (TNT_OVERLAP=0) and overlap_auto (TNT_OVERLAP=auto); each row
 also gets the loss of the last step, and every model first trains 14 steps
 (the tuning of auto takes 14, of overlap_auto 8).
 
-    sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
+    sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
 
 With --frameworks it compares Tarantella with MultiWorkerMirroredStrategy
@@ -69,7 +69,7 @@ at both link rates: the models of train_compare.py (its worker trains them
 alike for both: same global batch, same timed steps), throughput ratio
 Tarantella / MWMS.
 
-    sudo python3 tools/bench/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
+    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
 
 Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
 (`make install`). All hosts share this machine's cores: 4 hosts with one
@@ -89,10 +89,11 @@ import tempfile
 import time
 import uuid
 
-from bench_results import finish_config, new_config, print_problems, write_json
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.join(ROOT, "tools", "bench")  # the shared helpers and train_compare.py
+sys.path.insert(0, BENCH)
+from bench_results import finish_config, new_config, print_problems, write_json  # noqa: E402
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
 
 LINKS = {"1gbit_0.1ms": 1e9, "10gbit_0.1ms": 10e9}
@@ -747,7 +748,7 @@ def framework_run(cluster, work, framework, model, steps, timeout):
     os.makedirs(work, exist_ok=True)
     result = os.path.join(work, "result.json")
     n = len(cluster.hosts)
-    wargs = [os.path.join(HERE, "train_compare.py"), "worker", "--framework", framework,
+    wargs = [os.path.join(BENCH, "train_compare.py"), "worker", "--framework", framework,
              "--model", model, "--ranks", str(n), "--cores", str(n),
              "--per-rank-batch", str(GLOBAL_BATCH // 2), "--warmup", "3", "--steps", str(steps),
              "--keras", "tf-keras" if framework == "mwms" else "keras3", "--result", result]
