@@ -1,19 +1,9 @@
 #!/usr/bin/env python3
 """The step-time cost of BackupAndRestore(save_freq=N) on the quick start.
 
-Trains the quick start's LeNet-5 on Fashion-MNIST (global batch 64, SGD
-with momentum, as examples/quick_start.py does) and times fits of --steps
-steps each, alternately without a backup and with
-keras.callbacks.BackupAndRestore(dir, save_freq=N), in --rounds rounds of
-the order ABBA (so that a drift of the machine's speed hits both alike).
-A fit's time runs from the end of its first step to the end of its last, so
-that it holds every backup it takes but not fit's start. The cost is the
-ratio of the mean step times, with and without backups, minus one; the
-median over the rounds is reported, with every round's. The time each
-backup takes on this rank (its batch hook, which gathers the state and, on
-the master, writes the files) is timed too: on a machine shared with other
-work, where the step times drift by more than the cost, that time over
-save_freq mean step times estimates the cost more steadily.
+Times fits of the quick start's LeNet-5 with and without
+keras.callbacks.BackupAndRestore in ABBA rounds, and each backup's own
+time; the method: docs/research/benchmarks.md.
 
     tarantella -n 2 -- tools/bench/backup_cost.py --save-freq 50 \\
         [--dir /tmp/backup] [--json bench/results/backup_cost.json]

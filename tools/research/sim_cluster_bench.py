@@ -1,80 +1,19 @@
 #!/usr/bin/env python3
 """Training on a simulated cluster with shaped links, broken down from the timeline.
 
-Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
-host name, /dev/shm and network; one rank per host, or P with a layout
-HxP), and each host's link is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus
-0.1 ms of delay where the
-kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
-the small ResNet and the Transformer on synthetic data; --models) train
-with TNT_TIMELINE on, for every combination of tensor fusion (threshold
-32 KiB, or 0: one bucket per tensor) and overlap (TNT_OVERLAP=1: on,
-buckets are reduced while backprop goes on; 0: off, no bucket is reduced
-before backprop is over), and with the defaults (fusion on, TNT_OVERLAP=auto:
-the faster of on and off, chosen in the first 8 steps, which every model
-trains before the timed fits). Configurations are
-interleaved inside one run per (hosts, link, model), so that noise from
-other work on the machine hits them alike. From each rank's trace, per step:
+Hosts are network namespaces (tests/launcher/sim_cluster.sh) whose links tc
+shapes to 1 or 10 Gbit/s; the models of train_compare.py train with every
+fusion and overlap setting, each step split into compute, communication and
+waiting against its bound. --allreduce: tnt-bench against MPI_Allreduce;
+--variants: compression and fusion settings; --frameworks: against MWMS.
+Needs root, iproute2, unshare and Tarantella installed. The method:
+docs/research/benchmarks.md; tools/research/README.md.
 
-  step_ms     the training step (the Keras layer's "step N" span)
-  wait_ms     time the step's callers were blocked in fusion finish (union)
-  compute_ms  step_ms - wait_ms: the step minus the communication it waited for
-  comm_ms     time the step's bucket allreduces ran (union)
-  bound_ms    max(compute_ms, 2(N-1)/N * gradient_bytes / link bandwidth)
-  ready_ms    when the largest gradient tensor is ready (its fusion start)
-              after the step began, on the rank that has it last: the
-              median over the steps
-  reach_ms    max(compute_ms, ready_ms + 2(N-1)/N * its bytes / link
-              bandwidth): no exact step ends before the largest gradient,
-              which backprop gives only after the forward pass, has crossed
-              the link; bound_ms assumes it could cross during the forward
-
-medians over the steps of each rank, averaged over the ranks.
-
-Weak scaling (LeNet-5 and ResNet): beside the 2-host runs, one rank trains
-the same model on the per-rank batch of the 2-host run (32 samples), E(2) =
-that step time / the 2-host step time (the defaults). The one-rank
-step is taken twice: alone on the machine, and while a second one-rank job
-computes beside it (E(2) busy), as the two simulated hosts compute on this
-machine's cores at once; E(2) busy leaves out what the hosts' sharing of
-one machine costs and keeps what distribution costs.
-
-    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json  # fewer steps, fits
-    sudo python3 tools/research/sim_cluster_bench.py --out full.json           # about 16 minutes
-
-With --allreduce it measures the allreduce alone instead: `tnt-bench
-allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
-run, 4 KiB to 64 MiB) on 2 hosts x 1 rank, 2 hosts x 2 ranks and 4 hosts x 1
-rank (--layouts), at both link rates, with the load average before and after
-each run. Besides tnt-bench's figures each row gets link_share:
-the bytes every host must send, 2(H-1)/H of the vector for H hosts, per
-second, as a fraction of the shaped link rate (1.0: the link never idles).
-
+    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json
     sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
-
-With --variants it compares the fusion settings instead of fusion and
-overlap on/off, all with overlap on and the default threshold: none
-(uncompressed), fp16 and bf16 (TNT_COMPRESSION), auto
-(TNT_FUSION_THRESHOLD_KB=auto), readiness (TNT_FUSION_ORDER=readiness),
-overlap_off (TNT_OVERLAP=0) and overlap_auto (TNT_OVERLAP=auto); each row
-also gets the loss of the last step, and every model first trains 14 steps
-(the tuning of auto takes 14, of overlap_auto 8).
-
     sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
-
-With --frameworks it compares Tarantella with MultiWorkerMirroredStrategy
-(tf-keras, RING collectives, one worker per host with TF_CONFIG) on 2 hosts
-at both link rates: the models of train_compare.py (its worker trains them
-alike for both: same global batch, same timed steps), throughput ratio
-Tarantella / MWMS.
-
     sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
-
-Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
-(`make install`). All hosts share this machine's cores: 4 hosts with one
-rank each on a 2-core machine are oversubscribed, so their compute is
-slower than a real cluster's and their timings are noisier.
 """
 import argparse
 import json
