@@ -12,21 +12,21 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "examples"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from fashion_mnist import DATA_DIR, load_fashion_mnist  # noqa: E402
-from quick_start import lenet5_model_generator  # noqa: E402
+from bench_results import module_of  # noqa: E402
+
+fashion_mnist = module_of("examples", "fashion_mnist")
+DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
+lenet5_model_generator = module_of("examples", "quick_start").lenet5_model_generator
 
 
 class StepClock(keras.callbacks.Callback):

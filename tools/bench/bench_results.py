@@ -19,15 +19,16 @@ import sys
 import time
 
 TRACES = "traces"
-# The research benchmarks (the SimGrid scale study, the simulated cluster),
-# whose modules the report and the pipeline benchmark use.
-RESEARCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "research")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def research_module(name):
-    """The module `name` of tools/research."""
-    if RESEARCH not in sys.path:
-        sys.path.append(RESEARCH)
+def module_of(folder, name):
+    """The module `name` of the source tree's `folder`: tools/research (the
+    research benchmarks, which the report and the pipeline benchmark use) or
+    examples (the quick start's model and data)."""
+    path = os.path.join(ROOT, folder)
+    if path not in sys.path:
+        sys.path.append(path)
     return importlib.import_module(name)
 
 

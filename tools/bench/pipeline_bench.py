@@ -874,7 +874,7 @@ def sim_worker(args):
 
 
 def sim_cluster(args):
-    scb = bench_results.research_module("sim_cluster_bench")
+    scb = bench_results.module_of("tools/research", "sim_cluster_bench")
     scb.require_cluster_tools("pipeline_bench sim_cluster")
     steps, reps = (4, 2) if args.quick else (8, 3)
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
@@ -981,7 +981,7 @@ def main():
                 "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
-            scb = bench_results.research_module("sim_cluster_bench")
+            scb = bench_results.module_of("tools/research", "sim_cluster_bench")
             scb.Cluster.down_all()
 
 

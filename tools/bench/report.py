@@ -36,7 +36,7 @@ import sys
 import time
 import tomllib
 
-from bench_results import TRACES, research_module, traces_dir, write_json
+from bench_results import TRACES, module_of, traces_dir, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -1816,8 +1816,8 @@ def main():
     body += pipeline_section(args.results, stages, plt, targets)
     body += data_share_section(args.results, stages, targets)
     body += compression_section(args.results, stages, targets)
-    body += research_module("report_scale").section(sys.modules[__name__], args.results, stages,
-                                                     plt, targets)
+    scale = module_of("tools/research", "report_scale")
+    body += scale.section(sys.modules[__name__], args.results, stages, plt, targets)
     body += reliability_section(args.results, stages, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:

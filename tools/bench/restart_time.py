@@ -21,7 +21,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PARTS = ("restart", "import", "init", "resume")
 
 
@@ -29,15 +28,16 @@ def worker(args):
     """One rank of one attempt: trains, kills itself (first attempt, last
     rank, after --kill-step), or records its times (later attempts)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples"))
     import keras
     import tensorflow as tf
     import tarantella as tnt
     imported = time.time()
     tnt.init()
     initialized = time.time()
-    from fashion_mnist import DATA_DIR, load_fashion_mnist
-    from quick_start import lenet5_model_generator
+    from bench_results import module_of
+    fashion_mnist = module_of("examples", "fashion_mnist")
+    DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
+    lenet5_model_generator = module_of("examples", "quick_start").lenet5_model_generator
     attempt = int(os.environ["TNT_RESTART_COUNT"])
     rank, last = tnt.get_rank(), tnt.get_size() - 1
 

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
-from sim_cluster_bench import load_trace, spans, union_ms  # noqa: E402
+from step_timeline import load_trace, spans, union_ms  # noqa: E402
 
 MODELS = ("lenet5", "resnet", "transformer")
 PER_RANK_BATCH = 32
