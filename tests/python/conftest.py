@@ -5,6 +5,7 @@ directly) is marked `ranks`, per module (`pytestmark = pytest.mark.ranks`)
 or per test; `make check` runs the others (-m "not ranks"), `make
 test-python` these. mpirun_command fails a test that starts ranks without
 the mark, so that a forgotten mark shows in `make check`."""
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,6 +15,16 @@ import tempfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_module(path):
+    """The Python module at `path` under the source tree (a helper of tools/
+    that no package installs)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # The test being run (for require_ranks_mark) and the folder of the run
 # directories, under pytest's temporary directory: removed at the end of a

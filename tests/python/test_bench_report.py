@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, load_module
 
 REPORT = os.path.join(ROOT, "tools", "bench", "report.py")
 
@@ -328,10 +328,11 @@ def test_report_sim_targets_judge_the_defaults(tmp_path):
 
 
 def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
-    """sim_cluster_bench's reachable step: the largest gradient's readiness
-    on each step's later rank, plus its transfer."""
-    sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
-    import sim_cluster_bench as sim
+    """The simulated cluster's reachable step (tools/research/step_timeline.py):
+    the largest gradient's readiness on each step's later rank, plus its
+    transfer."""
+    sim = load_module("tools/research/step_timeline.py")
+    defaults = [("config fusion=1 overlap=auto", {"fusion": True, "overlap": "auto"})]
 
     def trace(ready_us):
         ev = [{"name": "config fusion=1 overlap=auto", "cat": "config", "ph": "B", "ts": 0}]
@@ -351,16 +352,14 @@ def test_sim_cluster_breakdown_finds_when_the_largest_gradient_is_ready():
 
     ranks = [sim.breakdown(trace([10_000, 20_000, 12_000]), 2),
              sim.breakdown(trace([15_000, 11_000, 30_000]), 2)]
-    row = next(r for r in sim.summarize(ranks, 2, 1e9) if (r["fusion"], r["overlap"]) ==
-               sim.CONFIGS[0])
+    row, = sim.summarize(ranks, 2, 1e9, defaults)
     # Later rank per step: 15, 20, 30 ms; median 20 ms. 1 MB at 1 Gbit/s
     # over 2 hosts: 8 ms; compute = 60 - 20 = 40 ms.
     assert row["ready_ms"] == 20.0
     assert row["compute_ms"] == 40.0
     assert row["reach_ms"] == 40.0
     ranks = [sim.breakdown(trace([35_000] * 3), 2)] * 2
-    row = next(r for r in sim.summarize(ranks, 2, 1e9) if (r["fusion"], r["overlap"]) ==
-               sim.CONFIGS[0])
+    row, = sim.summarize(ranks, 2, 1e9, defaults)
     assert row["reach_ms"] == 43.0 and row["ratio_to_reach"] == round(60 / 43, 3)
 
 

@@ -68,7 +68,7 @@ static size_t rd_until(int n) {
 }
 
 /* Recursive doubling gives way to Rabenseifner's algorithm where the two
- * crossed in the simulation at 100 Gbit/s (tools/bench/scale_bench.py,
+ * crossed in the simulation at 100 Gbit/s (tools/research/scale_bench.py,
  * both forced, powers of two from 4 KiB): between 16 and 32 KiB on 8, 64,
  * 256 and 1024 hosts; never above the 64 KiB measured on 2 hosts. */
 static void test_recursive_doubling_gives_way_where_the_simulation_crossed(void **state) {

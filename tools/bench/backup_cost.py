@@ -1,19 +1,9 @@
 #!/usr/bin/env python3
 """The step-time cost of BackupAndRestore(save_freq=N) on the quick start.
 
-Trains the quick start's LeNet-5 on Fashion-MNIST (global batch 64, SGD
-with momentum, as examples/quick_start.py does) and times fits of --steps
-steps each, alternately without a backup and with
-keras.callbacks.BackupAndRestore(dir, save_freq=N), in --rounds rounds of
-the order ABBA (so that a drift of the machine's speed hits both alike).
-A fit's time runs from the end of its first step to the end of its last, so
-that it holds every backup it takes but not fit's start. The cost is the
-ratio of the mean step times, with and without backups, minus one; the
-median over the rounds is reported, with every round's. The time each
-backup takes on this rank (its batch hook, which gathers the state and, on
-the master, writes the files) is timed too: on a machine shared with other
-work, where the step times drift by more than the cost, that time over
-save_freq mean step times estimates the cost more steadily.
+Times fits of the quick start's LeNet-5 with and without
+keras.callbacks.BackupAndRestore in ABBA rounds, and each backup's own
+time; the method: docs/research/benchmarks.md.
 
     tarantella -n 2 -- tools/bench/backup_cost.py --save-freq 50 \\
         [--dir /tmp/backup] [--json bench/results/backup_cost.json]
@@ -22,21 +12,21 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "examples"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from fashion_mnist import DATA_DIR, load_fashion_mnist  # noqa: E402
-from quick_start import lenet5_model_generator  # noqa: E402
+from bench_results import module_of  # noqa: E402
+
+fashion_mnist = module_of("examples", "fashion_mnist")
+DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
+lenet5_model_generator = module_of("examples", "quick_start").lenet5_model_generator
 
 
 class StepClock(keras.callbacks.Callback):

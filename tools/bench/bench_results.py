@@ -9,6 +9,7 @@ bench/results stays small and a rerun's diff reads row by row.
 Traces (TNT_TIMELINE files) and other raw series go to <results>/traces/,
 which git ignores: `make bench` writes them again.
 """
+import importlib
 import json
 import os
 import shlex
@@ -18,6 +19,17 @@ import sys
 import time
 
 TRACES = "traces"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def module_of(folder, name):
+    """The module `name` of the source tree's `folder`: tools/research (the
+    research benchmarks, which the report and the pipeline benchmark use) or
+    examples (the quick start's model and data)."""
+    path = os.path.join(ROOT, folder)
+    if path not in sys.path:
+        sys.path.append(path)
+    return importlib.import_module(name)
 
 
 def traces_dir(results):

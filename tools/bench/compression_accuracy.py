@@ -24,14 +24,12 @@ import time
 
 from bench_results import finish_config, new_config, write_json
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = ["none", "fp16", "bf16"]
 GLOBAL_BATCH = 64
 
 
 def worker(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, HERE)
     import numpy as np
     import keras
     import tarantella as tnt

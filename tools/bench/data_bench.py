@@ -1,33 +1,10 @@
 """Input-bound training: does each rank prepare only its share of the data,
 and is it never slower than plain Keras?
 
-Two jobs, global batch 64, 2048 samples:
-  matmul   a `map` of 20 small matmuls per sample (64 x 64 matrices), a
-           one-layer model; "whole": TNT_DATA_SHARE=0
-  augment  what Keras users write for images: shuffle, a parallel `map`
-           with random crop, flip, brightness and contrast (tf.image),
-           batch, prefetch, a small CNN; "whole": TNT_DATA_SHARE=deterministic
-           (the random map keeps its stream, every rank runs it whole)
-At 1, 2 and 4 ranks, each run measures, with sharing on and whole
-(alternated inside one process, so that both see the same load):
-  epoch_s      wall time of an epoch, from its start to its end as Keras's
-               callbacks see them, in a fit of 4 epochs: the median of the
-               epochs after the first (which pays for the fit's start too),
-               median of the trials, rank 0
-  input_cpu_s  CPU time of an epoch of the rank's distributed dataset
-               alone, read as fit reads it: tnt.data.distribute, one
-               iterator across 8 epochs (tnt.data.across_epochs), its
-               batches taken inside a tf.function as Keras's train function
-               takes them (reading them in Python would add about 0.1 ms of
-               eager tensors a batch that fit does not pay); the median of
-               the epochs after the first, median of the trials, per rank.
-               Plain Keras: an iterator an epoch, as Keras makes them
-  input_cpu_first_s  the same for the first epoch, which also pays for
-               making the iterator
-and plain Keras in one process on the same data as the reference. Rounds
-(serial Keras, then each rank count) repeat --rounds times, interleaved, and
-the results are the medians over the rounds. TensorFlow keeps its default
-thread pools, as users have them.
+Two jobs (a matmul `map`, and image augmentation as Keras users write it)
+at 1, 2 and 4 ranks, with sharing on and whole, beside plain Keras in one
+process: the epoch's wall time and each rank's input CPU time, medians over
+interleaved rounds. The method: docs/research/benchmarks.md.
 
     python3 tools/bench/data_bench.py [--quick] [--rounds 3] [--out bench/results/data_share.json]
 

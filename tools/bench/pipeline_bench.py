@@ -1,85 +1,19 @@
 #!/usr/bin/env python3
 """Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
 
-  bubble       (and a timeline, traces/pipeline_timeline.rank<R>.json beside the JSON,
-               of a few 2-stage 1F1B steps with 4 micro-batches)
-               K = 2 and 3 stages of equal cost (K = 3 on a 2-core host is
-               oversubscribed), M = 1, 2, 4, 8 micro-batches of a fixed size:
-               the training step time against the ideal
-               K * t_alone + (M - 1) * t_busy, and the GPipe bound
-               (K - 1) / (M + K - 1), the idle share of an ideal step.
-               t_alone is one stage's forward + backward on one micro-batch
-               timed on rank 0 while the other ranks sleep, t_busy the same
-               while every rank computes one at once; both right before each
-               fit. The ideal is the classic (M + K - 1) * t_stage with each
-               slot at the speed it can have: the first micro-batch passes
-               the K stages one after the other (t_alone each), and each
-               further one adds a slot in which stages compute side by side
-               (t_busy). With one micro-batch it is K * t_alone exactly; with
-               more, stages also compute side by side during part of the
-               first micro-batch's pass, which it counts at the faster
-               t_alone: a lower bound, so the ratio errs high. Stages that
-               compute at once share the host's caches and memory: on the
-               2-core reference host t_busy is about 1.4x t_alone, so
-               (M + K - 1) * t_alone, also reported, is an ideal no pipeline
-               on that host can reach.
-               Beside them, interleaved 1F1B on K = 2 ranks of v = 2 chunks
-               (4 stages of half the layers, so a rank computes as much per
-               micro-batch), M = 4 and 8, against its ideal
-               (K t_alone + (v M - 1) t_busy) / v and its bound
-               (K - 1) / (v M + K - 1); its timeline goes to
-               traces/pipeline_timeline_interleaved.rank<R>.json.
-  memory       2 stages, a model with large activations and small weights:
-               each rank's peak RSS (VmHWM) for GPipe and 1F1B against M. A
-               fresh job per (schedule, M), since a peak never goes down.
-               Split in two: what the traced step keeps (the RSS after a
-               warm-up step, above the RSS before fit: its graph grows with
-               M, as the schedule is unrolled), and what a training step
-               holds on top of it (its activations). Runs with
-               FREED_MEMORY_LEAVES, so that freed buffers leave the RSS.
-  capacity     a model whose weights alone exceed a memory limit that the
-               benchmark sets on each process before the model is built
-               (RLIMIT_DATA: the process's data size then, plus
-               CAP_BUDGET_W = 0.9 times the whole model's weights W): serial
-               Keras and CAP_STAGES = 4 stages given the model built must
-               fail; 4 stages given the function that builds it must train,
-               predict and save a .keras file and a sharded checkpoint (SGD;
-               SGD with momentum), each rank holding its
-               stage's weights only, and end with the weights of the same
-               model trained on 4 stages built whole without a limit
-               (bitwise). Per rank: weights held, peak data size, margin;
-               for the model built whole, the weights held before and after
-               the cut (the other stages' weights are freed). Then, without
-               a limit, the memory table: each rank's peak against K = 1
-               (serial), 2 and 4 stages for SGD and Adam, against the whole
-               model's need / K (2 W with SGD, 4 W with Adam), with the
-               stages' weight gradients summed over the micro-batches and
-               recomputed (TNT_PIPELINE_WEIGHT_GRADIENTS). SGD with momentum
-               on 4 stages runs with recomputed weight gradients under the
-               limit; with summed ones a rank holds its weights, their
-               momentums and the sum of its micro-batches' gradients
-               (3 W / 4) plus a layer's new gradients and TensorFlow's step,
-               above the limit: that run may fail (MAY_EXCEED), and the same
-               without a limit shows its peak.
-               --quick: serial and SGD on stages, limited, only.
-               Runs with TF_ENABLE_ONEDNN_OPTS=0 and MALLOC_MMAP_THRESHOLD_
-               = 1 MiB, so that freed buffers leave the data size.
-  sim_cluster  a simulated 2-host cluster (tests/launcher/sim_cluster.sh, one
-               rank per host, links shaped to 1 Gbit/s with 0.1 ms of delay as
-               in sim_cluster_bench.py), a model with large weights and small
-               activations: pipelined (2 stages on 2 hosts) against
-               data-parallel (2 replicas on 2 hosts) throughput, same global
-               batch, both trained in turns in the same job. Needs root.
+  bubble       step time of 2 and 3 stages (and interleaved 1F1B) against M
+               micro-batches, beside its ideal and the GPipe bound
+  memory       each rank's peak RSS for GPipe, 1F1B and interleaved against M
+  capacity     a model too large for a process's memory limit trains on stages
+  sim_cluster  pipelined against data-parallel throughput on 2 simulated
+               hosts at 1 Gbit/s (root)
 
     python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
     python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json [--quick]
     sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
 
-Every step time is the median of the per-step times between Keras's batch
-ends (the epoch's start and end, the gathering of the stages' weights at
-the end of an epoch, are left out), on rank 0. Ranks run with one intra-op
-thread, as the other benchmarks of this folder do.
+The method behind each figure: docs/research/benchmarks.md.
 """
 import argparse
 import json
@@ -940,7 +874,7 @@ def sim_worker(args):
 
 
 def sim_cluster(args):
-    import sim_cluster_bench as scb
+    scb = bench_results.module_of("tools/research", "sim_cluster_bench")
     scb.require_cluster_tools("pipeline_bench sim_cluster")
     steps, reps = (4, 2) if args.quick else (8, 3)
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
@@ -1047,7 +981,7 @@ def main():
                 "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
-            import sim_cluster_bench as scb
+            scb = bench_results.module_of("tools/research", "sim_cluster_bench")
             scb.Cluster.down_all()
 
 

@@ -1,29 +1,10 @@
 #!/usr/bin/env python3
 """The time from a rank's death to the first training step of the restarted job.
 
-Runs the quick start (LeNet-5 on Fashion-MNIST, global batch 64, SGD with
-momentum, as examples/quick_start.py does) with
-keras.callbacks.BackupAndRestore(dir, save_freq=--save-freq) under
-`tarantella --max-restarts 1 -n --ranks`; in the first attempt the last
-rank kills itself (SIGKILL) after step --kill-step. Every rank of the
-second attempt records when its interpreter started (the script's first
-line), when TensorFlow, Keras and Tarantella were imported, when tnt.init()
-returned and when its first training step ended (the resumed fit's first
-step: the batches trained before the backup are skipped, without calling
-the batch hooks). The parts, one after the other from the fault, each
-ending when the last rank is through it (so they add up to the total):
-
-  restart      the fault until the next attempt's interpreters start (the
-               launcher notices the death, ends the attempt, starts the next)
-  import       importing TensorFlow, Keras and Tarantella
-  init         tnt.init()
-  resume       loading the data, building the model, restoring the backup,
-               going past the trained batches, and the first step (tracing
-               it included)
-
-TensorFlow's start-up is import + init. One host, so the ranks' clocks are
-one clock. The trial of the median total is reported (its parts add up to
-it), with every trial's.
+Runs the quick start with BackupAndRestore under `tarantella --max-restarts
+1`, kills the last rank after --kill-step, and splits the time to the next
+attempt's first step into restart, import, init and resume; the method:
+docs/research/benchmarks.md.
 
     tools/bench/restart_time.py [--ranks 2] [--trials 3] [--json OUT.json]
 """
@@ -40,7 +21,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PARTS = ("restart", "import", "init", "resume")
 
 
@@ -48,15 +28,16 @@ def worker(args):
     """One rank of one attempt: trains, kills itself (first attempt, last
     rank, after --kill-step), or records its times (later attempts)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples"))
     import keras
     import tensorflow as tf
     import tarantella as tnt
     imported = time.time()
     tnt.init()
     initialized = time.time()
-    from fashion_mnist import DATA_DIR, load_fashion_mnist
-    from quick_start import lenet5_model_generator
+    from bench_results import module_of
+    fashion_mnist = module_of("examples", "fashion_mnist")
+    DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
+    lenet5_model_generator = module_of("examples", "quick_start").lenet5_model_generator
     attempt = int(os.environ["TNT_RESTART_COUNT"])
     rank, last = tnt.get_rank(), tnt.get_size() - 1
 

@@ -11,8 +11,8 @@
 #   fusion       2 ranks: step time for each fusion threshold (fit_bench.py)
 #   training     Tarantella against other data-parallel frameworks
 #                (train_compare.py, when present)
-#   sim_cluster  a simulated multi-host cluster (sim_cluster_bench.py, when present;
-#                as root)
+#   sim_cluster  a simulated multi-host cluster (tools/research/sim_cluster_bench.py,
+#                when present; as root)
 #   pipeline     pipeline parallelism (pipeline_bench.py): the bubble at 2 and 3
 #                stages, peak memory of GPipe and 1F1B against the number of
 #                micro-batches, capacity under a memory limit, and pipelined
@@ -24,9 +24,9 @@
 #                (data_bench.py; --only data is short for it)
 #   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
 #                against SMPI's MPI_Allreduce, after a validation against the
-#                measured 2-host runs (scale_bench.py; needs tnt-sim, built
-#                when libsimgrid-dev is installed), and training projected
-#                to those clusters (project_scale.py)
+#                measured 2-host runs (tools/research/scale_bench.py; needs
+#                tnt-sim, built when libsimgrid-dev is installed), and training
+#                projected to those clusters (tools/research/project_scale.py)
 #   reliability  2 ranks, the quick start: the step-time cost of
 #                BackupAndRestore(save_freq=50) (backup_cost.py), and the time
 #                from a rank's death to the first step of the restarted job,
@@ -211,12 +211,13 @@ if wanted fusion; then
   done
 fi
 
-# 4 and 5. Stages with scripts of their own: run when present.
+# 4 and 5. Stages with scripts of their own (SCRIPT under tools/): run when
+# present.
 optional_stage() {
   local name=$1 script=$2 full=$3 quick=$4
   wanted "$name" || return 0
-  if [[ ! -f $ROOT/tools/bench/$script ]]; then
-    not_run "$name" "tools/bench/$script is not there"
+  if [[ ! -f $ROOT/tools/$script ]]; then
+    not_run "$name" "tools/$script is not there"
     return 0
   fi
   if [[ $name == sim_cluster && $(id -u) -ne 0 ]]; then
@@ -226,17 +227,17 @@ optional_stage() {
   local args=(--out "$OUT/$name.json")
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
-    "$PYTHON" "$ROOT/tools/bench/$script" "${args[@]}"
+    "$PYTHON" "$ROOT/tools/$script" "${args[@]}"
 }
-optional_stage training train_compare.py 3600 1200
-optional_stage sim_cluster sim_cluster_bench.py 3000 900
+optional_stage training bench/train_compare.py 3600 1200
+optional_stage sim_cluster research/sim_cluster_bench.py 3000 900
 # sim_stage NAME FULL QUICK ARGS...: one more run of sim_cluster_bench.py
 # (part of the sim_cluster stage), writing NAME.json, under the time limit
 # FULL (QUICK with --quick); as root only.
 sim_stage() {
   local name=$1 full=$2 quick=$3
   shift 3
-  wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]] || return 0
+  wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]] || return 0
   if [[ $(id -u) -ne 0 ]]; then
     not_run "$name" "needs root (network namespaces, tc)"
     return 0
@@ -244,12 +245,12 @@ sim_stage() {
   local args=("$@" --out "$OUT/$name.json")
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
-    "$PYTHON" "$ROOT/tools/bench/sim_cluster_bench.py" "${args[@]}"
+    "$PYTHON" "$ROOT/tools/research/sim_cluster_bench.py" "${args[@]}"
 }
 # The allreduce alone on the simulated hosts, against MPI_Allreduce.
 if [[ -x $TNT_BENCH || $(id -u) -ne 0 ]]; then
   sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
-elif wanted sim_cluster && [[ -f $ROOT/tools/bench/sim_cluster_bench.py ]]; then
+elif wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]]; then
   not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
 fi
 # Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts.
@@ -297,7 +298,7 @@ if wanted scale; then
     measured=$OUT/sim_cluster_allreduce.json
     [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
     run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
-      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --validate --build "$build" --measured "$measured" \
+      "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" --measured "$measured" \
       --out "$OUT/scale_validation.json"
     # SMPI's selectors up to what they simulate here in about half an hour
     # (their temporary buffers are real memory: 64 x 8 ranks stop at 16 or
@@ -322,20 +323,20 @@ if wanted scale; then
       part=${parts[$i]}
       # shellcheck disable=SC2086  # part is a list of options
       run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.json" \
-        "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --scale --build "$build" $part \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --build "$build" $part \
         --run-timeout 1800 --append --out "$OUT/scale.json"
     done
     run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.json" \
-      "$PYTHON" "$ROOT/tools/bench/scale_bench.py" --check --build "$build" \
+      "$PYTHON" "$ROOT/tools/research/scale_bench.py" --check --build "$build" \
       $([[ $QUICK == 1 ]] && echo "--layouts 64x1,100x1") --run-timeout 1800 \
       --out "$OUT/scale_check.json"
     # Training projected from measured timelines and those allreduces.
     steps=$OUT/sim_cluster.json
     [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.json
     run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.json" \
-      "$PYTHON" "$ROOT/tools/bench/project_scale.py" --measure --out "$OUT/scale_timelines.json"
+      "$PYTHON" "$ROOT/tools/research/project_scale.py" --measure --out "$OUT/scale_timelines.json"
     run_stage scale_projection 60 "$OUT/scale_projection.json" \
-      "$PYTHON" "$ROOT/tools/bench/project_scale.py" --project \
+      "$PYTHON" "$ROOT/tools/research/project_scale.py" --project \
       --timelines "$OUT/scale_timelines.json" --scale "$OUT/scale.json" \
       --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.json"
   fi

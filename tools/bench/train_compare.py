@@ -1,66 +1,10 @@
 """Data-parallel training throughput: Tarantella against MultiWorkerMirroredStrategy and Horovod.
 
-Every framework trains the same three models on the same data with the
-same per-rank batch, optimizer and thread settings, on 1, 2 and 4 ranks of
-this host:
-
-  lenet5       LeNet-5 on Fashion-MNIST (Debian's dataset-fashion-mnist)
-  resnet       a small ResNet (stride-2 stem, 3 residual blocks, ~0.3M
-               parameters) on synthetic 32x32x3 images
-  transformer  a 2-layer Transformer encoder classifier (sequence 64,
-               d_model 128, 4 heads, ~0.5M parameters) on synthetic tokens
-
-Frameworks:
-
-  tarantella   tnt.init(); tnt.Model(keras_model), started by the
-               `tarantella` launcher (`tarantella --no-gpu -n N -- ...`)
-  mwms         tf.distribute.MultiWorkerMirroredStrategy, one process per
-               worker with TF_CONFIG (localhost ports), RING collectives.
-               Keras 3's fit fails under it (the strategy's reduce of the
-               first batch, keras-team/keras#20585), so the run falls back
-               to the legacy tf-keras package (TF_USE_LEGACY_KERAS=1), as a
-               user of this strategy must; a probe decides, and the JSON
-               says which was used and why
-  horovod      horovod.tensorflow.keras (DistributedOptimizer, broadcast of
-               the initial weights) under mpirun. Horovod 0.28 runs with
-               Keras 3 but does not average anything: its optimizer wrapper
-               hooks methods that Keras 3 never calls, so every rank trains
-               alone. A probe catches that (see below) and the runs use
-               tf-keras, with which Horovod averages correctly; skipped, with
-               the error, when Horovod is not importable
-
-Every run checks its own result: at the end each rank writes the sums of
-its trainable weights, and a run whose ranks disagree counts as failed
-(data parallelism keeps the weights identical on every rank).
-
-Method (weak scaling): the per-rank batch b is fixed (64), so N ranks train
-with the global batch B = b * N, the same for every framework at a given N.
-All use SGD with momentum, sparse categorical cross-entropy and accuracy
-(Tarantella reports metrics of the global batch every step, the others each
-rank's own). Each run is one `fit` of W warm-up steps (tracing, the first
-broadcast) followed by T timed steps; the timed section is the wall time
-between the end of step W and the end of step W + T on rank 0.
-samples/s = B * T / time, step time = time / T; the median step time (and
-B over it) is given as well, as it is robust to bursts of load from other
-processes (the 1-minute load average before each run is recorded too).
-The weak-scaling efficiency of a framework is
-E(N) = X_N / (N * X_1), X being its samples/s on N ranks. All ranks share
-this host's cores, so E(N) measures the whole host, not added hardware: with
-N ranks on C cores ideal scaling gives X_N = X_1 and E(N) = 1/N for N <= C;
-runs with more ranks than cores are marked oversubscribed.
-
-Threads: every process, whatever the framework, sets TensorFlow's intra-op
-threads to max(1, cores // N) and inter-op threads to 1 (tf.config.threading,
-before anything else runs; OMP_NUM_THREADS the same). XLA is off everywhere
-(jit_compile=False): Tarantella's communication runs outside XLA.
-
-`--baselines` adds serial runs (plain Keras 3 and tf-keras, one process,
-no distribution) of every model, to tell a framework's overhead from the
-Keras it runs on.
-
-Runs are interleaved: for each (model, N) every framework runs once, in an
-order that rotates from cell to cell, so that machine noise hits all alike.
-Every run has a timeout; a failed run is recorded, not fatal.
+The same three models (LeNet-5, a small ResNet, a Transformer encoder) on
+1, 2 and 4 ranks of this host, at a fixed per-rank batch (weak scaling),
+runs interleaved across frameworks; every run checks that its ranks end
+with the same weights. `--baselines` adds serial Keras 3 and tf-keras runs.
+The method: docs/research/benchmarks.md.
 
     python3 tools/bench/train_compare.py --out bench/results/train_compare.json
     python3 tools/bench/train_compare.py --quick           # 2 ranks only, fewer steps

@@ -1,20 +1,12 @@
 """The "At scale (simulated)" section of the benchmark report (report.py):
-scale_validation.json and scale.json of tools/bench/scale_bench.py, and the
+scale_validation.json and scale.json of tools/research/scale_bench.py, and the
 plot scale_allreduce.png."""
 import math
 import os
 
-# The targets (docs/performance.md, "At scale").
-VALIDATION_MAX_ERR = 0.15          # |simulated / measured - 1| at >= VALIDATION_BYTES
-VALIDATION_BYTES = 256 * 1024
-# The links whose rows are targets: at 10 Gbit/s the measured runs are
-# bound by the measuring machine's 2 cores, not by the link.
-VALIDATION_LINKS = ("1gbit_0.1ms",)
-MPI_MIN = 1.0                      # libtnt / the better SMPI MPI_Allreduce, every size
-LINK_MIN = 0.9                     # share of the link at >= LINK_BYTES
-LINK_BYTES = 64 << 20
-E_MIN = 0.9                        # projected E(E_HOSTS), ResNet, 100 Gbit/s
-E_HOSTS = 1024
+from report_base import (TARGETS, Target, bw, bytes_str, config_lines, image, limit, load_json,
+                         meets, table)
+from report_plots import save
 
 
 def layout(r):
@@ -28,13 +20,15 @@ def link_share(r):
     return algbw * 2 * (h - 1) / h / (r["gbit"] * 1e9 / 8)
 
 
-def validation_part(h, d, targets):
+def validation_part(d, targets):
     out = ["### Validation: simulated hosts against the measured ones", ""]
     if d is None:
-        targets.append(h.Target("at scale: validation, simulated / measured busbw at >= "
-                                "256 KiB", f"within {VALIDATION_MAX_ERR:.0%}", note="not run"))
+        targets.append(Target("at scale: validation, simulated / measured busbw at >= "
+                                "256 KiB", f"within {limit('scale_validation'):.0%}",
+                                note="not run"))
         return out + ["Not run.", ""]
     res, cfg = d["results"], d["config"]
+    links = TARGETS["scale_validation"]["links"]
     measured = cfg["measured"] if isinstance(cfg["measured"], list) else [cfg["measured"]]
     out.append(f"The measured runs of {', '.join(f'`{m}`' for m in measured)} (tnt-bench "
                f"allreduce, libtnt's choice) beside tnt-sim running the same algorithm on as "
@@ -42,24 +36,24 @@ def validation_part(h, d, targets):
                f"link at the rate one TCP stream reached in that run, "
                f"{cfg['latency_us_per_link']:g} us per link ({cfg['links_per_route']} links a "
                f"route), copies at the memcpy rate measured at each size. Targets: the "
-               f"{', '.join(VALIDATION_LINKS)} rows; faster links are CPU-bound on the "
+               f"{', '.join(links)} rows; faster links are CPU-bound on the "
                f"measuring machine (the hosts' ranks and the kernel's TCP share its 2 cores) "
                f"and shown for information; load before = the 1-minute load average before "
                f"the measured run.")
     out.append("")
     for key in sorted({(r["hosts"], r["ranks_per_host"], r["link"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["ranks_per_host"], r["link"]) == key]
-        big = [r for r in mine if r["bytes"] >= VALIDATION_BYTES]
+        big = [r for r in mine if r["bytes"] >= TARGETS["scale_validation"]["bytes"]]
         if not big:
             continue
         worst = max(big, key=lambda r: abs(r["ratio"] - 1))
-        required = key[2] in VALIDATION_LINKS
-        ok = abs(worst["ratio"] - 1) <= VALIDATION_MAX_ERR
-        t = h.Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
-                     f"{key[0]}x{key[1]} {key[2]}", f"within {VALIDATION_MAX_ERR:.0%}",
+        required = key[2] in links
+        ok = meets("scale_validation", abs(worst["ratio"] - 1))
+        t = Target(f"at scale: validation, simulated / measured busbw at >= 256 KiB, "
+                     f"{key[0]}x{key[1]} {key[2]}", f"within {limit('scale_validation'):.0%}",
                      f"{min(r['ratio'] for r in big):.2f}..{max(r['ratio'] for r in big):.2f}",
                      ok if required else None, family="scale_validation")
-        t.note = f"furthest at {h.bytes_str(worst['bytes'])}"
+        t.note = f"furthest at {bytes_str(worst['bytes'])}"
         if not required:
             t.note = "informational, CPU-bound on the measuring machine; " + t.note
         targets.append(t)
@@ -69,17 +63,17 @@ def validation_part(h, d, targets):
         return f"{la['before'][0]:.2f}" if "before" in la else "-"
 
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], f"{r['sim_gbit']:g}",
-             h.bytes_str(r["bytes"]), r["sim_algorithm"], f"{r['measured_busbw']:.3f}",
+             bytes_str(r["bytes"]), r["sim_algorithm"], f"{r['measured_busbw']:.3f}",
              f"{r['sim_busbw']:.3f}", f"{r['ratio']:.2f}", load(r),
-             "target" if r["link"] in VALIDATION_LINKS else "CPU-bound"] for r in res]
-    out.append(h.table(["layout", "link", "simulated Gbit/s", "bytes", "algorithm",
+             "target" if r["link"] in links else "CPU-bound"] for r in res]
+    out.append(table(["layout", "link", "simulated Gbit/s", "bytes", "algorithm",
                         "measured busbw GB/s", "simulated busbw GB/s", "simulated / measured",
                         "load before", "role"], rows))
     out.append("")
     return out
 
 
-def plot(h, plt, results, res):
+def plot(plt, results, res):
     groups = sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res})
     cols = min(4, len(groups))
     rows_n = math.ceil(len(groups) / cols)
@@ -104,24 +98,24 @@ def plot(h, plt, results, res):
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.tight_layout()
-    h.save(fig, results, "scale_allreduce.png")
+    save(fig, results, "scale_allreduce.png")
 
 
-def scale_part(h, d, plt, results, targets):
+def scale_part(d, plt, results, targets):
     out = ["### busbw against SMPI's MPI_Allreduce on fat-trees", ""]
     if d is None:
         for name, req in (("libtnt busbw / the better SMPI MPI_Allreduce, every size",
-                           f">= {MPI_MIN:.1f}x"),
-                          ("link share at >= 64 MiB", f">= {LINK_MIN:.2f}")):
-            targets.append(h.Target(f"at scale: {name}", req, note="not run"))
+                           f">= {limit('scale_mpi'):.1f}x"),
+                          ("link share at >= 64 MiB", f">= {limit('scale_link'):.2f}")):
+            targets.append(Target(f"at scale: {name}", req, note="not run"))
         return out + ["Not run.", ""]
     res, cfg = d["results"], d["config"]
-    out += h.config_lines(cfg)
+    out += config_lines(cfg)
     runs = [[f"{r['hosts']}x{r['per_host']}", f"{r['gbit']:g}", r["impl"], r["sizes"],
              f"{r['wall_s']:.0f}", r["error"] or ""] for r in d["runs"]]
     out.append("Wall time of each simulation (the machine's 2 cores, shared):")
     out.append("")
-    out.append(h.table(["layout", "Gbit/s", "run", "sizes", "wall s", "problem"], runs))
+    out.append(table(["layout", "Gbit/s", "run", "sizes", "wall s", "problem"], runs))
     out.append("")
     for key in sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["per_host"], r["gbit"]) == key]
@@ -137,40 +131,42 @@ def scale_part(h, d, plt, results, targets):
             ratios = [(tnt[b]["busbw"] / mpi[b]["busbw"], b) for b in common]
             geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
             low, at = min(ratios)
-            t = h.Target(f"at scale: libtnt busbw / the better SMPI MPI_Allreduce, "
-                         f"{h.bytes_str(common[0])}..{h.bytes_str(common[-1])}, {label}",
-                         f">= {MPI_MIN:.1f}x every size", f"geomean {geo:.2f}x, min {low:.2f}x",
-                         low >= MPI_MIN, family="scale")
-            t.note = (f"min at {h.bytes_str(at)} ({tnt[at]['algorithm']} against "
+            t = Target(f"at scale: libtnt busbw / the better SMPI MPI_Allreduce, "
+                         f"{bytes_str(common[0])}..{bytes_str(common[-1])}, {label}",
+                         f">= {limit('scale_mpi'):.1f}x every size",
+                         f"geomean {geo:.2f}x, min {low:.2f}x",
+                         meets("scale_mpi", low), family="scale")
+            t.note = (f"min at {bytes_str(at)} ({tnt[at]['algorithm']} against "
                       f"{mpi[at]['impl']})")
             targets.append(t)
-        big = [tnt[b] for b in tnt if b >= LINK_BYTES]
+        big = [tnt[b] for b in tnt if b >= TARGETS["scale_link"]["bytes"]]
         if big:
             worst = min(big, key=link_share)
-            targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
-                                    f">= {LINK_MIN:.2f}", f"{link_share(worst):.2f}",
-                                    link_share(worst) >= LINK_MIN, family="scale",
-                                    note=f"lowest at {h.bytes_str(worst['bytes'])}"))
+            targets.append(Target(f"at scale: link share at >= 64 MiB, {label}",
+                                    f">= {limit('scale_link'):.2f}", f"{link_share(worst):.2f}",
+                                    meets("scale_link", link_share(worst)), family="scale",
+                                    note=f"lowest at {bytes_str(worst['bytes'])}"))
         else:
-            targets.append(h.Target(f"at scale: link share at >= 64 MiB, {label}",
-                                    f">= {LINK_MIN:.2f}", note="no size that large was run"))
+            targets.append(Target(f"at scale: link share at >= 64 MiB, {label}",
+                                    f">= {limit('scale_link'):.2f}",
+                                    note="no size that large was run"))
     if plt is not None and res:
-        plot(h, plt, results, res)
-        out += [h.image("scale_allreduce.png", results), ""]
+        plot(plt, results, res)
+        out += [image("scale_allreduce.png", results), ""]
     rows = []
     for r in sorted(res, key=lambda r: (r["gbit"], r["hosts"], r["per_host"], r["bytes"],
                                         r["impl"], r["choice"])):
-        rows.append([layout(r), f"{r['gbit']:g}", h.bytes_str(r["bytes"]), r["impl"],
-                     r["choice"], r["algorithm"], f"{r['us']:.1f}", h.bw(r["busbw"]),
+        rows.append([layout(r), f"{r['gbit']:g}", bytes_str(r["bytes"]), r["impl"],
+                     r["choice"], r["algorithm"], f"{r['us']:.1f}", bw(r["busbw"]),
                      f"{link_share(r):.2f}"])
     out += ["<details><summary>every simulated allreduce</summary>", ""]
-    out.append(h.table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
+    out.append(table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
                         "busbw GB/s", "link share"], rows))
     out += ["", "</details>", ""]
     return out
 
 
-def plot_projection(h, plt, results, res):
+def plot_projection(plt, results, res):
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for model in sorted({r["model"] for r in res}):
         for speedup, style in ((1, "o-"), (100, "s--")):
@@ -180,27 +176,29 @@ def plot_projection(h, plt, results, res):
             if mine:
                 ax.plot([r["hosts"] for r in mine], [r["E"] for r in mine], style, ms=3,
                         label=f"{model}, compute {speedup}x")
-    ax.axhline(E_MIN, color="k", lw=1, label=f"target {E_MIN:g}")
+    e_min = limit("scale_projection")
+    ax.axhline(e_min, color="k", lw=1, label=f"target {e_min:g}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("hosts (one rank each)")
     ax.set_ylabel("projected E(N)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6)
     fig.tight_layout()
-    h.save(fig, results, "scale_projection.png")
+    save(fig, results, "scale_projection.png")
 
 
-def projection_part(h, d, plt, results, targets):
+def projection_part(d, plt, results, targets):
     out = ["### Training at scale, projected", ""]
-    name = f"at scale: projected E({E_HOSTS}), ResNet, 100 Gbit/s"
+    hosts = TARGETS["scale_projection"]["hosts"]
+    name = f"at scale: projected E({hosts}), ResNet, 100 Gbit/s"
     if d is None:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}", note="not run"))
+        targets.append(Target(name, f">= {limit('scale_projection'):.1f}", note="not run"))
         return out + ["Not run.", ""]
     res = d["results"]
-    out += h.config_lines(d["config"])
+    out += config_lines(d["config"])
     out.append("Step time from each model's measured timeline (when each fusion bucket is "
                "submitted) and libtnt's simulated allreduce of each bucket on N hosts "
-               "(`tools/bench/project_scale.py`); E(N) = compute / step at the same samples "
+               "(`tools/research/project_scale.py`); E(N) = compute / step at the same samples "
                "per rank. Hybrid: K pipeline stages x N/K replicas.")
     out.append("")
     best = {}
@@ -216,41 +214,41 @@ def projection_part(h, d, plt, results, targets):
     out.append("compute: the measured step's compute, and divided by 10 and 100 (devices that "
                "much faster on the same network).")
     out.append("")
-    out.append(h.table(["model", "compute", "hosts", "mode", "stages", "step ms", "E(N)",
+    out.append(table(["model", "compute", "hosts", "mode", "stages", "step ms", "E(N)",
                         "chosen"], rows))
     out.append("")
     if d.get("check_2_hosts"):
         out.append("The same projection of the measured 2-host runs, from their measured "
                    "allreduce times:")
         out.append("")
-        out.append(h.table(["model", "link", "projected step ms", "measured step ms",
+        out.append(table(["model", "link", "projected step ms", "measured step ms",
                             "projected / measured"],
                            [[c["model"], c["link"], f"{c['projected_step_ms']:.2f}",
                              f"{c['measured_step_ms']:.2f}", f"{c['ratio']:.2f}"]
                             for c in d["check_2_hosts"]]))
         out.append("")
-    resnet = best.get(("resnet", 1, E_HOSTS))
+    resnet = best.get(("resnet", 1, hosts))
     if resnet is None:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}",
-                                note=f"no simulated allreduce at {E_HOSTS} hosts"))
+        targets.append(Target(name, f">= {limit('scale_projection'):.1f}",
+                                note=f"no simulated allreduce at {hosts} hosts"))
     else:
-        targets.append(h.Target(name, f">= {E_MIN:.1f}", f"{resnet['E']:.3f}",
-                                resnet["E"] >= E_MIN, family="scale",
+        targets.append(Target(name, f">= {limit('scale_projection'):.1f}", f"{resnet['E']:.3f}",
+                                meets("scale_projection", resnet["E"]), family="scale",
                                 note=f"{resnet['mode']}; with compute 10x / 100x faster: "
-                                     + " / ".join(f"{best[('resnet', f, E_HOSTS)]['E']:.3f}"
+                                     + " / ".join(f"{best[('resnet', f, hosts)]['E']:.3f}"
                                                   for f in (10, 100)
-                                                  if ("resnet", f, E_HOSTS) in best)))
+                                                  if ("resnet", f, hosts) in best)))
     if plt is not None and res:
-        plot_projection(h, plt, results, res)
-        out += [h.image("scale_projection.png", results), ""]
+        plot_projection(plt, results, res)
+        out += [image("scale_projection.png", results), ""]
     return out
 
 
-def check_part(h, d, targets):
+def check_part(d, targets):
     out = ["### Correctness at scale", ""]
     name = "at scale: simulated allreduce = the serial sum in its documented order"
     if d is None:
-        targets.append(h.Target(name, "every layout", note="not run"))
+        targets.append(Target(name, "every layout", note="not run"))
         return out + ["Not run.", ""]
     res = d["results"]
     out.append("`tnt-sim --check` on each layout (`scale_bench.py --check`): exact sums checked "
@@ -258,32 +256,31 @@ def check_part(h, d, targets):
                "each algorithm's file documents, the same bits on every rank "
                f"({d['config']['cases']}).")
     out.append("")
-    out.append(h.table(["layout", "ranks", "algorithms", "results", "ok", "wall s"],
+    out.append(table(["layout", "ranks", "algorithms", "results", "ok", "wall s"],
                        [[r["layout"], r["ranks"], r["algorithms"], r["results"],
                          "yes" if r["ok"] else f"**no**: {r['error']}", f"{r['wall_s']:.0f}"]
                         for r in res]))
     out.append("")
     bad = [r["layout"] for r in res if not r["ok"]]
-    targets.append(h.Target(name, "every layout",
+    targets.append(Target(name, "every layout",
                             f"{len(res) - len(bad)} of {len(res)} layouts, up to "
                             f"{max(r['ranks'] for r in res)} ranks", not bad, family="scale",
                             note=("failed: " + ", ".join(bad)) if bad else ""))
     return out
 
 
-def section(h, results, stages, plt, targets):
-    """h: the report module (its table, Target and formatting helpers)."""
+def section(results, stages, plt, targets):
     out = ["## At scale (simulated)", "",
            "libtnt's own allreduce code on clusters simulated by SimGrid (tnt-sim, "
-           "tools/bench/scale_bench.py; docs/performance.md \"At scale\")."
+           "tools/research/scale_bench.py; docs/performance.md \"At scale\")."
            " busbw = bytes / time * 2(n-1)/n over n ranks; link share = algbw * 2(H-1)/H "
            "over H hosts / link rate.", ""]
-    val, _ = h.load_json(os.path.join(results, "scale_validation.json"))
-    out += validation_part(h, val, targets)
-    sc, _ = h.load_json(os.path.join(results, "scale.json"))
-    out += scale_part(h, sc, plt, results, targets)
-    ck, _ = h.load_json(os.path.join(results, "scale_check.json"))
-    out += check_part(h, ck, targets)
-    pr, _ = h.load_json(os.path.join(results, "scale_projection.json"))
-    out += projection_part(h, pr, plt, results, targets)
+    val, _ = load_json(os.path.join(results, "scale_validation.json"))
+    out += validation_part(val, targets)
+    sc, _ = load_json(os.path.join(results, "scale.json"))
+    out += scale_part(sc, plt, results, targets)
+    ck, _ = load_json(os.path.join(results, "scale_check.json"))
+    out += check_part(ck, targets)
+    pr, _ = load_json(os.path.join(results, "scale_projection.json"))
+    out += projection_part(pr, plt, results, targets)
     return out

@@ -1,26 +1,18 @@
 #!/usr/bin/env python3
 """At scale, simulated: libtnt's allreduce on SimGrid clusters (tnt-sim under smpirun).
 
-Two measurements, each one JSON file:
-
   --validate  the simulated allreduce against the one measured on the
-              network-namespace cluster (bench/results/sim_cluster_allreduce.json,
-              or the --measured files): for every layout (2x1, 2x2, 4x1), link
-              and size measured there, tnt-sim runs the algorithm libtnt chose
-              in that run on as many simulated hosts, whose links carry what
-              one TCP stream carried in that run (its tcp_gbit), with the
-              memcpy rate measured at that size; the busbw of both, and their
-              ratio.
-  --scale     libtnt's choice (and with --algos, fixed algorithms) against
-              SMPI's MPI_Allreduce with the Open MPI and the MPICH selectors,
-              on the fat-trees of tools/sim/platforms, float32 sums from
-              --min to --max: busbw per size, and the wall time of each run.
+              network-namespace cluster (sim_cluster_allreduce.json)
+  --scale     libtnt's choice against SMPI's MPI_Allreduce (Open MPI and
+              MPICH selectors) on the fat-trees of tools/sim/platforms
+  --check     every algorithm's sum checked on each layout
 
-  python3 tools/bench/scale_bench.py --validate --out bench/results/scale_validation.json
-  python3 tools/bench/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
+  python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.json
+  python3 tools/research/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
       --gbit 100 --out bench/results/scale.json
 
-The simulation is deterministic: one run per configuration.
+The simulation is deterministic: one run per configuration. The method:
+docs/research/benchmarks.md.
 """
 import argparse
 import json

@@ -1,80 +1,19 @@
 #!/usr/bin/env python3
 """Training on a simulated cluster with shaped links, broken down from the timeline.
 
-Every host is a network namespace (tests/launcher/sim_cluster.sh: its own
-host name, /dev/shm and network; one rank per host, or P with a layout
-HxP), and each host's link is shaped with tc: 1 Gbit/s or 10 Gbit/s, plus
-0.1 ms of delay where the
-kernel has netem. The models of train_compare.py (LeNet-5 on Fashion-MNIST,
-the small ResNet and the Transformer on synthetic data; --models) train
-with TNT_TIMELINE on, for every combination of tensor fusion (threshold
-32 KiB, or 0: one bucket per tensor) and overlap (TNT_OVERLAP=1: on,
-buckets are reduced while backprop goes on; 0: off, no bucket is reduced
-before backprop is over), and with the defaults (fusion on, TNT_OVERLAP=auto:
-the faster of on and off, chosen in the first 8 steps, which every model
-trains before the timed fits). Configurations are
-interleaved inside one run per (hosts, link, model), so that noise from
-other work on the machine hits them alike. From each rank's trace, per step:
+Hosts are network namespaces (tests/launcher/sim_cluster.sh) whose links tc
+shapes to 1 or 10 Gbit/s; the models of train_compare.py train with every
+fusion and overlap setting, each step split into compute, communication and
+waiting against its bound. --allreduce: tnt-bench against MPI_Allreduce;
+--variants: compression and fusion settings; --frameworks: against MWMS.
+Needs root, iproute2, unshare and Tarantella installed. The method:
+docs/research/benchmarks.md; tools/research/README.md.
 
-  step_ms     the training step (the Keras layer's "step N" span)
-  wait_ms     time the step's callers were blocked in fusion finish (union)
-  compute_ms  step_ms - wait_ms: the step minus the communication it waited for
-  comm_ms     time the step's bucket allreduces ran (union)
-  bound_ms    max(compute_ms, 2(N-1)/N * gradient_bytes / link bandwidth)
-  ready_ms    when the largest gradient tensor is ready (its fusion start)
-              after the step began, on the rank that has it last: the
-              median over the steps
-  reach_ms    max(compute_ms, ready_ms + 2(N-1)/N * its bytes / link
-              bandwidth): no exact step ends before the largest gradient,
-              which backprop gives only after the forward pass, has crossed
-              the link; bound_ms assumes it could cross during the forward
-
-medians over the steps of each rank, averaged over the ranks.
-
-Weak scaling (LeNet-5 and ResNet): beside the 2-host runs, one rank trains
-the same model on the per-rank batch of the 2-host run (32 samples), E(2) =
-that step time / the 2-host step time (the defaults). The one-rank
-step is taken twice: alone on the machine, and while a second one-rank job
-computes beside it (E(2) busy), as the two simulated hosts compute on this
-machine's cores at once; E(2) busy leaves out what the hosts' sharing of
-one machine costs and keeps what distribution costs.
-
-    sudo python3 tools/bench/sim_cluster_bench.py --quick --out quick.json   # fewer steps and fits
-    sudo python3 tools/bench/sim_cluster_bench.py --out full.json            # about 16 minutes
-
-With --allreduce it measures the allreduce alone instead: `tnt-bench
-allreduce` (libtnt's choice of algorithm against MPI_Allreduce, in the same
-run, 4 KiB to 64 MiB) on 2 hosts x 1 rank, 2 hosts x 2 ranks and 4 hosts x 1
-rank (--layouts), at both link rates, with the load average before and after
-each run. Besides tnt-bench's figures each row gets link_share:
-the bytes every host must send, 2(H-1)/H of the vector for H hosts, per
-second, as a fraction of the shaped link rate (1.0: the link never idles).
-
-    sudo python3 tools/bench/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
-
-With --variants it compares the fusion settings instead of fusion and
-overlap on/off, all with overlap on and the default threshold: none
-(uncompressed), fp16 and bf16 (TNT_COMPRESSION), auto
-(TNT_FUSION_THRESHOLD_KB=auto), readiness (TNT_FUSION_ORDER=readiness),
-overlap_off (TNT_OVERLAP=0) and overlap_auto (TNT_OVERLAP=auto); each row
-also gets the loss of the last step, and every model first trains 14 steps
-(the tuning of auto takes 14, of overlap_auto 8).
-
-    sudo python3 tools/bench/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
+    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json
+    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
+    sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
         --out sim_cluster_compression.json
-
-With --frameworks it compares Tarantella with MultiWorkerMirroredStrategy
-(tf-keras, RING collectives, one worker per host with TF_CONFIG) on 2 hosts
-at both link rates: the models of train_compare.py (its worker trains them
-alike for both: same global batch, same timed steps), throughput ratio
-Tarantella / MWMS.
-
-    sudo python3 tools/bench/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
-
-Needs root (namespaces, tc), iproute2, unshare, and Tarantella installed
-(`make install`). All hosts share this machine's cores: 4 hosts with one
-rank each on a 2-core machine are oversubscribed, so their compute is
-slower than a real cluster's and their timings are noisier.
+    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
 """
 import argparse
 import json
@@ -89,10 +28,12 @@ import tempfile
 import time
 import uuid
 
-from bench_results import finish_config, new_config, print_problems, write_json
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.join(ROOT, "tools", "bench")  # the shared helpers and train_compare.py
+sys.path.insert(0, BENCH)
+from bench_results import finish_config, new_config, print_problems, write_json  # noqa: E402
+from step_timeline import breakdown, load_trace, summarize  # noqa: E402
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
 
 LINKS = {"1gbit_0.1ms": 1e9, "10gbit_0.1ms": 10e9}
@@ -224,129 +165,6 @@ def worker(args):
     if tnt.is_master_rank():
         print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, gradient bytes "
               f"{grad_bytes}", flush=True)
-
-
-# ---------------------------------------------------------------- traces
-
-
-def load_trace(path):
-    """The events of a trace file; a file cut short by a crash lacks the
-    closing bracket (and may end in a partial line)."""
-    text = open(path).read().rstrip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        lines = text.splitlines()
-        while lines:
-            try:
-                return json.loads("\n".join(lines).rstrip().rstrip(",") + "\n]")
-            except json.JSONDecodeError:
-                lines.pop()
-        raise
-
-
-def union_ms(intervals, lo, hi):
-    """Length in ms of the union of [a, b) intervals (µs) clipped to [lo, hi)."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, end = 0.0, lo
-    for a, b in clipped:
-        a = max(a, end)
-        if b > a:
-            total += b - a
-            end = b
-    return total / 1e3
-
-
-def spans(events, cat, keep_open=False):
-    """[(name, begin, end)] of the B/E spans of category `cat`; with
-    keep_open, a span a cut-short run never ended lasts to the end."""
-    out, open_ = [], {}
-    for e in events:
-        if e.get("cat") != cat:
-            continue
-        if e["ph"] == "B":
-            open_[e["name"]] = e["ts"]
-        elif e["ph"] == "E" and e["name"] in open_:
-            out.append((e["name"], open_.pop(e["name"]), e["ts"]))
-    if keep_open:
-        out += [(name, ts, float("inf")) for name, ts in open_.items()]
-    return out
-
-
-def breakdown(events, nhosts):
-    """Per configuration name: lists of per-step values of one rank."""
-    configs = spans(events, "config", keep_open=True)
-    steps = spans(events, "step")
-    buckets = [(e["ts"], e["ts"] + e["dur"], e["args"]["bytes"]) for e in events
-               if e["ph"] == "X" and e["name"].startswith("allreduce bucket")]
-    waits = [(e["ts"], e["ts"] + e["dur"]) for e in events
-             if e["ph"] == "X" and e["name"] == "fusion finish"]
-    starts = [(e["ts"], e["args"]["bytes"]) for e in events
-              if e["ph"] == "i" and e["name"] == "fusion start"]
-    out = {}
-    for cname, cb, ce in configs:
-        rows = out.setdefault(cname, {"step": [], "wait": [], "comm": [], "bytes": [],
-                                      "bus": [], "bus_s": [], "ready": [], "largest": []})
-        for _, sb, se in steps:
-            if not (cb <= sb and se <= ce):
-                continue
-            mine = [b for b in buckets if sb <= b[0] < se]
-            rows["step"].append((se - sb) / 1e3)
-            rows["wait"].append(union_ms(waits, sb, se))
-            rows["comm"].append(union_ms([(a, b) for a, b, _ in mine], sb, se))
-            rows["bytes"].append(sum(n for _, _, n in mine))
-            ready = [(n, t) for t, n in starts if sb <= t < se]
-            if ready:
-                n, t = max(ready, key=lambda r: (r[0], -r[1]))
-                rows["ready"].append((t - sb) / 1e3)
-                rows["largest"].append(n)
-            for a, b, n in mine:
-                rows["bus"].append(2 * (nhosts - 1) / nhosts * n)
-                rows["bus_s"].append((b - a) / 1e6)
-    return out
-
-
-def summarize(per_rank, nhosts, link_bps, variants=False, losses=None):
-    """One result row per configuration from the ranks' breakdowns."""
-    results = []
-    for cname, fields, _ in configs(variants):
-        ranks = [b[cname] for b in per_rank if cname in b and b[cname]["step"]]
-        if not ranks:
-            continue
-
-        def avg_median(key):
-            return statistics.fmean(statistics.median(r[key]) for r in ranks)
-
-        step, wait, comm = avg_median("step"), avg_median("wait"), avg_median("comm")
-        grad_bytes = int(statistics.median(ranks[0]["bytes"]))
-        compute = step - wait
-        transfer = 2 * (nhosts - 1) / nhosts * grad_bytes * 8 / link_bps * 1e3
-        bound = max(compute, transfer)
-        ready = None
-        if ranks and all(len(r["ready"]) == len(ranks[0]["ready"]) > 0 for r in ranks):
-            # The steps of all ranks, in order: each step's last rank.
-            ready = statistics.median(max(t) for t in zip(*(r["ready"] for r in ranks)))
-        elif any(r["ready"] for r in ranks):
-            ready = max(statistics.median(r["ready"]) for r in ranks if r["ready"])
-        reach = None
-        if ready is not None:
-            largest = statistics.median(ranks[0]["largest"])
-            reach = max(compute, ready + 2 * (nhosts - 1) / nhosts * largest * 8 / link_bps * 1e3)
-        bus_bytes = sum(sum(r["bus"]) for r in ranks)
-        bus_s = sum(sum(r["bus_s"]) for r in ranks)
-        results.append(fields | {
-            "step_ms": round(step, 3), "compute_ms": round(compute, 3),
-            "comm_ms": round(comm, 3), "wait_ms": round(wait, 3),
-            "transfer_ms": round(transfer, 3), "bound_ms": round(bound, 3),
-            "ratio_to_bound": round(step / bound, 3), "gradient_bytes": grad_bytes,
-            "ready_ms": round(ready, 3) if ready is not None else None,
-            "reach_ms": round(reach, 3) if reach is not None else None,
-            "ratio_to_reach": round(step / reach, 3) if reach else None,
-            "allreduce_busbw_gbit": round(bus_bytes * 8 / bus_s / 1e9, 3) if bus_s else None,
-            "steps": sum(len(r["step"]) for r in ranks)})
-        if losses and cname in losses:
-            results[-1]["final_loss"] = round(losses[cname], 5)
-    return results
 
 
 # ---------------------------------------------------------------- cluster
@@ -747,7 +565,7 @@ def framework_run(cluster, work, framework, model, steps, timeout):
     os.makedirs(work, exist_ok=True)
     result = os.path.join(work, "result.json")
     n = len(cluster.hosts)
-    wargs = [os.path.join(HERE, "train_compare.py"), "worker", "--framework", framework,
+    wargs = [os.path.join(BENCH, "train_compare.py"), "worker", "--framework", framework,
              "--model", model, "--ranks", str(n), "--cores", str(n),
              "--per-rank-batch", str(GLOBAL_BATCH // 2), "--warmup", "3", "--steps", str(steps),
              "--keras", "tf-keras" if framework == "mwms" else "keras3", "--result", result]
@@ -873,7 +691,8 @@ def run_config(args, cluster, keep, layout, link, model, applied, steps, reps, l
             losses = json.load(f)
     except (OSError, ValueError):
         losses = None
-    for row in summarize(per_rank, nhosts, LINKS[link], args.variants, losses):
+    named = [(name, fields) for name, fields, _ in configs(args.variants)]
+    for row in summarize(per_rank, nhosts, LINKS[link], named, losses):
         row.update({"hosts": nhosts, "ranks_per_host": per_host, "link": link, "model": model,
                     "link_shaping": applied, "complete": problem is None})
         results.append({k: row[k] for k in ("hosts", "ranks_per_host", "link", "model")} | row)

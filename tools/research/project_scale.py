@@ -2,56 +2,15 @@
 """Training at scale, projected: step time and weak-scaling efficiency E(N)
 from measured timelines and simulated allreduces.
 
---measure: every model of train_compare.py (LeNet-5, the small ResNet, the
-Transformer) trains on 2 ranks of this machine, 32 samples per rank, with
-TNT_TIMELINE and overlap on. From each rank's trace, per step (medians over
-the steps, then the mean of the ranks):
+--measure: each model of train_compare.py trains on 2 ranks with
+TNT_TIMELINE; each step's compute, its buckets' sizes and readiness.
+--project: those buckets reduced on N = 2 ... 1024 simulated hosts (the
+allreduce times of scale.json), data-parallel and hybrid with pipeline
+stages, with a check against the measured 2-host runs. The model and what
+it leaves out: docs/research/benchmarks.md.
 
-  compute_ms   the step minus the time its callers waited for allreduces
-  buckets      each fusion bucket's bytes and when it was submitted (all its
-               gradients ready) after the step began
-  tail_ms      compute_ms minus the last submission: the work that needs the
-               reduced gradients (the optimizer's update)
-
-(One rank alone has no allreduce and so no readiness events: two ranks on
-one host, whose allreduce through shared memory takes well under a
-millisecond, stand in for it; both ranks compute on a core each.)
-
---project: for N = 2 ... 1024 hosts of one rank, each bucket's allreduce
-takes the time libtnt's choice of algorithm took on the simulated fat-tree
-of N hosts at 100 Gbit/s (scale.json of scale_bench.py; log-log
-interpolation between the simulated sizes, the busbw of the largest one
-beyond it). Buckets are reduced one after another, in submission order,
-each from when it is submitted (libtnt's progress thread); the step ends
-when the last reduced bucket is back plus tail_ms:
-
-  done_b = max(ready_b, done_{b-1}) + T_N(bytes_b)
-  step(N) = max(compute_ms, done_last + tail_ms)
-  E(N) = compute_ms / step(N)      (the same samples per rank at every N)
-
-The same with the compute (and the readiness times) divided by 10 and 100:
-the models on devices that much faster than this machine's CPU cores, on the
-same network.
-
-Hybrid, K pipeline stages x N/K replicas, M micro-batches: each stage
-computes compute_ms / K per micro-batch set, stretched by the pipeline's
-bubble (M + K - 1) / M, and reduces its 1/K of the weights among the N/K
-replicas (each bucket at 1/K of its bytes, its readiness scaled alike):
-
-  E_hybrid(N) = compute_ms / (K * step_K(N/K))
-
-The check against the measured 2-host runs: the same projection with the
-allreduce times measured on the 2 simulated hosts at 10 Gbit/s
-(sim_cluster_allreduce.json) against the step those runs measured
-(sim_cluster.json, the defaults).
-
-    python3 tools/bench/project_scale.py --measure --out bench/results/scale_timelines.json
-    python3 tools/bench/project_scale.py --project --out bench/results/scale_projection.json
-
-What it leaves out: the step's own CPU time for communication (the
-progress thread shares a core with backprop when every core runs a rank),
-stragglers and the variation of step times across ranks, which grow with N,
-and the pipeline's point-to-point activations (hybrid).
+    python3 tools/research/project_scale.py --measure --out bench/results/scale_timelines.json
+    python3 tools/research/project_scale.py --project --out bench/results/scale_projection.json
 """
 import argparse
 import glob
@@ -67,8 +26,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "bench", "results")
-sys.path.insert(0, HERE)
-from sim_cluster_bench import load_trace, spans, union_ms  # noqa: E402
+
+from step_timeline import load_trace, spans, union_ms  # noqa: E402
 
 MODELS = ("lenet5", "resnet", "transformer")
 PER_RANK_BATCH = 32
@@ -143,7 +102,8 @@ def measure(args):
             cmd = [tnt, "--no-gpu", "-n", "2", "--run-dir", os.path.join(d, "run"),
                    "-x", f"TNT_TIMELINE={trace}", "TNT_OVERLAP=on", "OMP_NUM_THREADS=1",
                    "TF_CPP_MIN_LOG_LEVEL=2", "--",
-                   os.path.join(HERE, "train_compare.py"), "worker", "--framework", "tarantella",
+                   os.path.join(ROOT, "tools", "bench", "train_compare.py"), "worker",
+                   "--framework", "tarantella",
                    "--model", model, "--ranks", "2", "--cores", "2",
                    "--per-rank-batch", str(PER_RANK_BATCH), "--warmup", "3",
                    "--steps", str(args.steps), "--keras", "keras3",
