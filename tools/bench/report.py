@@ -197,12 +197,13 @@ NEXT_STEPS = {
              "as on a 100 Gbit/s network with CPU reductions, and below 64 KiB loses at 10 and "
              "400 Gbit/s (0.76x and 0.70x), and runs the ring where free reductions make it "
              "the worse choice (docs/performance.md, \"At scale\").",
-    "scale_validation": "at 1 Gbit/s the measured runs are network-bound when the machine "
-                        "is otherwise idle; a miss there comes with a high load before the "
-                        "run (the table's column): other work took the cores that four ranks "
-                        "and the kernel's TCP share. Next: measure again on an idle machine. "
-                        "The 10 Gbit/s rows are CPU-bound on 2 cores and only informational; "
-                        "validating them needs hosts with a core per rank.",
+    "scale_validation": "2x2 and 4x1 run four busy-polling ranks on the measuring machine's "
+                        "2 cores, and no host counts itself oversubscribed: below about 4 MiB "
+                        "each ring step and shared-memory handoff waits for a scheduler "
+                        "slice, which the simulation does not model (a high load before the "
+                        "run, in the table, adds other work's). Next: measure on a machine "
+                        "with a core per rank and for the kernel's TCP; the 10 Gbit/s rows "
+                        "are CPU-bound here and only informational.",
     "allreduce": "where the ratio is low, compare Tarantella's bus bandwidth with the memcpy "
                  "column: on one host the shared-memory allreduce is memory bound, and with "
                  "more ranks than cores every synchronisation waits for a scheduler slice. Next: "
