@@ -7,6 +7,7 @@
  */
 #include <limits.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -360,6 +361,48 @@ static tnt_status_t split_hosts(tnt__transport_t *t, const int *leader) {
   return TNT_OK;
 }
 
+/* A number that ranks of one kernel share and ranks of different kernels
+ * (machines) almost surely do not: a hash of Linux's boot id, or 0 where it
+ * cannot be read. */
+static uint64_t kernel_id(void) {
+  char id[64] = {0};
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f == NULL) return 0;
+  size_t len = fread(id, 1, sizeof id - 1, f);
+  fclose(f);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)id[i]) * 1099511628211ull;
+  return len > 0 ? h : 0;
+}
+
+/* More ranks than cores on this machine: waits must yield at once. The
+ * ranks that share the cores are those of one kernel, which can be more
+ * than those of one host: hosts made of containers or network namespaces
+ * on one machine each count as a host (their own shared memory) but share
+ * the machine's cores. Where the kernel cannot be told, a host's ranks. */
+static tnt_status_t detect_oversubscription(MPI_Comm coll, int n, const int *leader,
+                                            int my_leader) {
+  uint64_t mine = kernel_id();
+  uint64_t *ids = malloc((size_t)n * sizeof *ids);
+  if (ids == NULL) return TNT_ERR_NO_MEMORY;
+  int rc = MPI_Allgather(&mine, 1, MPI_UINT64_T, ids, 1, MPI_UINT64_T, coll);
+  if (rc != MPI_SUCCESS) {
+    free(ids);
+    return mpi_fail(rc, "machine discovery");
+  }
+  int sharing = 0;
+  for (int r = 0; r < n; ++r) {
+    sharing += mine != 0 && ids[r] != 0 ? ids[r] == mine : leader[r] == my_leader;
+  }
+  free(ids);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int oversubscribed = cores > 0 && sharing > cores;
+  TNT_LOG_DEBUG("%d ranks share this machine's %ld cores%s", sharing, cores,
+                oversubscribed ? ": waits yield at once" : "");
+  tnt__spin_set_oversubscribed(oversubscribed);
+  return TNT_OK;
+}
+
 tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out) {
   MPI_Comm coll;
   MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &coll));
@@ -391,11 +434,8 @@ tnt_status_t tnt__transport_mpi_create(tnt__transport_t **out) {
     st = mpi_fail(rc, "host discovery");
     goto out;
   }
-  /* More ranks on this host than cores: waits must yield at once. */
-  int on_host = 0;
-  for (int r = 0; r < n; ++r) on_host += leader[r] == my_leader;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  tnt__spin_set_oversubscribed(cores > 0 && on_host > cores);
+  st = detect_oversubscription(coll, n, leader, my_leader);
+  if (st < 0) goto out;
   t->num_hosts = 0;
   for (int r = 0; r < n; ++r) {
     t->world_ranks[r] = r;

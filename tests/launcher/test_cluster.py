@@ -149,7 +149,8 @@ def test_two_ranks_per_host_share_memory_within_and_use_the_network_across(launc
     the namespaces keep apart) and chooses its hierarchical allreduce: a
     shared-memory reduction within each host and a ring across the hosts.
     tnt-bench checks every result exactly; small slots make the vector take
-    three segments, the last a partial one."""
+    three segments, the last a partial one. The four ranks know that they
+    share one machine's cores."""
     hostfile, env, hosts = cluster
     marker, d = marked
     run_dir = os.path.join(d, "run")
@@ -176,5 +177,8 @@ def test_two_ranks_per_host_share_memory_within_and_use_the_network_across(launc
         with open(os.path.join(run_dir, f"rank{r}.log")) as f:
             log = f.read()
         assert f"[tnt {r}/4] DEBUG: context ready: 4 ranks on 2 hosts" in log, log
+        # The hosts are namespaces of one machine: their ranks share its
+        # cores, and count so when they choose how to wait.
+        assert f"[tnt {r}/4] DEBUG: 4 ranks share this machine's" in log, log
         assert "shared memory is not available" not in log, log
         assert read_status(run_dir, r)["host"] == hosts[r // 2]
