@@ -11,8 +11,8 @@
  * number of ranks and on the machine: the network's rate and latency and
  * how fast a rank reduces (TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US,
  * TNT_REDUCE_GBPS; rd_max_bytes, ring_min_bytes, checked against libtnt's
- * algorithms simulated on fat-trees of 8 to 1024 hosts, docs/performance.md
- * "At scale"). Where the model leaves
+ * algorithms simulated on fat-trees of 8 to 1024 hosts,
+ * docs/research/scale-study.md). Where the model leaves
  * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
@@ -47,8 +47,8 @@
  * TNT__RD_CROSSING_LATENCIES x latency x B. With one latency per exchange
  * the model below puts the tie at log2 p / (log2 p - 2(p-1)/p) latencies
  * x B: 2.4 at 8 hosts, 1.25 at 1024; but an exchange with a far host
- * crosses more switches, and simulated on fat-trees (docs/performance.md,
- * "At scale") the two crossed where 2 latencies (host to host under one
+ * crosses more switches, and simulated on fat-trees
+ * (docs/research/scale-study.md) the two crossed where 2 latencies (host to host under one
  * switch) x B put them on every tree: between 16 and 32 KiB at 100 Gbit/s
  * on 8, 64, 256 and 1024 hosts, between 4 and 8 KiB at 10 Gbit/s with
  * 2 us (8 and 64 hosts), between 64 and 128 KiB at 400 Gbit/s (8 and 64).

@@ -303,7 +303,7 @@ if wanted scale; then
     # SMPI's selectors up to what they simulate here in about half an hour
     # (their temporary buffers are real memory: 64 x 8 ranks stop at 16 or
     # 32 MiB, 256 and 1024 hosts at 16 and 4 MiB), libtnt alone up to
-    # 256 MiB on every layout (docs/performance.md, "At scale").
+    # 256 MiB on every layout (docs/research/scale-study.md).
     if [[ $QUICK == 1 ]]; then
       parts=("--hosts 8 --per-host 1,8 --gbit 100 --max 16M")
     else

@@ -272,7 +272,7 @@ def check_part(d, targets):
 def section(results, stages, plt, targets):
     out = ["## At scale (simulated)", "",
            "libtnt's own allreduce code on clusters simulated by SimGrid (tnt-sim, "
-           "tools/research/scale_bench.py; docs/performance.md \"At scale\")."
+           "tools/research/scale_bench.py; docs/research/scale-study.md)."
            " busbw = bytes / time * 2(n-1)/n over n ranks; link share = algbw * 2(H-1)/H "
            "over H hosts / link rate.", ""]
     val, _ = load_json(os.path.join(results, "scale_validation.json"))

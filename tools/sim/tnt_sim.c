@@ -2,7 +2,7 @@
  * tnt-sim: an SMPI program (started by smpirun on a platform file) that
  * runs libtnt's allreduce algorithms, or the simulated MPI's own
  * MPI_Allreduce, on the simulated cluster. See sim.h for how libtnt's code
- * runs unchanged on it, and docs/performance.md ("At scale") for the runs.
+ * runs unchanged on it, and docs/research/scale-study.md for the runs.
  *
  *   tnt-sim --check [--algos ring,rd,rabenseifner,hier,shm,auto]
  *       every algorithm that can serve the layout (or those listed), on the
