@@ -55,8 +55,11 @@ def test_the_originals_collectives_suite(nranks, python):
     """The original's tensor_allreducer/broadcaster/allgatherer tests
     (original_collectives_cases.py), run by pytest on every rank."""
     cases = os.path.join(ROOT, "tests", "python", "original_collectives_cases.py")
+    # Without conftest.py, whose session fixture makes a temporary folder:
+    # the ranks' pytest sessions would share (and clean up) pytest's
+    # temporary root with each other and with this session.
     proc = run(mpirun_command(nranks, python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              cases), timeout=600)
+                              "--noconftest", cases), timeout=600)
     summaries = [line for line in proc.stdout.splitlines() if " passed" in line]
     assert len(summaries) == nranks and all(
         "failed" not in line and "error" not in line for line in summaries), proc.stdout[-3000:]
