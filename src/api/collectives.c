@@ -20,13 +20,6 @@ static tnt_status_t broadcast_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
   return a->fn.broadcast(work->comm, work->recvbuf, work->bytes, work->root, w);
 }
 
-static tnt_status_t allgatherv_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
-  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLGATHERV, work->bytes);
-  work->algorithm = a->name;
-  return a->fn.allgatherv(work->comm, work->sendbuf, work->recvbuf, work->counts, work->displs,
-                          w);
-}
-
 static tnt_status_t barrier_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
   return tnt__barrier(work->comm, w);
 }
@@ -179,27 +172,20 @@ static tnt_status_t allgatherv(tnt_group_t *g, const void *sendbuf, size_t count
   for (int r = 0; r < n; ++r) total += counts ? counts[r] : count;
   TNT_CHECK(check_buf(call, sendbuf, count, "sendbuf"));
   TNT_CHECK(check_buf(call, recvbuf, total, "recvbuf"));
-  const tnt__work_t proto = {
-      .kind = TNT__WORK_RUN, .run = allgatherv_run, .call = call, .bucket = -1,
-      .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count, .dtype = dtype,
-      .bytes = total * esz,
-      .sig = {.count = total * esz, .kind = TNT__COLL_ALLGATHERV, .set = 1}};
-  tnt_request_t *rq = NULL;
-  TNT_CHECK(new_work(g, &proto, &rq));
-  tnt__work_t *work = &rq->work;
-  work->counts = malloc((size_t)n * sizeof(size_t));
-  work->displs = malloc((size_t)n * sizeof(size_t));
-  if (work->counts == NULL || work->displs == NULL) {
-    tnt__request_unref(rq);
-    tnt__request_unref(rq);
+  size_t *bcounts = malloc((size_t)n * sizeof(size_t));
+  size_t *bdispls = malloc((size_t)n * sizeof(size_t));
+  if (bcounts == NULL || bdispls == NULL) {
+    free(bcounts);
+    free(bdispls);
     TNT_LOG_ERROR("%s: out of memory for %d counts", call, n);
     return TNT_ERR_NO_MEMORY;
   }
   for (int r = 0; r < n; ++r) {
-    work->counts[r] = (counts ? counts[r] : count) * esz;
-    work->displs[r] = (counts ? displs[r] : (size_t)r * count) * esz;
+    bcounts[r] = (counts ? counts[r] : count) * esz;
+    bdispls[r] = (counts ? displs[r] : (size_t)r * count) * esz;
   }
-  return submit(g, rq, req);
+  return tnt__engine_allgatherv(tnt__context_engine(g->ctx), g->comm, sendbuf, recvbuf, bcounts,
+                                bdispls, total * esz, NULL, -1, req);
 }
 
 tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t count, void *recvbuf,

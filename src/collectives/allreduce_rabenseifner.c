@@ -21,7 +21,9 @@
  *
  * Each element is summed on exactly one rank, in a fixed binary-tree order
  * (which depends only on n), and then copied, so every rank gets identical
- * bits on every run.
+ * bits on every run. Since the split decides only where an element is
+ * summed, the reduce-scatter (the fold and the halving alone, on blocks cut
+ * at the reduce-scatter's block bounds) gives the allreduce's bits.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -48,42 +50,58 @@ static size_t block_start(size_t count, size_t esz, int p, int i) {
   return count / np >= line ? start / line * line : start;
 }
 
-/* Elements [*lo, *hi) of blocks [b0, b1) of p. */
-static void blocks(size_t count, size_t esz, int p, int b0, int b1, size_t *lo, size_t *hi) {
-  *lo = block_start(count, esz, p, b0);
-  *hi = block_start(count, esz, p, b1);
-}
-
-tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
-                                      size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
-                                      int extra, int v, const tnt__wait_ctx_t *w) {
+/* Recursive halving over the p blocks that start at starts[0..p-1]
+ * (starts[p]: the count): on return participant v holds block v, reduced
+ * over every participant, and *b0 = v, *b1 = v + 1. */
+static tnt_status_t halving(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, const size_t *starts,
+                            tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v, int *b0,
+                            int *b1, const tnt__wait_ctx_t *w) {
   const size_t esz = tnt__dtype_size(dtype);
-  int b0 = 0, b1 = p; /* the blocks this participant holds */
+  *b0 = 0, *b1 = p; /* the blocks this participant holds */
   for (int d = p / 2; d >= 1; d /= 2) {
-    const int peer = tnt__participant_rank(v ^ d, extra), mid = b0 + (b1 - b0) / 2;
+    const int peer = tnt__participant_rank(v ^ d, extra), mid = *b0 + (*b1 - *b0) / 2;
     const int keep_lower = (v & d) == 0;
-    size_t klo, khi, slo, shi;
-    blocks(count, esz, p, keep_lower ? b0 : mid, keep_lower ? mid : b1, &klo, &khi);
-    blocks(count, esz, p, keep_lower ? mid : b0, keep_lower ? b1 : mid, &slo, &shi);
+    const size_t klo = starts[keep_lower ? *b0 : mid], khi = starts[keep_lower ? mid : *b1];
+    const size_t slo = starts[keep_lower ? mid : *b0], shi = starts[keep_lower ? *b1 : mid];
     TNT_CHECK(tnt__xsendrecv(t, buf + slo * esz, (shi - slo) * esz, peer, tmp,
                              (khi - klo) * esz, peer, w));
     tnt__reduce(buf + klo * esz, tmp, khi - klo, dtype, op);
-    if (keep_lower) b1 = mid;
-    else b0 = mid;
+    if (keep_lower) *b1 = mid;
+    else *b0 = mid;
   }
+  return TNT_OK;
+}
+
+/* Recursive doubling of the blocks [b0, b1) that halving left. */
+static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *starts,
+                             size_t esz, int p, int extra, int v, int b0, int b1,
+                             const tnt__wait_ctx_t *w) {
   for (int d = 1; d < p; d *= 2) {
     const int peer = tnt__participant_rank(v ^ d, extra), width = b1 - b0;
     /* The partner holds the neighbouring range of the same width. */
     const int p0 = (v & d) == 0 ? b1 : b0 - width;
-    size_t mlo, mhi, plo, phi;
-    blocks(count, esz, p, b0, b1, &mlo, &mhi);
-    blocks(count, esz, p, p0, p0 + width, &plo, &phi);
+    const size_t mlo = starts[b0], mhi = starts[b1];
+    const size_t plo = starts[p0], phi = starts[p0 + width];
     TNT_CHECK(tnt__xsendrecv(t, buf + mlo * esz, (mhi - mlo) * esz, peer, buf + plo * esz,
                              (phi - plo) * esz, peer, w));
     if (p0 < b0) b0 = p0;
     else b1 = p0 + width;
   }
   return TNT_OK;
+}
+
+tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
+                                      size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
+                                      int extra, int v, const tnt__wait_ctx_t *w) {
+  const size_t esz = tnt__dtype_size(dtype);
+  size_t *starts = malloc(((size_t)p + 1) * sizeof *starts);
+  if (starts == NULL) return TNT_ERR_NO_MEMORY;
+  for (int i = 0; i <= p; ++i) starts[i] = block_start(count, esz, p, i);
+  int b0, b1;
+  tnt_status_t st = halving(t, buf, tmp, starts, dtype, op, p, extra, v, &b0, &b1, w);
+  if (st == TNT_OK) st = doubling(t, buf, starts, esz, p, extra, v, b0, b1, w);
+  free(starts);
+  return st;
 }
 
 static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
@@ -93,10 +111,58 @@ static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, 
                                tnt__rabenseifner_exchanges, w);
 }
 
+/* The allreduce's fold and halving, with participant v's block made of the
+ * blocks of the ranks it stands for (2v and 2v + 1 for v < extra, else
+ * v + extra); the odd rank of a pair then hands its partner its block. */
+static tnt_status_t rabenseifner_reduce_scatter(tnt__comm_t *c, void *buf, const size_t *bounds,
+                                                tnt_dtype_t dtype, tnt_op_t op,
+                                                const tnt__wait_ctx_t *w) {
+  tnt__transport_t *t = c->t;
+  const int n = t->size, r = t->rank;
+  const size_t esz = tnt__dtype_size(dtype), count = bounds[n];
+  uint8_t *data = buf;
+  if (n == 1 || count == 0) {
+    tnt__reduce_finish(buf, count, dtype, op, n);
+    return TNT_OK;
+  }
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;
+  uint8_t *tmp = malloc(count * esz);
+  size_t *starts = malloc(((size_t)p + 1) * sizeof *starts);
+  tnt_status_t st = TNT_OK;
+  if (tmp == NULL || starts == NULL) {
+    st = TNT_ERR_NO_MEMORY;
+    goto out;
+  }
+  for (int i = 0; i < p; ++i) starts[i] = bounds[i < extra ? 2 * i : i + extra];
+  starts[p] = count;
+  int v, b0, b1;
+  TNT_CHECK_GOTO(tnt__fold_in(t, data, tmp, count, dtype, op, extra, &v, w), st, out);
+  if (v < 0) { /* sits out */
+    TNT_CHECK_GOTO(
+        tnt__xrecv(t, data + bounds[r] * esz, (bounds[r + 1] - bounds[r]) * esz, r + 1, w), st,
+        out);
+    goto out;
+  }
+  TNT_CHECK_GOTO(halving(t, data, tmp, starts, dtype, op, p, extra, v, &b0, &b1, w), st, out);
+  tnt__reduce_finish(data + starts[v] * esz, starts[v + 1] - starts[v], dtype, op, n);
+  if (r < 2 * extra) {
+    TNT_CHECK_GOTO(tnt__xsend(t, data + bounds[r - 1] * esz,
+                              (bounds[r] - bounds[r - 1]) * esz, r - 1, w),
+                   st, out);
+  }
+out:
+  free(tmp);
+  free(starts);
+  return st;
+}
+
 const tnt__algo_t tnt__allreduce_rabenseifner = {
     .name = "rabenseifner",
     .description = "recursive halving then doubling; ring-like traffic in 2 log2(n) steps, for "
                    "medium messages across many hosts",
     .usable = rabenseifner_usable,
     .fn.allreduce = rabenseifner_allreduce,
+    .reduce_scatter = rabenseifner_reduce_scatter,
 };

@@ -21,6 +21,23 @@ static int rd_usable(const tnt__comm_t *c) {
 
 int tnt__participant_rank(int v, int extra) { return v < extra ? v * 2 + 1 : v + extra; }
 
+tnt_status_t tnt__fold_in(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
+                          tnt_dtype_t dtype, tnt_op_t op, int extra, int *v,
+                          const tnt__wait_ctx_t *w) {
+  const int r = t->rank;
+  const size_t bytes = count * tnt__dtype_size(dtype);
+  if (r < 2 * extra && r % 2 == 0) {
+    *v = -1;
+    return tnt__xsend(t, buf, bytes, r + 1, w);
+  }
+  if (r < 2 * extra) {
+    TNT_CHECK(tnt__xrecv(t, tmp, bytes, r - 1, w));
+    tnt__reduce(buf, tmp, count, dtype, op);
+  }
+  *v = r < 2 * extra ? r / 2 : r - extra;
+  return TNT_OK;
+}
+
 tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, void *recvbuf,
                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                    tnt__participants_fn among, const tnt__wait_ctx_t *w) {
@@ -37,16 +54,12 @@ tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, voi
   uint8_t *tmp = malloc(bytes);
   if (tmp == NULL) return TNT_ERR_NO_MEMORY;
   tnt_status_t st = TNT_OK;
-  if (r < 2 * extra && r % 2 == 0) { /* sits out */
-    TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r + 1, w), st, out);
+  int v;
+  TNT_CHECK_GOTO(tnt__fold_in(t, recvbuf, tmp, count, dtype, op, extra, &v, w), st, out);
+  if (v < 0) { /* sits out */
     TNT_CHECK_GOTO(tnt__xrecv(t, recvbuf, bytes, r + 1, w), st, out);
     goto out;
   }
-  if (r < 2 * extra) {
-    TNT_CHECK_GOTO(tnt__xrecv(t, tmp, bytes, r - 1, w), st, out);
-    tnt__reduce(recvbuf, tmp, count, dtype, op);
-  }
-  const int v = r < 2 * extra ? r / 2 : r - extra;
   TNT_CHECK_GOTO(among(t, recvbuf, tmp, count, dtype, op, p, extra, v, w), st, out);
   tnt__reduce_finish(recvbuf, count, dtype, op, n);
   if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);

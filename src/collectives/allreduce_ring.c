@@ -11,12 +11,15 @@
  * k - 1, so segment j of step k leaves as soon as segment j of step k - 1
  * has arrived and been reduced: the link does not idle while a whole chunk
  * is reduced, and a step does not wait for the slowest segment of the step
- * before it. In both phases the chunk sent in step k is (r - k) mod n and
- * the chunk received is (r - k - 1) mod n.
+ * before it. In both phases the chunk sent in step k is (r - k - 1) mod n
+ * and the chunk received is (r - k - 2) mod n.
  *
  * Each chunk is reduced by one chain in a fixed order (chunk q starts at
- * rank q and passes ranks q + 1, q + 2, ...) and then copied, so all ranks
- * get identical bits, whatever the segment size or the timing.
+ * rank q + 1 and passes ranks q + 2, q + 3, ..., ending at rank q) and then
+ * copied, so all ranks get identical bits, whatever the segment size or the
+ * timing. Ending chunk r on rank r makes the first phase a reduce-scatter
+ * of the chunk partition: tnt__reduce_scatter runs it alone, and its block r
+ * is bitwise the allreduce's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +33,13 @@ typedef tnt__ring_pos_t ring_pos_t;
 
 /* The chunk that is sent (recv == 0) or received (recv == 1) in step k. */
 static void ring_chunk(const ring_t *g, int k, int recv, size_t *lo, size_t *hi) {
-  const int q = ((g->r - k - recv) % g->n + g->n) % g->n;
-  tnt__slice(g->count, g->esz, g->n, q, lo, hi);
+  const int q = ((g->r - k - recv - 1) % g->n + g->n) % g->n;
+  if (g->bounds == NULL) {
+    tnt__slice(g->count, g->esz, g->n, q, lo, hi);
+  } else {
+    *lo = g->bounds[q];
+    *hi = g->bounds[q + 1];
+  }
 }
 
 static size_t ring_nseg(const ring_t *g, int k, int recv) {
@@ -74,18 +82,20 @@ static int ring_send_ready(ring_pos_t s, ring_pos_t done) {
 }
 
 tnt_status_t tnt__ring_start(ring_t *g, tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
-                             size_t count, tnt_dtype_t dtype, tnt_op_t op) {
+                             size_t count, tnt_dtype_t dtype, tnt_op_t op, const size_t *bounds,
+                             int scatter) {
   const int n = t->size;
   const size_t esz = tnt__dtype_size(dtype);
   *g = (ring_t){.t = t,
                 .data = buf,
+                .bounds = bounds,
                 .count = count,
                 .esz = esz,
                 .dtype = dtype,
                 .op = op,
                 .n = n,
                 .r = t->rank,
-                .steps = 2 * (n - 1),
+                .steps = (scatter ? 1 : 2) * (n - 1),
                 .depth = cfg->depth,
                 .right = (t->rank + 1) % n,
                 .left = (t->rank + n - 1) % n};
@@ -205,11 +215,12 @@ void tnt__ring_end(ring_t *g) {
   g->rpos = NULL;
 }
 
-tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
-                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                 const tnt__wait_ctx_t *w) {
+/* The ring over every member of c, in place on buf, to the end. */
+static tnt_status_t ring_run(tnt__comm_t *c, void *buf, size_t count, tnt_dtype_t dtype,
+                             tnt_op_t op, const size_t *bounds, int scatter,
+                             const tnt__wait_ctx_t *w) {
   ring_t g;
-  tnt_status_t st = tnt__ring_start(&g, t, cfg, buf, count, dtype, op);
+  tnt_status_t st = tnt__ring_start(&g, c->t, &c->ring, buf, count, dtype, op, bounds, scatter);
   if (st < 0) return st;
   st = tnt__ring_wait(&g, w);
   tnt__ring_end(&g);
@@ -224,7 +235,12 @@ static int ring_usable(const tnt__comm_t *c) {
 static tnt_status_t ring_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                                    tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
   if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * tnt__dtype_size(dtype));
-  return tnt__ring_allreduce(c->t, &c->ring, recvbuf, count, dtype, op, w);
+  return ring_run(c, recvbuf, count, dtype, op, NULL, 0, w);
+}
+
+static tnt_status_t ring_reduce_scatter(tnt__comm_t *c, void *buf, const size_t *bounds,
+                                        tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
+  return ring_run(c, buf, bounds[c->size], dtype, op, bounds, 1, w);
 }
 
 const tnt__algo_t tnt__allreduce_ring = {
@@ -232,4 +248,5 @@ const tnt__algo_t tnt__allreduce_ring = {
     .description = "pipelined ring reduce-scatter then allgather; bandwidth-optimal across hosts",
     .usable = ring_usable,
     .fn.allreduce = ring_allreduce,
+    .reduce_scatter = ring_reduce_scatter,
 };

@@ -92,9 +92,59 @@ out:
   return st;
 }
 
+/* The reduce-scatter: in each round every rank writes the next piece of
+ * every other rank's block (a slot holds one piece per rank), and each rank
+ * combines the piece of its own block from every slot, in rank order as the
+ * allreduce does, so its block has the allreduce's bits. Every rank combines
+ * in every round: no rank waits while one block is reduced. */
+static tnt_status_t shm_reduce_scatter(tnt__comm_t *c, void *buf, const size_t *bounds,
+                                       tnt_dtype_t dtype, tnt_op_t op, const tnt__wait_ctx_t *w) {
+  const size_t esz = tnt__dtype_size(dtype);
+  const size_t line = 64 / esz ? 64 / esz : 1;
+  const int nloc = c->local_size, me = c->local_rank;
+  uint8_t *data = buf;
+  /* On one host the local ranks are the group's ranks. */
+  size_t piece = c->shm_slot_bytes / esz / (size_t)nloc;
+  piece = piece >= line ? piece / line * line : TNT__MAX(piece, (size_t)1);
+  size_t largest = 0;
+  for (int q = 0; q < nloc; ++q) largest = TNT__MAX(largest, bounds[q + 1] - bounds[q]);
+  const void *stack_srcs[16];
+  const void **srcs = stack_srcs;
+  if (nloc > 16) {
+    srcs = malloc((size_t)nloc * sizeof *srcs);
+    if (srcs == NULL) return TNT_ERR_NO_MEMORY;
+  }
+  tnt_status_t st = TNT_OK;
+  for (size_t off = 0; off < largest; off += piece) {
+    uint64_t seq;
+    TNT_CHECK_GOTO(tnt__shm_round_begin(c, w, &seq), st, out);
+    const int slot = (int)(seq & 1u);
+    uint8_t *mine = tnt__shm_slot(c, me, slot);
+    for (int q = 0; q < nloc; ++q) {
+      const size_t len = bounds[q + 1] - bounds[q];
+      if (q == me || len <= off) continue;
+      memcpy(mine + (size_t)q * piece * esz, data + (bounds[q] + off) * esz,
+             TNT__MIN(piece, len - off) * esz);
+    }
+    tnt__shm_publish(c, 0, seq);
+    TNT_CHECK_GOTO(tnt__shm_wait_all(c, 0, seq, w), st, out);
+    const size_t len = bounds[me + 1] - bounds[me];
+    if (len > off) {
+      uint8_t *dst = data + (bounds[me] + off) * esz;
+      for (int q = 0; q < nloc; ++q) srcs[q] = tnt__shm_slot(c, q, slot) + (size_t)me * piece * esz;
+      srcs[me] = dst;
+      tnt__reduce_many(dst, srcs, nloc, TNT__MIN(piece, len - off), dtype, op, c->size);
+    }
+  }
+out:
+  if (srcs != stack_srcs) free(srcs);
+  return st;
+}
+
 const tnt__algo_t tnt__allreduce_shm = {
     .name = "shm",
     .description = "shared-memory reduce of disjoint slices, on one host",
     .usable = shm_usable,
     .fn.allreduce = shm_allreduce,
+    .reduce_scatter = shm_reduce_scatter,
 };

@@ -31,12 +31,14 @@ typedef struct tnt__ring_cfg {
   int depth;
 } tnt__ring_cfg_t;
 
-/* The collectives that have algorithm tables; the barrier has one way only. */
+/* The collectives that have algorithm tables; the barrier has one way only,
+ * and the reduce-scatter runs the allreduce's choice (tnt__reduce_scatter). */
 typedef enum tnt__coll_kind {
   TNT__COLL_ALLREDUCE = 0,
   TNT__COLL_BROADCAST = 1,
   TNT__COLL_ALLGATHERV = 2,
-  TNT__COLL_BARRIER = 3
+  TNT__COLL_BARRIER = 3,
+  TNT__COLL_REDUCE_SCATTER = 4
 } tnt__coll_kind_t;
 
 /* The number of algorithm tables: one per kind before TNT__COLL_BARRIER. */
@@ -105,6 +107,14 @@ typedef tnt_status_t (*tnt__broadcast_fn)(tnt__comm_t *c, void *buf, size_t byte
 typedef tnt_status_t (*tnt__allgatherv_fn)(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                            const size_t *counts, const size_t *displs,
                                            const tnt__wait_ctx_t *w);
+/* The reduce-scatter phase of an allreduce algorithm, in place: `buf`
+ * holds this rank's `bounds[n]` elements (n = c->size), and on return
+ * elements [bounds[r], bounds[r + 1]) of it hold block r of the reduction
+ * on rank r, bitwise what the algorithm's allreduce gives there when
+ * `bounds` are the tnt__slice partition; the rest of buf is scratch. */
+typedef tnt_status_t (*tnt__reduce_scatter_fn)(tnt__comm_t *c, void *buf, const size_t *bounds,
+                                               tnt_dtype_t dtype, tnt_op_t op,
+                                               const tnt__wait_ctx_t *w);
 
 struct tnt__algo {
   const char *name;
@@ -115,6 +125,9 @@ struct tnt__algo {
     tnt__broadcast_fn broadcast;
     tnt__allgatherv_fn allgatherv;
   } fn;
+  /* Allreduce algorithms whose first phase is a reduce-scatter; NULL for
+   * the others, whose reduce-scatter is their allreduce. */
+  tnt__reduce_scatter_fn reduce_scatter;
 };
 
 extern const tnt__algo_t tnt__allreduce_ring;  /* allreduce_ring.c */
@@ -137,11 +150,12 @@ extern const tnt__algo_t tnt__allgatherv_shm;  /* allgatherv_shm.c */
  * buffers. Sixteen bytes without padding, compared with memcmp.
  */
 typedef struct tnt__coll_sig {
-  uint64_t count; /* elements (allreduce, broadcast), total bytes (allgatherv) */
-  int32_t root;   /* broadcast root, else 0 */
+  uint64_t count; /* elements (allreduce, broadcast, reduce-scatter: the whole vector),
+                     total bytes (allgatherv) */
+  int32_t root;   /* broadcast root, a hash of the blocks (reduce-scatter), else 0 */
   uint8_t kind;   /* tnt__coll_kind_t */
-  uint8_t dtype;  /* tnt_dtype_t (allreduce, broadcast), else 0 */
-  uint8_t op;     /* tnt_op_t (allreduce), else 0 */
+  uint8_t dtype;  /* tnt_dtype_t (allreduce, broadcast, reduce-scatter), else 0 */
+  uint8_t op;     /* tnt_op_t (allreduce, reduce-scatter), else 0 */
   uint8_t set;    /* 1; 0 marks a round without a signature */
 } tnt__coll_sig_t;
 
@@ -199,12 +213,6 @@ tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value, const 
  */
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
 
-/* In-place pipelined ring allreduce (reduce-scatter then allgather) over
- * transport `t`, cut as `cfg` says; AVERAGE divides by t->size. Used
- * directly by hierarchical algorithms for the step across hosts. */
-tnt_status_t tnt__ring_allreduce(tnt__transport_t *t, const tnt__ring_cfg_t *cfg, void *buf,
-                                 size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                 const tnt__wait_ctx_t *w);
 
 /*
  * The frame of recursive doubling and Rabenseifner's algorithm
@@ -225,6 +233,13 @@ tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, voi
                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                    tnt__participants_fn among, const tnt__wait_ctx_t *w);
 int tnt__participant_rank(int v, int extra);
+/* The frame's first step on the `count` elements of buf (n = t->size > 1,
+ * p and extra as above): an even rank of the first 2 * extra sends its
+ * vector to the odd one next to it (*v = -1: it sits out), which adds it
+ * (reading it into tmp); the others learn their participant number *v. */
+tnt_status_t tnt__fold_in(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
+                          tnt_dtype_t dtype, tnt_op_t op, int extra, int *v,
+                          const tnt__wait_ctx_t *w);
 
 /* The exchanges of recursive doubling and of Rabenseifner's algorithm
  * (allreduce_rd.c, allreduce_rabenseifner.c), for tnt__allreduce_folded;
@@ -254,6 +269,7 @@ typedef struct tnt__ring_pos {
 typedef struct tnt__ring_run {
   tnt__transport_t *t;
   uint8_t *data;
+  const size_t *bounds;   /* chunk q is [bounds[q], bounds[q + 1]); NULL: tnt__slice's */
   size_t count, esz, seg; /* seg: elements per segment */
   tnt_dtype_t dtype;
   tnt_op_t op;
@@ -266,8 +282,12 @@ typedef struct tnt__ring_run {
   size_t nrpost, nrdone, nspost, nsdone;
 } tnt__ring_run_t;
 
+/* `bounds` (NULL: tnt__slice's chunks) must stay valid until the end;
+ * with `scatter` set the ring stops after its reduce-scatter, which leaves
+ * chunk r, reduced, on rank r. */
 tnt_status_t tnt__ring_start(tnt__ring_run_t *g, tnt__transport_t *t, const tnt__ring_cfg_t *cfg,
-                             void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op);
+                             void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                             const size_t *bounds, int scatter);
 /* Posts and completes what can be posted and completed now; *progress = 1
  * when anything moved. */
 tnt_status_t tnt__ring_progress(tnt__ring_run_t *g, int *progress);
@@ -278,5 +298,24 @@ void tnt__ring_end(tnt__ring_run_t *g);
 /* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
  * cache-line aligned; slice `i` is [*lo, *hi). */
 void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi);
+/* The starts of the `parts` slices of tnt__slice and then n: parts + 1
+ * offsets, the block bounds of a reduce-scatter's default partition. */
+void tnt__slice_bounds(size_t n, size_t esz, int parts, size_t *bounds);
+
+/*
+ * Reduce-scatter over every member of c, through the allreduce algorithm
+ * that c chooses (or is forced to use) for the whole vector's size: its
+ * reduce-scatter phase where it has one (ring, Rabenseifner's, shared
+ * memory), else the allreduce itself. buf holds this rank's `count`
+ * elements and is overwritten (scratch); block r of the result, elements
+ * [bounds[r], bounds[r + 1]) (bounds: c->size + 1 offsets ending at count;
+ * NULL: tnt__slice_bounds), is copied to recvbuf, which may be that range
+ * of buf itself. With the tnt__slice partition the block is bitwise the
+ * allreduce's result on those elements. *algorithm (may be NULL) names the
+ * algorithm that ran.
+ */
+tnt_status_t tnt__reduce_scatter(tnt__comm_t *c, void *buf, void *recvbuf, size_t count,
+                                 const size_t *bounds, tnt_dtype_t dtype, tnt_op_t op,
+                                 const tnt__wait_ctx_t *w, const char **algorithm);
 
 #endif

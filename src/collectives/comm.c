@@ -144,6 +144,11 @@ void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len) {
       break;
     case TNT__COLL_ALLGATHERV: snprintf(buf, len, "allgather of %llu bytes in all", n); break;
     case TNT__COLL_BARRIER: snprintf(buf, len, "barrier"); break;
+    case TNT__COLL_REDUCE_SCATTER:
+      snprintf(buf, len, "reduce-scatter of %llu %s (%s, blocks %08x)", n,
+               tnt__dtype_name((tnt_dtype_t)s->dtype), tnt__op_name((tnt_op_t)s->op),
+               (unsigned)s->root);
+      break;
     default: snprintf(buf, len, "unknown collective %d", (int)s->kind); break;
   }
 }
@@ -213,4 +218,10 @@ void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi) 
   size_t a = per * (size_t)i, b = a + per;
   *lo = a < n ? a : n;
   *hi = b < n ? b : n;
+}
+
+void tnt__slice_bounds(size_t n, size_t esz, int parts, size_t *bounds) {
+  size_t hi;
+  for (int i = 0; i < parts; ++i) tnt__slice(n, esz, parts, i, &bounds[i], &hi);
+  bounds[parts] = n;
 }

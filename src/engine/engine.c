@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "util/log.h"
@@ -464,6 +465,82 @@ tnt_status_t tnt__engine_allreduce(tnt__engine_t *e, tnt__comm_t *comm, const vo
   if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
   tnt_request_t *r = NULL;
   TNT_CHECK(tnt__engine_work(e, comm, &work, &r));
+  return tnt__engine_post(e, r, req);
+}
+
+static tnt_status_t reduce_scatter_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  uint8_t *scratch = work->arg;
+  if (scratch == NULL) {
+    scratch = malloc(work->bytes + 1);
+    if (scratch == NULL) {
+      TNT_LOG_ERROR("%s: out of memory for a copy of the input", work->label);
+      return TNT_ERR_NO_MEMORY;
+    }
+    if (work->bytes > 0) memcpy(scratch, work->sendbuf, work->bytes);
+  }
+  const tnt_status_t st =
+      tnt__reduce_scatter(work->comm, scratch, work->recvbuf, work->count, work->displs,
+                          work->dtype, work->op, w, &work->algorithm);
+  if (scratch != work->arg) free(scratch);
+  return st;
+}
+
+/* A hash of a reduce-scatter's block bounds for its signature (0: the
+ * tnt__slice partition), so that ranks that cut the vector differently
+ * fail with TNT_ERR_MISMATCH where shared memory compares signatures. */
+static int32_t bounds_hash(const size_t *bounds, int n) {
+  if (bounds == NULL) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int q = 0; q <= n; ++q) h = (h ^ (uint64_t)bounds[q]) * 1099511628211ull;
+  return (int32_t)(uint32_t)(h ^ (h >> 32)) | 1;
+}
+
+tnt_status_t tnt__engine_reduce_scatter(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                        void *scratch, void *recvbuf, size_t count,
+                                        size_t *bounds, tnt_dtype_t dtype, tnt_op_t op,
+                                        const char *label, long bucket, tnt_request_t **req) {
+  tnt__work_t work = {
+      .kind = TNT__WORK_RUN, .run = reduce_scatter_run, .call = "reduce_scatter",
+      .bucket = bucket, .arg = scratch, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
+      .dtype = dtype, .op = op, .bytes = count * tnt__dtype_size(dtype),
+      .sig = {.count = count, .root = bounds_hash(bounds, comm->size),
+              .kind = TNT__COLL_REDUCE_SCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op,
+              .set = 1}};
+  if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
+  tnt_request_t *r = NULL;
+  tnt_status_t st = tnt__engine_work(e, comm, &work, &r);
+  if (st < 0) {
+    free(bounds);
+    return st;
+  }
+  r->work.displs = bounds;
+  return tnt__engine_post(e, r, req);
+}
+
+static tnt_status_t allgatherv_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
+  const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLGATHERV, work->bytes);
+  work->algorithm = a->name;
+  return a->fn.allgatherv(work->comm, work->sendbuf, work->recvbuf, work->counts, work->displs,
+                          w);
+}
+
+tnt_status_t tnt__engine_allgatherv(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                    void *recvbuf, size_t *counts, size_t *displs, size_t total,
+                                    const char *label, long bucket, tnt_request_t **req) {
+  tnt__work_t work = {
+      .kind = TNT__WORK_RUN, .run = allgatherv_run, .call = "allgather", .bucket = bucket,
+      .sendbuf = sendbuf, .recvbuf = recvbuf, .bytes = total,
+      .sig = {.count = total, .kind = TNT__COLL_ALLGATHERV, .set = 1}};
+  if (label != NULL) snprintf(work.label, sizeof work.label, "%s", label);
+  tnt_request_t *r = NULL;
+  tnt_status_t st = tnt__engine_work(e, comm, &work, &r);
+  if (st < 0) {
+    free(counts);
+    free(displs);
+    return st;
+  }
+  r->work.counts = counts;
+  r->work.displs = displs;
   return tnt__engine_post(e, r, req);
 }
 

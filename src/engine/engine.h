@@ -44,7 +44,7 @@ struct tnt__work {
   int root;                /* the rank that a broadcast sends from */
   int peer;                /* the other side of a point-to-point transfer */
   int tag;                 /* point-to-point only */
-  size_t *counts, *displs; /* bytes, for allgatherv */
+  size_t *counts, *displs; /* bytes, for allgatherv; displs: a reduce-scatter's block bounds */
   tnt__coll_sig_t sig;     /* collectives: what every member must agree on */
   tnt__xreq_t xreq;        /* point-to-point: the posted transfer */
   double deadline;         /* point-to-point: when the posted transfer fails */
@@ -138,5 +138,25 @@ tnt_status_t tnt__engine_post(tnt__engine_t *e, tnt_request_t *req, tnt_request_
 tnt_status_t tnt__engine_allreduce(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
                                    void *recvbuf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                    const char *label, long bucket, tnt_request_t **req);
+/*
+ * A reduce-scatter (tnt__reduce_scatter) of `count` elements on `comm` into
+ * recvbuf, posted as tnt__engine_post does. The input is either `scratch`,
+ * which it overwrites (sendbuf NULL), or `sendbuf`, which it copies into a
+ * scratch vector of its own when it runs (scratch NULL). `bounds`: the
+ * comm->size + 1 element offsets of the blocks, taken over by the call
+ * (freed with the request, or at once on failure), or NULL for the
+ * tnt__slice partition. Checks nothing.
+ */
+tnt_status_t tnt__engine_reduce_scatter(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                        void *scratch, void *recvbuf, size_t count,
+                                        size_t *bounds, tnt_dtype_t dtype, tnt_op_t op,
+                                        const char *label, long bucket, tnt_request_t **req);
+/* An allgatherv of bytes on `comm`: rank r's counts[r] bytes land at
+ * recvbuf + displs[r] (sendbuf may be that place itself). counts and displs
+ * (comm->size each) are taken over by the call, as bounds above; `total`
+ * is the sum of counts. Posted as tnt__engine_post does; checks nothing. */
+tnt_status_t tnt__engine_allgatherv(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,
+                                    void *recvbuf, size_t *counts, size_t *displs, size_t total,
+                                    const char *label, long bucket, tnt_request_t **req);
 
 #endif

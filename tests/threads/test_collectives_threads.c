@@ -11,6 +11,8 @@
  *    out of place and in place;
  *  - broadcast from every root, including messages of several slots;
  *  - allgatherv with uneven (and empty) blocks placed out of rank order;
+ *  - reduce-scatter through each allreduce algorithm, whose block must be
+ *    the allreduce's bit for bit, and with explicit uneven blocks;
  *  - the barrier.
  * Inputs are small integers, so every sum is exact and the expected result
  * is unique whatever the order of combination: each rank checks its bits
@@ -347,6 +349,140 @@ static void test_allreduce_ranks_agree(void **state) {
   for (int r = 0; r < MAX_RANKS; r++) free(tab.result[r]);
 }
 
+/* ------------------------------------------------------- reduce-scatter */
+
+/* Non-integer floats, whose sums depend on the order of combination: a
+ * block that equals the allreduce's bit for bit was combined in its order.
+ * Integers as input_value. */
+static double noisy_value(const void *arg, tnt_dtype_t dt, int r, size_t i) {
+  if (tnt__dtype_is_integer(dt)) return input_value(arg, dt, r, i);
+  return (double)((i * 7919u + (size_t)r * 104729u) % 10007u) / 97.0 - 50.0;
+}
+
+/* Block q of the counts variant in round k: uneven, some empty, one of
+ * several slots. */
+static void scatter_bounds(int n, int k, size_t *bounds) {
+  bounds[0] = 0;
+  for (int q = 0; q < n; q++) {
+    size_t len = (size_t)((q * 37 + k * 11) % 50);
+    if ((q + k) % 4 == 3) len = 0;
+    if (q == n / 2) len = 3001;
+    bounds[q + 1] = bounds[q] + len;
+  }
+}
+
+/* For every usable allreduce algorithm (forced as TNT_ALLREDUCE_ALGORITHM
+ * forces it), dtype, op and count (counts below the number of ranks leave
+ * blocks empty): block r of tnt__reduce_scatter, out of place and in place,
+ * is bitwise the allreduce's elements [lo, hi) of tnt__slice, and nothing
+ * past the block is written. Then explicit, uneven blocks (the counts
+ * variant) against the exact sums. */
+static int reduce_scatter_rank(rank_ctx_t *rc, tnt__comm_t *c) {
+  const size_t maxb = MAX_COUNT * 8;
+  uint8_t *in = malloc(maxb), *full = malloc(maxb), *scratch = malloc(maxb);
+  uint8_t *block = malloc(maxb + 64), *want = malloc(maxb);
+  size_t bounds[MAX_RANKS + 1];
+  FAIL_IF(!in || !full || !scratch || !block || !want, "out of memory");
+  const tnt__algo_choice_t chosen = c->algos[TNT__COLL_ALLREDUCE];
+  const int me = c->rank;
+  for (size_t a = 0; a < sizeof kAllreduceAlgos / sizeof kAllreduceAlgos[0]; a++) {
+    const tnt__algo_t *algo = tnt__algo_find(TNT__COLL_ALLREDUCE, kAllreduceAlgos[a]);
+    if (!algo->usable(c)) continue;
+    c->algos[TNT__COLL_ALLREDUCE] = tnt__algo_only(algo);
+    for (int dt = 0; dt < TNT_DTYPE_COUNT; dt++) {
+      const size_t esz = tnt_dtype_size((tnt_dtype_t)dt);
+      for (int op = 0; op < TNT_OP_COUNT; op++) {
+        for (size_t k = 0; k < NCOUNTS; k++) {
+          const size_t count = kCounts[k];
+          if (count > 4099 && dt != TNT_FLOAT32) continue;
+          td_fill((tnt_dtype_t)dt, in, count, noisy_value, NULL, me);
+          tnt__wait_ctx_t w = tnt__wait_ctx(TIMEOUT_S, "reduce-scatter test");
+          tnt_status_t st =
+              algo->fn.allreduce(c, in, full, count, (tnt_dtype_t)dt, (tnt_op_t)op, &w);
+          FAIL_IF(st != TNT_OK, "allreduce %s: %s", algo->name, tnt_status_string(st));
+          tnt__slice_bounds(count, esz, c->size, bounds);
+          const size_t lo = bounds[me], hi = bounds[me + 1];
+          for (int in_place = 0; in_place < 2; in_place++) {
+            memcpy(scratch, in, count * esz);
+            uint8_t *dst = in_place ? scratch + lo * esz : block;
+            if (!in_place) memset(block + (hi - lo) * esz, 0xee, 64);
+            const char *ran = NULL;
+            w = tnt__wait_ctx(TIMEOUT_S, "reduce-scatter test");
+            st = tnt__reduce_scatter(c, scratch, dst, count, NULL, (tnt_dtype_t)dt, (tnt_op_t)op,
+                                     &w, &ran);
+            FAIL_IF(st != TNT_OK, "reduce-scatter %s %s %s count %zu: %s", algo->name,
+                    tnt_dtype_name((tnt_dtype_t)dt), tnt_op_name((tnt_op_t)op), count,
+                    tnt_status_string(st));
+            FAIL_IF(ran == NULL || strcmp(ran, algo->name) != 0, "reduce-scatter ran %s, not %s",
+                    ran ? ran : "nothing", algo->name);
+            size_t i;
+            if (td_count_diff((tnt_dtype_t)dt, dst, full + lo * esz, hi - lo, &i) != 0) {
+              note_error(rc, "reduce-scatter %s %s %s count %zu%s: element %zu of [%zu, %zu) is "
+                         "%g, the allreduce's %g",
+                         algo->name, tnt_dtype_name((tnt_dtype_t)dt), tnt_op_name((tnt_op_t)op),
+                         count, in_place ? " in place" : "", lo + i, lo, hi,
+                         td_load((tnt_dtype_t)dt, dst, i), td_load((tnt_dtype_t)dt, full, lo + i));
+            }
+            for (size_t g = 0; !in_place && g < 64; g++) {
+              CHECK_BREAK(block[(hi - lo) * esz + g] == 0xee,
+                          "reduce-scatter %s count %zu wrote past its block", algo->name, count);
+            }
+          }
+        }
+      }
+    }
+    /* The counts variant: explicit blocks, exact integer sums. */
+    for (int k = 0; k < 3; k++) {
+      scatter_bounds(c->size, k, bounds);
+      const size_t total = bounds[c->size], lo = bounds[me], hi = bounds[me + 1];
+      const tnt_dtype_t kDtypes[] = {TNT_FLOAT32, TNT_FLOAT64, TNT_INT32, TNT_FLOAT16};
+      for (size_t d = 0; d < sizeof kDtypes / sizeof kDtypes[0]; d++) {
+        const tnt_dtype_t dt = kDtypes[d];
+        const size_t esz = tnt_dtype_size(dt);
+        for (int op = TNT_SUM; op <= TNT_AVERAGE; op++) {
+          td_fill(dt, scratch, total, input_value, NULL, me);
+          td_expected_reduce(dt, (tnt_op_t)op, want, total, input_value, NULL, NULL, c->size);
+          tnt__wait_ctx_t w = tnt__wait_ctx(TIMEOUT_S, "reduce-scatter test");
+          tnt_status_t st =
+              tnt__reduce_scatter(c, scratch, block, total, bounds, dt, (tnt_op_t)op, &w, NULL);
+          FAIL_IF(st != TNT_OK, "reduce-scatter %s with counts: %s", algo->name,
+                  tnt_status_string(st));
+          size_t i;
+          if (td_count_diff(dt, block, want + lo * esz, hi - lo, &i) != 0) {
+            note_error(rc, "reduce-scatter %s %s %s with counts, round %d: element %zu of [%zu, "
+                       "%zu) is %g, want %g",
+                       algo->name, tnt_dtype_name(dt), tnt_op_name((tnt_op_t)op), k, i, lo, hi,
+                       td_load(dt, block, i), td_load(dt, want + lo * esz, i));
+          }
+        }
+      }
+    }
+  }
+  c->algos[TNT__COLL_ALLREDUCE] = chosen;
+  /* Unforced, the reduce-scatter runs the allreduce's choice by size. */
+  for (size_t bytes = 4; bytes < ((size_t)1 << 26); bytes *= 16) {
+    const char *ran = NULL;
+    tnt__wait_ctx_t w = tnt__wait_ctx(TIMEOUT_S, "reduce-scatter test");
+    const size_t count = TNT__MIN(bytes / 4, (size_t)MAX_COUNT);
+    FAIL_IF(tnt__reduce_scatter(c, scratch, block, count, NULL, TNT_FLOAT32, TNT_SUM, &w, &ran) !=
+                TNT_OK,
+            "reduce-scatter of %zu floats failed", count);
+    FAIL_IF(strcmp(ran, tnt__algo_select(c, TNT__COLL_ALLREDUCE, count * 4)->name) != 0,
+            "reduce-scatter of %zu floats ran %s", count, ran);
+  }
+  free(in);
+  free(full);
+  free(scratch);
+  free(block);
+  free(want);
+  return 0;
+}
+
+static void test_reduce_scatter(void **state) {
+  (void)state;
+  run_all_layouts(reduce_scatter_rank, NULL);
+}
+
 /* ----------------------------------------------------------- broadcast */
 
 static uint8_t bcast_byte(int root, size_t i) {
@@ -654,6 +790,7 @@ int main(void) {
       cmocka_unit_test(test_comm_shape),
       cmocka_unit_test(test_allreduce),
       cmocka_unit_test(test_allreduce_ranks_agree),
+      cmocka_unit_test(test_reduce_scatter),
       cmocka_unit_test(test_broadcast),
       cmocka_unit_test(test_allgatherv),
       cmocka_unit_test(test_barrier),
