@@ -268,6 +268,29 @@ typedef enum tnt_fusion_overlap {
   TNT_FUSION_OVERLAP_COUNT
 } tnt_fusion_overlap_t;
 
+/* What a fusion set does with each bucket. Rank r's part of a bucket of
+ * `count` elements on n ranks is elements [r s, (r + 1) s) of it, cut to
+ * [0, count), where s is count / n rounded up to a multiple of 16 (8 for
+ * 8-byte dtypes); the part of a tensor is the piece of its bucket's part
+ * that falls in the tensor, one contiguous element range (tnt_fusion_part;
+ * possibly empty). Parts depend only on the plan and the group, so sets
+ * created with the same list, threshold and group have the same parts in
+ * every mode and with every wire dtype. */
+typedef enum tnt_fusion_mode {
+  /* Every rank gets every tensor reduced (the default). */
+  TNT_FUSION_MODE_ALLREDUCE = 0,
+  /* Starts take whole tensors; each bucket is reduce-scattered, and
+   * finishes give only the tensor's part, reduced: bitwise the elements
+   * that TNT_FUSION_MODE_ALLREDUCE gives there, with the same moves on
+   * the wire as the allreduce's first half. */
+  TNT_FUSION_MODE_REDUCE_SCATTER = 1,
+  /* Starts take only the tensor's part (hi - lo elements); each bucket is
+   * allgathered (no arithmetic, op is ignored), and finishes give whole
+   * tensors, every rank's part in its place. */
+  TNT_FUSION_MODE_ALLGATHER = 2,
+  TNT_FUSION_MODE_COUNT
+} tnt_fusion_mode_t;
+
 /*
  * How a fusion set is planned and reduced. Options with only `size` set
  * (TNT_FUSION_OPTIONS_INIT), or a NULL pointer, mean: one tensor per bucket,
@@ -325,6 +348,15 @@ typedef struct tnt_fusion_options {
    * master's faster one on every rank (8 rounds alone, 24 with
    * tune_threshold); the master logs the choice. */
   tnt_fusion_overlap_t overlap;
+  /* TNT_FUSION_MODE_ALLREDUCE (the default), _REDUCE_SCATTER or _ALLGATHER.
+   * The other two modes need a plan fixed at creation: tune_threshold = 1
+   * or TNT_FUSION_ORDER_READINESS with them is TNT_ERR_INVALID_ARG. In
+   * them a set holds, per bucket, only its part between rounds (reduce-
+   * scatter) or nothing (allgather); a bucket's whole vector is allocated
+   * when its first tensor starts a round and freed once its reduce-scatter
+   * is done (at the first finish that follows) or once its last tensor has
+   * finished (allgather). */
+  tnt_fusion_mode_t mode;
 } tnt_fusion_options_t;
 
 /* Options with every field at its default; set fields after it:
@@ -342,15 +374,19 @@ TNT_API tnt_status_t tnt_fusion_create(tnt_group_t *g, const tnt_tensor_info_t *
                                        const tnt_fusion_options_t *options, tnt_fusion_t **out);
 TNT_API tnt_status_t tnt_fusion_destroy(tnt_fusion_t *f);
 
-/* Copies tensor `id` into its bucket. Once every member of a bucket has
- * started, the bucket's allreduce is submitted (buckets always in plan
- * order, so ranks may start tensors in any order). Returns at once;
- * TNT_ERR_STATE when the tensor was started already in this round (a
- * round ends when every member of the bucket has finished). */
+/* Copies tensor `id` into its bucket: the whole tensor, or in
+ * TNT_FUSION_MODE_ALLGATHER its part (the hi - lo elements that
+ * tnt_fusion_part names). Once every member of a bucket has started, the
+ * bucket's allreduce (reduce-scatter, allgather) is submitted (buckets
+ * always in plan order, so ranks may start tensors in any order). Returns
+ * at once; TNT_ERR_STATE when the tensor was started already in this round
+ * (a round ends when every member of the bucket has finished). */
 TNT_API tnt_status_t tnt_fusion_start(tnt_fusion_t *f, uint64_t id, const void *data);
 /* Waits (at most `timeout_s`, < 0: context default) for the bucket of `id`
- * and copies the reduced tensor to `out`. After every member of a bucket
- * has finished, the bucket is ready for the next round of starts. */
+ * and copies the result to `out`: the whole tensor, or in
+ * TNT_FUSION_MODE_REDUCE_SCATTER its part (hi - lo elements). After every
+ * member of a bucket has finished, the bucket is ready for the next round
+ * of starts. */
 TNT_API tnt_status_t tnt_fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, double timeout_s);
 
 /* As tnt_fusion_start and tnt_fusion_finish, scaling the data where libtnt
@@ -390,6 +426,10 @@ TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
 /* 1 when tensor `id` is in the set, with its entry of the list copied to
  * `info` (may be NULL); 0 when it is not (or f is NULL). */
 TNT_API int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info);
+/* This rank's part of tensor `id`: its elements [*lo, *hi) (hi == lo when
+ * it has none), in every mode (see tnt_fusion_mode_t). TNT_ERR_INVALID_ARG
+ * for an unknown id or a NULL argument. */
+TNT_API tnt_status_t tnt_fusion_part(const tnt_fusion_t *f, uint64_t id, size_t *lo, size_t *hi);
 
 /* ---------------------------------------------------------------- settings */
 

@@ -66,6 +66,24 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
                             "TNT_FUSION_OVERLAP_TUNE",
                             (int)opt.overlap);
   }
+  if ((unsigned)opt.mode >= TNT_FUSION_MODE_COUNT) {
+    return tnt__api_invalid(call,
+                            "mode %d: TNT_FUSION_MODE_ALLREDUCE, TNT_FUSION_MODE_REDUCE_SCATTER "
+                            "or TNT_FUSION_MODE_ALLGATHER",
+                            (int)opt.mode);
+  }
+  /* A part is a fixed function of the plan: the plan may not change. */
+  if (opt.mode != TNT_FUSION_MODE_ALLREDUCE &&
+      (opt.tune_threshold || opt.order == TNT_FUSION_ORDER_READINESS)) {
+    return tnt__api_invalid(call,
+                            "the %s mode needs a plan fixed at creation, whose parts stay the "
+                            "same: set tune_threshold to 0 and order to TNT_FUSION_ORDER_LIST "
+                            "(they are %d and %s)",
+                            opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER ? "reduce-scatter"
+                                                                       : "allgather",
+                            opt.tune_threshold,
+                            opt.order == TNT_FUSION_ORDER_LIST ? "list" : "readiness");
+  }
   return tnt__fusion_create(g, tnt__context_engine(g->ctx), g->comm, tensors, n, &opt, out);
 }
 
@@ -96,10 +114,11 @@ static tnt_status_t fusion_start(tnt_fusion_t *f, uint64_t id, const void *data,
   if (f == NULL) return tnt__api_invalid(call, "the fusion set is NULL");
   const long i = find_tensor(f, id, call);
   if (i < 0) return TNT_ERR_INVALID_ARG;
-  const tnt_tensor_info_t *t = &f->tensors[i];
-  if (data == NULL && t->count > 0) {
+  size_t lo = 0, hi = f->tensors[i].count;
+  if (f->opt.mode == TNT_FUSION_MODE_ALLGATHER) tnt__fusion_part(f, (size_t)i, &lo, &hi);
+  if (data == NULL && hi > lo) {
     return tnt__api_invalid(call, "tensor %llu: data is NULL with count %zu > 0",
-                            (unsigned long long)id, t->count);
+                            (unsigned long long)id, hi - lo);
   }
   return tnt__fusion_start(f, (size_t)i, data, scale, call);
 }
@@ -126,9 +145,11 @@ static tnt_status_t fusion_finish(tnt_fusion_t *f, uint64_t id, void *out, doubl
     return tnt__api_invalid(call, "tensor %llu: an integer tensor cannot be divided by %g",
                             (unsigned long long)id, divisor);
   }
-  if (out == NULL && t->count > 0) {
+  size_t lo = 0, hi = t->count;
+  if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) tnt__fusion_part(f, (size_t)i, &lo, &hi);
+  if (out == NULL && hi > lo) {
     return tnt__api_invalid(call, "tensor %llu: out is NULL with count %zu > 0",
-                            (unsigned long long)id, t->count);
+                            (unsigned long long)id, hi - lo);
   }
   return tnt__fusion_finish(f, (size_t)i, out, divisor, timeout_s, call);
 }
@@ -173,4 +194,15 @@ int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *inf
   if (i < 0) return 0;
   if (info != NULL) *info = f->tensors[i];
   return 1;
+}
+
+tnt_status_t tnt_fusion_part(const tnt_fusion_t *f, uint64_t id, size_t *lo, size_t *hi) {
+  static const char call[] = "tnt_fusion_part";
+  tnt__error_clear();
+  if (f == NULL || lo == NULL || hi == NULL) {
+    return tnt__api_invalid(call, "need a fusion set, lo and hi");
+  }
+  const long i = find_tensor(f, id, call);
+  if (i >= 0) tnt__fusion_part(f, (size_t)i, lo, hi);
+  return tnt__api_end(call, ctx_of(f), i < 0 ? TNT_ERR_INVALID_ARG : TNT_OK);
 }

@@ -296,7 +296,8 @@ tnt_status_t tnt__ring_wait(tnt__ring_run_t *g, const tnt__wait_ctx_t *w);
 void tnt__ring_end(tnt__ring_run_t *g);
 
 /* Splits `n` elements of `esz` bytes into `parts` slices whose starts are
- * cache-line aligned; slice `i` is [*lo, *hi). */
+ * cache-line aligned (for elements of 2 bytes and 1, multiples of 16
+ * elements, as for float32); slice `i` is [*lo, *hi). */
 void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi);
 /* The starts of the `parts` slices of tnt__slice and then n: parts + 1
  * offsets, the block bounds of a reduce-scatter's default partition. */

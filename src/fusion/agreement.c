@@ -18,10 +18,11 @@ tnt_status_t tnt__fusion_check_same_list(const tnt_fusion_t *f) {
   const tnt_tensor_info_t *t = f->tensors;
   const size_t n = f->plan.ntensors;
   uint64_t h = 1469598103934665603ull;
-  const uint64_t o[6] = {opt->threshold_bytes,      (uint64_t)opt->op,
+  const uint64_t o[7] = {opt->threshold_bytes,      (uint64_t)opt->op,
                          (uint64_t)opt->wire_dtype, (uint64_t)opt->tune_threshold,
-                         (uint64_t)opt->order,      (uint64_t)opt->overlap};
-  for (int k = 0; k < 6; ++k) h = (h ^ o[k]) * 1099511628211ull;
+                         (uint64_t)opt->order,      (uint64_t)opt->overlap,
+                         (uint64_t)opt->mode};
+  for (int k = 0; k < 7; ++k) h = (h ^ o[k]) * 1099511628211ull;
   for (size_t i = 0; i < n; ++i) {
     uint64_t v[3] = {t[i].id, t[i].count, (uint64_t)t[i].dtype};
     for (int k = 0; k < 3; ++k) h = (h ^ v[k]) * 1099511628211ull;

@@ -26,8 +26,17 @@ tnt_status_t tnt__fusion_allreduce(const tnt_fusion_t *f, const void *sendbuf, v
 
 /* Frees `nbuckets` buckets; none may be in flight. */
 static void free_buckets(tnt__bucket_t *buckets, size_t nbuckets) {
-  for (size_t b = 0; buckets != NULL && b < nbuckets; ++b) free(buckets[b].buf);
+  for (size_t b = 0; buckets != NULL && b < nbuckets; ++b) {
+    free(buckets[b].buf);
+    free(buckets[b].part);
+  }
   free(buckets);
+}
+
+static const char *mode_verb(tnt_fusion_mode_t mode) {
+  return mode == TNT_FUSION_MODE_REDUCE_SCATTER ? "reduce-scatter"
+         : mode == TNT_FUSION_MODE_ALLGATHER    ? "allgather"
+                                                : "allreduce";
 }
 
 /* Plans the tensors of `f` in the order f->perm, with every index of the
@@ -73,15 +82,23 @@ static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t thresho
     const tnt__bucket_plan_t *bp = &plan->buckets[b];
     tnt__bucket_t *bk = &bks[b];
     bk->wire = bp->dtype == TNT_FLOAT32 ? f->opt.wire_dtype : bp->dtype;
-    bk->buf = malloc(bp->count * tnt__dtype_size(bk->wire) + 1);
-    if (bk->buf == NULL) {
+    const size_t esz = tnt__dtype_size(bk->wire);
+    tnt__slice(bp->count, esz, f->comm->size, f->comm->rank, &bk->lo, &bk->hi);
+    /* The other modes allocate the whole vector round by round. */
+    int ok = 1;
+    if (f->opt.mode == TNT_FUSION_MODE_ALLREDUCE) {
+      ok = (bk->buf = malloc(bp->count * esz + 1)) != NULL;
+    } else if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
+      ok = (bk->part = malloc((bk->hi - bk->lo) * esz + 1)) != NULL;
+    }
+    if (!ok) {
       free_buckets(bks, b);
       bks = NULL;
       break;
     }
-    snprintf(bk->label, sizeof bk->label,
-             "allreduce of fusion bucket %zu (%zu tensors, %zu bytes%s%s)", b, bp->nmembers,
-             bp->count * tnt__dtype_size(bk->wire), bk->wire != bp->dtype ? " of " : "",
+    snprintf(bk->label, sizeof bk->label, "%s of fusion bucket %zu (%zu tensors, %zu bytes%s%s)",
+             mode_verb(f->opt.mode), b, bp->nmembers, bp->count * esz,
+             bk->wire != bp->dtype ? " of " : "",
              bk->wire != bp->dtype ? tnt_dtype_name(bk->wire) : "");
   }
   if (bks == NULL) {
@@ -132,9 +149,9 @@ tnt_status_t tnt__fusion_create(tnt_group_t *g, tnt__engine_t *engine, tnt__comm
   TNT_CHECK_GOTO(tnt__fusion_check_same_list(f), st, fail);
   if (tnt__handle_add(TNT__HANDLE_FUSION, f, &f->handle) < 0) goto no_memory;
   TNT_LOG_DEBUG(
-      "fusion: %zu tensors in %zu buckets (threshold %zu bytes%s, overlap %s, float32 travels "
-      "as %s)",
-      n, f->plan.nbuckets, f->threshold, opt->tune_threshold ? ", tuning" : "",
+      "fusion: %zu tensors in %zu buckets, each one's %s (threshold %zu bytes%s, overlap %s, "
+      "float32 travels as %s)",
+      n, f->plan.nbuckets, mode_verb(opt->mode), f->threshold, opt->tune_threshold ? ", tuning" : "",
       opt->overlap == TNT_FUSION_OVERLAP_TUNE ? "tuning"
       : f->hold                              ? "off"
                                              : "on",
@@ -181,6 +198,14 @@ tnt_status_t tnt__fusion_free(tnt_fusion_t *f) {
   return st;
 }
 
+void tnt__fusion_part(const tnt_fusion_t *f, size_t i, size_t *lo, size_t *hi) {
+  const tnt__bucket_t *bk = &f->buckets[f->plan.bucket_of[i]];
+  const size_t off = f->plan.offset_of[i], end = off + f->tensors[i].count;
+  const size_t a = TNT__MIN(TNT__MAX(bk->lo, off), end);
+  *lo = a - off;
+  *hi = TNT__MIN(TNT__MAX(bk->hi, a), end) - off;
+}
+
 tnt_status_t tnt__fusion_replan(tnt_fusion_t *f, size_t threshold) {
   tnt__fusion_plan_t plan;
   tnt__bucket_t *buckets;
@@ -220,6 +245,10 @@ static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **rel
   *release = bk->req;
   bk->started = bk->finished = 0;
   bk->req = NULL;
+  if (f->opt.mode == TNT_FUSION_MODE_ALLGATHER) {
+    free(bk->buf);
+    bk->buf = NULL;
+  }
   pthread_cond_broadcast(&f->cv);
   f->finished_in_round += bp->nmembers;
   if (f->finished_in_round < f->plan.ntensors) return TNT_OK;
@@ -229,6 +258,44 @@ static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **rel
   tnt_status_t st = tnt__fusion_end_deciding_round(f);
   if (st < 0) f->broken = st;
   return st;
+}
+
+/* Submits bucket b's collective for the round: its allreduce, its
+ * reduce-scatter into its part, or the allgather of every rank's part.
+ * Called with f->mu held. */
+static tnt_status_t submit_bucket(tnt_fusion_t *f, size_t b) {
+  tnt__bucket_t *bk = &f->buckets[b];
+  const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
+  const size_t esz = tnt__dtype_size(bk->wire);
+  switch (f->opt.mode) {
+    case TNT_FUSION_MODE_REDUCE_SCATTER:
+      TNT_CHECK(tnt__engine_check(f->engine));
+      return tnt__engine_reduce_scatter(f->engine, f->comm, NULL, bk->buf, bk->part, bp->count,
+                                        NULL, bk->wire, f->opt.op, bk->label, (long)b, &bk->req);
+    case TNT_FUSION_MODE_ALLGATHER: {
+      TNT_CHECK(tnt__engine_check(f->engine));
+      const int n = f->comm->size;
+      size_t *counts = malloc((size_t)n * sizeof *counts);
+      size_t *displs = malloc((size_t)n * sizeof *displs);
+      if (counts == NULL || displs == NULL) {
+        free(counts);
+        free(displs);
+        TNT_LOG_ERROR("%s: out of memory for %d counts", bk->label, n);
+        return TNT_ERR_NO_MEMORY;
+      }
+      for (int q = 0; q < n; ++q) {
+        size_t lo, hi;
+        tnt__slice(bp->count, esz, n, q, &lo, &hi);
+        counts[q] = (hi - lo) * esz;
+        displs[q] = lo * esz;
+      }
+      return tnt__engine_allgatherv(f->engine, f->comm, bk->buf + bk->lo * esz, bk->buf, counts,
+                                    displs, bp->count * esz, bk->label, (long)b, &bk->req);
+    }
+    default:
+      return tnt__fusion_allreduce(f, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op,
+                                   bk->label, (long)b, &bk->req);
+  }
 }
 
 /* Submits, in plan order, every bucket whose members have all started
@@ -244,8 +311,7 @@ static tnt_status_t issue_ready(tnt_fusion_t *f, size_t *first, size_t *nissued)
     const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
     if (bk->req != NULL || bk->started < bp->nmembers) return TNT_OK;
     if (b == 0) TNT_CHECK(tnt__fusion_submit_choices(f));
-    TNT_CHECK(tnt__fusion_allreduce(f, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op, bk->label,
-                                    (long)b, &bk->req));
+    TNT_CHECK(submit_bucket(f, b));
     ++*nissued;
     f->next_issue = (b + 1) % f->plan.nbuckets;
     pthread_cond_broadcast(&f->cv);
@@ -299,24 +365,40 @@ tnt_status_t tnt__fusion_start(tnt_fusion_t *f, size_t i, const void *data, doub
         twice ? "and not finished" : "finished, but not every tensor of its bucket", b);
     return TNT_ERR_STATE;
   }
+  if (bk->buf == NULL) { /* the round's first start, in the modes that free it */
+    bk->buf = malloc(f->plan.buckets[b].count * esz + 1);
+    if (bk->buf == NULL) {
+      pthread_mutex_unlock(&f->mu);
+      TNT_LOG_ERROR("%s: out of memory for fusion bucket %zu (%zu bytes)", call, b,
+                    f->plan.buckets[b].count * esz);
+      return TNT_ERR_NO_MEMORY;
+    }
+  }
   f->state[i] = TNT__FUSION_STARTED;
   if (f->round == 0) f->seen[i] = (int64_t)f->started_in_round;
   if (f->started_in_round++ == 0) f->round_began = tnt__now();
-  uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
+  /* The whole tensor, or in the allgather mode its part. */
+  size_t lo = 0, count = t->count;
+  if (f->opt.mode == TNT_FUSION_MODE_ALLGATHER) {
+    size_t hi;
+    tnt__fusion_part(f, i, &lo, &hi);
+    count = hi - lo;
+  }
+  uint8_t *part = bk->buf + (f->plan.offset_of[i] + lo) * esz;
   pthread_mutex_unlock(&f->mu);
 
-  /* Members occupy disjoint parts of the bucket, which no allreduce uses
+  /* Members occupy disjoint parts of the bucket, which no collective uses
    * until every member has started: the copy needs no lock. */
   if (scale != 1.0) {
-    tnt__copy_scaled(part, bk->wire, data, t->dtype, t->count, scale, 0);
+    tnt__copy_scaled(part, bk->wire, data, t->dtype, count, scale, 0);
   } else if (bk->wire != t->dtype) {
-    tnt__narrow((uint16_t *)(void *)part, data, t->count, bk->wire);
+    tnt__narrow((uint16_t *)(void *)part, data, count, bk->wire);
   } else {
-    memcpy(part, data, t->count * esz);
+    memcpy(part, data, count * esz);
   }
   if (TNT__TIMELINE_ON()) {
     tnt__timeline_instant("fusion", "fusion start", "\"tensor\":%llu,\"bytes\":%zu,\"bucket\":%zu",
-                          (unsigned long long)id, t->count * esz, b);
+                          (unsigned long long)id, count * esz, b);
   }
 
   size_t first = 0, nissued = 0;
@@ -414,13 +496,26 @@ tnt_status_t tnt__fusion_finish(tnt_fusion_t *f, size_t i, void *out, double div
 
   TNT_CHECK(tnt__request_wait(req, TNT__MAX(0.0, deadline - tnt__now())));
   const size_t esz = tnt__dtype_size(bk->wire);
+  /* The whole tensor, or in the reduce-scatter mode its part, whose
+   * bucket no longer needs its whole vector. */
   const uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
+  size_t count = t->count;
+  if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
+    size_t lo, hi;
+    tnt__fusion_part(f, i, &lo, &hi);
+    count = hi - lo;
+    part = bk->part + (f->plan.offset_of[i] + lo - bk->lo) * esz;
+    pthread_mutex_lock(&f->mu);
+    free(bk->buf);
+    bk->buf = NULL;
+    pthread_mutex_unlock(&f->mu);
+  }
   if (divisor != 1.0) {
-    tnt__copy_scaled(out, t->dtype, part, bk->wire, t->count, divisor, 1);
+    tnt__copy_scaled(out, t->dtype, part, bk->wire, count, divisor, 1);
   } else if (bk->wire != t->dtype) {
-    tnt__widen(out, (const uint16_t *)(const void *)part, t->count, bk->wire);
+    tnt__widen(out, (const uint16_t *)(const void *)part, count, bk->wire);
   } else {
-    memcpy(out, part, t->count * esz);
+    memcpy(out, part, count * esz);
   }
   if (TNT__TIMELINE_ON()) {
     tnt__timeline_complete("wait", "fusion finish", entered, tnt__now(),

@@ -16,6 +16,12 @@
  * A bucket is one round at a time: after all its members have finished
  * (copied their result out), it is reset for the next round of starts.
  *
+ * In TNT_FUSION_MODE_REDUCE_SCATTER a bucket is reduce-scattered instead
+ * (the same algorithm and order as its allreduce, so each rank's part has
+ * the allreduce's bits) into a part of its own, and in
+ * TNT_FUSION_MODE_ALLGATHER each rank's parts are gathered; the whole
+ * vector then exists only while a round needs it (see tnt__bucket_t).
+ *
  * With a 16-bit wire dtype, a float32 bucket holds its tensors in that
  * dtype: each start narrows its tensor into the bucket and each finish
  * widens its part of the result, so the allreduce moves half the bytes and
@@ -47,10 +53,16 @@
 enum { TNT__FUSION_IDLE = 0, TNT__FUSION_STARTED = 1, TNT__FUSION_FINISHED = 2 };
 
 typedef struct tnt__bucket {
+  /* The whole vector: for the set's life in TNT_FUSION_MODE_ALLREDUCE; in
+   * the other modes from the round's first start to the end of its
+   * reduce-scatter (freed by the first finish after it) or to the round's
+   * last finish (allgather), NULL in between. */
   uint8_t *buf;
+  uint8_t *part; /* TNT_FUSION_MODE_REDUCE_SCATTER: elements [lo, hi), reduced */
+  size_t lo, hi; /* this rank's part of the bucket, in elements */
   size_t started, finished;
-  tnt_request_t *req; /* the round's allreduce, once submitted */
-  tnt_dtype_t wire;   /* the dtype of buf and of the allreduce */
+  tnt_request_t *req; /* the round's allreduce (reduce-scatter, allgather), once submitted */
+  tnt_dtype_t wire;   /* the dtype of buf, part and the collective */
   char label[112];
 } tnt__bucket_t;
 
@@ -107,6 +119,9 @@ tnt_status_t tnt__fusion_start(tnt_fusion_t *f, size_t i, const void *data, doub
  * `timeout_s` (< 0: the context's timeout), under the name of `call`. */
 tnt_status_t tnt__fusion_finish(tnt_fusion_t *f, size_t i, void *out, double divisor,
                                 double timeout_s, const char *call);
+/* This rank's part of tensor i: its elements [*lo, *hi) (see
+ * tnt_fusion_mode_t). Stable while the plan is. */
+void tnt__fusion_part(const tnt_fusion_t *f, size_t i, size_t *lo, size_t *hi);
 /* Replaces the plan and buckets of `f` by those for `threshold` (in the
  * order f->perm). Called with f->mu held and no bucket in flight. */
 tnt_status_t tnt__fusion_replan(tnt_fusion_t *f, size_t threshold);

@@ -8,7 +8,7 @@
  * the same bits); a set on a subgroup and a SUM set; and the error cases.
  */
 #include "mpi_test_util.h"
-#include "fusion/tuner.h"
+#include "fusion/runtime.h"
 #include "util/reduce.h"
 
 /* The tensor list, in backprop order: float32 mostly, some float16 and
@@ -674,6 +674,110 @@ static void test_scaled(tnt_group_t *world) {
   }
 }
 
+/* A set over the whole tensor list in `mode`, AVERAGE. */
+static tnt_fusion_t *mode_set(tnt_group_t *g, size_t threshold, tnt_dtype_t wire,
+                              tnt_fusion_mode_t mode) {
+  tnt_tensor_info_t info[NT];
+  tensor_list(info);
+  tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
+  opt.threshold_bytes = threshold;
+  opt.op = TNT_AVERAGE;
+  opt.wire_dtype = wire;
+  opt.mode = mode;
+  tnt_fusion_t *f = NULL;
+  MT_OK(tnt_fusion_create(g, info, NT, &opt, &f));
+  if (f == NULL) mt_fatal("tnt_fusion_create (mode %d) failed", (int)mode);
+  return f;
+}
+
+/*
+ * The reduce-scatter and allgather modes against the allreduce mode, for
+ * every threshold and wire dtype, on random reals over two rounds (the
+ * second scaled): the three sets have the same plan and the same parts,
+ * which partition every tensor over the ranks; the reduce-scatter's parts
+ * are bitwise the allreduce's elements there; gathering them gives the
+ * allreduce's whole tensors bitwise; and between rounds the two new modes
+ * hold no whole bucket.
+ */
+static void test_modes(tnt_group_t *world) {
+  static const tnt_dtype_t wires[3] = {TNT_FLOAT32, TNT_FLOAT16, TNT_BFLOAT16};
+  tensors_t T;
+  tensors_alloc(&T);
+  void *part[NT];
+  size_t lo[NT], hi[NT];
+  for (size_t t = 0; t < NT; t++) part[t] = mt_alloc(kTensors[t].count * mt_dsize(kTensors[t].dtype));
+  for (size_t k = 0; k < NTHRESH; k++) {
+    for (int w = 0; w < 3; w++) {
+      mt_set_case("fusion modes threshold=%zu, %s wire", kThresholds[k], mt_dname(wires[w]));
+      tnt_fusion_t *ar = mode_set(world, kThresholds[k], wires[w], TNT_FUSION_MODE_ALLREDUCE);
+      tnt_fusion_t *rs = mode_set(world, kThresholds[k], wires[w], TNT_FUSION_MODE_REDUCE_SCATTER);
+      tnt_fusion_t *ag = mode_set(world, kThresholds[k], TNT_FLOAT32, TNT_FUSION_MODE_ALLGATHER);
+      MT_CHECK(tnt_fusion_num_buckets(rs) == tnt_fusion_num_buckets(ar) &&
+                   tnt_fusion_num_buckets(ag) == tnt_fusion_num_buckets(ar),
+               "the modes planned different buckets");
+      for (size_t t = 0; t < NT; t++) {
+        const uint64_t id = tensor_id(t);
+        size_t l2, h2, l3, h3;
+        MT_OK(tnt_fusion_part(ar, id, &lo[t], &hi[t]));
+        MT_OK(tnt_fusion_part(rs, id, &l2, &h2));
+        MT_OK(tnt_fusion_part(ag, id, &l3, &h3));
+        MT_CHECK(tnt_fusion_bucket_of(rs, id) == tnt_fusion_bucket_of(ar, id) &&
+                     tnt_fusion_bucket_of(ag, id) == tnt_fusion_bucket_of(ar, id),
+                 "tensor %zu: the modes put it in different buckets", t);
+        MT_CHECK(l2 == lo[t] && h2 == hi[t] && l3 == lo[t] && h3 == hi[t],
+                 "tensor %zu: parts [%zu, %zu), [%zu, %zu) and [%zu, %zu) differ", t, lo[t],
+                 hi[t], l2, h2, l3, h3);
+        MT_CHECK(lo[t] <= hi[t] && hi[t] <= kTensors[t].count, "tensor %zu: part [%zu, %zu)", t,
+                 lo[t], hi[t]);
+        /* The ranks' parts tile the tensor. */
+        unsigned long long mine = hi[t] - lo[t], sum = 0;
+        MPI_Allreduce(&mine, &sum, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+        MT_CHECK(sum == kTensors[t].count, "tensor %zu: parts of %llu elements in all, not %zu",
+                 t, sum, kTensors[t].count);
+      }
+      for (int step = 0; step < 2; step++) {
+        const double scale = step == 0 ? 1.0 : 3.0, divisor = step == 0 ? 1.0 : 5.0;
+        fill_step(&T, g_rank, g_size, 10 + step + (int)k * 3 + w * 17, 1, TNT_AVERAGE);
+        for (size_t t = NT; t-- > 0;) MT_OK(tnt_fusion_start_scaled(ar, tensor_id(t), T.in[t], scale));
+        for (size_t t = NT; t-- > 0;) MT_OK(tnt_fusion_start_scaled(rs, tensor_id(t), T.in[t], scale));
+        for (size_t t = 0; t < NT; t++) {
+          const tnt_dtype_t dt = kTensors[t].dtype;
+          const size_t esz = mt_dsize(dt);
+          MT_OK(tnt_fusion_finish_scaled(ar, tensor_id(t), T.out[t], divisor, -1));
+          mt_fill_sentinel(part[t], kTensors[t].count, dt);
+          MT_OK(tnt_fusion_finish_scaled(rs, tensor_id(t), part[t], divisor, -1));
+          mt_compare(dt, part[t], (uint8_t *)T.out[t] + lo[t] * esz, hi[t] - lo[t],
+                     "the reduce-scatter's part against the allreduce");
+          /* Nothing is written past the part. */
+          MT_CHECK(hi[t] == kTensors[t].count ||
+                       ((uint8_t *)part[t])[(hi[t] - lo[t]) * esz] == 0xa5,
+                   "tensor %zu: the reduce-scatter wrote past its part", t);
+        }
+        /* Gathering the parts (scaled by 2 and back: exact) gives the
+         * allreduce's tensors. */
+        for (size_t t = 0; t < NT; t++) {
+          MT_OK(tnt_fusion_start_scaled(ag, tensor_id(t), part[t], step == 0 ? 1.0 : 2.0));
+        }
+        for (size_t t = NT; t-- > 0;) {
+          mt_fill_sentinel(T.want[t], kTensors[t].count, kTensors[t].dtype);
+          MT_OK(tnt_fusion_finish_scaled(ag, tensor_id(t), T.want[t], step == 0 ? 1.0 : 2.0, -1));
+          mt_compare(kTensors[t].dtype, T.want[t], T.out[t], kTensors[t].count,
+                     "the allgather of the parts against the allreduce");
+        }
+        for (size_t b = 0; b < rs->plan.nbuckets; b++) {
+          MT_CHECK(rs->buckets[b].buf == NULL && ag->buckets[b].buf == NULL,
+                   "bucket %zu holds its whole vector between rounds", b);
+        }
+      }
+      MT_OK(tnt_fusion_destroy(ar));
+      MT_OK(tnt_fusion_destroy(rs));
+      MT_OK(tnt_fusion_destroy(ag));
+    }
+  }
+  for (size_t t = 0; t < NT; t++) free(part[t]);
+  tensors_free(&T);
+}
+
 static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   const tnt_status_t E = TNT_ERR_INVALID_ARG;
   tnt_tensor_info_t info[3] = {{11, 10, TNT_FLOAT32}, {12, 20, TNT_FLOAT32}, {13, 5, TNT_FLOAT64}};
@@ -740,6 +844,28 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   if (strstr(tnt_last_error(), "float16 or bfloat16") == NULL) {
     mt_fail(-1, "a bad wire_dtype should name the accepted ones, got: %s", tnt_last_error());
   }
+  /* The reduce-scatter and allgather modes need a fixed plan. */
+  static const struct {
+    tnt_fusion_mode_t mode;
+    int tune;
+    tnt_fusion_order_t order;
+    const char *named;
+  } kModeCases[] = {
+      {TNT_FUSION_MODE_REDUCE_SCATTER, 1, TNT_FUSION_ORDER_LIST, "tune_threshold"},
+      {TNT_FUSION_MODE_ALLGATHER, 0, TNT_FUSION_ORDER_READINESS, "TNT_FUSION_ORDER_LIST"},
+      {TNT_FUSION_MODE_COUNT, 0, TNT_FUSION_ORDER_LIST, "TNT_FUSION_MODE_REDUCE_SCATTER"},
+  };
+  for (size_t k = 0; k < sizeof kModeCases / sizeof kModeCases[0]; k++) {
+    tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
+    opt.mode = kModeCases[k].mode;
+    opt.tune_threshold = kModeCases[k].tune;
+    opt.order = kModeCases[k].order;
+    MT_EXPECT_ST(tnt_fusion_create(world, info, 3, &opt, &f), E);
+    if (strstr(tnt_last_error(), kModeCases[k].named) == NULL) {
+      mt_fail((long)k, "the mode's error should name %s, got: %s", kModeCases[k].named,
+              tnt_last_error());
+    }
+  }
   info[1].id = 11; /* duplicate id */
   MT_EXPECT_ST(
       tnt_fusion_create(world, info, 3,
@@ -771,6 +897,10 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
   MT_EXPECT_ST(tnt_fusion_start(f, 11, NULL), E);
   MT_EXPECT_ST(tnt_fusion_start(NULL, 11, a), E);
   MT_EXPECT_ST(tnt_fusion_finish(NULL, 11, a_out, 1.0), E);
+  size_t plo, phi;
+  MT_EXPECT_ST(tnt_fusion_part(f, 14, &plo, &phi), E);
+  MT_EXPECT_ST(tnt_fusion_part(f, 11, NULL, &phi), E);
+  MT_EXPECT_ST(tnt_fusion_part(NULL, 11, &plo, &phi), E);
 
   mt_set_case("fusion errors: finish before start");
   double t0 = mt_now();
@@ -850,6 +980,9 @@ int main(int argc, char **argv) {
   if (g_rank == 0) printf("determinism: %.1f s\n", mt_now() - t);
   test_compressed(world);
   test_scaled(world);
+  t = mt_now();
+  test_modes(world);
+  if (g_rank == 0) printf("modes: %.1f s\n", mt_now() - t);
   test_tuned(world);
   test_overlap(world);
   test_readiness_order(world);

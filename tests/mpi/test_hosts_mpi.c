@@ -94,8 +94,9 @@ static void fill_real(void *buf, size_t count, tnt_dtype_t dt, uint64_t seed, in
   for (size_t i = 0; i < count; i++) mt_store(dt, buf, i, mt_uniform(&rng) * 100.0 - 50.0);
 }
 
-/* The ring's order: chunk q starts at rank q and is combined at ranks
- * q + 1, q + 2, ... (each adds its own input to what it received). */
+/* The ring's order: chunk q starts at rank q + 1 and is combined at ranks
+ * q + 2, q + 3, ..., ending at rank q (each adds its own input to what it
+ * received). */
 static void ring_reference(void *want, size_t count, tnt_dtype_t dt, tnt_op_t op, uint64_t seed,
                            uint8_t *scratch) {
   const size_t esz = mt_dsize(dt);
@@ -105,8 +106,8 @@ static void ring_reference(void *want, size_t count, tnt_dtype_t dt, tnt_op_t op
     size_t lo, hi;
     tnt__slice(count, esz, g_size, q, &lo, &hi);
     uint8_t *acc = (uint8_t *)want + lo * esz;
-    memcpy(acc, x + ((size_t)q * count + lo) * esz, (hi - lo) * esz);
-    for (int i = 1; i < g_size; i++) {
+    memcpy(acc, x + ((size_t)((q + 1) % g_size) * count + lo) * esz, (hi - lo) * esz);
+    for (int i = 2; i <= g_size; i++) {
       uint8_t *mine = x + ((size_t)((q + i) % g_size) * count + lo) * esz;
       tnt__reduce(mine, acc, hi - lo, dt, op);
       memcpy(acc, mine, (hi - lo) * esz);

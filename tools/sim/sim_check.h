@@ -53,7 +53,7 @@ static inline uint64_t sim_check_hash(const void *p, size_t bytes) {
  * `algo` (NULL when tnt-sim has no serial reference for it), for a vector
  * of `count` float32:
  *   ring          chunk q of i (tnt__slice) summed along the chain
- *                 q, q + 1, ..., q + n - 1 (mod n);
+ *                 q + 1, q + 2, ..., q + n (mod n);
  *   rd            the largest power of two p <= n participants: the first
  *                 n - p of them hold ranks 2v and 2v + 1 summed, the others
  *                 rank v + n - p; then a balanced binary tree over the
@@ -90,8 +90,8 @@ static inline const char *sim_check_ordered(const char *algo, int n, size_t coun
       tnt__slice(count, sizeof(float), n, q, &lo, &hi);
       if (lo <= i && i < hi) break;
     }
-    float s = sim_check_input(0, q, i);
-    for (int k = 1; k < n; k++) s += sim_check_input(0, (q + k) % n, i);
+    float s = sim_check_input(0, (q + 1) % n, i);
+    for (int k = 2; k <= n; k++) s += sim_check_input(0, (q + k) % n, i);
     *sum = s;
     return algo;
   }
