@@ -426,6 +426,8 @@ TNT_API long tnt_fusion_bucket_of(const tnt_fusion_t *f, uint64_t id);
 /* 1 when tensor `id` is in the set, with its entry of the list copied to
  * `info` (may be NULL); 0 when it is not (or f is NULL). */
 TNT_API int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *info);
+/* The mode of `f` (TNT_FUSION_MODE_ALLREDUCE for NULL). */
+TNT_API tnt_fusion_mode_t tnt_fusion_mode(const tnt_fusion_t *f);
 /* This rank's part of tensor `id`: its elements [*lo, *hi) (hi == lo when
  * it has none), in every mode (see tnt_fusion_mode_t). TNT_ERR_INVALID_ARG
  * for an unknown id or a NULL argument. */

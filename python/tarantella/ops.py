@@ -29,7 +29,10 @@ def library():
 
 def fusion_start(tensor, fusion, tensor_id, count, scale=1.0):
     """Hands `tensor` times `scale` (a float32 scalar) to fusion set
-    `fusion`; libtnt scales it as it copies it. Returns a token for finish."""
+    `fusion`; libtnt scales it as it copies it. Returns a token for finish.
+    `count` is the number of elements of `tensor`: the whole tensor's, or in
+    an allgather set the part's (a 1-D tensor of hi - lo elements,
+    `Fusion.part`)."""
     return library().tnt_fusion_start(tensor, scale, fusion=fusion, tensor_id=tensor_id,
                                       count=count)
 
@@ -37,7 +40,9 @@ def fusion_start(tensor, fusion, tensor_id, count, scale=1.0):
 def fusion_finish(token, like, fusion, tensor_id, count, divisor=1.0):
     """The reduced value of tensor `tensor_id` divided by `divisor` (a
     float32 scalar; libtnt divides as it copies it out), shaped like
-    `like`."""
+    `like`, which has `count` elements: the whole tensor, or in a
+    reduce-scatter set its part (a 1-D tensor of hi - lo elements,
+    `Fusion.part`), which is all the finish gives then."""
     return library().tnt_fusion_finish(token, like, divisor, fusion=fusion,
                                        tensor_id=tensor_id, count=count)
 

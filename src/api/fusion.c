@@ -196,6 +196,10 @@ int tnt_fusion_tensor(const tnt_fusion_t *f, uint64_t id, tnt_tensor_info_t *inf
   return 1;
 }
 
+tnt_fusion_mode_t tnt_fusion_mode(const tnt_fusion_t *f) {
+  return f == NULL ? TNT_FUSION_MODE_ALLREDUCE : f->opt.mode;
+}
+
 tnt_status_t tnt_fusion_part(const tnt_fusion_t *f, uint64_t id, size_t *lo, size_t *hi) {
   static const char call[] = "tnt_fusion_part";
   tnt__error_clear();

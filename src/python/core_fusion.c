@@ -20,9 +20,14 @@ struct FusionObject {
   int64_t handle;
   Py_ssize_t num_buckets;
   Py_ssize_t ntensors;
+  tnt_fusion_mode_t mode;
   FusionObject *prev, *next; /* in g_fusions while open */
   PyObject *weakreflist;
 };
+
+/* The names of the modes, in the order of tnt_fusion_mode_t. */
+static const char *const mode_names[TNT_FUSION_MODE_COUNT] = {"allreduce", "reduce_scatter",
+                                                              "allgather"};
 
 /* Open fusion sets, closed by finalize() before the context goes away. */
 static FusionObject *g_fusions;
@@ -97,20 +102,28 @@ done:
 static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
   static const char call[] = "Fusion";
   static char *kwlist[] = {"tensors",        "threshold_bytes", "op",      "group", "wire_dtype",
-                           "tune_threshold", "order",           "overlap", NULL};
+                           "tune_threshold", "order",           "overlap", "mode",  NULL};
   PyObject *tensors_obj, *threshold_obj, *op_obj = NULL, *group_obj = NULL, *wire_obj = NULL;
-  const char *order = "list", *overlap = "on";
+  const char *order = "list", *overlap = "on", *mode = "allreduce";
   int tune = 0;
   PyObject *seq = NULL;
   FusionObject *self = NULL;
   tnt_tensor_info_t *list = NULL;
   tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
   int wire;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Opss:Fusion", kwlist, &tensors_obj,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$Opsss:Fusion", kwlist, &tensors_obj,
                                    &threshold_obj, &op_obj, &group_obj, &wire_obj, &tune, &order,
-                                   &overlap)) {
+                                   &overlap, &mode)) {
     return NULL;
   }
+  int m = 0;
+  while (m < TNT_FUSION_MODE_COUNT && strcmp(mode, mode_names[m]) != 0) ++m;
+  if (m == TNT_FUSION_MODE_COUNT) {
+    PyErr_Format(PyExc_ValueError, "%s: mode '%s': use 'allreduce', 'reduce_scatter' or 'allgather'",
+                 call, mode);
+    return NULL;
+  }
+  opt.mode = (tnt_fusion_mode_t)m;
   if (strcmp(overlap, "off") == 0) {
     opt.overlap = TNT_FUSION_OVERLAP_OFF;
   } else if (strcmp(overlap, "auto") == 0) {
@@ -147,6 +160,7 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (parse_tensor_entry(PySequence_Fast_GET_ITEM(seq, i), i, &list[i]) < 0) goto fail;
   }
   self->ntensors = n;
+  self->mode = opt.mode;
   /* libtnt checks the list itself (unique ids: TntInvalidArgumentError,
    * a ValueError) and keeps it. */
   /* Creation is collective: every rank compares the list with the others. */
@@ -233,6 +247,11 @@ static PyObject *fusion_get_overlaps(FusionObject *self, void *closure) {
   return PyBool_FromLong(tnt_fusion_overlaps(self->fusion));
 }
 
+static PyObject *fusion_get_mode(FusionObject *self, void *closure) {
+  (void)closure;
+  return PyUnicode_FromString(mode_names[self->mode]);
+}
+
 static PyObject *fusion_get_closed(FusionObject *self, void *closure) {
   (void)closure;
   return PyBool_FromLong(self->fusion == NULL);
@@ -244,8 +263,31 @@ static PyObject *fusion_repr(FusionObject *self) {
                               self->fusion == NULL ? ", closed" : "");
 }
 
+PyDoc_STRVAR(fusion_part_doc,
+             "part(tensor_id) -> (lo, hi)\n--\n\n"
+             "This rank's part of the tensor: its elements [lo, hi) of the flattened tensor\n"
+             "(lo == hi when it has none), the same in every mode and for every set made\n"
+             "with the same list, threshold and group. In mode 'reduce_scatter' the finish\n"
+             "gives these hi - lo elements; in mode 'allgather' the start takes them.");
+
+static PyObject *fusion_part(FusionObject *self, PyObject *arg) {
+  static const char call[] = "Fusion.part";
+  tnt_fusion_t *f = fusion_get(self, call);
+  if (f == NULL) return NULL;
+  PyObject *index = PyNumber_Index(arg);
+  if (index == NULL) return NULL;
+  const unsigned long long id = PyLong_AsUnsignedLongLong(index);
+  Py_DECREF(index);
+  if (PyErr_Occurred()) return NULL;
+  size_t lo, hi;
+  const tnt_status_t st = tnt_fusion_part(f, (uint64_t)id, &lo, &hi);
+  if (st < 0) return raise_status(call, st, NULL);
+  return Py_BuildValue("(nn)", (Py_ssize_t)lo, (Py_ssize_t)hi);
+}
+
 static PyMethodDef fusion_methods[] = {
     {"close", (PyCFunction)fusion_close, METH_NOARGS, fusion_close_doc},
+    {"part", (PyCFunction)fusion_part, METH_O, fusion_part_doc},
     {"__enter__", (PyCFunction)fusion_enter, METH_NOARGS, "Returns the Fusion itself."},
     {"__exit__", (PyCFunction)fusion_exit, METH_VARARGS, "Closes the Fusion."},
     {NULL, NULL, 0, NULL},
@@ -261,13 +303,15 @@ static PyGetSetDef fusion_getset[] = {
      "True when the plan in use reduces buckets while tensors are still to start (overlap "
      "on, or the tuned choice once a set that tunes it has decided).",
      NULL},
+    {"mode", (getter)fusion_get_mode, NULL,
+     "'allreduce', 'reduce_scatter' or 'allgather', as created.", NULL},
     {"closed", (getter)fusion_get_closed, NULL, "True once close() has run.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(fusion_doc,
              "Fusion(tensors, threshold_bytes, op='average', group=None, *, wire_dtype=None,\n"
-             "       tune_threshold=False, order='list', overlap='on')\n--\n\n"
+             "       tune_threshold=False, order='list', overlap='on', mode='allreduce')\n--\n\n"
              "A tensor fusion set over all ranks (over `group`, a create_group() handle,\n"
              "when given). tensors lists (id, count, dtype) in the\n"
              "order the tensors become ready (backprop order): id a unique integer, count\n"
@@ -286,7 +330,10 @@ PyDoc_STRVAR(fusion_doc,
              "order the master started the tensors in the first round; overlap='off'\n"
              "reduces no bucket before every tensor has started the round, 'auto' keeps\n"
              "the faster of on and off, timed in the first rounds (see tnt_fusion_options_t\n"
-             "in tnt.h).");
+             "in tnt.h). mode='reduce_scatter' reduce-scatters each bucket: a finish gives\n"
+             "only the tensor's part (see part()), bitwise the allreduce's elements there;\n"
+             "mode='allgather' gathers the parts: a start takes only the part and a finish\n"
+             "gives the whole tensor. Both need tune_threshold=False and order='list'.");
 
 /* clang-format cannot lay out the head macros of these two initializers. */
 // clang-format off

@@ -53,7 +53,12 @@ static void token_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
 }
 
 /* TntFusionFinish: the token must be a scalar; the output is shaped like
- * `like` (input 1). */
+ * `like` (input 1): the tensor, or for a reduce-scatter set the part (a
+ * vector of hi - lo elements), so that shapes stay static. The attribute
+ * `count` is the number of elements of the op's `tensor` (start) or `like`
+ * (finish): the part's for an allgather set's start and a reduce-scatter
+ * set's finish, the whole tensor's otherwise (the kernel checks it against
+ * the set). */
 static void finish_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   TF_ShapeHandle *token = TF_NewShapeHandle();
   TF_ShapeHandle *checked = TF_NewShapeHandle();

@@ -211,7 +211,7 @@ static bool get_reduce_op(TF_OpKernelConstruction *ctx, tnt_op_t *op, TF_Status 
 typedef struct fusion_kernel {
   int64_t fusion;    /* tnt_fusion_handle of the set */
   int64_t tensor_id; /* the tensor's id in the set */
-  int64_t count;     /* elements the set expects for it */
+  int64_t count;     /* elements of the op's `tensor` (start) or `like` (finish) */
   tnt_dtype_t dtype;
 } fusion_kernel_t;
 
@@ -302,9 +302,9 @@ static tnt_group_t *find_group(TF_OpKernelContext *ctx, const char *op, int64_t 
   return g;
 }
 
-/* libtnt cannot tell how many elements the set planned for a tensor, so
- * the op carries the count and checks the tensor against it: a mismatch
- * would make libtnt read or write past the tensor. */
+/* The op carries the count of elements it hands libtnt (start) or takes
+ * from it (finish) and checks the tensor against it: a mismatch would make
+ * libtnt read or write past the tensor. */
 static bool check_count(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
                         const TF_Tensor *t) {
   const int64_t n = TF_TensorElementCount(t);
@@ -312,6 +312,31 @@ static bool check_count(TF_OpKernelContext *ctx, const char *op, const fusion_ke
   fail(ctx, TF_INVALID_ARGUMENT,
        "%s: tensor %lld has %lld elements, but its fusion set expects count=%lld", op,
        (long long)k->tensor_id, (long long)n, (long long)k->count);
+  return false;
+}
+
+/* The count must be what the set reads (finish == false) or writes for
+ * the tensor: the whole tensor, or its part in an allgather set's start
+ * and a reduce-scatter set's finish. */
+static bool check_set_count(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
+                            const tnt_fusion_t *f, bool finish) {
+  static const char *const modes[TNT_FUSION_MODE_COUNT] = {"allreduce", "reduce-scatter",
+                                                           "allgather"};
+  const uint64_t id = (uint64_t)k->tensor_id;
+  const tnt_fusion_mode_t mode = tnt_fusion_mode(f);
+  tnt_tensor_info_t info;
+  size_t lo = 0, hi = 0;
+  tnt_fusion_tensor(f, id, &info);
+  const bool part = mode == (finish ? TNT_FUSION_MODE_REDUCE_SCATTER : TNT_FUSION_MODE_ALLGATHER);
+  if (part && tnt_fusion_part(f, id, &lo, &hi) < 0) {
+    fail(ctx, TF_INTERNAL, "%s: no part of tensor %lld", op, (long long)k->tensor_id);
+    return false;
+  }
+  const size_t want = part ? hi - lo : info.count;
+  if ((size_t)k->count == want) return true;
+  fail(ctx, TF_INVALID_ARGUMENT,
+       "%s: count=%lld, but the %s of tensor %lld in its %s fusion set has %zu elements", op,
+       (long long)k->count, part ? "part" : "whole", (long long)k->tensor_id, modes[mode], want);
   return false;
 }
 
@@ -349,14 +374,15 @@ static void delete_tensors(TF_Tensor *a, TF_Tensor *b, TF_Tensor *c) {
   if (c != NULL) TF_DeleteTensor(c);
 }
 
-/* Input `index` of a fusion kernel, checked against the count the set
- * expects, and the kernel's fusion set; false after failing the op. The
- * caller deletes *tensor. */
+/* Input `index` of a fusion kernel (0: the start's tensor, 1: the
+ * finish's like), checked against the count the set expects, and the
+ * kernel's fusion set; false after failing the op. The caller deletes
+ * *tensor. */
 static bool fusion_input(TF_OpKernelContext *ctx, const char *op, const fusion_kernel_t *k,
                          int index, TF_Tensor **tensor, tnt_fusion_t **f, TF_Status *status) {
   TF_GetInput(ctx, index, tensor, status);
   if (!ok(ctx, status) || !check_count(ctx, op, k, *tensor)) return false;
-  return (*f = find_fusion(ctx, op, k)) != NULL;
+  return (*f = find_fusion(ctx, op, k)) != NULL && check_set_count(ctx, op, k, *f, index == 1);
 }
 
 /* The float32 scalar `scale` of a fusion op (input `index`), in *out; false
@@ -415,7 +441,7 @@ out:
 
 /* TntFusionStart: (tensor, scale) -> token. Copies the tensor times scale
  * into its bucket (done when tnt_fusion_start_scaled returns) and returns
- * at once. */
+ * at once. For an allgather set, `tensor` is the part (tnt_fusion_part). */
 static void fusion_start_compute(void *kernel, TF_OpKernelContext *ctx) {
   static const char op[] = "TntFusionStart";
   const fusion_kernel_t *k = kernel;
@@ -440,7 +466,8 @@ out:
 
 /* TntFusionFinish: (token, like, scale) -> the reduced tensor divided by
  * scale, shaped like `like`. Waits for the tensor's bucket (see the top of
- * the file for why). */
+ * the file for why). For a reduce-scatter set, `like` has the part's
+ * elements (tnt_fusion_part) and the output is the part. */
 static void fusion_finish_compute(void *kernel, TF_OpKernelContext *ctx) {
   static const char op[] = "TntFusionFinish";
   const fusion_kernel_t *k = kernel;

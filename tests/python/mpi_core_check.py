@@ -129,6 +129,40 @@ def check_fusion(rank, size):
         check(size == 1, "a Fusion whose list differs between ranks was created")
 
 
+def check_fusion_modes(rank, size):
+    # The parts of a reduce-scatter set and an allgather set made with the
+    # same list and threshold agree and tile every tensor; the reduce-scatter
+    # gives each rank its part of the allreduce's result bit for bit, and
+    # gathering the parts gives the allreduce's tensors.
+    tensors = [(20, 37, "float32"), (21, 1, "float32"), (22, 100, "float64"), (23, 40, "float32")]
+    rng = np.random.default_rng(rank)
+    data = {tid: rng.standard_normal(n).astype(dt) for tid, n, dt in tensors}
+    sets = [core.Fusion(tensors, 64, "average", mode=mode)
+            for mode in ("allreduce", "reduce_scatter", "allgather")]
+    ar, rs, ag = (FusionCalls(f.handle) for f in sets)
+    for tid, n, dt in tensors:
+        lo, hi = sets[0].part(tid)
+        check(sets[1].part(tid) == sets[2].part(tid) == (lo, hi), f"parts of tensor {tid}")
+        total = np.array([hi - lo], np.int64)
+        core.allreduce(total, "sum")
+        check(total[0] == n, f"the parts of tensor {tid} hold {total[0]} of {n} elements")
+        ar.start(tid, data[tid])
+        rs.start(tid, data[tid])
+    wholes = {}
+    for tid, n, dt in tensors:
+        lo, hi = sets[0].part(tid)
+        wholes[tid] = ar.finish(tid, np.zeros(n, dt))
+        part = rs.finish(tid, np.zeros(hi - lo, dt))
+        check_equal(part.view(np.uint8), wholes[tid][lo:hi].view(np.uint8),
+                    f"part of tensor {tid}")
+        ag.start(tid, part)
+    for tid, n, dt in tensors:
+        check_equal(ag.finish(tid, np.zeros(n, dt)).view(np.uint8), wholes[tid].view(np.uint8),
+                    f"gathered tensor {tid}")
+    for f in sets:
+        f.close()
+
+
 def check_finalize_waits_for_calls(rank, size):
     # finalize() must not end the context under a call that another thread
     # is still making: here a barrier that waits for rank 0.
@@ -157,6 +191,7 @@ def run_checks():
     check_broadcast(rank, size)
     check_allgatherv(rank, size)
     check_fusion(rank, size)
+    check_fusion_modes(rank, size)
     check_finalize_waits_for_calls(rank, size)
     core.barrier()
     if rank == 0:

@@ -520,6 +520,39 @@ def test_fusion_bad_wire_dtype():
         np.testing.assert_array_equal(calls.finish(0, np.zeros(2, np.float32)), x)
 
 
+def test_fusion_modes():
+    # On one rank every part is the whole tensor: the reduce-scatter set
+    # finishes whole tensors and the allgather set takes them.
+    sets = {mode: core.Fusion(FUSED, 16, "sum", mode=mode)
+            for mode in ("allreduce", "reduce_scatter", "allgather")}
+    for mode, fusion in sets.items():
+        assert fusion.mode == mode
+        assert fusion.num_buckets == sets["allreduce"].num_buckets
+        assert [fusion.part(tid) for tid, _, _ in FUSED] == [(0, n) for _, n, _ in FUSED]
+    rs, ag = FusionCalls(sets["reduce_scatter"].handle), FusionCalls(sets["allgather"].handle)
+    for step in range(2):
+        data = {tid: (np.arange(n) + step).astype(NP_DTYPES[dt]) for tid, n, dt in FUSED}
+        for tid, _, _ in FUSED:
+            rs.start(tid, data[tid])
+        for tid, n, dt in FUSED:
+            part = rs.finish(tid, np.zeros(n, NP_DTYPES[dt]))
+            ag.start(tid, part)
+        for tid, n, dt in FUSED:
+            np.testing.assert_array_equal(ag.finish(tid, np.zeros(n, NP_DTYPES[dt])), data[tid])
+    for fusion in sets.values():
+        fusion.close()
+    raises(ValueError, "use 'allreduce', 'reduce_scatter' or 'allgather'",
+           lambda: core.Fusion(FUSED, 0, mode="scatter"))
+    raises(ValueError, "tune_threshold to 0",
+           lambda: core.Fusion(FUSED, 0, mode="reduce_scatter", tune_threshold=True))
+    raises(ValueError, "order to TNT_FUSION_ORDER_LIST",
+           lambda: core.Fusion(FUSED, 0, mode="allgather", order="readiness"))
+    with core.Fusion(FUSED, 0, mode="reduce_scatter") as fusion:
+        raises(ValueError, "not in the fusion set", lambda: fusion.part(99))
+        raises(TypeError, "integer", lambda: fusion.part("7"))
+    raises(core.TntError, "closed", lambda: fusion.part(7))
+
+
 def test_fusion_of_no_tensors():
     fusion = core.Fusion([], 1024)
     assert fusion.num_buckets == 0
