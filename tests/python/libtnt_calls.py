@@ -22,7 +22,7 @@ class FusionOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("threshold_bytes", ctypes.c_size_t),
                 ("op", ctypes.c_int),
                 ("wire_dtype", ctypes.c_int), ("tune_threshold", ctypes.c_int),
-                ("order", ctypes.c_int), ("overlap", ctypes.c_int)]
+                ("order", ctypes.c_int), ("overlap", ctypes.c_int), ("mode", ctypes.c_int)]
 
 
 class LibtntError(RuntimeError):
@@ -70,6 +70,8 @@ def libtnt():
         "tnt_fusion_start": (ctypes.c_int, [vp, ctypes.c_uint64, vp]),
         "tnt_fusion_finish": (ctypes.c_int, [vp, ctypes.c_uint64, vp, ctypes.c_double]),
         "tnt_fusion_bucket_of": (ctypes.c_long, [vp, ctypes.c_uint64]),
+        "tnt_fusion_part": (ctypes.c_int, [vp, ctypes.c_uint64, ctypes.POINTER(size_t),
+                                           ctypes.POINTER(size_t)]),
     }
     for name, (restype, argtypes) in prototypes.items():
         fn = getattr(lib, name)

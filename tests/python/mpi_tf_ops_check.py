@@ -63,19 +63,28 @@ class Tnt:
         self.group = lib.tnt_group_handle(self.world)
         self._sets = []
 
-    def fusion(self, tensors, threshold_bytes, op="average"):
+    def fusion(self, tensors, threshold_bytes, op="average", mode=0):
         """A fusion set of `tensors` [(id, tf.TensorShape or count, dtype)],
-        listed in backprop order; returns its handle."""
+        listed in backprop order, in `mode` (tnt_fusion_mode_t); returns its
+        handle."""
         infos = (TensorInfo * len(tensors))(
             *[TensorInfo(i, count_of(n), TNT_DTYPES[dt]) for i, n, dt in tensors])
         f = ctypes.c_void_p()
         options = FusionOptions(ctypes.sizeof(FusionOptions), threshold_bytes, TNT_OPS[op],
-                                TNT_DTYPES[tf.float32])
+                                TNT_DTYPES[tf.float32], mode=mode)
         check(self.lib, self.lib.tnt_fusion_create(self.world, infos, len(tensors),
                                                    ctypes.byref(options), ctypes.byref(f)),
               "tnt_fusion_create")
         self._sets.append(f)
         return self.lib.tnt_fusion_handle(f)
+
+    def part(self, fusion, tensor_id):
+        """This rank's part (lo, hi) of the tensor in the set of handle `fusion`."""
+        lo, hi = ctypes.c_size_t(), ctypes.c_size_t()
+        check(self.lib, self.lib.tnt_fusion_part(self.lib.tnt_fusion_lookup(fusion), tensor_id,
+                                                 ctypes.byref(lo), ctypes.byref(hi)),
+              "tnt_fusion_part")
+        return lo.value, hi.value
 
     def start(self, tensor, fusion, tensor_id):
         return self.ops.tnt_fusion_start(tensor, 1.0, fusion=fusion, tensor_id=tensor_id,
@@ -229,6 +238,57 @@ def check_scaled(t):
         g, w = g.numpy(), w.numpy()
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), (
             f"{dt.name}: {int(np.sum(g != w))} elements differ from TensorFlow's scaling")
+
+
+def check_modes(t):
+    """The ops on a reduce-scatter set and an allgather set of the same
+    tensors: the first's finish, given a 1-D `like` of the part's elements,
+    outputs the part, bitwise the allreduce set's elements there; the
+    second's start takes that part and its finish gives the whole tensor,
+    shaped like `like`. Shapes are static in a tf.function; a count that is
+    not the part's fails the op."""
+    shapes = [tf.TensorShape([3, 50]), tf.TensorShape([7]), tf.TensorShape([2, 2, 33])]
+    tensors = [(i, s, tf.float32) for i, s in enumerate(shapes)]
+    ar, rs, ag = (t.fusion(tensors, 256, mode=mode) for mode in range(3))
+    parts = [t.part(rs, i) for i, _, _ in tensors]
+    assert parts == [t.part(ag, i) for i, _, _ in tensors] == [t.part(ar, i) for i, _, _ in tensors]
+    rng = np.random.default_rng(5 + t.rank)
+    xs = [tf.constant(rng.standard_normal(s.as_list()), tf.float32) for s in shapes]
+    likes = [tf.reshape(x, [-1])[lo:hi] for x, (lo, hi) in zip(xs, parts)]
+    # Eagerly, every start of a set before any of its finishes.
+    tokens = [t.start(x, ar, i) for (i, _, _), x in zip(tensors, xs)]
+    whole = [t.finish(k, x, ar, i) for (i, _, _), x, k in zip(tensors, xs, tokens)]
+    tokens = [t.start(x, rs, i) for (i, _, _), x in zip(tensors, xs)]
+    got = [t.finish(k, p, rs, i) for (i, _, _), p, k in zip(tensors, likes, tokens)]
+    for w, g, (lo, hi) in zip(whole, got, parts):
+        assert g.shape == [hi - lo], g.shape
+        assert g.numpy().tobytes() == tf.reshape(w, [-1])[lo:hi].numpy().tobytes()
+    tokens = [t.start(g, ag, i) for (i, _, _), g in zip(tensors, got)]
+    gathered = [t.finish(k, x, ag, i) for (i, _, _), x, k in zip(tensors, xs, tokens)]
+    for w, g in zip(whole, gathered):
+        assert g.shape == w.shape and g.numpy().tobytes() == w.numpy().tobytes()
+
+    def step(x, part):
+        token = t.ops.tnt_fusion_start(x, 1.0, fusion=rs, tensor_id=0, count=150)
+        reduced = t.ops.tnt_fusion_finish(token, part, 1.0, fusion=rs, tensor_id=0,
+                                          count=parts[0][1] - parts[0][0])
+        token = t.ops.tnt_fusion_start(reduced, 1.0, fusion=ag, tensor_id=0,
+                                       count=parts[0][1] - parts[0][0])
+        return t.ops.tnt_fusion_finish(token, x, 1.0, fusion=ag, tensor_id=0, count=150)
+
+    traced = tf.function(step, jit_compile=False).get_concrete_function(
+        tf.TensorSpec([3, 50], tf.float32), tf.TensorSpec([parts[0][1] - parts[0][0]], tf.float32))
+    assert traced.structured_outputs.shape == [3, 50]
+    if t.size > 1:
+        expect_error(tf.errors.InvalidArgumentError,
+                     "but the part of tensor 0 in its reduce-scatter fusion set has",
+                     lambda: t.ops.tnt_fusion_finish(
+                         t.start(xs[0], rs, 0), xs[0], 1.0, fusion=rs, tensor_id=0, count=150))
+        # The failed finish left tensor 0 started: finish it as the set expects.
+        for i, x in zip(range(1, 3), xs[1:]):
+            t.start(x, rs, i)
+        for (i, _, _), p in zip(tensors, likes):
+            t.finish(tf.constant(i, tf.int64), p, rs, i)
 
 
 def check_errors(t):

@@ -175,6 +175,11 @@ def test_scaling_in_libtnt_equals_tensorflows_bitwise():
     assert_checks_pass(3, "scaled")
 
 
+@pytest.mark.ranks
+def test_reduce_scatter_and_allgather_sets():
+    assert_checks_pass(3, "modes")
+
+
 def test_errors_with_a_fusion_set():
     assert_checks_pass(1, "errors")
 
