@@ -201,6 +201,25 @@ TNT_API tnt_status_t tnt_allgather(tnt_group_t *g, const void *sendbuf, size_t c
 TNT_API tnt_status_t tnt_allgatherv(tnt_group_t *g, const void *sendbuf, size_t count,
                                     void *recvbuf, const size_t *counts, const size_t *displs,
                                     tnt_dtype_t dtype);
+/* Reduce-scatter with equal blocks (MPI_Reduce_scatter_block): sendbuf
+ * holds size * count elements, and rank r receives in recvbuf the `count`
+ * elements [r count, (r + 1) count) of the reduction (op) of every rank's
+ * sendbuf. recvbuf may lie inside sendbuf. It runs the allreduce algorithm
+ * that the group chooses for size * count elements (tnt_allreduce_algorithm,
+ * and TNT_ALLREDUCE_ALGORITHM forces it): the pipelined ring's, recursive
+ * halving's and shared memory's first phase, so that each rank sends about
+ * (size - 1) / size of the vector; the others (recursive doubling for small
+ * vectors, the hierarchy across hosts, MPI's) run the allreduce and keep
+ * the block. Every rank's block is combined in one fixed order. */
+TNT_API tnt_status_t tnt_reduce_scatter(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                        size_t count, tnt_dtype_t dtype, tnt_op_t op);
+/* The same with counts[r] elements for rank r (MPI_Reduce_scatter): sendbuf
+ * holds their sum, block r starts after the blocks of ranks 0..r-1, and
+ * recvbuf receives counts[rank]. counts has one entry per group rank and
+ * must be the same on every rank. With the blocks of a fusion set's parts
+ * (tnt_fusion_mode_t) every block is bitwise the allreduce's elements. */
+TNT_API tnt_status_t tnt_reduce_scatterv(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                         const size_t *counts, tnt_dtype_t dtype, tnt_op_t op);
 TNT_API tnt_status_t tnt_barrier(tnt_group_t *g);
 
 /* Non-blocking versions: *req is owned by the caller; free it with
@@ -217,6 +236,13 @@ TNT_API tnt_status_t tnt_iallgather(tnt_group_t *g, const void *sendbuf, size_t 
 TNT_API tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count,
                                      void *recvbuf, const size_t *counts, const size_t *displs,
                                      tnt_dtype_t dtype, tnt_request_t **req);
+TNT_API tnt_status_t tnt_ireduce_scatter(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                         size_t count, tnt_dtype_t dtype, tnt_op_t op,
+                                         tnt_request_t **req);
+/* counts are copied; they need not outlive the call. */
+TNT_API tnt_status_t tnt_ireduce_scatterv(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                          const size_t *counts, tnt_dtype_t dtype, tnt_op_t op,
+                                          tnt_request_t **req);
 TNT_API tnt_status_t tnt_ibarrier(tnt_group_t *g, tnt_request_t **req);
 
 /*

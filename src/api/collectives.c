@@ -219,6 +219,73 @@ tnt_status_t tnt_iallgatherv(tnt_group_t *g, const void *sendbuf, size_t count, 
   return end(call, g, allgatherv(g, sendbuf, count, recvbuf, counts, displs, dtype, req));
 }
 
+/* ---------------------------------------------------------- reduce-scatter */
+
+/* tnt_(i)reduce_scatter(v): rank r's block has counts[r] elements (NULL:
+ * `count` each). The blocks' bounds go to the request. */
+static tnt_status_t reduce_scatter(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                   const size_t *counts, tnt_dtype_t dtype, tnt_op_t op,
+                                   tnt_request_t **req) {
+  static const char call[] = "reduce_scatter";
+  TNT_CHECK(check_common(call, g, dtype, count));
+  if (!tnt__op_valid(op)) return tnt__api_invalid(call, "invalid op %d", (int)op);
+  const int n = g->comm->size, me = g->comm->rank;
+  size_t *bounds = malloc(((size_t)n + 1) * sizeof *bounds);
+  if (bounds == NULL) {
+    TNT_LOG_ERROR("%s: out of memory for %d counts", call, n);
+    return TNT_ERR_NO_MEMORY;
+  }
+  bounds[0] = 0;
+  tnt_status_t st = TNT_OK;
+  for (int r = 0; r < n && st == TNT_OK; ++r) {
+    const size_t c = counts != NULL ? counts[r] : count;
+    if (c > SIZE_MAX / 8 - bounds[r]) {
+      st = tnt__api_invalid(call, "the blocks hold more than %zu elements in all", SIZE_MAX / 8);
+    }
+    bounds[r + 1] = bounds[r] + c;
+  }
+  if (st == TNT_OK) st = check_buf(call, sendbuf, bounds[n], "sendbuf");
+  if (st == TNT_OK) st = check_buf(call, recvbuf, bounds[me + 1] - bounds[me], "recvbuf");
+  if (st < 0) {
+    free(bounds);
+    return st;
+  }
+  return tnt__engine_reduce_scatter(tnt__context_engine(g->ctx), g->comm, sendbuf, NULL, recvbuf,
+                                    bounds[n], bounds, dtype, op, NULL, -1, req);
+}
+
+tnt_status_t tnt_reduce_scatter(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                tnt_dtype_t dtype, tnt_op_t op) {
+  tnt__error_clear();
+  return end("tnt_reduce_scatter", g,
+             reduce_scatter(g, sendbuf, recvbuf, count, NULL, dtype, op, NULL));
+}
+
+tnt_status_t tnt_ireduce_scatter(tnt_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                 tnt_dtype_t dtype, tnt_op_t op, tnt_request_t **req) {
+  static const char call[] = "tnt_ireduce_scatter";
+  tnt__error_clear();
+  if (req == NULL) return tnt__api_invalid(call, "req is NULL");
+  return end(call, g, reduce_scatter(g, sendbuf, recvbuf, count, NULL, dtype, op, req));
+}
+
+tnt_status_t tnt_reduce_scatterv(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                 const size_t *counts, tnt_dtype_t dtype, tnt_op_t op) {
+  static const char call[] = "tnt_reduce_scatterv";
+  tnt__error_clear();
+  if (counts == NULL) return tnt__api_invalid(call, "counts is NULL");
+  return end(call, g, reduce_scatter(g, sendbuf, recvbuf, 0, counts, dtype, op, NULL));
+}
+
+tnt_status_t tnt_ireduce_scatterv(tnt_group_t *g, const void *sendbuf, void *recvbuf,
+                                  const size_t *counts, tnt_dtype_t dtype, tnt_op_t op,
+                                  tnt_request_t **req) {
+  static const char call[] = "tnt_ireduce_scatterv";
+  tnt__error_clear();
+  if (counts == NULL || req == NULL) return tnt__api_invalid(call, "counts or req is NULL");
+  return end(call, g, reduce_scatter(g, sendbuf, recvbuf, 0, counts, dtype, op, req));
+}
+
 /* ---------------------------------------------------------- barrier */
 
 static tnt_status_t barrier(tnt_group_t *g, tnt_request_t **req) {

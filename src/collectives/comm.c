@@ -145,9 +145,10 @@ void tnt__coll_sig_describe(const tnt__coll_sig_t *s, char *buf, size_t len) {
     case TNT__COLL_ALLGATHERV: snprintf(buf, len, "allgather of %llu bytes in all", n); break;
     case TNT__COLL_BARRIER: snprintf(buf, len, "barrier"); break;
     case TNT__COLL_REDUCE_SCATTER:
-      snprintf(buf, len, "reduce-scatter of %llu %s (%s, blocks %08x)", n,
+      /* root: 0 for the tnt__slice blocks, else a hash of the caller's. */
+      snprintf(buf, len, "reduce-scatter of %llu %s (%s, %s blocks %08x)", n,
                tnt__dtype_name((tnt_dtype_t)s->dtype), tnt__op_name((tnt_op_t)s->op),
-               (unsigned)s->root);
+               s->root == 0 ? "even" : "given", (unsigned)s->root);
       break;
     default: snprintf(buf, len, "unknown collective %d", (int)s->kind); break;
   }

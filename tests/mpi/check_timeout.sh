@@ -12,7 +12,7 @@
 # Exits 0 only if all of it holds.
 #
 # Usage: check_timeout.sh NP MODE ALGORITHM EXE MPIEXEC [MPIEXEC_FLAGS...]
-#   MODE       allreduce or fusion
+#   MODE       allreduce, reduce_scatter or fusion
 #   ALGORITHM  default, or an allreduce algorithm to force (shm, ring, rd, mpi,
 #              or hier, which runs the ranks as 2 hosts: TNT_SPLIT_HOSTS=2)
 set -u

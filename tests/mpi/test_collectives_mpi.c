@@ -3,12 +3,14 @@
  * dtype, op, algorithm forced through TNT_ALLREDUCE_ALGORITHM, several
  * counts, blocking and non-blocking, in place and out of place), broadcast
  * from every root, allgather, allgatherv with uneven counts (zeros
- * included), barrier, several requests in flight at once, groups (disjoint
+ * included), reduce-scatter with equal and uneven blocks (and bitwise the
+ * allreduce's block under every algorithm), barrier, several requests in flight at once, groups (disjoint
  * subsets, a reversed order, singletons) and invalid arguments. Data are
  * integer valued so that every expected result is exact; a second allreduce
  * pass uses random reals and checks that every rank got the same bits.
  */
 #include "mpi_test_util.h"
+#include "collectives/collectives.h"
 
 #define NALGOS 5
 static const char *const kAlgos[NALGOS] = {"shm", "ring", "rd", "mpi", "rabenseifner"};
@@ -493,6 +495,113 @@ static void test_allgatherv(tnt_group_t *world, bufs_t *b) {
   }
 }
 
+/* -------------------------------------------------------- reduce-scatter */
+
+/* One reduce-scatter of integer data: equal blocks of `count` (pattern < 0,
+ * tnt_reduce_scatter) or the blocks of allgatherv's `pattern`
+ * (tnt_reduce_scatterv), checked against the exact reduction; nothing past
+ * the block is written and the send buffer stays as it was. */
+static void reduce_scatter_once(tnt_group_t *g, bufs_t *b, size_t count, int pattern,
+                                tnt_dtype_t dt, tnt_op_t op, uint64_t seed, mode_t_ mode) {
+  const size_t es = mt_dsize(dt);
+  size_t *counts = mt_alloc((size_t)g_size * sizeof *counts);
+  size_t total = 0, lo = 0;
+  for (int r = 0; r < g_size; r++) {
+    counts[r] = pattern < 0 ? count : pattern_count(pattern, r, g_size);
+    if (r < g_rank) lo += counts[r];
+    total += counts[r];
+  }
+  const size_t mine = counts[g_rank];
+  mt_fill(b->in, total, dt, seed, g_rank);
+  mt_expected_reduce(b->want, total, dt, op, seed, NULL, g_size);
+  memcpy(b->send, b->in, total * es);
+  mt_fill_sentinel(b->recv, mine + 16, dt);
+  tnt_status_t st;
+  if (mode == MODE_BLOCKING) {
+    st = pattern < 0 ? tnt_reduce_scatter(g, b->send, b->recv, count, dt, op)
+                     : tnt_reduce_scatterv(g, b->send, b->recv, counts, dt, op);
+  } else {
+    tnt_request_t *req = NULL;
+    st = pattern < 0 ? tnt_ireduce_scatter(g, b->send, b->recv, count, dt, op, &req)
+                     : tnt_ireduce_scatterv(g, b->send, b->recv, counts, dt, op, &req);
+    /* The counts are copied by the call: scribble over them. */
+    memset(counts, 0xff, (size_t)g_size * sizeof *counts);
+    if (st == TNT_OK) st = finish_request(req, mode);
+  }
+  if (st != TNT_OK) mt_fatal("reduce-scatter returned %s", mt_st(st));
+  mt_compare(dt, b->recv, (uint8_t *)b->want + lo * es, mine, "reduce-scatter block");
+  for (size_t i = 0; i < 16 * es; i++) {
+    if (((uint8_t *)b->recv)[mine * es + i] != 0xa5) {
+      mt_fail((long)i, "reduce-scatter wrote past its block of %zu elements", mine);
+      break;
+    }
+  }
+  mt_compare(dt, b->send, b->in, total, "reduce-scatter changed its send buffer");
+  free(counts);
+}
+
+/* Under every forced allreduce algorithm and the choice by size. Then
+ * random reals cut as tnt__slice cuts them (a fusion set's parts): every
+ * block is bitwise the allreduce's elements there. */
+static void test_reduce_scatter(tnt_group_t *world, bufs_t *b) {
+  static const size_t counts[] = {0, 1, 7, 1000};
+  for (int a = -1; a < NALGOS; a++) {
+    tnt_group_t *g = a < 0 ? world : g_algo_world[a];
+    const char *name = a < 0 ? "auto" : kAlgos[a];
+    for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
+      const tnt_dtype_t dt = (tnt_dtype_t)d;
+      for (size_t ci = 0; ci <= 4; ci++) {
+        if (ci == 4 && dt != TNT_FLOAT32) continue;
+        const size_t count = ci < 4 ? counts[ci] : kBigCount / (size_t)g_size + 3;
+        for (int o = 0; o < TNT_OP_COUNT; o++) {
+          for (int m = 0; m < MODE_COUNT; m++) {
+            mt_set_case("reduce-scatter %s %s %s count=%zu %s", name, mt_dname(dt),
+                        mt_oname((tnt_op_t)o), count, kModes[m]);
+            reduce_scatter_once(g, b, count, -1, dt, (tnt_op_t)o, case_seed(6, d, o, count),
+                                (mode_t_)m);
+          }
+        }
+      }
+    }
+    static const tnt_dtype_t vdts[] = {TNT_FLOAT32, TNT_INT32, TNT_FLOAT16};
+    for (int p = 0; p < NPATTERNS; p++) {
+      for (size_t di = 0; di < 3; di++) {
+        for (int m = 0; m < MODE_COUNT; m++) {
+          mt_set_case("reduce-scatterv %s pattern=%d %s %s", name, p, mt_dname(vdts[di]),
+                      kModes[m]);
+          reduce_scatter_once(g, b, 0, p, vdts[di], p % 2 ? TNT_AVERAGE : TNT_SUM,
+                              case_seed(7, p, (int)di, (size_t)m), (mode_t_)m);
+        }
+      }
+    }
+    static const tnt_dtype_t rdts[] = {TNT_FLOAT32, TNT_FLOAT64, TNT_FLOAT16, TNT_BFLOAT16};
+    static const size_t rcounts[] = {1, 1000, 65537};
+    size_t *blocks = mt_alloc(((size_t)g_size + 1) * sizeof *blocks);
+    for (size_t di = 0; di < 4; di++) {
+      const tnt_dtype_t dt = rdts[di];
+      const size_t es = mt_dsize(dt);
+      for (size_t ci = 0; ci < 3; ci++) {
+        const size_t count = rcounts[ci];
+        for (int o = 0; o < 2; o++) {
+          const tnt_op_t op = o == 0 ? TNT_SUM : TNT_AVERAGE;
+          mt_set_case("reduce-scatter %s bitwise the allreduce, %s %s count=%zu", name,
+                      mt_dname(dt), mt_oname(op), count);
+          mt_rng_t rng = mt_rng(case_seed(8, (int)di, o, count), (uint64_t)g_rank, 5);
+          for (size_t i = 0; i < count; i++) mt_store(dt, b->in, i, mt_uniform(&rng) * 8.0);
+          MT_OK(tnt_allreduce(g, b->in, b->want, count, dt, op));
+          tnt__slice_bounds(count, es, g_size, blocks);
+          const size_t start = blocks[g_rank];
+          for (int r = 0; r < g_size; r++) blocks[r] = blocks[r + 1] - blocks[r];
+          MT_OK(tnt_reduce_scatterv(g, b->in, b->recv, blocks, dt, op));
+          mt_compare(dt, b->recv, (uint8_t *)b->want + start * es, blocks[g_rank],
+                     "reduce-scatter block against the allreduce");
+        }
+      }
+    }
+    free(blocks);
+  }
+}
+
 /* --------------------------------------------------------------- barrier */
 
 /* Rank r arrives r * 40 ms late; nobody may leave before the last arrived.
@@ -809,6 +918,20 @@ static void test_invalid(tnt_context_t *ctx, tnt_group_t *w) {
   MT_EXPECT_ST(tnt_allgatherv(w, buf, 2, out, counts, displs, TNT_FLOAT32), E); /* != counts[r] */
   MT_EXPECT_ST(tnt_iallgatherv(w, buf, 1, out, counts, displs, TNT_FLOAT32, NULL), E);
 
+  mt_set_case("invalid arguments: reduce-scatter");
+  MT_EXPECT_ST(tnt_reduce_scatter(NULL, out, buf, 1, TNT_FLOAT32, TNT_SUM), E);
+  MT_EXPECT_ST(tnt_reduce_scatter(w, NULL, buf, 1, TNT_FLOAT32, TNT_SUM), E);
+  MT_EXPECT_ST(tnt_reduce_scatter(w, out, NULL, 1, TNT_FLOAT32, TNT_SUM), E);
+  MT_EXPECT_ST(tnt_reduce_scatter(w, out, buf, 1, bad_dt[0], TNT_SUM), E);
+  MT_EXPECT_ST(tnt_reduce_scatter(w, out, buf, 1, TNT_FLOAT32, bad_op[1]), E);
+  MT_EXPECT_ST(tnt_ireduce_scatter(w, out, buf, 1, TNT_FLOAT32, TNT_SUM, NULL), E);
+  MT_EXPECT_ST(tnt_reduce_scatterv(w, out, buf, NULL, TNT_FLOAT32, TNT_SUM), E);
+  MT_EXPECT_ST(tnt_reduce_scatterv(w, NULL, buf, counts, TNT_FLOAT32, TNT_SUM), E);
+  MT_EXPECT_ST(tnt_ireduce_scatterv(w, out, buf, counts, TNT_FLOAT32, TNT_SUM, NULL), E);
+  counts[g_size - 1] = SIZE_MAX / 4;
+  MT_EXPECT_ST(tnt_reduce_scatterv(w, out, buf, counts, TNT_FLOAT32, TNT_SUM), E);
+  counts[g_size - 1] = 1;
+
   mt_set_case("invalid arguments: barrier and requests");
   MT_EXPECT_ST(tnt_barrier(NULL), E);
   MT_EXPECT_ST(tnt_ibarrier(w, NULL), E);
@@ -925,10 +1048,15 @@ int main(int argc, char **argv) {
   test_broadcast(world, &b);
   test_allgather(world, &b);
   test_allgatherv(world, &b);
+  if (g_rank == 0) printf("broadcast, allgather(v): %.1f s\n", mt_now() - t);
+  t = mt_now();
+  test_reduce_scatter(world, &b);
+  if (g_rank == 0) printf("reduce-scatter: %.1f s\n", mt_now() - t);
+  t = mt_now();
   test_barrier(world);
   test_in_flight(world);
   test_wait_timeout(ctx, world);
-  if (g_rank == 0) printf("broadcast, allgather(v), barrier: %.1f s\n", mt_now() - t);
+  if (g_rank == 0) printf("barrier, requests in flight: %.1f s\n", mt_now() - t);
   t = mt_now();
   test_groups(ctx, world, &b);
   test_invalid(ctx, world);

@@ -9,6 +9,7 @@
  *
  * Modes (argv[1]):
  *   allreduce  the withheld operation is a blocking allreduce
+ *   reduce_scatter  the same with a blocking reduce-scatter
  *   fusion     the last rank never starts one member of a fusion bucket; the
  *              others' tnt_fusion_finish of that bucket must time out and
  *              the log must name the bucket (this program prints its index)
@@ -58,14 +59,19 @@ static void report_and_abort(tnt_context_t *ctx, MPI_Comm waiters, tnt_status_t 
   _exit(1);
 }
 
-static void run_allreduce(tnt_context_t *ctx, MPI_Comm waiters) {
+/* An allreduce, or with `scatter` a reduce-scatter, of 1000 floats. */
+static void run_allreduce(tnt_context_t *ctx, MPI_Comm waiters, int scatter) {
   tnt_group_t *world = tnt_context_world(ctx);
   float in[1000], out[1000];
   for (int i = 0; i < 1000; i++) in[i] = (float)i;
-  if (g_rank == g_size - 1) withhold("its allreduce contribution");
+  const char *what = scatter ? "reduce-scatter" : "allreduce";
+  if (g_rank == g_size - 1) withhold(scatter ? "its reduce-scatter contribution"
+                                             : "its allreduce contribution");
   double t0 = mt_now();
-  tnt_status_t st = tnt_allreduce(world, in, out, 1000, TNT_FLOAT32, TNT_SUM);
-  report_and_abort(ctx, waiters, st, mt_now() - t0, "allreduce");
+  tnt_status_t st =
+      scatter ? tnt_reduce_scatter(world, in, out, 1000 / (size_t)g_size, TNT_FLOAT32, TNT_SUM)
+              : tnt_allreduce(world, in, out, 1000, TNT_FLOAT32, TNT_SUM);
+  report_and_abort(ctx, waiters, st, mt_now() - t0, what);
 }
 
 static void run_fusion(tnt_context_t *ctx, MPI_Comm waiters) {
@@ -116,8 +122,9 @@ int main(int argc, char **argv) {
     if (g_rank == 0) printf("test_timeout_mpi needs at least 2 ranks\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  if (strcmp(mode, "allreduce") != 0 && strcmp(mode, "fusion") != 0) {
-    if (g_rank == 0) printf("unknown mode %s (allreduce or fusion)\n", mode);
+  if (strcmp(mode, "allreduce") != 0 && strcmp(mode, "fusion") != 0 &&
+      strcmp(mode, "reduce_scatter") != 0) {
+    if (g_rank == 0) printf("unknown mode %s (allreduce, reduce_scatter or fusion)\n", mode);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   if (g_rank == 0) {
@@ -139,7 +146,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "fusion") == 0) {
     run_fusion(ctx, waiters);
   } else {
-    run_allreduce(ctx, waiters);
+    run_allreduce(ctx, waiters, strcmp(mode, "reduce_scatter") == 0);
   }
   return 1; /* not reached */
 }

@@ -646,6 +646,7 @@ typedef enum mismatch_kind {
   MM_OP,        /* allreduce with max instead of sum */
   MM_BARRIER,   /* a barrier instead of the allreduce */
   MM_BROADCAST, /* the others broadcast from rank 0, it allreduces */
+  MM_SCATTER,   /* a reduce-scatter of the same vector instead of the allreduce */
   MM_KINDS
 } mismatch_kind_t;
 
@@ -664,6 +665,11 @@ static tnt_status_t mismatch_call(tnt__comm_t *c, const tnt__algo_t *algo, tnt__
       return algo->fn.allreduce(c, buf, buf, sig.count, (tnt_dtype_t)sig.dtype, (tnt_op_t)sig.op,
                                 &w);
     case TNT__COLL_BARRIER: return tnt__barrier(c, &w);
+    case TNT__COLL_REDUCE_SCATTER: {
+      size_t bounds[MAX_RANKS + 1];
+      tnt__slice_bounds(sig.count, tnt_dtype_size((tnt_dtype_t)sig.dtype), c->size, bounds);
+      return algo->reduce_scatter(c, buf, bounds, (tnt_dtype_t)sig.dtype, (tnt_op_t)sig.op, &w);
+    }
     default: {
       const tnt__algo_t *b = tnt__algo_find(TNT__COLL_BROADCAST, "shm");
       return b->fn.broadcast(c, buf, sig.count * tnt_dtype_size((tnt_dtype_t)sig.dtype), sig.root,
@@ -686,6 +692,7 @@ static int mismatch_rank(rank_ctx_t *rc, tnt__comm_t *c) {
       case MM_DTYPE: sig.dtype = TNT_FLOAT64; break;
       case MM_OP: sig.op = TNT_MAX; break;
       case MM_BARRIER: sig = (tnt__coll_sig_t){.kind = TNT__COLL_BARRIER, .set = 1}; break;
+      case MM_SCATTER: sig.kind = TNT__COLL_REDUCE_SCATTER; break;
       default:
         sig = (tnt__coll_sig_t){.count = 1000, .kind = TNT__COLL_ALLREDUCE, .dtype = TNT_FLOAT32,
                                 .op = TNT_SUM, .set = 1};
