@@ -79,10 +79,13 @@ typedef enum collective {
   COLL_ALLREDUCE,
   COLL_BROADCAST,
   COLL_ALLGATHER,
+  COLL_REDUCE_SCATTER,
 } collective_t;
 
-static const char *const kCollectiveNames[] = {"allreduce", "broadcast", "allgather"};
-static const char *const kMpiPeerNames[] = {"MPI_Allreduce", "MPI_Bcast", "MPI_Allgather"};
+static const char *const kCollectiveNames[] = {"allreduce", "broadcast", "allgather",
+                                               "reduce_scatter"};
+static const char *const kMpiPeerNames[] = {"MPI_Allreduce", "MPI_Bcast", "MPI_Allgather",
+                                            "MPI_Reduce_scatter_block"};
 
 typedef enum side {
   SIDE_TNT,
@@ -105,7 +108,7 @@ typedef struct options {
 /* One message size as run: element counts follow the collective's layout. */
 typedef struct size_case {
   size_t bytes; /* message size reported and used for bandwidth */
-  size_t count; /* elements per rank for allgather, of the vector otherwise */
+  size_t count; /* elements per rank for allgather and reduce_scatter, of the vector otherwise */
 } size_case_t;
 
 typedef struct row {
@@ -166,8 +169,9 @@ static int launcher_rank(void) {
 
 static void print_usage(FILE *out) {
   fprintf(out,
-          "Usage: tnt-bench {allreduce|broadcast|allgather} [--min BYTES] [--max BYTES]\n"
-          "                 [--iters N] [--json FILE] [--dtype TYPE] [--compression fp16|bf16]\n"
+          "Usage: tnt-bench {allreduce|broadcast|allgather|reduce_scatter} [--min BYTES]\n"
+          "                 [--max BYTES] [--iters N] [--json FILE] [--dtype TYPE]\n"
+          "                 [--compression fp16|bf16]\n"
           "       tnt-bench --list\n"
           "\n"
           "Measures a libtnt collective (libtnt's own choice of algorithm) against the MPI\n"
@@ -179,7 +183,8 @@ static void print_usage(FILE *out) {
           "  --max BYTES   largest message size (default 64M, at most 1G)\n"
           "                BYTES is an integer with an optional K, M or G suffix (powers of\n"
           "                1024). Allgather sizes are the whole gathered buffer; each rank\n"
-          "                contributes size / ranks.\n"
+          "                contributes size / ranks. Reduce-scatter sizes are the whole\n"
+          "                vector that is reduced; each rank receives size / ranks.\n"
           "  --iters N     calls per timed trial, or 'auto' (default): clamp(256M / size,\n"
           "                5, 1000), fewer when one trial would take longer than 0.1 s\n"
           "  --dtype TYPE  float32 (default), float64, float16, bfloat16, int32 or int64\n"
@@ -396,13 +401,15 @@ static int parse_options(int argc, char **argv, options_t *opt) {
                          kCollectiveNames[opt->coll]);
     }
     if (!parse_collective(arg, &opt->coll)) {
-      return usage_error("unknown collective '%s' (expected allreduce, broadcast or allgather)",
-                         arg);
+      return usage_error(
+          "unknown collective '%s' (expected allreduce, broadcast, allgather or reduce_scatter)",
+          arg);
     }
     have_coll = true;
   }
   if (!have_coll) {
-    return usage_error("missing collective (expected allreduce, broadcast or allgather)");
+    return usage_error(
+        "missing collective (expected allreduce, broadcast, allgather or reduce_scatter)");
   }
   if (opt->wire != TNT_FLOAT32 && (opt->coll != COLL_ALLREDUCE || opt->dtype != TNT_FLOAT32)) {
     return usage_error("--compression applies to the allreduce of float32 only");
@@ -600,13 +607,15 @@ static size_t template_elems(const bench_t *b) {
   return (size_t)(b->sparse ? SPARSE_PERIOD : DENSE_PERIOD) * TEMPLATE_PERIODS;
 }
 
-/* Fills `tmpl` with template_elems() elements of `pattern`. */
-static void make_template(const bench_t *b, pattern_t pattern, int rank, unsigned char *tmpl) {
+/* Fills `tmpl` with template_elems() elements of `pattern`, those of the
+ * indices from `first` on. */
+static void make_template(const bench_t *b, pattern_t pattern, int rank, size_t first,
+                          unsigned char *tmpl) {
   size_t n = template_elems(b);
   for (size_t i = 0; i < n; i++) {
     int64_t v = -1;
-    if (pattern == PATTERN_INPUT) v = contribution(b, rank, i);
-    if (pattern == PATTERN_SUM) v = sum_of_contributions(b, i);
+    if (pattern == PATTERN_INPUT) v = contribution(b, rank, first + i);
+    if (pattern == PATTERN_SUM) v = sum_of_contributions(b, first + i);
     store_value(tmpl, b->opt->dtype, i, v);
   }
 }
@@ -622,7 +631,7 @@ static void fill(const bench_t *b, void *buf, size_t count, const unsigned char 
 
 static void fill_pattern(const bench_t *b, void *buf, size_t count, pattern_t p, int rank) {
   unsigned char tmpl[TEMPLATE_BYTES];
-  make_template(b, p, rank, tmpl);
+  make_template(b, p, rank, 0, tmpl);
   fill(b, buf, count, tmpl);
 }
 
@@ -664,16 +673,22 @@ static void check_result(bench_t *b, const size_case_t *c, const check_label_t *
   unsigned long wrong = 0;
   switch (b->opt->coll) {
     case COLL_ALLREDUCE:
-      make_template(b, PATTERN_SUM, 0, tmpl);
+      make_template(b, PATTERN_SUM, 0, 0, tmpl);
       check_region(b, b->recv, 0, c->count, tmpl, label, &wrong);
       break;
     case COLL_BROADCAST:
-      make_template(b, PATTERN_INPUT, BROADCAST_ROOT, tmpl);
+      make_template(b, PATTERN_INPUT, BROADCAST_ROOT, 0, tmpl);
       check_region(b, b->recv, 0, c->count, tmpl, label, &wrong);
       break;
+    case COLL_REDUCE_SCATTER: {
+      const size_t base = (size_t)b->rank * c->count;
+      make_template(b, PATTERN_SUM, 0, base, tmpl);
+      check_region(b, b->recv, base, c->count, tmpl, label, &wrong);
+      break;
+    }
     default:
       for (int r = 0; r < b->nranks; r++) {
-        make_template(b, PATTERN_INPUT, r, tmpl);
+        make_template(b, PATTERN_INPUT, r, 0, tmpl);
         size_t base = (size_t)r * c->count;
         check_region(b, b->recv + base * b->esz, base, c->count, tmpl, label, &wrong);
       }
@@ -699,6 +714,10 @@ static void prepare(const bench_t *b, const size_case_t *c) {
     case COLL_BROADCAST:
       fill_pattern(b, b->recv, c->count,
                    b->rank == BROADCAST_ROOT ? PATTERN_INPUT : PATTERN_SENTINEL, BROADCAST_ROOT);
+      break;
+    case COLL_REDUCE_SCATTER:
+      fill_pattern(b, b->send, c->count * (size_t)b->nranks, PATTERN_INPUT, b->rank);
+      fill_pattern(b, b->recv, c->count, PATTERN_SENTINEL, 0);
       break;
     default:
       fill_pattern(b, b->send, c->count, PATTERN_INPUT, b->rank);
@@ -766,6 +785,10 @@ static void call_tnt(bench_t *b, const size_case_t *c) {
       what = "tnt_broadcast";
       st = tnt_broadcast(b->world, b->recv, c->count, b->opt->dtype, BROADCAST_ROOT);
       break;
+    case COLL_REDUCE_SCATTER:
+      what = "tnt_reduce_scatter";
+      st = tnt_reduce_scatter(b->world, b->send, b->recv, c->count, b->opt->dtype, TNT_SUM);
+      break;
     default:
       what = "tnt_allgather";
       st = tnt_allgather(b->world, b->send, c->count, b->recv, b->opt->dtype);
@@ -783,6 +806,10 @@ static void call_mpi(bench_t *b, const size_case_t *c) {
       break;
     case COLL_BROADCAST:
       MPI_Bcast(b->recv, bytes, MPI_BYTE, BROADCAST_ROOT, MPI_COMM_WORLD);
+      break;
+    case COLL_REDUCE_SCATTER:
+      MPI_Reduce_scatter_block(b->send, b->recv, (int)c->count, b->mpi_type, b->mpi_op,
+                               MPI_COMM_WORLD);
       break;
     default:
       MPI_Allgather(b->send, bytes, MPI_BYTE, b->recv, bytes, MPI_BYTE, MPI_COMM_WORLD);
@@ -884,7 +911,8 @@ static void measure_size(bench_t *b, const size_case_t *c, row_t *row) {
   row->tnt_s = median(times[SIDE_TNT], TRIALS);
   row->mpi_s = median(times[SIDE_MPI], TRIALS);
   row->algorithm = "auto";
-  if (b->opt->coll == COLL_ALLREDUCE) {
+  /* The reduce-scatter runs the allreduce's choice for the whole vector. */
+  if (b->opt->coll == COLL_ALLREDUCE || b->opt->coll == COLL_REDUCE_SCATTER) {
     /* Compressed, the allreduce moves 16-bit elements. */
     const size_t wire_bytes = b->opt->wire != TNT_FLOAT32 ? c->count * 2 : c->bytes;
     const char *name = tnt_allreduce_algorithm(b->world, wire_bytes);
@@ -969,9 +997,11 @@ static void print_header(const bench_t *b) {
          kCollectiveNames[o->coll], b->nranks, b->nranks == 1 ? "" : "s", tnt_dtype_name(o->dtype),
          TRIALS, o->iters > 0 ? "fixed" : "auto");
   bool half = o->dtype == TNT_FLOAT16 || o->dtype == TNT_BFLOAT16;
+  const bool reduces = o->coll == COLL_ALLREDUCE || o->coll == COLL_REDUCE_SCATTER;
   printf("# MPI peer: %s on MPI_COMM_WORLD%s\n", kMpiPeerNames[o->coll],
-         half && o->coll == COLL_ALLREDUCE ? " (MPI_UINT16_T with a user-defined sum)" : "");
+         half && reduces ? " (MPI_UINT16_T with a user-defined sum)" : "");
   if (o->coll == COLL_ALLGATHER) printf("# bytes: the whole gathered buffer\n");
+  if (o->coll == COLL_REDUCE_SCATTER) printf("# bytes: the whole vector that is reduced\n");
   if (b->oversubscribed) {
     printf("# oversubscribed: %d ranks on a host with %d cores\n", b->max_per_host, b->cores);
   }
@@ -1061,7 +1091,7 @@ static int write_json(FILE *f, const bench_t *b, const row_t *rows, double min_r
 
 /* The swept sizes become element counts: allreduce and broadcast move
  * size / esz elements, allgather gathers size / (ranks * esz) elements from
- * each rank. Every case moves at least one element, and sizes that round
+ * each rank, and reduce_scatter gives each rank that many. Every case moves at least one element, and sizes that round
  * to the same message are run once. */
 static size_t next_size(size_t s, size_t max) {
   return s * 2 > max && s < max ? max : s * 2;
@@ -1069,7 +1099,8 @@ static size_t next_size(size_t s, size_t max) {
 
 static void plan_cases(bench_t *b) {
   const options_t *o = b->opt;
-  size_t per = o->coll == COLL_ALLGATHER ? b->esz * (size_t)b->nranks : b->esz;
+  const bool per_rank = o->coll == COLL_ALLGATHER || o->coll == COLL_REDUCE_SCATTER;
+  size_t per = per_rank ? b->esz * (size_t)b->nranks : b->esz;
   b->ncases = 0;
   b->capacity = 0;
   for (size_t s = o->min_bytes;; s = next_size(s, o->max_bytes)) {
