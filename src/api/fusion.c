@@ -75,14 +75,13 @@ static tnt_status_t fusion_create(tnt_group_t *g, const tnt_tensor_info_t *tenso
   /* A part is a fixed function of the plan: the plan may not change. */
   if (opt.mode != TNT_FUSION_MODE_ALLREDUCE &&
       (opt.tune_threshold || opt.order == TNT_FUSION_ORDER_READINESS)) {
-    return tnt__api_invalid(call,
-                            "the %s mode needs a plan fixed at creation, whose parts stay the "
-                            "same: set tune_threshold to 0 and order to TNT_FUSION_ORDER_LIST "
-                            "(they are %d and %s)",
-                            opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER ? "reduce-scatter"
-                                                                       : "allgather",
-                            opt.tune_threshold,
-                            opt.order == TNT_FUSION_ORDER_LIST ? "list" : "readiness");
+    return tnt__api_invalid(
+        call,
+        "the %s mode needs a plan fixed at creation, whose parts stay the "
+        "same: set tune_threshold to 0 and order to TNT_FUSION_ORDER_LIST "
+        "(they are %d and %s)",
+        opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER ? "reduce-scatter" : "allgather",
+        opt.tune_threshold, opt.order == TNT_FUSION_ORDER_LIST ? "list" : "readiness");
   }
   return tnt__fusion_create(g, tnt__context_engine(g->ctx), g->comm, tensors, n, &opt, out);
 }

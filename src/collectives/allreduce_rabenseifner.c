@@ -73,9 +73,8 @@ static tnt_status_t halving(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, con
 }
 
 /* Recursive doubling of the blocks [b0, b1) that halving left. */
-static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *starts,
-                             size_t esz, int p, int extra, int v, int b0, int b1,
-                             const tnt__wait_ctx_t *w) {
+static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *starts, size_t esz,
+                             int p, int extra, int v, int b0, int b1, const tnt__wait_ctx_t *w) {
   for (int d = 1; d < p; d *= 2) {
     const int peer = tnt__participant_rank(v ^ d, extra), width = b1 - b0;
     /* The partner holds the neighbouring range of the same width. */
@@ -91,8 +90,8 @@ static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *st
 }
 
 tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
-                                      size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
-                                      int extra, int v, const tnt__wait_ctx_t *w) {
+                                         size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
+                                         int extra, int v, const tnt__wait_ctx_t *w) {
   const size_t esz = tnt__dtype_size(dtype);
   size_t *starts = malloc(((size_t)p + 1) * sizeof *starts);
   if (starts == NULL) return TNT_ERR_NO_MEMORY;

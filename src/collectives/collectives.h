@@ -213,7 +213,6 @@ tnt_status_t tnt__shm_wait_all(tnt__comm_t *c, int which, uint64_t value, const 
  */
 tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint64_t *seq);
 
-
 /*
  * The frame of recursive doubling and Rabenseifner's algorithm
  * (allreduce_rd.c): n ranks run the exchanges among p participants, p the

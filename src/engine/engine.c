@@ -520,8 +520,7 @@ tnt_status_t tnt__engine_reduce_scatter(tnt__engine_t *e, tnt__comm_t *comm, con
 static tnt_status_t allgatherv_run(tnt__work_t *work, const tnt__wait_ctx_t *w) {
   const tnt__algo_t *a = tnt__algo_select(work->comm, TNT__COLL_ALLGATHERV, work->bytes);
   work->algorithm = a->name;
-  return a->fn.allgatherv(work->comm, work->sendbuf, work->recvbuf, work->counts, work->displs,
-                          w);
+  return a->fn.allgatherv(work->comm, work->sendbuf, work->recvbuf, work->counts, work->displs, w);
 }
 
 tnt_status_t tnt__engine_allgatherv(tnt__engine_t *e, tnt__comm_t *comm, const void *sendbuf,

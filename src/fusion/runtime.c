@@ -151,10 +151,11 @@ tnt_status_t tnt__fusion_create(tnt_group_t *g, tnt__engine_t *engine, tnt__comm
   TNT_LOG_DEBUG(
       "fusion: %zu tensors in %zu buckets, each one's %s (threshold %zu bytes%s, overlap %s, "
       "float32 travels as %s)",
-      n, f->plan.nbuckets, mode_verb(opt->mode), f->threshold, opt->tune_threshold ? ", tuning" : "",
+      n, f->plan.nbuckets, mode_verb(opt->mode), f->threshold,
+      opt->tune_threshold ? ", tuning" : "",
       opt->overlap == TNT_FUSION_OVERLAP_TUNE ? "tuning"
-      : f->hold                              ? "off"
-                                             : "on",
+      : f->hold                               ? "off"
+                                              : "on",
       tnt_dtype_name(opt->wire_dtype));
   *out = f;
   return TNT_OK;
@@ -293,8 +294,8 @@ static tnt_status_t submit_bucket(tnt_fusion_t *f, size_t b) {
                                     displs, bp->count * esz, bk->label, (long)b, &bk->req);
     }
     default:
-      return tnt__fusion_allreduce(f, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op,
-                                   bk->label, (long)b, &bk->req);
+      return tnt__fusion_allreduce(f, bk->buf, bk->buf, bp->count, bk->wire, f->opt.op, bk->label,
+                                   (long)b, &bk->req);
   }
 }
 

@@ -119,8 +119,8 @@ static PyObject *fusion_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
   int m = 0;
   while (m < TNT_FUSION_MODE_COUNT && strcmp(mode, mode_names[m]) != 0) ++m;
   if (m == TNT_FUSION_MODE_COUNT) {
-    PyErr_Format(PyExc_ValueError, "%s: mode '%s': use 'allreduce', 'reduce_scatter' or 'allgather'",
-                 call, mode);
+    PyErr_Format(PyExc_ValueError,
+                 "%s: mode '%s': use 'allreduce', 'reduce_scatter' or 'allgather'", call, mode);
     return NULL;
   }
   opt.mode = (tnt_fusion_mode_t)m;

@@ -1091,8 +1091,9 @@ static int write_json(FILE *f, const bench_t *b, const row_t *rows, double min_r
 
 /* The swept sizes become element counts: allreduce and broadcast move
  * size / esz elements, allgather gathers size / (ranks * esz) elements from
- * each rank, and reduce_scatter gives each rank that many. Every case moves at least one element, and sizes that round
- * to the same message are run once. */
+ * each rank, and reduce_scatter gives each rank that many. Every case moves
+ * at least one element, and sizes that round to the same message are run
+ * once. */
 static size_t next_size(size_t s, size_t max) {
   return s * 2 > max && s < max ? max : s * 2;
 }
