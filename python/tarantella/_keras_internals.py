@@ -17,6 +17,10 @@ _USED = (
     ("BatchNormalization._moments", keras.layers.BatchNormalization, "_moments"),
     # The axes _moments reduces over (all but the feature axis).
     ("BatchNormalization._reduction_axes", None, "_reduction_axes"),
+    # An optimizer clips its gradients in _clip_gradients, after a
+    # LossScaleOptimizer has unscaled them; a ZeRO optimizer's norms come
+    # from every rank's parts (zero.ShardedClipping overrides it).
+    ("Optimizer._clip_gradients", keras.optimizers.Optimizer, "_clip_gradients"),
     # Every layer of a model, nested ones included; Model.layers lists only
     # the top level.
     ("Layer._flatten_layers", keras.layers.Layer, "_flatten_layers"),

@@ -39,19 +39,55 @@ _DTYPES = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
            tf.int64: "int64", tf.uint8: "uint8"}
 
 
-class GradientReducer:
-    """Fusion sets by gradient signature, created while tracing, over
-    `group` (a _core.create_group handle of `size` ranks; None: all ranks)."""
+def signature(tensors):
+    """The fusion signature of `tensors` (gradients or variables, None
+    allowed): (index, elements, dtype) of each in backprop order (the
+    reverse of the list's), Nones left out."""
+    out = []
+    for i in reversed(range(len(tensors))):
+        t = tensors[i]
+        if t is None:
+            continue
+        dtype = tf.as_dtype(t.dtype)
+        if dtype not in _DTYPES:
+            raise runtime.TarantellaError(
+                f"gradient {i} has dtype {dtype.name}, which Tarantella cannot reduce")
+        shape = tf.TensorShape(t.shape)
+        if not shape.is_fully_defined():
+            raise runtime.TarantellaError(
+                f"gradient {i} has an unknown shape {shape}; variables must have static "
+                "shapes")
+        out.append((i, int(shape.num_elements()), _DTYPES[dtype]))
+    return tuple(out)
 
-    def __init__(self, group=None, size=None):
+
+def count_id(signature):
+    """The id of the sample count in the fusion set of `signature`."""
+    return max((i for i, _, _ in signature), default=-1) + 1
+
+
+class GradientReducer:
+    """Fusion sets by gradient signature, created while tracing (or at once
+    by fusion()), over `group` (a _core.create_group handle of `size` ranks;
+    None: all ranks). `mode` "allreduce" gives every rank the averaged
+    gradients; "reduce_scatter" gives each rank its part of them (zero.py),
+    "allgather" makes sets that gather parts. The sample count is the first
+    tensor of every set, so that sets of one signature have one plan, and so
+    the same parts, whatever their mode."""
+
+    def __init__(self, group=None, size=None, mode="allreduce"):
         self._sets = {}
         self._group = group
         self._size = size
+        self._mode = mode
 
-    def _fusion(self, signature, count_id):
-        fusion = self._sets.get(signature)
+    def fusion(self, signature, mode=None):
+        """The set of `signature` (gradients.signature) in `mode` (default:
+        the reducer's)."""
+        mode = mode or self._mode
+        fusion = self._sets.get((mode, signature))
         if fusion is None:
-            tensors = [(count_id, 1, "float32")]
+            tensors = [(count_id(signature), 1, "float32")]
             tensors += [(i, n, dt) for i, n, dt in signature]
             kb = runtime.threshold_kb()
             tune = kb == "auto"
@@ -60,51 +96,59 @@ class GradientReducer:
             overlap = runtime.overlap()
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
                                   tune_threshold=tune, order=runtime.fusion_order(),
-                                  overlap=overlap)
-            log.logger.debug("fusion set: %d tensors in %d buckets (threshold %s, overlap %s, "
-                             "float32 travels as %s)", len(tensors), fusion.num_buckets,
-                             "tuned" if tune else f"{threshold} bytes", overlap,
+                                  overlap=overlap, mode=mode)
+            log.logger.debug("fusion set: %d tensors in %d buckets (%s, threshold %s, overlap "
+                             "%s, float32 travels as %s)", len(tensors), fusion.num_buckets,
+                             mode, "tuned" if tune else f"{threshold} bytes", overlap,
                              wire or "float32")
-            self._sets[signature] = fusion
+            self._sets[(mode, signature)] = fusion
         return fusion
 
-    def reduce(self, grads, local_count, after=()):
+    def reduce(self, grads, local_count, after=(), count_sink=None):
         """Averages `grads` (list, None allowed) across ranks, weighted by
         `local_count` samples (a float32 scalar read from a variable). No
         gradient enters its bucket before the tensors `after` exist. Runs at
-        trace time; returns new tensors."""
-        if (runtime.get_size() if self._size is None else self._size) == 1:
+        trace time; returns new tensors. In mode "reduce_scatter" these are
+        the gradients' parts (1-D), the sum of the counts comes from an
+        allreduce before the first bucket, and the count's own part goes to
+        the variable `count_sink` (TensorFlow drops a finish whose value
+        nothing uses)."""
+        if (runtime.get_size() if self._size is None else self._size) == 1 and \
+                self._mode == "allreduce":
             return list(grads)
-        dense = []
-        for g in grads:
-            if isinstance(g, tf.IndexedSlices):
-                g = tf.convert_to_tensor(g)
-            dense.append(g)
-        order = [i for i in reversed(range(len(dense))) if dense[i] is not None]
-        signature = []
-        for i in order:
-            g = dense[i]
-            if g.dtype not in _DTYPES:
-                raise runtime.TarantellaError(
-                    f"gradient {i} has dtype {g.dtype.name}, which Tarantella cannot reduce")
-            if not g.shape.is_fully_defined():
-                raise runtime.TarantellaError(
-                    f"gradient {i} has an unknown shape {g.shape}; variables must have static "
-                    "shapes")
-            signature.append((i, int(g.shape.num_elements()), _DTYPES[g.dtype]))
-        signature = tuple(signature)
-        count_id = len(dense)
-        fusion = self._fusion(signature, count_id)
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
+        sig = signature(dense)
+        fusion = self.fusion(sig)
         h = fusion.handle
+        cid = count_id(sig)
+        scattered = self._mode == "reduce_scatter"
 
         with tf.control_dependencies(list(after)):
             n = tf.reshape(local_count, [1])
-            tokens = {count_id: ops.fusion_start(n, h, count_id, 1)}
-            for i, numel, _ in signature:
+            if scattered:
+                total = ops.allreduce(n, self._group or _core.world_handle())[0]
+        with tf.control_dependencies([total] if scattered else []):
+            tokens = {cid: ops.fusion_start(n, h, cid, 1)}
+            for i, numel, _ in sig:
                 tokens[i] = ops.fusion_start(dense[i], h, i, numel, scale=n[0])
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
-            total = ops.fusion_finish(tokens[count_id], n, h, count_id, 1)[0]
+            if scattered:
+                count_sink.assign(self.finish_part(fusion, tokens[cid], cid, n))
+            else:
+                total = ops.fusion_finish(tokens[cid], n, h, cid, 1)[0]
             out = list(dense)
-            for i, numel, _ in signature:
-                out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
+            for i, numel, _ in sig:
+                if scattered:
+                    out[i] = self.finish_part(fusion, tokens[i], i, dense[i], divisor=total)
+                else:
+                    out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
         return out
+
+    @staticmethod
+    def finish_part(fusion, token, tensor_id, like, divisor=1.0):
+        """The finish of a reduce-scatter set: this rank's part of tensor
+        `tensor_id` (shaped like `like`), a vector."""
+        lo, hi = fusion.part(tensor_id)
+        return ops.fusion_finish(token, tf.zeros([hi - lo], like.dtype), fusion.handle,
+                                 tensor_id, hi - lo, divisor=divisor)

@@ -62,6 +62,7 @@ from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
+from tarantella import zero
 from tarantella.backup import position
 from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
@@ -89,10 +90,11 @@ class _State:
         self.with_local = False
         self.saves_of_this_rank = False
         self.pipeline = None  # a pipeline.stage.Pipeline when pipelined
+        self.zero_stage = 0
 
 
 def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None,
-               num_stages=None, *, num_pipeline_stages=None):
+               num_stages=None, *, zero_stage=0, num_pipeline_stages=None):
     """tnt.Model's arguments; `num_pipeline_stages` is the original
     Tarantella's name for the micro-batches of a pipeline."""
     if num_pipeline_stages is not None:
@@ -103,7 +105,7 @@ def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_ba
         log.logger.info("num_pipeline_stages=%s taken as num_micro_batches (its meaning in "
                         "earlier Tarantella versions)", num_pipeline_stages)
         num_micro_batches = num_pipeline_stages
-    return model, parallel_strategy, num_micro_batches, num_stages
+    return model, parallel_strategy, num_micro_batches, num_stages, zero_stage
 
 
 class _ModelType(type(keras.Model)):
@@ -119,13 +121,13 @@ class _ModelType(type(keras.Model)):
             except TypeError as e:
                 raise TypeError(
                     f"{e}: tnt.Model takes (model, parallel_strategy=ParallelStrategy.DATA, "
-                    "num_micro_batches=None, num_stages=None)") from None
+                    "num_micro_batches=None, num_stages=None, *, zero_stage=0)") from None
             return distributed(*arguments)
         return distributed(cls._tnt_base(*args, **kwargs))
 
 
 def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
-                num_stages=None):
+                num_stages=None, zero_stage=0):
     """The one place where distributed models are made: a new model of
     `model`'s class with tnt.Model's methods in front, over `model`'s
     layers and variables (`model` itself is left as it is); see Model."""
@@ -146,11 +148,17 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
             raise runtime.TarantellaError(
                 f"{name} applies to pipelined models only: pass "
                 "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
+    zero.check_stage(zero_stage)
     base = subclass.base_class(model)
     wrapped = internals.twin(model, subclass.mixin_class(Model, base))
     wrapped._tnt = _State()
+    wrapped._tnt.zero_stage = zero_stage
     if pipelined and pipeline_stage.is_one_stage(wrapped, strategy, num_stages):
         pipelined = False
+    if pipelined and zero_stage:
+        raise runtime.TarantellaError(
+            f"zero_stage={zero_stage} shards data parallelism; a pipelined model takes "
+            "zero_stage=0 for now: drop zero_stage, or use ParallelStrategy.DATA")
     if pipelined:
         wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
                                                         num_stages, deferred)
@@ -281,7 +289,10 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def _tnt_compiled(self):
         self.jit_compile = False
-        optimizers.distribute(self.optimizer)
+        if self._tnt.zero_stage and runtime.get_size() > 1:
+            zero.shard(self.optimizer, self._tnt.zero_stage)
+        else:
+            optimizers.distribute(self.optimizer)
         self._tnt.broadcast_pending = True
 
     # ---------------------------------------------------------------- weights
@@ -383,6 +394,7 @@ class Model(keras.Model, metaclass=_ModelType):
             _no_options("save", kwargs)
             return checkpoint.save(self, self._tnt.pipeline, filepath, overwrite,
                                    tnt_save_all_devices)
+        zero.check_saveable(self)
         keras_save = subclass.base_class(self).save
 
         def write(path):
@@ -546,6 +558,11 @@ class Model(keras.Model, metaclass=_ModelType):
         callback asks for this rank's own logs, the steps also return local
         metrics, and the progress bar is one that hides them."""
         cbs = tnt_callbacks.distribute(callbacks, pipelined=self._tnt.pipeline is not None)
+        for cb in cbs:
+            if isinstance(cb, keras.callbacks.BackupAndRestore) or (
+                    isinstance(cb, keras.callbacks.ModelCheckpoint) and
+                    not cb.save_weights_only):
+                zero.check_saveable(self, type(cb).__name__)
         if self._tnt.pipeline is None:
             averaging = batch_norm.averaging_callback(self, list(callbacks or []))
             if averaging is not None:

@@ -1,0 +1,229 @@
+"""Sharded data parallelism: ZeRO stages 1 and 2 (``tnt.Model(...,
+zero_stage=1 or 2)``).
+
+Plain data parallelism keeps the whole optimizer state on every rank. With
+a stage above 0, each rank keeps the optimizer state of its part of every
+variable only, updates that part, and gathers the updated parts of the
+others, so that every rank holds the whole weights for the next step.
+
+The parts. The model's gradients travel in fusion buckets (gradients.py:
+the sample count, then the variables in backprop order, up to the fusion
+threshold each); libtnt cuts every bucket into one block per rank, the
+blocks its allreduce reduces one by one, and rank r's part of a variable is
+where the variable meets block r of its bucket: one contiguous range of the
+variable's elements, empty on some ranks. The parts are a fixed function of
+the variables' sizes, the fusion threshold and the number of ranks.
+
+Stage 1 averages the gradients as stage 0 does (an allreduce) and keeps the
+parts; stage 2 reduce-scatters them: each rank receives its blocks only,
+computed as the allreduce computes them, so the parts' gradients are
+bitwise those of stage 0 at both stages.
+
+The update. The optimizer is built on part variables (1-D, one for each of
+the model's variables, of its part's size) instead of the model's own, so
+its slots hold 1/N of the model. Each step copies the model's values into
+the parts (so set_weights and load_weights between steps are seen), applies
+the optimizer to them with the parts' gradients, and gathers the updated
+parts, bucket by bucket, into the model's variables. An elementwise
+optimizer computes every element as it would on the whole tensor, so the
+weights are bitwise those of stage 0. A LossScaleOptimizer decides whether
+the gradients are finite from every rank's parts.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import gradients
+from tarantella import log
+from tarantella import ops
+from tarantella import runtime
+from tarantella import step
+from tarantella import subclass
+
+STAGES = (0, 1, 2)
+
+
+def check_stage(zero_stage):
+    """`zero_stage` checked: an int of STAGES."""
+    if isinstance(zero_stage, bool) or zero_stage not in STAGES:
+        raise runtime.TarantellaError(
+            f"zero_stage={zero_stage!r} is not a ZeRO stage Tarantella has: use 0 (plain data "
+            "parallelism), 1 (optimizer state sharded) or 2 (gradients and optimizer state "
+            "sharded)")
+    if zero_stage and runtime.threshold_kb() == "auto":
+        raise runtime.TarantellaError(
+            f"zero_stage={zero_stage} needs a fixed fusion plan, but TNT_FUSION_THRESHOLD_KB is "
+            "auto: set it to a number of KiB (the default is 32)")
+    if zero_stage and runtime.fusion_order() != "list":
+        raise runtime.TarantellaError(
+            f"zero_stage={zero_stage} needs a fixed fusion plan, but TNT_FUSION_ORDER is "
+            f"{runtime.fusion_order()}: set it to list (the default)")
+    return zero_stage
+
+
+class Shards:
+    """This rank's parts of `variables` (a list of the model's variables)
+    and the fusion sets that move them, at `stage` 1 or 2."""
+
+    def __init__(self, variables, stage):
+        self.stage = stage
+        self.variables = list(variables)
+        self.signature = gradients.signature(self.variables)
+        mode = "reduce_scatter" if stage == 2 else "allreduce"
+        self.reducer = gradients.GradientReducer(mode=mode)
+        self.gather_set = self.reducer.fusion(self.signature, "allgather")
+        self.ranges = [self.gather_set.part(i) for i in range(len(self.variables))]
+        # The sample count's part, and its gathered whole: the fusion sets'
+        # first tensor, which keeps their plan that of stage 0's. Variables:
+        # TensorFlow runs a start of a constant (or an empty tensor) ahead of
+        # time, while it optimizes the graph, and drops a finish whose value
+        # nothing uses.
+        lo, hi = self.gather_set.part(gradients.count_id(self.signature))
+        self.count_part = tf.Variable(tf.zeros([hi - lo]), trainable=False)
+        self.count_whole = tf.Variable(tf.zeros([1]), trainable=False)
+        self.parts = [
+            keras.Variable(tf.reshape(v.value, [-1])[lo:hi], dtype=v.dtype, trainable=False,
+                           name=v.name)
+            for v, (lo, hi) in zip(self.variables, self.ranges)]
+
+    def held_bytes(self):
+        """Bytes of the parts, this rank's."""
+        return sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in self.parts)
+
+    def reduce(self, grads, current):
+        """The parts of `grads` averaged over the global batch, None where a
+        gradient is None. The fusion sets are planned for every variable, so
+        a missing gradient travels as zeros (its variable is not updated)."""
+        missing = [g is None for g in grads]
+        dense = [tf.zeros(v.shape, v.dtype) if g is None else g
+                 for g, v in zip(grads, self.variables)]
+        out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part)
+        current.record(out)
+        if self.stage == 1:
+            out = [tf.reshape(g, [-1])[lo:hi] for g, (lo, hi) in zip(out, self.ranges)]
+        return [None if m else g for g, m in zip(out, missing)]
+
+    def copy_in(self):
+        """Assigns the model's values to the parts; returns the assignments."""
+        return [p.assign(tf.reshape(v.value, [-1])[lo:hi])
+                for p, v, (lo, hi) in zip(self.parts, self.variables, self.ranges)]
+
+    def gather(self, current):
+        """Gathers the updated parts into the model's variables."""
+        h = self.gather_set.handle
+        count_id = gradients.count_id(self.signature)
+
+        def start(i, part):
+            return ops.fusion_start(part, h, i, int(part.shape[0]))
+
+        with tf.control_dependencies(current.after()):
+            tokens = {count_id: start(count_id, self.count_part.value())}
+            for i, _, _ in self.signature:
+                tokens[i] = start(i, self.parts[i].value)
+        assigned = []
+        with tf.control_dependencies([tf.group(list(tokens.values()))]):
+            done = ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1)
+            assigned.append(self.count_whole.assign(done))
+            for i, numel, _ in self.signature:
+                v = self.variables[i]
+                assigned.append(v.assign(ops.fusion_finish(tokens[i], v.value, h, i, numel)))
+        current.record(assigned)
+        return assigned
+
+
+class ShardedOptimizer:
+    """Placed in front of an optimizer's class by shard(): its state is
+    built on this rank's parts of the variables (Shards)."""
+
+    def build(self, variables):
+        shards = Shards(variables, self._tnt_zero_stage)
+        self._tnt_shards = shards
+        super().build(shards.parts)
+        whole = _mib(variables)
+        part = shards.held_bytes() / 2**20
+        log.logger.info(
+            "ZeRO stage %d: this rank holds %.1f MiB of weights, %.1f MiB of averaged gradients "
+            "and %.1f MiB of optimizer state (for its part of the weights, %.1f MiB)",
+            shards.stage, whole, whole if shards.stage == 1 else part, _mib(self.variables), part)
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            self.build(list(trainable_variables))
+        shards = self._tnt_shards
+        if trainable_variables is not None and \
+                [id(v) for v in trainable_variables] != [id(v) for v in shards.variables]:
+            raise runtime.TarantellaError(
+                "an optimizer with zero_stage > 0 updates the variables it was built for, all "
+                "at once; it was given others: apply the gradients of every trainable variable "
+                "of the model together")
+        current = step.active()
+        parts = shards.reduce(list(grads), current)
+        with tf.control_dependencies(shards.copy_in()):
+            pairs = [(g, p) for g, p in zip(parts, shards.parts) if g is not None]
+            super().apply([g for g, _ in pairs], [p for _, p in pairs])
+        shards.gather(current)
+
+    def check_finite(self, grads):
+        """(LossScaleOptimizer) Whether every rank's parts are finite."""
+        finite = tf.cast(super().check_finite(grads), tf.float32)
+        return step.active().allreduce(tf.reshape(finite, [1]), "min")[0] > 0
+
+
+class ShardedClipping:
+    """Placed in front of the class of the optimizer that updates the parts
+    (a LossScaleOptimizer's inner one) when it clips by norm: a norm is
+    that of the whole tensor (clipnorm) or of all of them (global_clipnorm),
+    so it comes from the sums of every rank's parts' squares. The sums are
+    added in another order than a whole tensor's: the clipped gradients
+    equal stage 0's within rounding, not bitwise."""
+
+    def _clip_gradients(self, grads):
+        if not (self.clipnorm and self.clipnorm > 0) and \
+                not (self.global_clipnorm and self.global_clipnorm > 0):
+            return super()._clip_gradients(grads)  # clipvalue is elementwise
+        squares = tf.stack([tf.reduce_sum(tf.square(g)) for g in grads])
+        sums = tf.unstack(step.active().allreduce(squares), num=len(grads))
+        if self.clipnorm and self.clipnorm > 0:
+            out = []
+            for g, l2sum in zip(grads, sums):  # as Keras's _clip_by_norm
+                positive = l2sum > 0
+                l2norm = tf.where(positive, tf.sqrt(tf.where(positive, l2sum, 1.0)), l2sum)
+                out.append(g * self.clipnorm / tf.maximum(l2norm, self.clipnorm))
+            return out
+        norm = tf.sqrt(tf.add_n(sums))  # as Keras's clip_by_global_norm
+        scale = self.global_clipnorm * tf.minimum(1.0 / norm, 1.0 / self.global_clipnorm)
+        scale = scale + (norm - norm)
+        return [g * scale for g in grads]
+
+
+def check_saveable(model, what="save"):
+    """Refuses to write `model` with its optimizer while the optimizer's
+    state is sharded: the file would hold one rank's parts as the whole."""
+    stage = model._tnt.zero_stage
+    if stage and isinstance(getattr(model, "optimizer", None), ShardedOptimizer):
+        raise runtime.TarantellaError(
+            f"{what} writes the optimizer's state, which zero_stage={stage} keeps in parts on "
+            "the ranks, and Tarantella does not yet write it: save the weights "
+            "(save_weights, ModelCheckpoint(save_weights_only=True)), or train with "
+            "zero_stage=0")
+
+
+def _mib(variables):
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
+
+
+def shard(optimizer, stage):
+    """Makes `optimizer` keep the state of this rank's parts only, at ZeRO
+    `stage` (1 or 2); returns it."""
+    if optimizer.built:
+        raise runtime.TarantellaError(
+            f"zero_stage={stage}: the optimizer was built (it has a state for the whole "
+            "model) before the model was distributed: give tnt.Model a model compiled with a "
+            "new optimizer, or compile the tnt.Model")
+    optimizer._tnt_zero_stage = stage
+    updating = optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        updating = optimizer.inner_optimizer
+    subclass.add_mixin(updating, ShardedClipping)
+    return subclass.add_mixin(optimizer, ShardedOptimizer)
+

@@ -1,0 +1,108 @@
+"""Sharded data parallelism (tnt.Model(..., zero_stage=1 or 2)) against
+plain data parallelism on the same ranks.
+
+At stages 1 and 2 each rank updates its part of every variable with the
+part's gradient, which is bitwise the allreduce's (stage 1 keeps it from
+the allreduce, stage 2 receives it from a reduce-scatter that computes
+each block as the allreduce does); an elementwise optimizer then computes
+every element as on the whole tensor. So the weights and the losses of
+stages 1 and 2 equal stage 0's bit for bit, and stage 0 equals serial
+Keras within the tolerance of test_training.py. Clipping by norm reads
+whole tensors: its norms come from the parts' sums (see
+test_norm_clipping_equals_stage_zero_within_rounding).
+"""
+import os
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+
+pytestmark = pytest.mark.ranks
+
+WORKER = os.path.join(ROOT, "tests", "python", "zero_worker.py")
+ELEMENTWISE = ["sgd", "sgd_momentum", "sgd_nesterov", "adam", "adamw", "adamax", "adagrad",
+               "adadelta", "rmsprop", "nadam", "lion", "ftrl"]
+CLIPPING = ["sgd_clipnorm", "adam_global_clipnorm"]
+
+
+def train(tmp_path, python, nranks, *args):
+    out = str(tmp_path)
+    run(mpirun_command(nranks, python, WORKER, "--out", out, *args), timeout=900)
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(nranks)]
+
+
+def weights(result, case, stage):
+    prefix = f"{case}/z{stage}/w"
+    return [result[k] for k in sorted(result, key=lambda k: (len(k), k)) if k.startswith(prefix)]
+
+
+def assert_bitwise_as_stage_zero(results, cases):
+    for case in cases:
+        for stage in (1, 2):
+            for r, result in enumerate(results):
+                for what in ("loss", "accuracy"):
+                    assert np.array_equal(result[f"{case}/z{stage}/{what}"],
+                                          result[f"{case}/z0/{what}"]), \
+                        f"{case}: rank {r}'s {what} at stage {stage} differs from stage 0's"
+                for i, (got, want) in enumerate(zip(weights(result, case, stage),
+                                                    weights(result, case, 0))):
+                    assert np.array_equal(got, want), \
+                        f"{case}: rank {r}'s weight {i} at stage {stage} differs from stage " \
+                        f"0's by up to {np.max(np.abs(got - want))}"
+
+
+def assert_ranks_identical(results):
+    for key in results[0]:
+        if key.endswith("slot_bytes"):
+            continue
+        for r, result in enumerate(results[1:], start=1):
+            assert np.array_equal(result[key], results[0][key]), \
+                f"{key} differs between rank 0 and rank {r}"
+
+
+def assert_state_is_sharded(results, cases):
+    """The ranks' slots at stages 1 and 2 add up to stage 0's, which every
+    rank holds whole."""
+    for case in cases:
+        whole = int(results[0][f"{case}/z0/slot_bytes"])
+        for stage in (1, 2):
+            held = [int(res[f"{case}/z{stage}/slot_bytes"]) for res in results]
+            assert sum(held) == whole, f"{case}: stage {stage} slots {held}, stage 0 {whole}"
+            if whole:
+                assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
+
+
+@pytest.mark.parametrize("nranks,model", [(2, "functional"), (3, "sequential")])
+def test_elementwise_optimizers_are_bitwise_as_stage_zero(nranks, model, tmp_path, python):
+    results = train(tmp_path, python, nranks, "--model", model, "--cases", ",".join(ELEMENTWISE))
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, ELEMENTWISE)
+    assert_state_is_sharded(results, ELEMENTWISE)
+
+
+def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
+    cases = ["sgd_momentum", "adam"]
+    results = train(tmp_path, python, 2, "--mixed", "--cases", ",".join(cases))
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+
+
+def test_norm_clipping_equals_stage_zero_within_rounding(tmp_path, python):
+    """A norm is the square root of a sum of n squares; stage 0 adds a
+    tensor's squares in one order, stages 1 and 2 add each part's and then
+    the parts'. All terms are positive, so either sum is within (n - 1) u
+    of the exact one (u = 2**-24, float32; n the elements of the largest
+    variable, 12 x 16) and the two within 2 (n - 1) u of each other; the
+    square root halves that, and the clipping factor (clip / norm) carries
+    it into the update, relatively. Every update here is below 1 (SGD's is
+    at most lr * clip = 0.005 an element, Adam's about lr = 0.01), so after
+    S steps the weights may differ by S (n - 1) u, twice that to allow for
+    the differences' own effect on later gradients."""
+    results = train(tmp_path, python, 2, "--cases", ",".join(CLIPPING))
+    assert_ranks_identical(results)
+    steps, n, u = 2 * 8, 12 * 16, 2.0 ** -24
+    for case in CLIPPING:
+        for stage in (1, 2):
+            for got, want in zip(weights(results[0], case, stage), weights(results[0], case, 0)):
+                assert np.max(np.abs(got - want)) <= 2 * steps * (n - 1) * u, case

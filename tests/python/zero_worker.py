@@ -1,0 +1,71 @@
+"""Trains train_worker's models with each optimizer at ZeRO stages 0, 1 and 2
+on the same ranks, from the same weights, on the same data, and records
+per case and stage the per-epoch losses, the final weights and the bytes
+of optimizer state this rank holds.
+
+Every rank writes OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_worker  # noqa: E402  (sets TensorFlow's threads and log level)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+
+
+def sequential(seed, mixed=False):
+    """train_worker's model, as a Sequential model."""
+    functional = train_worker.make_model(seed, mixed)
+    model = keras.Sequential([keras.Input(shape=(12,))] + functional.layers[1:])
+    return model
+
+
+MODELS = {"functional": train_worker.make_model, "sequential": sequential}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--cases", default=",".join(train_worker.OPTIMIZERS))
+    p.add_argument("--stages", default="0,1,2")
+    p.add_argument("--model", default="functional", choices=sorted(MODELS))
+    p.add_argument("--samples", type=int, default=150)
+    p.add_argument("--batch", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--mixed", action="store_true", help="mixed_float16 layers (loss scaling)")
+    args = p.parse_args()
+
+    tnt.init()
+    x, y = train_worker.make_data(args.samples)
+    results = {}
+    for case in args.cases.split(","):
+        for stage in map(int, args.stages.split(",")):
+            model = tnt.Model(MODELS[args.model](seed=3, mixed=args.mixed), zero_stage=stage)
+            optimizer = train_worker.OPTIMIZERS[case]()
+            if args.mixed:
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
+            history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False)
+            key = f"{case}/z{stage}"
+            results[f"{key}/loss"] = np.array(history.history["loss"], dtype=np.float64)
+            results[f"{key}/accuracy"] = np.array(history.history["accuracy"], dtype=np.float64)
+            for i, w in enumerate(model.get_weights()):
+                results[f"{key}/w{i}"] = w
+            slots = [v for v in model.optimizer.variables if len(v.shape)]
+            results[f"{key}/slot_bytes"] = np.array(sum(
+                int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in slots))
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{tnt.get_rank()}.npz"), **results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
