@@ -101,6 +101,21 @@ def name_from_settings():
     return settings.get("TNT_PIPELINE_SCHEDULE")
 
 
+def chosen(argument=None):
+    """(name, what chose it) of a pipeline's schedule: `argument`
+    (tnt.Model's pipeline_schedule) when given, else TNT_PIPELINE_SCHEDULE.
+    Raises ScheduleError for an argument that names no schedule."""
+    if argument is None:
+        name = name_from_settings()
+        return name, f"TNT_PIPELINE_SCHEDULE={name}"
+    if argument not in NAMES:
+        raise ScheduleError(
+            f"pipeline_schedule={argument!r} is not a pipeline schedule: use one of "
+            f"{', '.join(map(repr, NAMES))}, or leave it out for TNT_PIPELINE_SCHEDULE's "
+            f"({name_from_settings()} here)")
+    return argument, f"pipeline_schedule={argument!r}"
+
+
 class Schedule:
     """The actions of every rank of one pipeline for one step.
 

@@ -99,9 +99,11 @@ def is_one_stage(model, strategy, num_stages):
 class Pipeline:
     """The pipeline of one tnt.Model on this rank."""
 
-    def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
+    def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=(),
+                 schedule=None):
         """`deferred`: the variables of a model built by
-        weights.build_deferred, none of them allocated yet."""
+        weights.build_deferred, none of them allocated yet; `schedule`: the
+        schedule's name (None: TNT_PIPELINE_SCHEDULE's)."""
         if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
                                               or num_micro_batches < 1
                                               or num_micro_batches > MAX_MICRO_BATCHES):
@@ -136,20 +138,24 @@ class Pipeline:
             self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
         self.num_micro_batches = int(num_micro_batches or 2 * k)
-        self.schedule_name = schedule_lib.name_from_settings()
+        self.schedule_name, chooser = schedule_lib.chosen(schedule)
         ranks = k
-        if self.schedule_name == "interleaved":
-            if ParallelStrategy.DATA in strategy:
-                raise runtime.TarantellaError(
-                    "the interleaved pipeline schedule runs with ParallelStrategy.PIPELINING "
-                    "(every rank holds num_stages / ranks chunks of the model): use "
-                    "PIPELINING, or the 1f1b schedule for replicas of a pipeline")
-            ranks = runtime.get_size()
-        # Checked once here: a schedule that would deadlock or exceed its
-        # memory bound fails before any rank starts it.
-        self.schedules = {
-            True: schedule_lib.training(self.schedule_name, k, ranks, self.num_micro_batches),
-            False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+        try:
+            if self.schedule_name == "interleaved":
+                if ParallelStrategy.DATA in strategy:
+                    raise schedule_lib.ScheduleError(
+                        "the interleaved pipeline schedule runs with ParallelStrategy."
+                        "PIPELINING (every rank holds num_stages / ranks chunks of the model): "
+                        "use PIPELINING, or the 1f1b schedule for replicas of a pipeline")
+                ranks = runtime.get_size()
+            # Checked once here: a schedule that would deadlock or exceed its
+            # memory bound fails before any rank starts it.
+            self.schedules = {
+                True: schedule_lib.training(self.schedule_name, k, ranks,
+                                            self.num_micro_batches),
+                False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+        except schedule_lib.ScheduleError as e:
+            raise schedule_lib.ScheduleError(f"{e} (the schedule is {chooser})") from None
         self.layout = Layout(strategy, k, ranks)
         # This rank's place in its pipeline, and the stages (chunks) it runs.
         self.stage = self.layout.stage
@@ -200,9 +206,10 @@ class Pipeline:
                      if self.recompute else "")
         log.logger.info(
             "pipeline: %d stages x %d replicas, %d micro-batches per step, schedule %s "
-            "(%s holds at most %d micro-batches' activations%s)", self.partition.num_stages,
-            self.num_replicas, self.num_micro_batches, self.schedule_name, who,
-            schedule.held(0), gradients)
+            "(%s holds at most %d micro-batches' activations; bubble %.3f of a step at "
+            "best%s)", self.partition.num_stages, self.num_replicas, self.num_micro_batches,
+            self.schedule_name, who, schedule.held(0), schedule_lib.idle_share(schedule),
+            gradients)
         for line in self.partition.description(mbs):
             log.logger.info("pipeline: %s", line)
 
