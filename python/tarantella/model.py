@@ -94,7 +94,8 @@ class _State:
 
 
 def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None,
-               num_stages=None, *, zero_stage=0, num_pipeline_stages=None):
+               num_stages=None, pipeline_schedule=None, *, zero_stage=0,
+               num_pipeline_stages=None):
     """tnt.Model's arguments; `num_pipeline_stages` is the original
     Tarantella's name for the micro-batches of a pipeline."""
     if num_pipeline_stages is not None:
@@ -105,7 +106,8 @@ def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_ba
         log.logger.info("num_pipeline_stages=%s taken as num_micro_batches (its meaning in "
                         "earlier Tarantella versions)", num_pipeline_stages)
         num_micro_batches = num_pipeline_stages
-    return model, parallel_strategy, num_micro_batches, num_stages, zero_stage
+    return (model, parallel_strategy, num_micro_batches, num_stages, pipeline_schedule,
+            zero_stage)
 
 
 class _ModelType(type(keras.Model)):
@@ -121,13 +123,14 @@ class _ModelType(type(keras.Model)):
             except TypeError as e:
                 raise TypeError(
                     f"{e}: tnt.Model takes (model, parallel_strategy=ParallelStrategy.DATA, "
-                    "num_micro_batches=None, num_stages=None, *, zero_stage=0)") from None
+                    "num_micro_batches=None, num_stages=None, pipeline_schedule=None, *, "
+                    "zero_stage=0)") from None
             return distributed(*arguments)
         return distributed(cls._tnt_base(*args, **kwargs))
 
 
 def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
-                num_stages=None, zero_stage=0):
+                num_stages=None, schedule=None, zero_stage=0):
     """The one place where distributed models are made: a new model of
     `model`'s class with tnt.Model's methods in front, over `model`'s
     layers and variables (`model` itself is left as it is); see Model."""
@@ -143,7 +146,8 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
             f"parallel_strategy={strategy!r} is not a tnt.ParallelStrategy: use "
             "ParallelStrategy.DATA, PIPELINING or ALL")
     pipelined = ParallelStrategy.PIPELINING in strategy
-    for name, value in (("num_micro_batches", num_micro_batches), ("num_stages", num_stages)):
+    for name, value in (("num_micro_batches", num_micro_batches), ("num_stages", num_stages),
+                        ("pipeline_schedule", schedule)):
         if value is not None and not pipelined:
             raise runtime.TarantellaError(
                 f"{name} applies to pipelined models only: pass "
@@ -161,7 +165,7 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
             "zero_stage=0 for now: drop zero_stage, or use ParallelStrategy.DATA")
     if pipelined:
         wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
-                                                        num_stages, deferred)
+                                                        num_stages, deferred, schedule)
         wrapped._tnt.resources = wrapped._tnt.pipeline.resources()
     else:
         stage_weights.allocate_all(deferred)
@@ -182,10 +186,11 @@ def _no_options(what, kwargs):
 
 class Model(keras.Model, metaclass=_ModelType):
     """``tnt.Model(model, parallel_strategy=ParallelStrategy.DATA,
-    num_micro_batches=None, num_stages=None)``: a keras.Model that trains
-    `model` on all ranks. `model` may also be a function without arguments
-    that returns the model: Tarantella then builds it without allocating
-    its weights, and a pipelined rank allocates its stage's weights only.
+    num_micro_batches=None, num_stages=None, pipeline_schedule=None, *,
+    zero_stage=0)``: a keras.Model that trains `model` on all ranks. `model` may also be a
+    function without arguments that returns the model: Tarantella then
+    builds it without allocating its weights, and a pipelined rank
+    allocates its stage's weights only.
     It is a new model of `model`'s own class (a Functional, a Sequential or
     the user's subclass, with the methods below in front) over the same
     layers and weights; `model` itself stays a plain Keras model (pipelined,
@@ -196,8 +201,14 @@ class Model(keras.Model, metaclass=_ModelType):
     SplitLayers into K stages, or by Tarantella into `num_stages` balanced
     stages; PIPELINING needs K ranks, ALL a multiple of K (replicas of the
     pipeline). `num_micro_batches` (default 2 K) splits each replica's share
-    of a global batch. A model without cuts is one stage: under ALL it is
-    trained data-parallel, under PIPELINING on one rank."""
+    of a global batch; `pipeline_schedule` ("1f1b", "gpipe",
+    "interleaved"; default TNT_PIPELINE_SCHEDULE's) orders the stages'
+    passes (pipeline/schedule.py). A model without cuts is one stage: under
+    ALL it is trained data-parallel, under PIPELINING on one rank.
+
+    `zero_stage` 1 or 2 shards data parallelism: each rank keeps the
+    optimizer's state for its part of the weights only (and at 2 its part
+    of the averaged gradients), with stage 0's results (zero.py)."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

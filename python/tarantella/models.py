@@ -25,12 +25,14 @@ def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kw
 
 
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
-               parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None, num_stages=None):
+               parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None, num_stages=None,
+               pipeline_schedule=None):
     """A tnt.Model from a file written by save; compiled if it was saved
     compiled (and compile=True), distributed as tnt.Model(model,
-    parallel_strategy, num_micro_batches, num_stages) does (a file's
-    SplitLayers are its cuts). Pipelined, a .keras file is built without
-    allocating the weights and each rank reads its stage's only."""
+    parallel_strategy, num_micro_batches, num_stages, pipeline_schedule)
+    does (a file's SplitLayers are its cuts). Pipelined, a .keras file is
+    built without allocating the weights and each rank reads its stage's
+    only."""
     runtime.require_init()
     path = os.fspath(filepath)
     if not os.path.exists(path):
@@ -41,14 +43,14 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
             "file is damaged, or of another kind")
     if ParallelStrategy.PIPELINING in parallel_strategy and path.endswith(".keras"):
         return _load_pipelined(path, custom_objects, compile, safe_mode, parallel_strategy,
-                               num_micro_batches, num_stages)
+                               num_micro_batches, num_stages, pipeline_schedule)
     return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
                                          compile=compile, safe_mode=safe_mode),
-                 parallel_strategy, num_micro_batches, num_stages)
+                 parallel_strategy, num_micro_batches, num_stages, pipeline_schedule)
 
 
 def _load_pipelined(path, custom_objects, compile, safe_mode, strategy, num_micro_batches,
-                    num_stages):
+                    num_stages, schedule):
     """load_model for a pipeline: the model is built from the file's config
     without allocating a weight (tnt.Model of a build function), then each
     rank reads its stage's values only (the file must be readable on every
@@ -60,7 +62,7 @@ def _load_pipelined(path, custom_objects, compile, safe_mode, strategy, num_micr
     def build():
         return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects,
                                                      safe_mode=safe_mode)
-    model = Model(build, strategy, num_micro_batches, num_stages)
+    model = Model(build, strategy, num_micro_batches, num_stages, schedule)
     if compile and compile_config:
         model.compile_from_config(compile_config)
     model.load_weights(path)

@@ -2,6 +2,7 @@
 
   pipeline_worker.py CASE --out DIR [--serial] [--stages K] [--replicas R]
                      [--optimizer NAME] [--micro-batches M] [--num-stages K]
+                     [--schedule NAME]
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
@@ -128,6 +129,8 @@ def main():
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
+    p.add_argument("--schedule", help="tnt.Model's pipeline_schedule (default: "
+                                      "TNT_PIPELINE_SCHEDULE's)")
     p.add_argument("--save")
     p.add_argument("--build-fn", action="store_true",
                    help="give tnt.Model the function that builds the model")
@@ -156,7 +159,8 @@ def main():
                     else tnt.ParallelStrategy.PIPELINING)
         auto = {"num_stages": args.num_stages} if args.num_stages else {}
         model = tnt.Model(model, parallel_strategy=strategy,
-                          num_micro_batches=args.micro_batches, **auto)
+                          num_micro_batches=args.micro_batches,
+                          pipeline_schedule=args.schedule, **auto)
     stage_file = {}
     if args.build_fn and args.serial:  # a normal build's weights, to compare with
         model = model()

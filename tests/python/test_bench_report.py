@@ -118,8 +118,14 @@ def test_report_pipeline_section(tmp_path):
                     "t_stage_ms": 10.0, "t_stage_busy_ms": 12.0, "ideal_ms": 25.0,
                     "ratio_to_ideal": 1.2, "interleaved_bound": 1 / (2 * m + 1),
                     "measured_idle_share": 0.1} for m in (4, 8)]
+    zero_bubble = [{"schedule": s, "stages": 2, "ranks": 2, "chunks": 1, "micro_batches": m,
+                    "step_ms": 20.0, "t_stage_ms": 10.0, "t_stage_busy_ms": 12.0,
+                    "ideal_ms": 19.0, "ratio_to_ideal": 1.05,
+                    "zero_bubble_bound": 1 / (3 * m + 1), "measured_idle_share": 0.05}
+                   for s in ("zb-h1", "zb-h2") for m in (4, 8)]
     write(tmp_path / "pipeline_bubble.json", {"config": {"quick": True}, "results": bubble,
-                                              "interleaved": interleaved})
+                                              "interleaved": interleaved,
+                                              "zero_bubble": zero_bubble})
     # The traced step grows 10 MiB per micro-batch; what a step holds above
     # it is the schedule's: the targets judge the latter.
     memory = [{"schedule": s, "micro_batches": m, "stage": st, "peak_rss_mib": 600.0 + grow,
@@ -155,6 +161,9 @@ def test_report_pipeline_section(tmp_path):
     assert "NOT RUN" in row and "needs root" in row
     assert "## 6. Pipeline parallelism" in summary
     assert "| 2 | 2 | 8 | 30.00 | 10.00 | 12.00 | 25.00 | 1.200 | 0.059 | 0.100 |" in summary
+    # Each zero-bubble row beside 1F1B's on the same stages and M.
+    assert ("| zb-h1 | 2 | 8 | 20.00 | 10.00 | 12.00 | 19.00 | 1.050 | 0.040 | 0.050 | 0.200 "
+            "| 99.00 |") in summary
 
 
 def test_report_data_share_section(tmp_path):

@@ -1,7 +1,10 @@
 """Pipeline schedules as data (tarantella/pipeline/schedule.py), without
-ranks: the action lists of GPipe, 1F1B and interleaved 1F1B, the checker
-that refuses lists that would deadlock, misorder their passes or exceed
-their memory bound, and the bubble each schedule allows."""
+ranks: the action lists of GPipe, 1F1B, interleaved 1F1B and the
+zero-bubble ZB-H1 and ZB-H2, the checker that refuses lists that would
+deadlock, misorder their passes or exceed their memory bound, the bubble
+each schedule allows, and how a stage's W waits for its place in the list."""
+import collections
+
 import pytest
 
 from tarantella.pipeline import schedule as S
@@ -10,10 +13,10 @@ from tarantella.pipeline.schedule import Action, Schedule, ScheduleError
 GRID = [(k, m) for k in (2, 3, 4) for m in (1, 2, 3, 5, 8, 16)]
 
 
-def passes(schedule, rank):
+def passes(schedule, rank, kinds=("F", "B")):
     """Rank's (kind, stage, micro-batch) of its forward and backward passes."""
     return [(a.kind, a.stage, a.micro_batch) for a in schedule.actions[rank]
-            if a.kind in ("F", "B")]
+            if a.kind in kinds]
 
 
 @pytest.mark.parametrize("k,m", GRID)
@@ -72,6 +75,59 @@ def test_interleaved(ranks, chunks, m):
     for name in ("1f1b", "gpipe"):
         assert S.idle_share(S.training(name, ranks, ranks, m)) == pytest.approx(
             (ranks - 1) / (m + ranks - 1), abs=1e-12)
+
+
+ZERO_BUBBLE_GRID = [(name, k, m) for name in ("zb-h1", "zb-h2") for k in (2, 3, 4)
+                    for m in range(1, 17)]
+
+
+@pytest.mark.parametrize("name,k,m", ZERO_BUBBLE_GRID)
+def test_zero_bubble(name, k, m):
+    """Every F, B and W once, each W after its B on the same rank and a
+    stage's W in micro-batch order (so the weight gradients add up as under
+    1F1B); ZB-H1 holds 1F1B's K - s micro-batches between F and B, ZB-H2
+    at most 2 (K - s) - 1, both at most K - 1 more waiting for W; the lists
+    run to their end in the simulator (no deadlock); with M >= K the bubble
+    is (K - 1) / (3 M + K - 1) of a step (F, B and W of equal cost), the
+    least a step can idle (the last stage waits for the first micro-batch to
+    cross K - 1 stages), a third of 1F1B's as M grows."""
+    schedule = S.training(name, k, k, m)
+    assert schedule.splits_backward
+    for s in range(k):
+        mine = passes(schedule, s, ("F", "B", "W"))
+        assert collections.Counter(mine) == collections.Counter(
+            (kind, s, i) for kind in "FBW" for i in range(m))
+        for i in range(m):
+            assert mine.index(("B", s, i)) < mine.index(("W", s, i))
+        assert [i for kind, _, i in mine if kind == "W"] == list(range(m))
+        flight = min(k - s if name == "zb-h1" else 2 * (k - s) - 1, m)
+        assert schedule.in_flight[s] == flight
+        assert schedule.held_in_flight(s) <= flight
+        assert schedule.held(s) <= schedule.bound[s] == min(flight + k - 1, m)
+        if name == "zb-h1":  # exactly 1F1B's bound
+            assert schedule.held_in_flight(s) == S.training("1f1b", k, k, m).held(s)
+    position, _ = S._simulate(schedule)
+    assert position == [len(actions) for actions in schedule.actions]
+    one_f_one_b = S.idle_share(S.training("1f1b", k, k, m))
+    share = S.idle_share(schedule)
+    assert share < one_f_one_b
+    if m >= k:
+        assert share == pytest.approx((k - 1) / (3 * m + k - 1), abs=1e-12)
+
+
+def test_zero_bubble_lists():
+    """ZB-H1 on 2 stages and 4 micro-batches: stage 1 runs 1F1B's order with
+    each W one micro-batch late; stage 0 fills its wait for the last
+    gradients with W passes. ZB-H2 runs one more forward ahead on stage 0."""
+    def order(name, s):
+        return " ".join(f"{kind}{i}" for kind, _, i in
+                        passes(S.training(name, 2, 2, 4), s, ("F", "B", "W")))
+    assert order("zb-h1", 0) == "F0 F1 B0 F2 B1 W0 F3 B2 W1 W2 B3 W3"
+    assert order("zb-h1", 1) == "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3"
+    assert order("zb-h2", 0) == "F0 F1 F2 B0 F3 B1 W0 W1 B2 W2 B3 W3"
+    assert S.training("zb-h1", 2, 2, 4).actions[1][:6] == [
+        Action("RECV_F", 1, 0), Action("F", 1, 0), Action("B", 1, 0), Action("SEND_B", 1, 0),
+        Action("RECV_F", 1, 1), Action("F", 1, 1)]
 
 
 def test_tags_are_unique_between_each_pair_of_ranks():
@@ -142,6 +198,69 @@ def test_checker_finds_misordered_missing_and_foreign_actions():
                 training=True)
 
 
+def test_checker_finds_misplaced_weight_passes():
+    good = S.training("zb-h1", 2, 2, 2).actions
+    early = [list(good[0]), list(good[1])]
+    w = early[1].index(Action("W", 1, 0))
+    early[1].insert(0, early[1].pop(w))
+    with pytest.raises(ScheduleError, match=r"action 1W0 of rank 1 .* comes before 1B0"):
+        S.check(Schedule("zb-h1", 2, 2, 2, early, [2, 2], [2, 1]), training=True)
+    swapped = [list(good[0]), list(good[1])]
+    a, b = swapped[1].index(Action("W", 1, 0)), swapped[1].index(Action("W", 1, 1))
+    swapped[1][a], swapped[1][b] = swapped[1][b], swapped[1][a]
+    with pytest.raises(ScheduleError, match=r"action 1W1 of rank 1 .* adds the weight "
+                                            r"gradients of micro-batch 1 before those of "
+                                            r"micro-batch 0"):
+        S.check(Schedule("zb-h1", 2, 2, 2, swapped, [2, 2], [2, 1]), training=True)
+    with pytest.raises(ScheduleError, match=r"action 1W1 is missing from rank 1's list"):
+        S.check(Schedule("zb-h1", 2, 2, 2, [good[0], [a for a in good[1] if a !=
+                                                      Action("W", 1, 1)]], [2, 2], [2, 1]),
+                training=True)
+    with pytest.raises(ScheduleError, match=r"holds 2 micro-batches' activations between F "
+                                            r"and B, more than the schedule's bound 1"):
+        S.check(Schedule("zb-h1", 2, 2, 2, good, [2, 2], [1, 1]), training=True)
+
+
+def test_weight_pass_waits_for_its_place():
+    """A backward's weight gradients are computed by ops that B's gradient
+    built; W gives the ops that compute them alone (not the input
+    gradients) a control input, so all of W waits for the actions before
+    it, and the gradients are bitwise those of one backward."""
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    from tarantella.pipeline import stage
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="tanh"),
+                              keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(3)])
+    x, dy = tf.random.stateless_normal((7, 6), (1, 2)), tf.random.stateless_normal((7, 3), (3, 4))
+
+    @tf.function
+    def step(split):
+        inputs = tf.identity(x)
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = model(inputs)
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        sources = list(model.trainable_variables) + [inputs]
+        got = tape.gradient(out, sources, output_gradients=dy)
+        w_grads, in_grads = got[:-1], got[-1:]
+        if split:
+            roots = stage._weight_only_roots(graph, first, w_grads, in_grads)
+            # Every op of the weight gradients alone: the kernels'
+            # products and the biases' sums.
+            assert sorted(op.type for op in roots) == ["BiasAddGrad"] * 3 + ["MatMul"] * 3
+            with tf.control_dependencies(in_grads):
+                marker = tf.timestamp()
+            stage._hold_back(roots, [marker])
+            assert all(marker.op in op.control_inputs for op in roots)
+        return got
+
+    for a, b in zip(step(False), step(True)):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
 def test_bad_shapes_say_what_to_change():
     with pytest.raises(ScheduleError, match="multiple of the 2 ranks"):
         S.training("interleaved", 4, 2, 3)
@@ -151,3 +270,5 @@ def test_bad_shapes_say_what_to_change():
         S.training("1f1b", 4, 2, 4)
     with pytest.raises(ScheduleError, match="transfer tag exceeds 32767"):
         S.training("interleaved", 4, 2, 8194)
+    with pytest.raises(ScheduleError, match="the zb-h1 schedule runs one stage per rank"):
+        S.training("zb-h1", 4, 2, 4)

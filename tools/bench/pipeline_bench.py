@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
 
-  bubble       step time of 2 and 3 stages (and interleaved 1F1B) against M
-               micro-batches, beside its ideal and the GPipe bound
+  bubble       step time of 2 and 3 stages (and interleaved 1F1B, ZB-H1 and
+               ZB-H2) against M micro-batches, beside its ideal and the
+               schedule's bound
   memory       each rank's peak RSS for GPipe, 1F1B and interleaved against M
   capacity     a model too large for a process's memory limit trains on stages
   sim_cluster  pipelined against data-parallel throughput on 2 simulated
@@ -35,6 +36,8 @@ MICRO_BATCHES = (1, 2, 4, 8)
 # Interleaved 1F1B beside them: 2 ranks of INTERLEAVED_CHUNKS chunks each.
 INTERLEAVED_CHUNKS, INTERLEAVED_M = 2, (4, 8)
 MEM_INTERLEAVED_M = (2, 4, 8)  # the memory stage's (M a multiple of the 2 ranks)
+# The zero-bubble schedules beside them, on 2 and 3 ranks.
+ZERO_BUBBLE, ZERO_BUBBLE_M = ("zb-h1", "zb-h2"), (4, 8)
 
 # Bubble: every stage is LAYERS dense layers of WIDTH units on micro-batches
 # of MICRO samples: 14 ms per stage and micro-batch on the reference host, so
@@ -329,18 +332,26 @@ def timeline_job(args, path, schedule="1f1b", chunks=1):
     shutil.rmtree(work, ignore_errors=True)
 
 
-def bubble_rows(k, chunks, fits, ms):
+def bubble_rows(k, chunks, fits, ms, schedule=None):
     """The results of one bubble job: K = `k` ranks of `chunks` stages each,
     against the ideal K t_alone / v + (v M - 1) t_busy / v (a chunk's pass
     takes 1 / v of a rank's share), which is GPipe's and 1F1B's with v = 1,
-    and the schedule's bound (K - 1) / (v M + K - 1)."""
+    and the schedule's bound (K - 1) / (v M + K - 1). A zero-bubble
+    `schedule`'s ideal is (K - 1) t_alone / 3 + M t_busy: the first
+    micro-batch's forward through K - 1 stages (a third of a pass: F, B and
+    W cost alike in dense layers), then a slot per micro-batch with every
+    stage computing; its bound is the schedule's idle share (schedule.py)."""
+    from tarantella.pipeline import schedule as schedule_lib
     rows, v = [], chunks
+    zero_bubble = schedule in ZERO_BUBBLE
     for m in ms:
         fs = [f for f in fits.get(str(m), []) if f["step_s"]]
         if not fs:
             continue
         # Each fit against the stage times taken just before it.
         def ideal(alone, busy):
+            if zero_bubble:
+                return (k - 1) * alone / 3 + m * busy
             return (k * alone + (v * m - 1) * busy) / v
 
         def ratios(ideal_of):
@@ -349,9 +360,14 @@ def bubble_rows(k, chunks, fits, ms):
         step = statistics.median(t for f in fs for t in f["step_s"])
         busy = statistics.median(f["t_stage_busy_s"] for f in fs)
         ratio = statistics.median(fit_ratios)
-        bound = "gpipe_bound" if v == 1 else "interleaved_bound"
+        if zero_bubble:
+            bound = ("zero_bubble_bound",
+                     schedule_lib.idle_share(schedule_lib.training(schedule, k, k, m)))
+        else:
+            bound = ("gpipe_bound" if v == 1 else "interleaved_bound", (k - 1) / (v * m + k - 1))
         rows.append({
             "stages": k * v, "ranks": k, "chunks": v, "micro_batches": m,
+            **({"schedule": schedule} if zero_bubble else {}),
             "micro_batch": BUBBLE_MICRO, "global_batch": m * BUBBLE_MICRO,
             "oversubscribed": k > os.cpu_count(),
             "step_ms": round(step * 1e3, 3),
@@ -367,7 +383,7 @@ def bubble_rows(k, chunks, fits, ms):
                 ratios(lambda f: (v * m + k - 1) * f["t_stage_s"] / v)), 3),
             "ratio_to_busy_ideal": round(statistics.median(
                 ratios(lambda f: (v * m + k - 1) * f["t_stage_busy_s"] / v)), 3),
-            bound: round((k - 1) / (v * m + k - 1), 4),
+            bound[0]: round(bound[1], 4),
             # The share of the step in which a rank does not compute a
             # micro-batch, at the speed ranks compute side by side.
             "measured_idle_share": round(max(0.0, 1 - m * busy / step), 4),
@@ -413,11 +429,14 @@ def bubble(args):
                      "(as all stages do in a full pipeline), right before each fit",
         ideal="K t_alone + (M-1) t_busy: the first micro-batch through the K stages, one "
               "after the other, then a slot per micro-batch with every stage computing; "
-              "interleaved (v chunks per rank): (K t_alone + (v M - 1) t_busy) / v",
+              "interleaved (v chunks per rank): (K t_alone + (v M - 1) t_busy) / v; "
+              "zero-bubble: (K-1) t_alone / 3 + M t_busy",
+        zero_bubble=f"{', '.join(ZERO_BUBBLE)} on the stages above, K = 2 and 3, "
+                    f"M = {ZERO_BUBBLE_M}",
         statistic="ratio: median over fits of (rank 0's median step time in the fit) / (the "
                   "ideal of the stage times taken before the fit); step_ms, t_stage_ms, "
                   "t_stage_busy_ms: medians; ideal_ms = step_ms / ratio")
-    results, interleaved, problems = [], [], cfg["problems"]
+    results, interleaved, zero_bubble, problems = [], [], [], cfg["problems"]
     traces = traces_dir(os.path.dirname(os.path.abspath(args.json)))
     for k in (2, 3):
         fits, tail = bubble_job(args, k, 1, MICRO_BATCHES, steps, reps, stage_reps,
@@ -436,13 +455,25 @@ def bubble(args):
         timeline_job(args, os.path.join(traces, "pipeline_timeline_interleaved.json"),
                      "interleaved", INTERLEAVED_CHUNKS)
         interleaved = bubble_rows(2, INTERLEAVED_CHUNKS, fits, INTERLEAVED_M)
+    for schedule in ZERO_BUBBLE:
+        for k in (2, 3):
+            fits, tail = bubble_job(args, k, 1, ZERO_BUBBLE_M, steps, reps, stage_reps,
+                                    schedule)
+            if fits is None:
+                problems[f"{schedule}, {k} stages"] = tail[-1500:]
+                continue
+            if (schedule, k) == ("zb-h1", 2):
+                timeline_job(args, os.path.join(traces, "pipeline_timeline_zb-h1.json"),
+                             schedule)
+            zero_bubble += bubble_rows(k, 1, fits, ZERO_BUBBLE_M, schedule)
     write_json(args.json, {"config": finish_config(cfg), "results": results,
-                           "interleaved": interleaved})
-    print(f"{'K':>2} {'v':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} {'ratio':>6} "
-          f"{'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
-    for r in results + interleaved:
-        bound = r.get("gpipe_bound", r.get("interleaved_bound"))
-        print(f"{r['ranks']:>2} {r['chunks']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
+                           "interleaved": interleaved, "zero_bubble": zero_bubble})
+    print(f"{'':>5} {'K':>2} {'v':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} "
+          f"{'ratio':>6} {'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
+    for r in results + interleaved + zero_bubble:
+        bound = r.get("gpipe_bound", r.get("interleaved_bound", r.get("zero_bubble_bound")))
+        print(f"{r.get('schedule', ''):>5} "
+              f"{r['ranks']:>2} {r['chunks']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
               f"{r['t_stage_ms']:8.2f} {r['t_stage_busy_ms']:8.2f} {r['ratio_to_ideal']:6.3f} "
               f"{r['ratio_to_alone_ideal']:7.3f} {r['ratio_to_busy_ideal']:6.3f} "
               f"{bound:6.3f} "

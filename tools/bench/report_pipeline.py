@@ -10,6 +10,8 @@ from report_base import (TARGETS, Target, bytes_str, f2, image, limit, meets, op
 from report_plots import (memory_holder, plot_pipeline_bubble, plot_pipeline_memory,
                           plot_pipeline_timeline, step_memory)
 
+ZB_TIMELINE = "pipeline_timeline_zb-h1"  # the traces (and picture) of ZB-H1's step
+
 
 def section(results, stages, plt, targets):
     out = ["## 6. Pipeline parallelism", ""]
@@ -80,6 +82,10 @@ def _pipeline_bubble(results, stages, plt, targets):
         out += ["The timeline of one step (2 stages, 4 micro-batches, 1F1B; from "
                 f"`{TRACES}/pipeline_timeline.rank<R>.json`, written with TNT_TIMELINE):", "",
                 image("pipeline_timeline.png", results), ""]
+    drawn = plt is not None and plot_pipeline_timeline(plt, results, ZB_TIMELINE, "ZB-H1")
+    if drawn or os.path.exists(os.path.join(results, f"{ZB_TIMELINE}.png")):
+        out += ["The same step under ZB-H1 (W: the weight gradients, in the bubbles):", "",
+                image(f"{ZB_TIMELINE}.png", results), ""]
     rows = [[f"{r['stages']}{' *' if r.get('oversubscribed') else ''}", r["micro_batches"],
              f2(r["step_ms"]), f2(r["t_stage_ms"]), f2(r.get("t_stage_busy_ms")),
              f2(r["ideal_ms"]), f"{r['ratio_to_ideal']:.3f}",
@@ -113,6 +119,27 @@ def _pipeline_bubble(results, stages, plt, targets):
               f2(r["t_stage_ms"]), f2(r.get("t_stage_busy_ms")), f2(r["ideal_ms"]),
               f"{r['ratio_to_ideal']:.3f}", f"{r['interleaved_bound']:.3f}",
               f"{r['measured_idle_share']:.3f}"] for r in inter]))
+    zero = d.get("zero_bubble", [])
+    if zero:
+        one_f_one_b = {(r["stages"], r["micro_batches"]): r for r in res}
+        out += ["", "Zero-bubble schedules (`pipeline_schedule=\"zb-h1\"`, `\"zb-h2\"`) on "
+                "the same stages: ideal = (K-1) t_alone / 3 + M t_busy (the first "
+                "micro-batch's forward through K-1 stages, a third of a pass as F, B and W "
+                "cost alike here, then a slot per micro-batch with every stage computing); "
+                "bound: the schedule's idle share with passes of equal cost; beside them "
+                "1F1B's measured idle share and step on the same stages and M.", ""]
+        rows = []
+        for r in zero:
+            ref = one_f_one_b.get((r["stages"], r["micro_batches"]), {})
+            rows.append([r["schedule"], f"{r['stages']}{' *' if r.get('oversubscribed') else ''}",
+                         r["micro_batches"], f2(r["step_ms"]), f2(r["t_stage_ms"]),
+                         f2(r.get("t_stage_busy_ms")), f2(r["ideal_ms"]),
+                         f"{r['ratio_to_ideal']:.3f}", f"{r['zero_bubble_bound']:.3f}",
+                         f"{r['measured_idle_share']:.3f}",
+                         f2(ref.get("measured_idle_share"), 3), f2(ref.get("step_ms"))])
+        out.append(table(["schedule", "stages K", "M", "step ms", "t_alone ms", "t_busy ms",
+                          "ideal ms", "step / ideal", "bound", "idle share measured",
+                          "1F1B idle share", "1F1B step ms"], rows))
     out += problem_lines(cfg)
     out.append("")
     return out

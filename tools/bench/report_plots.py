@@ -281,13 +281,13 @@ def plot_pipeline_memory(plt, results, res):
                    "Pipeline memory per stage: GPipe, 1F1B, interleaved", "pipeline_memory.png")
 
 
-def plot_pipeline_timeline(plt, results):
-    """pipeline_timeline.png: the last training step of the 2-stage 1F1B
-    timeline (traces/pipeline_timeline.rank<R>.json), one row per stage.
-    Returns whether it drew one."""
+def plot_pipeline_timeline(plt, results, name="pipeline_timeline", schedule="1F1B"):
+    """<name>.png: the last training step of a 2-stage timeline of
+    `schedule` (traces/<name>.rank<R>.json), one row per stage. Returns
+    whether it drew one."""
     spans = {}
     for rank in (0, 1):
-        path = os.path.join(results, TRACES, f"pipeline_timeline.rank{rank}.json")
+        path = os.path.join(results, TRACES, f"{name}.rank{rank}.json")
         d, _ = load_json(path)
         if not d:
             return False
@@ -298,11 +298,14 @@ def plot_pipeline_timeline(plt, results):
         return False
     begin = starts[-1]
     ends = [e["ts"] + e["dur"] for r in spans for e in spans[r]
-            if e["ts"] >= begin and e["name"].startswith("backward")]
+            if e["ts"] >= begin and e["name"].split()[0] in ("backward", "weight")]
     if not ends:
         return False
     end = max(ends)
-    colors = {"forward": "tab:blue", "backward": "tab:orange", "recv": "lightgray"}
+    colors = {"forward": "tab:blue", "backward": "tab:orange", "weight": "tab:green",
+              "recv": "lightgray"}
+    letters = {"forward": "F", "backward": "B", "weight": "W"}
+    split = any(e["name"].startswith("weight") for r in spans for e in spans[r])
     fig, ax = plt.subplots(figsize=(9, 2.4))
     for rank, events in spans.items():
         for e in events:
@@ -312,13 +315,16 @@ def plot_pipeline_timeline(plt, results):
             x0 = (e["ts"] - begin) / 1e3
             ax.broken_barh([(x0, max(e["dur"] / 1e3, 0.01))], (1 - rank - 0.4, 0.8),
                            color=colors.get(kind, "gray"))
-            if kind in ("forward", "backward"):
-                ax.text(x0 + e["dur"] / 2e3, 1 - rank, ("F" if kind == "forward" else "B")
-                        + e["name"].split()[-1], ha="center", va="center", fontsize=7)
+            if kind in letters:
+                ax.text(x0 + e["dur"] / 2e3, 1 - rank, letters[kind] + e["name"].split()[-1],
+                        ha="center", va="center", fontsize=7)
     ax.set_yticks([1, 0], ["stage 0", "stage 1"])
     ax.set_xlabel("ms since the step's first forward")
-    ax.set_title("One training step, 2 stages, 4 micro-batches, 1F1B "
-                 "(blue forward, orange backward, gray waiting to receive)", fontsize=9)
+    legend = ("blue forward, orange backward, " + ("green weight gradients, " if split else "")
+              + "gray waiting to receive")
+    title = f"One training step, 2 stages, 4 micro-batches, {schedule}"
+    # Two lines where the legend names W too.
+    ax.set_title(title + ("\n" if split else " ") + f"({legend})", fontsize=9)
     fig.tight_layout()
-    save(fig, results, "pipeline_timeline.png")
+    save(fig, results, f"{name}.png")
     return True

@@ -6,7 +6,8 @@ train data-parallel.
 * layers.py     SplitLayer, the mark of a cut
 * partition.py  the stages of a model, as Keras models sharing its layers
 * layout.py     ParallelStrategy; which rank runs which stage; the groups
-* schedule.py   schedules as checked lists of actions: 1F1B, GPipe, interleaved
+* schedule.py   schedules as checked lists of actions: 1F1B, GPipe,
+                interleaved, zero-bubble (ZB-H1, ZB-H2)
 * stage.py      the pipelined training and evaluation steps (the interpreter
                 of the actions); gathering the whole model for saving
 * weights.py    each rank holds its stage's weights only; building a model

@@ -12,9 +12,13 @@ An action is (kind, stage, micro-batch), written like "2F0" or
 * RECV_B  (Kind.RECV_GRADIENTS) receive the gradients of the stage's
           outputs (from stage + 1)
 * B       (Kind.BACKWARD) differentiate the stage; add its weight
-          gradients to the step's
+          gradients to the step's (in a schedule that splits the backward,
+          only the gradients of its inputs: the backward-input pass)
 * SEND_B  (Kind.SEND_GRADIENTS) send the gradients of the stage's inputs
           to stage - 1
+* W       (Kind.BACKWARD_WEIGHT) the backward-weight pass of a schedule
+          that splits the backward: the rest of the stage's backward, the
+          gradients of its weights, added to the step's
 
 Stage s of a pipeline of R ranks runs on rank s mod R. With one stage per
 rank (R = K stages):
@@ -33,10 +37,35 @@ in rounds of R micro-batches through chunk 0, then the same R through chunk
 2 (R - 1 - r) + (v - 1) R forwards ahead: the bubble shrinks to
 (R - 1) / (v M + R - 1), for v times as many transfers.
 
-Every schedule runs the backward passes of a stage in micro-batch order, so
-gradients accumulate in the same order and the weights are bitwise the
-same under every schedule; they differ in when the passes run, hence in the
-bubble and in memory.
+The zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism",
+ICLR 2024) split each backward into B, on which stage s - 1 waits, and W,
+on which no other stage waits and which fills what would be idle time.
+Their lists come from running the passes in unit time (F, B and W alike)
+on every stage at once: whenever a stage is free it runs the first of
+
+1. B of its oldest micro-batch whose output gradients have arrived (the
+   last stage: whose F ran);
+2. F of its next micro-batch whose inputs have arrived, while fewer than
+   `in_flight` micro-batches are between their F and B and fewer than
+   `in_flight` + K - 1 between their F and W;
+3. W of its oldest micro-batch whose B ran;
+
+and waits otherwise. ZB-H1 keeps 1F1B's in-flight bound K - s and lets up
+to K - 1 micro-batches wait for their W: the W passes fill the cool-down,
+and the bubble drops to about a third of 1F1B's when the three passes cost
+alike. ZB-H2 allows 2 (K - s) - 1 micro-batches in
+flight (about twice 1F1B's activations) and fills the warm-up with the
+extra forwards, which also covers transfers that take time. Every step ends
+in a synchronization (the global loss), so neither can start the next
+step's forwards early: with passes of equal cost both idle (K - 1) /
+(3 M + K - 1) of a step, the least any schedule can (the last stage waits
+for the first micro-batch to cross the K - 1 others).
+
+Every schedule runs the passes that add a stage's weight gradients (B, or
+W where the backward is split) in micro-batch order, so gradients
+accumulate in the same order and the weights are bitwise the same under
+every schedule; they differ in when the passes run, hence in the bubble
+and in memory.
 
 check() simulates all ranks' lists: a send is posted and never blocks, a
 receive waits for its matching send; it raises, naming the first
@@ -50,7 +79,8 @@ import enum
 from tarantella import runtime
 from tarantella import settings
 
-NAMES = ("1f1b", "gpipe", "interleaved")
+NAMES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2")
+ZERO_BUBBLE = ("zb-h1", "zb-h2")  # the schedules that split the backward
 MAX_TAG = 32767  # libtnt's transfer tags
 
 
@@ -63,6 +93,7 @@ class Kind(str, enum.Enum):
     RECV_GRADIENTS = "RECV_B"
     BACKWARD = "B"
     SEND_GRADIENTS = "SEND_B"
+    BACKWARD_WEIGHT = "W"
 
     __hash__ = str.__hash__  # a kind and its value are one key
 
@@ -97,23 +128,44 @@ class ScheduleError(runtime.TarantellaError):
 
 
 def name_from_settings():
-    """TNT_PIPELINE_SCHEDULE: 1f1b (the default), gpipe or interleaved."""
+    """TNT_PIPELINE_SCHEDULE: 1f1b (the default), gpipe, interleaved, zb-h1 or zb-h2."""
     return settings.get("TNT_PIPELINE_SCHEDULE")
+
+
+def chosen(argument=None):
+    """(name, what chose it) of a pipeline's schedule: `argument`
+    (tnt.Model's pipeline_schedule) when given, else TNT_PIPELINE_SCHEDULE.
+    Raises ScheduleError for an argument that names no schedule."""
+    if argument is None:
+        name = name_from_settings()
+        return name, f"TNT_PIPELINE_SCHEDULE={name}"
+    if argument not in NAMES:
+        raise ScheduleError(
+            f"pipeline_schedule={argument!r} is not a pipeline schedule: use one of "
+            f"{', '.join(map(repr, NAMES))}, or leave it out for TNT_PIPELINE_SCHEDULE's "
+            f"({name_from_settings()} here)")
+    return argument, f"pipeline_schedule={argument!r}"
 
 
 class Schedule:
     """The actions of every rank of one pipeline for one step.
 
     `actions[r]`: rank r's list; `bound[r]`: the most (stage, micro-batch)
-    activations rank r may hold at once."""
+    activations rank r may hold at once, from a forward until the last pass
+    that needs them (W where the backward is split, else B);
+    `in_flight[r]`: the most of them between their forward and B (the
+    bound when the backward is not split)."""
 
-    def __init__(self, name, num_stages, num_ranks, num_micro_batches, actions, bound):
+    def __init__(self, name, num_stages, num_ranks, num_micro_batches, actions, bound,
+                 in_flight=None):
         self.name = name
         self.num_stages = num_stages
         self.num_ranks = num_ranks
         self.num_micro_batches = num_micro_batches
         self.actions = actions
         self.bound = bound
+        self.in_flight = in_flight or bound
+        self.splits_backward = any(a.kind == Kind.BACKWARD_WEIGHT for r in actions for a in r)
 
     def rank_of(self, stage):
         return stage % self.num_ranks
@@ -136,7 +188,13 @@ class Schedule:
 
     def held(self, rank):
         """The most activations `rank`'s list holds at once."""
-        return max((held for _, held in _holding(self.actions[rank])), default=0)
+        return max((held for _, held, _ in _holding(self.actions[rank], self.splits_backward)),
+                   default=0)
+
+    def held_in_flight(self, rank):
+        """The most micro-batches `rank`'s list holds between F and B."""
+        return max((flight for _, _, flight in _holding(self.actions[rank],
+                                                        self.splits_backward)), default=0)
 
 
 def _passes(stage, num_stages, kind, micro_batch):
@@ -146,6 +204,8 @@ def _passes(stage, num_stages, kind, micro_batch):
         return ([Action(Kind.RECV_ACTIVATIONS, stage, micro_batch)] if stage > 0 else []) + \
             [Action(Kind.FORWARD, stage, micro_batch)] + \
             ([Action(Kind.SEND_ACTIVATIONS, stage, micro_batch)] if stage < last else [])
+    if kind == Kind.BACKWARD_WEIGHT:
+        return [Action(Kind.BACKWARD_WEIGHT, stage, micro_batch)]
     return ([Action(Kind.RECV_GRADIENTS, stage, micro_batch)] if stage < last else []) + \
         [Action(Kind.BACKWARD, stage, micro_batch)] + \
         ([Action(Kind.SEND_GRADIENTS, stage, micro_batch)] if stage > 0 else [])
@@ -160,6 +220,38 @@ def _one_stage_order(name, stage, num_stages, m):
     for j in range(m - warmup):
         order += [(Kind.FORWARD, warmup + j), (Kind.BACKWARD, j)]
     return order + [(Kind.BACKWARD, i) for i in range(m - warmup, m)]
+
+
+def _zero_bubble_orders(num_stages, m, in_flight):
+    """[[(kind, micro-batch)] of each stage] of a zero-bubble schedule: the
+    passes run in unit time on every stage at once, each stage choosing
+    what it runs by the rules in this module's description; `in_flight[s]`:
+    stage s's bound on micro-batches between F and B."""
+    k = num_stages
+    done = {kind: [0] * k for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT)}
+    f, b, w = (done[kind] for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+    orders = [[] for _ in range(k)]
+    while any(n < m for n in w):
+        # What each stage runs in this unit of time, from what was done
+        # before it: a pass ends within the unit that runs it.
+        chosen = []
+        for s in range(k):
+            arrived_b = f[s] if s == k - 1 else b[s + 1]  # output gradients of 0 .. n - 1
+            arrived_f = m if s == 0 else f[s - 1]
+            if b[s] < arrived_b:
+                chosen.append(Kind.BACKWARD)
+            elif f[s] < arrived_f and f[s] - b[s] < in_flight[s] and \
+                    f[s] - w[s] < in_flight[s] + k - 1:
+                chosen.append(Kind.FORWARD)
+            elif w[s] < b[s]:
+                chosen.append(Kind.BACKWARD_WEIGHT)
+            else:
+                chosen.append(None)
+        for s, kind in enumerate(chosen):
+            if kind is not None:
+                orders[s].append((kind, done[kind][s]))
+                done[kind][s] += 1
+    return orders
 
 
 def _interleaved_order(rank, num_ranks, chunks, m):
@@ -187,6 +279,7 @@ def training(name, num_stages, num_ranks, num_micro_batches):
     k, p, m = num_stages, num_ranks, num_micro_batches
     if name not in NAMES:
         raise ScheduleError(f"unknown pipeline schedule {name!r}: use one of {', '.join(NAMES)}")
+    in_flight = None
     if name == "interleaved":
         if k % p or k // p < 2:
             raise ScheduleError(
@@ -208,10 +301,18 @@ def training(name, num_stages, num_ranks, num_micro_batches):
                 f"the {name} schedule runs one stage per rank, but the pipeline has {k} stages "
                 f"on {p} ranks: run {k} ranks per pipeline, or use the interleaved schedule "
                 "for several stages per rank")
-        actions = [sum((_passes(s, k, kind, i) for kind, i in _one_stage_order(name, s, k, m)),
-                       []) for s in range(k)]
-        bound = [m if name == "gpipe" else min(k - s, m) for s in range(k)]
-    schedule = Schedule(name, k, p, m, actions, bound)
+        if name in ZERO_BUBBLE:
+            # ZB-H1: 1F1B's K - s in flight; ZB-H2: 2 (K - s) - 1. Up to
+            # K - 1 more micro-batches wait for their W.
+            in_flight = [min(k - s if name == "zb-h1" else 2 * (k - s) - 1, m)
+                         for s in range(k)]
+            orders = _zero_bubble_orders(k, m, in_flight)
+            bound = [min(n + k - 1, m) for n in in_flight]
+        else:
+            orders = [_one_stage_order(name, s, k, m) for s in range(k)]
+            bound = [m if name == "gpipe" else min(k - s, m) for s in range(k)]
+        actions = [sum((_passes(s, k, kind, i) for kind, i in orders[s]), []) for s in range(k)]
+    schedule = Schedule(name, k, p, m, actions, bound, in_flight)
     check(schedule, training=True)
     return schedule
 
@@ -231,10 +332,11 @@ def inference(num_stages, num_ranks, num_micro_batches):
 def idle_share(schedule, forward=1.0, backward=2.0):
     """The bubble of a checked training `schedule`: the share of a step
     that its ranks idle, when the whole model's forward takes `forward` per
-    micro-batch and its backward `backward`, split evenly among the stages,
-    and transfers take no time (the ideal that the schedule allows)."""
-    _, clock = _simulate(schedule, forward / schedule.num_stages,
-                         backward / schedule.num_stages)
+    micro-batch and its backward `backward` (B and W half of it each where
+    the backward is split), split evenly among the stages, and transfers
+    take no time (the ideal that the schedule allows)."""
+    k = schedule.num_stages
+    _, clock = _simulate(schedule, forward / k, backward / k)
     busy = schedule.num_micro_batches * (forward + backward) / schedule.num_ranks
     return 1.0 - busy / max(clock)
 
@@ -243,9 +345,12 @@ def check(schedule, training):
     """Raises ScheduleError naming the first offending action when
     `schedule` would deadlock, misorders a rank's actions, misses or
     repeats one, uses a tag twice or beyond libtnt's range, or holds more
-    activations than its bound (training)."""
+    activations than its bounds (training)."""
     k, m = schedule.num_stages, schedule.num_micro_batches
-    passes = (Kind.FORWARD, Kind.BACKWARD) if training else (Kind.FORWARD,)
+    passes = (Kind.FORWARD,)
+    if training:
+        passes += (Kind.BACKWARD, Kind.BACKWARD_WEIGHT) if schedule.splits_backward else \
+            (Kind.BACKWARD,)
     expected = {a for s in range(k) for kind in passes for i in range(m)
                 for a in _passes(s, k, kind, i)}
     seen = set()
@@ -273,14 +378,19 @@ def check(schedule, training):
 # What an action needs done before it on its own rank.
 _NEEDS_LOCAL = {Kind.FORWARD: Kind.RECV_ACTIVATIONS, Kind.SEND_ACTIVATIONS: Kind.FORWARD,
                 Kind.RECV_GRADIENTS: Kind.FORWARD, Kind.BACKWARD: Kind.RECV_GRADIENTS,
-                Kind.SEND_GRADIENTS: Kind.BACKWARD}
+                Kind.SEND_GRADIENTS: Kind.BACKWARD, Kind.BACKWARD_WEIGHT: Kind.BACKWARD}
 
 
 def _check_order(schedule):
+    """Each action after what it needs on its rank, and the passes that add
+    a stage's weight gradients (W, or B where the backward is not split) in
+    micro-batch order: the sums, and so the weights, are every schedule's."""
     last = schedule.num_stages - 1
+    summing = Kind.BACKWARD_WEIGHT if schedule.splits_backward else Kind.BACKWARD
     for r, actions in enumerate(schedule.actions):
-        done = set()
+        done, summed = set(), {}
         for a in actions:
+            where = f"action {a} of rank {r} ({schedule.name} schedule)"
             needs = [_NEEDS_LOCAL[a.kind]] if a.kind in _NEEDS_LOCAL else []
             if a.kind == Kind.FORWARD and a.stage == 0:
                 needs = []
@@ -288,29 +398,41 @@ def _check_order(schedule):
                 needs = [Kind.FORWARD] + ([Kind.RECV_GRADIENTS] if a.stage < last else [])
             for kind in needs:
                 if (kind, a.stage, a.micro_batch) not in done:
+                    raise ScheduleError(f"{where} comes before "
+                                        f"{Action(kind, a.stage, a.micro_batch)}, which it needs")
+            if a.kind == summing:
+                if a.micro_batch != summed.get(a.stage, 0):
                     raise ScheduleError(
-                        f"action {a} of rank {r} ({schedule.name} schedule) comes before "
-                        f"{Action(kind, a.stage, a.micro_batch)}, which it needs")
+                        f"{where} adds the weight gradients of micro-batch {a.micro_batch} "
+                        f"before those of micro-batch {summed.get(a.stage, 0)}: a stage adds "
+                        "them in micro-batch order")
+                summed[a.stage] = a.micro_batch + 1
             done.add(a)
 
 
-def _holding(actions):
-    """(action, the activations held after it) along `actions`: a forward
-    keeps its micro-batch's until its backward."""
-    held = 0
+def _holding(actions, splits_backward):
+    """(action, the activations held after it, those between F and B)
+    along `actions`: a forward keeps its micro-batch's until its W (its B
+    where the backward is not split)."""
+    held = in_flight = 0
+    frees = Kind.BACKWARD_WEIGHT if splits_backward else Kind.BACKWARD
     for a in actions:
-        held += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
-        yield a, held
+        held += 1 if a.kind == Kind.FORWARD else -1 if a.kind == frees else 0
+        in_flight += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
+        yield a, held, in_flight
 
 
 def _check_memory(schedule):
     for r, actions in enumerate(schedule.actions):
-        for a, held in _holding(actions):
-            if held > schedule.bound[r]:
-                raise ScheduleError(
-                    f"action {a} of rank {r} ({schedule.name} schedule) holds {held} "
-                    f"micro-batches' activations, more than the schedule's bound "
-                    f"{schedule.bound[r]}")
+        for a, held, in_flight in _holding(actions, schedule.splits_backward):
+            for what, count, bound in (("", held, schedule.bound[r]),
+                                       (" between F and B", in_flight,
+                                        schedule.in_flight[r])):
+                if count > bound:
+                    raise ScheduleError(
+                        f"action {a} of rank {r} ({schedule.name} schedule) holds {count} "
+                        f"micro-batches' activations{what}, more than the schedule's bound "
+                        f"{bound}")
 
 
 def _matching_send(a):
@@ -323,8 +445,11 @@ def _matching_send(a):
 def _simulate(schedule, forward=0.0, backward=0.0):
     """Runs every rank's list as far as it can: a send is posted at once, a
     receive waits for its send, a forward takes `forward`, a backward
-    `backward`. Returns each rank's position (its length when it got
-    through) and clock."""
+    `backward` (B and W half of it each where the backward is split).
+    Returns each rank's position (its length when it got through) and
+    clock."""
+    half = backward / 2 if schedule.splits_backward else backward
+    cost = {Kind.FORWARD: forward, Kind.BACKWARD: half, Kind.BACKWARD_WEIGHT: backward - half}
     position = [0] * schedule.num_ranks
     clock = [0.0] * schedule.num_ranks
     posted = {}
@@ -338,7 +463,7 @@ def _simulate(schedule, forward=0.0, backward=0.0):
                     if _matching_send(a) not in posted:
                         break
                     clock[r] = max(clock[r], posted[_matching_send(a)])
-                clock[r] += {Kind.FORWARD: forward, Kind.BACKWARD: backward}.get(a.kind, 0.0)
+                clock[r] += cost.get(a.kind, 0.0)
                 if a.kind in _SENDS:
                     posted[a] = clock[r]
                 position[r] += 1

@@ -18,7 +18,10 @@ A training step of stage s (inside Keras's traced train function):
    gradients only, and the stage gets its weight gradients from one more
    forward and backward of the whole batch once its part of the schedule is
    over: what the sum held, and a micro-batch's new gradients beside it,
-   are never held);
+   are never held). The zero-bubble schedules split the backward: B builds
+   the whole backward as above but only the inputs' gradients run with
+   it; the ops that compute the weight gradients alone wait for the
+   micro-batch's W action, which adds their result to the sum;
 3. micro-batch i's loss is weighted by n_i / n, so the sum is the gradient
    of the replica's mean loss; the optimizer then averages it over the
    replicas of the stage, weighted by each replica's n (gradients.py), which
@@ -99,9 +102,11 @@ def is_one_stage(model, strategy, num_stages):
 class Pipeline:
     """The pipeline of one tnt.Model on this rank."""
 
-    def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=()):
+    def __init__(self, model, strategy, num_micro_batches, num_stages=None, deferred=(),
+                 schedule=None):
         """`deferred`: the variables of a model built by
-        weights.build_deferred, none of them allocated yet."""
+        weights.build_deferred, none of them allocated yet; `schedule`: the
+        schedule's name (None: TNT_PIPELINE_SCHEDULE's)."""
         if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
                                               or num_micro_batches < 1
                                               or num_micro_batches > MAX_MICRO_BATCHES):
@@ -136,26 +141,37 @@ class Pipeline:
             self.partition = partition_lib.Partition(model)
         k = self.partition.num_stages
         self.num_micro_batches = int(num_micro_batches or 2 * k)
-        self.schedule_name = schedule_lib.name_from_settings()
+        self.schedule_name, chooser = schedule_lib.chosen(schedule)
         ranks = k
-        if self.schedule_name == "interleaved":
-            if ParallelStrategy.DATA in strategy:
-                raise runtime.TarantellaError(
-                    "the interleaved pipeline schedule runs with ParallelStrategy.PIPELINING "
-                    "(every rank holds num_stages / ranks chunks of the model): use "
-                    "PIPELINING, or the 1f1b schedule for replicas of a pipeline")
-            ranks = runtime.get_size()
-        # Checked once here: a schedule that would deadlock or exceed its
-        # memory bound fails before any rank starts it.
-        self.schedules = {
-            True: schedule_lib.training(self.schedule_name, k, ranks, self.num_micro_batches),
-            False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+        try:
+            if self.schedule_name == "interleaved":
+                if ParallelStrategy.DATA in strategy:
+                    raise schedule_lib.ScheduleError(
+                        "the interleaved pipeline schedule runs with ParallelStrategy."
+                        "PIPELINING (every rank holds num_stages / ranks chunks of the model): "
+                        "use PIPELINING, or the 1f1b schedule for replicas of a pipeline")
+                ranks = runtime.get_size()
+            # Checked once here: a schedule that would deadlock or exceed its
+            # memory bound fails before any rank starts it.
+            self.schedules = {
+                True: schedule_lib.training(self.schedule_name, k, ranks,
+                                            self.num_micro_batches),
+                False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+        except schedule_lib.ScheduleError as e:
+            raise schedule_lib.ScheduleError(f"{e} (the schedule is {chooser})") from None
         self.layout = Layout(strategy, k, ranks)
         # This rank's place in its pipeline, and the stages (chunks) it runs.
         self.stage = self.layout.stage
         self.stages = self.schedules[True].stages_of(self.stage)
         self.model = self.partition.stages[self.stage]
         self.recompute = settings.get("TNT_PIPELINE_WEIGHT_GRADIENTS") == "recompute"
+        if self.recompute and self.schedules[True].splits_backward:
+            raise runtime.TarantellaError(
+                f"TNT_PIPELINE_WEIGHT_GRADIENTS=recompute computes a stage's weight gradients "
+                f"after its part of the schedule, but the {self.schedule_name} schedule "
+                f"computes them in passes of their own ({chooser}): unset "
+                "TNT_PIPELINE_WEIGHT_GRADIENTS, or choose the 1f1b, gpipe or interleaved "
+                "schedule")
         if self.recompute:
             _check_recomputable(model)
         self.models = {s: self.partition.stages[s] for s in self.stages}
@@ -200,9 +216,10 @@ class Pipeline:
                      if self.recompute else "")
         log.logger.info(
             "pipeline: %d stages x %d replicas, %d micro-batches per step, schedule %s "
-            "(%s holds at most %d micro-batches' activations%s)", self.partition.num_stages,
-            self.num_replicas, self.num_micro_batches, self.schedule_name, who,
-            schedule.held(0), gradients)
+            "(%s holds at most %d micro-batches' activations; bubble %.3f of a step at "
+            "best%s)", self.partition.num_stages, self.num_replicas, self.num_micro_batches,
+            self.schedule_name, who, schedule.held(0), schedule_lib.idle_share(schedule),
+            gradients)
         for line in self.partition.description(mbs):
             log.logger.info("pipeline: %s", line)
 
@@ -400,6 +417,10 @@ class _Step:
         # for the stage's weight gradients after the schedule.
         self.recompute = training and pipeline.recompute
         self.kept_inputs, self.kept_seeds = {}, {}
+        # Where the backward is split: (s, i) -> the weight gradients that
+        # B built, the ops that W holds back (_weight_only_roots) and what
+        # B ended with (its span, on the timeline).
+        self.weight_passes = {}
 
     def run(self, action):
         """Runs `action` through the method of its kind."""
@@ -540,15 +561,56 @@ class _Step:
                     if t.dtype.is_floating]
         trainable = [] if self.recompute else self.pipeline.trainable_of[s]
         sources = list(trainable) + float_in
+        split = self.schedule.splits_backward
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations()) if split and graph is not None else None
         got = _dense(tape.gradient(targets, sources, output_gradients=seeds), sources) \
             if sources else []
+        w_grads, in_grads = got[:len(trainable)], got[len(trainable):]
+        if split:
+            # B ends with the gradients it sends (the first stage sends
+            # none: its B is the arrival of its output gradients).
+            ended = in_grads or seeds[1:]
+            if self.timeline and ended:
+                ended[0] = ops.span(began, ended[0], label)
+            self.sending[(s, i)] = in_grads
+            # W computes the weight gradients, from the ops that this
+            # gradient built for them alone.
+            self.weight_passes[(s, i)] = (
+                w_grads, _weight_only_roots(graph, first, w_grads, in_grads), ended[:1])
+            self.after = list(ended) or self.after
+            return
         if self.timeline and got:
             got[0] = ops.span(began, got[0], label)
         self.sending[(s, i)] = got[len(trainable):]
         if self.recompute:
             self.after = got
             return
-        w_grads, summed = got[:len(trainable)], self.grads[s]
+        self._add_weight_gradients(s, got[:len(trainable)])
+
+    def backward_weight(self, action):
+        """W of a schedule that splits the backward: the weight gradients
+        that B built run once the actions before this one have, and are
+        added to the stage's sum."""
+        s, i = action.stage, action.micro_batch
+        w_grads, roots, b_ended = self.weight_passes.pop((s, i))
+        label = f"weight gradients {_label(self.schedule, s, i)}"
+        start = self.after
+        if self.timeline:
+            # Stamped from what B ended with: a span that only control
+            # dependencies wait for would be pruned from the graph.
+            with tf.control_dependencies(self.after):
+                marker = tf.identity(b_ended[0]) if b_ended else tf.timestamp()
+            _, began = ops.stamp(marker, label)
+            start = [began]
+        _hold_back(roots, start)
+        if self.timeline and w_grads:
+            w_grads[0] = ops.span(began, w_grads[0], label)
+        self._add_weight_gradients(s, w_grads)
+        self.after = self.after or list(start)
+
+    def _add_weight_gradients(self, s, w_grads):
+        summed = self.grads[s]
         self.grads[s] = w_grads if summed is None else [a + b for a, b in zip(summed, w_grads)]
         # The next pass starts once these gradients are summed: a
         # micro-batch's gradients are never kept beside the next one's.
@@ -621,6 +683,41 @@ def _dense(grads, sources):
             for g, v in zip(grads, sources)]
 
 
+def _weight_only_roots(graph, first, weight_grads, input_grads):
+    """The ops of `graph` from the `first`-th on (those that a backward
+    built) that compute `weight_grads` but not `input_grads`, and take no
+    input from each other: everything W computes waits for them. None in
+    eager mode (`graph` None), where ops run as they are made, in the
+    list's order."""
+    if graph is None:
+        return []
+    built = set(graph.get_operations()[first:])
+
+    def ancestors(tensors):
+        seen, todo = set(), [t.op for t in tensors]
+        while todo:
+            op = todo.pop()
+            if op in built and op not in seen:
+                seen.add(op)
+                todo += [t.op for t in op.inputs] + list(op.control_inputs)
+        return seen
+
+    only = ancestors(weight_grads) - ancestors(input_grads)
+    return [op for op in only if not any(t.op in only for t in op.inputs)
+            and not any(c in only for c in op.control_inputs)]
+
+
+def _hold_back(roots, after):
+    """Makes the ops `roots` wait for `after` (tensors or ops).
+    TensorFlow's control dependencies apply to ops as they are made; W's
+    ops were made by B's gradient, so they get theirs afterwards through
+    the graph's own Operation._add_control_inputs."""
+    ops_ = [t if isinstance(t, tf.Operation) else t.op for t in after]
+    if ops_:
+        for op in roots:
+            op._add_control_inputs(ops_)
+
+
 def _check_recomputable(model):
     """TNT_PIPELINE_WEIGHT_GRADIENTS=recompute runs each stage's forward
     twice a step and needs the second to compute what the micro-batches'
@@ -651,4 +748,5 @@ _ACTIONS = {schedule_lib.Kind.RECV_ACTIVATIONS: _Step.recv_activations,
             schedule_lib.Kind.SEND_ACTIVATIONS: _Step.send_activations,
             schedule_lib.Kind.RECV_GRADIENTS: _Step.recv_gradients,
             schedule_lib.Kind.BACKWARD: _Step.backward,
-            schedule_lib.Kind.SEND_GRADIENTS: _Step.send_gradients}
+            schedule_lib.Kind.SEND_GRADIENTS: _Step.send_gradients,
+            schedule_lib.Kind.BACKWARD_WEIGHT: _Step.backward_weight}
