@@ -97,14 +97,18 @@ def test_report_states_every_target(tmp_path):
     closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
     assert "- **allreduce**:" in closing and "- **overhead**:" in closing
     assert "**training**" not in closing and "**fusion**" not in closing
-    # the stages without results are reported, not fatal
-    assert "### broadcast vs MPI_Bcast\n\nNot run." in summary
+    # the stages without results are reported, not fatal, with the stage to run
+    assert ("### broadcast vs MPI_Bcast\n\nNot run: no results; run "
+            "`make bench STAGES=collectives`.") in summary
 
 
 def test_report_without_any_results(tmp_path):
     summary = report(tmp_path)
     assert "NOT RUN" in summary and "PASS" not in summary
     assert "What would close the misses" not in summary
+    # each target names the stage that writes its results
+    assert "run `make bench STAGES=scale`" in target_row(summary, "at scale: projected")
+    assert "run `make bench STAGES=fusion`" in target_row(summary, "Default fusion threshold")
 
 
 def test_report_pipeline_section(tmp_path):
@@ -185,7 +189,7 @@ def test_report_data_share_section(tmp_path):
     assert "| 0.50 | PASS" in target_row(summary, "Input (matmul): 2 ranks input CPU per rank")
     assert "NOT RUN" in target_row(summary, "Input (matmul): 4 ranks input CPU per rank")
     empty = report(tmp_path / "empty")
-    assert "Not run." in empty.split("## 7.")[1]
+    assert "Not run: no results; run `make bench STAGES=data_share`." in empty.split("## 7.")[1]
     assert "NOT RUN" in target_row(empty, "Input (augment): 2 ranks epoch / plain Keras")
 
 

@@ -4,7 +4,8 @@ that the stages of tools/bench/run_bench.sh wrote.
     python3 tools/bench/report.py [--results bench/results] [--quick]
     python3 tools/bench/report.py --run-info [--results DIR] [--quick]   # run.json only
 
-Reads (each optional; a missing file is reported as "not run"):
+Reads (each optional; a missing file is reported as not run, with the stage
+of run_bench.sh that writes it):
   collectives_{allreduce,broadcast,allgather}_{2,4}ranks.json   tnt-bench --json
   overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
   training.json                                                   train_compare.py
@@ -20,7 +21,8 @@ Each benchmark's section is a module beside it (report_collectives.py,
 report_fit.py, report_training.py, report_pipeline.py, report_data.py,
 report_reliability.py; tools/research/report_sim.py and report_scale.py),
 on the shared helpers of report_base.py and the plots of report_plots.py.
-Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
+Writes summary.md, details.md (whole configurations, tables of every run)
+and collectives_<collective>.png, fusion_sweep.png,
 training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
 sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
 pipeline_bubble.png, pipeline_memory.png (a plot only when its data is
@@ -40,7 +42,7 @@ import report_pipeline
 import report_reliability
 import report_training
 from bench_results import module_of, write_json
-from report_base import ROOT, TARGETS, load_json, load_stages, table
+from report_base import DETAILS, ROOT, STAGES, TARGETS, load_json, load_stages, table
 from report_plots import pyplot
 
 
@@ -130,7 +132,12 @@ def main():
     p.add_argument("--mpirun", default="mpirun", help="with --run-info: the MPI launcher")
     p.add_argument("--rerun", metavar="STAGES",
                    help="with --run-info: only these stages run again; keep the run's record")
+    p.add_argument("--stages", action="store_true",
+                   help="print each stage of make bench and the prefix of its files")
     args = p.parse_args()
+    if args.stages:
+        print("\n".join(f"{stage} {prefix}" for stage, prefix in STAGES.items()))
+        return 0
     os.makedirs(args.results, exist_ok=True)
     if args.run_info:
         write_run_info(args)
@@ -175,6 +182,11 @@ def main():
     out += body
     with open(os.path.join(args.results, "summary.md"), "w") as f:
         f.write("\n".join(out).rstrip() + "\n")
+    with open(os.path.join(args.results, "details.md"), "w") as f:
+        f.write("\n".join(["# Tarantella benchmark details", "",
+                           "What summary.md leaves out: whole configurations and tables of "
+                           "every run (`make bench` writes this file; the repository keeps "
+                           "summary.md only).", "", *DETAILS]).rstrip() + "\n")
     print(f"wrote {os.path.join(args.results, 'summary.md')}: " +
           ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     return 0

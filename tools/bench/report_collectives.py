@@ -26,8 +26,8 @@ def section(results, stages, plt, targets):
             if d is not None:
                 docs[n] = d
             else:
-                notes[n] = missing_note(stages, why, f"collectives_{coll}_{n}ranks",
-                                        "collectives")
+                notes[n] = missing_note(stages, why, f"collectives_{coll}_{n}ranks.json",
+                                        f"collectives_{coll}_{n}ranks", "collectives")
         out.append(f"### {coll} vs {peer}")
         out.append("")
         if coll == "allreduce":

@@ -3,8 +3,8 @@ rank (overhead*.json) and the fusion threshold sweep (fusion_sweep_*.json).
 """
 import os
 
-from report_base import (Target, bytes_str, image, limit, load_json, meets, not_run_line,
-                         open_section, short_by, stage_note, table)
+from report_base import (Target, bytes_str, image, limit, load_json, meets, missing_note,
+                         not_run_line, open_section, short_by, stage_note, table)
 from report_plots import plot_fusion
 
 
@@ -70,7 +70,8 @@ def fusion_section(results, stages, plt, targets):
     failed = sorted(s for s, st in stages.items()
                     if s.startswith("fusion_sweep_") and st["status"] != "ok")
     if not sweeps:
-        note = stage_note(stages, *failed) if failed else "not run"
+        note = stage_note(stages, *failed) if failed else missing_note(stages, "no results",
+                                                                       "fusion_sweep")
         targets.append(Target("Default fusion threshold vs best threshold (2 ranks)",
                               f"<= {limit('fusion_default'):.2f}x best", note=note))
         return out + [not_run_line([note]), ""]

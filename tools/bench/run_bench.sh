@@ -3,40 +3,14 @@
 #
 #   tools/bench/run_bench.sh [--quick] [--out DIR] [--only STAGE[,STAGE...]]
 #
-# Stages, each under its own time limit, each writing JSON into DIR
-# (default bench/results):
-#   collectives  tnt-bench allreduce, broadcast, allgather on 2 and 4 ranks
-#                (4 ranks on fewer cores are marked oversubscribed)
-#   overhead     1 rank: tnt.Model.fit against plain Keras fit (fit_bench.py)
-#   fusion       2 ranks: step time for each fusion threshold (fit_bench.py)
-#   training     Tarantella against other data-parallel frameworks
-#                (train_compare.py, when present)
-#   sim_cluster  a simulated multi-host cluster (tools/research/sim_cluster_bench.py,
-#                when present; as root)
-#   pipeline     pipeline parallelism (pipeline_bench.py): the bubble at 2 and 3
-#                stages, peak memory of GPipe and 1F1B against the number of
-#                micro-batches, capacity under a memory limit, and pipelined
-#                vs data-parallel throughput on the
-#                simulated 2-host cluster at 1 Gbit/s (as root)
-#   data_share   input-bound training at 1, 2 and 4 ranks with each rank
-#                preparing only its share of the data, on and off, beside
-#                plain Keras: a matmul map and a random augmentation
-#                (data_bench.py; --only data is short for it)
-#   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
-#                against SMPI's MPI_Allreduce, after a validation against the
-#                measured 2-host runs (tools/research/scale_bench.py; needs
-#                tnt-sim, built when libsimgrid-dev is installed), and training
-#                projected to those clusters (tools/research/project_scale.py)
-#   reliability  2 ranks, the quick start: the step-time cost of
-#                BackupAndRestore(save_freq=50) (backup_cost.py), and the time
-#                from a rank's death to the first step of the restarted job,
-#                TensorFlow's start-up apart (restart_time.py)
-# then tools/bench/report.py writes DIR/summary.md and the plots.
-#
+# Stages (what each runs and writes: docs/research/benchmarks.md): collectives,
+# overhead, fusion, training, sim_cluster (as root), pipeline, data_share
+# (or data), scale (needs tnt-sim), reliability, compression. Each runs under
+# a time limit and writes its results into DIR (default bench/results); then
+# tools/bench/report.py writes DIR/summary.md, DIR/details.md and the plots.
 # A stage that fails or runs out of time is recorded in the summary and the
 # others still run; the exit status is 1 when any stage failed, 0 otherwise.
-# Every command's output is in DIR/logs/<stage>.log, traces (TNT_TIMELINE
-# files) are in DIR/traces/; git ignores both.
+# Every command's output is in DIR/logs/<stage>.log, traces in DIR/traces/.
 #
 # Environment: PYTHON (python3), PREFIX (/usr/local: where tnt-bench is
 # installed), TNT_BENCH (the tnt-bench binary), BUILD (the build tree with
@@ -70,7 +44,7 @@ while (($#)); do
     --out=*) OUT=${1#--out=} ;;
     --only) ONLY=${2:?--only needs stage names}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set/p' "$0" | sed -n 's/^# \{0,1\}//p'; exit 0 ;;
     *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -81,11 +55,14 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale
-             reliability)
-declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
-                        [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
-                        [data_share]=data_share [scale]=scale [reliability]=reliability_)
+# The stages and the prefix of the files each writes (report_base.STAGES).
+STAGE_NAMES=()
+declare -A STAGE_FILES=()
+while read -r s p; do
+  STAGE_NAMES+=("$s")
+  STAGE_FILES[$s]=$p
+done < <("$PYTHON" "$ROOT/tools/bench/report.py" --stages)
+((${#STAGE_NAMES[@]})) || { echo "run_bench.sh: $PYTHON tools/bench/report.py --stages failed" >&2; exit 1; }
 # "data" is short for data_share.
 ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
@@ -297,9 +274,13 @@ if wanted scale; then
   else
     measured=$OUT/sim_cluster_allreduce.json
     [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
-    run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
-      "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" --measured "$measured" \
-      --out "$OUT/scale_validation.json"
+    if [[ -f $measured ]]; then
+      run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" \
+        --measured "$measured" --out "$OUT/scale_validation.json"
+    else
+      not_run scale_validation "no sim_cluster_allreduce.json: run the sim_cluster stage first (as root)"
+    fi
     # SMPI's selectors up to what they simulate here in about half an hour
     # (their temporary buffers are real memory: 64 x 8 ranks stop at 16 or
     # 32 MiB, 256 and 1024 hosts at 16 and 4 MiB), libtnt alone up to
@@ -325,6 +306,22 @@ if wanted scale; then
       run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.json" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --build "$build" $part \
         --run-timeout 1800 --append --out "$OUT/scale.json"
+    done
+    # Each algorithm forced: where recursive doubling, Rabenseifner's and the
+    # ring cross (docs/research/scale-study.md).
+    if [[ $QUICK == 1 ]]; then
+      parts=("--hosts 8 --gbit 100 --algos rd,rabenseifner --min 8K --max 128K")
+    else
+      parts=("--hosts 8,64 --gbit 10,100,400 --algos rd,rabenseifner --min 8K --max 128K"
+             "--hosts 256,1024 --gbit 100 --algos rd,rabenseifner --min 8K --max 128K"
+             "--hosts 8 --gbit 10,100,400 --algos rd,rabenseifner,ring --min 8K --max 64M")
+    fi
+    rm -f "$OUT/scale_forced.json"
+    for i in "${!parts[@]}"; do
+      # shellcheck disable=SC2086  # parts[i] is a list of options
+      run_stage "scale_forced_$((i + 1))" "$(limit 3600 600)" "$OUT/scale_forced.json" \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --impls tnt --per-host 1 \
+        --build "$build" ${parts[$i]} --run-timeout 1800 --append --out "$OUT/scale_forced.json"
     done
     run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.json" \
       "$PYTHON" "$ROOT/tools/research/scale_bench.py" --check --build "$build" \
@@ -357,6 +354,21 @@ if wanted reliability; then
     run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.json" \
       env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
       --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.json"
+  fi
+fi
+
+# 10. What gradient compression does to accuracy.
+if wanted compression; then
+  launcher=$PREFIX/bin/tarantella
+  [[ -x $launcher ]] || launcher=$(command -v tarantella)
+  if [[ -z $launcher ]]; then
+    not_run compression_accuracy "no tarantella launcher (make install)"
+  else
+    args=(--epochs 2 --samples 30000)
+    [[ $QUICK == 1 ]] && args=(--epochs 1 --samples 6000)
+    run_stage compression_accuracy "$(limit 2400 900)" "$OUT/compression_accuracy.json" \
+      env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
+      "${args[@]}" --out "$OUT/compression_accuracy.json"
   fi
 fi
 
