@@ -8,10 +8,10 @@
   sim_cluster  pipelined against data-parallel throughput on 2 simulated
                hosts at 1 Gbit/s (root)
 
-    python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
-    python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
-    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json [--quick]
-    sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
+    python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.jsonl [--quick]
+    sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.jsonl
 
 The method behind each figure: docs/research/benchmarks.md.
 """
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import bench_results
-from bench_results import finish_config, new_config, print_problems, traces_dir, write_json
+from bench_results import finish_config, new_config, print_problems, traces_dir, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
@@ -203,6 +203,11 @@ def run_job(cmd, timeout, env=None):
         or line.startswith("worker:"), env=env)
 
 
+def save_rank_file(work, rank, doc):
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as f:
+        json.dump(doc, f)
+
+
 def load_rank_files(work, ranks):
     docs = []
     for r in range(ranks):
@@ -307,8 +312,8 @@ def bubble_worker(args):
             models[m].fit(data[m], epochs=1, verbose=0, callbacks=[timer])
             fits[m].append({"t_stage_s": t_stage, "t_stage_busy_s": t_busy,
                             "step_s": timer.take()})
-    write_json(os.path.join(args.work, f"rank{rank}.json"),
-               {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
+    save_rank_file(args.work, rank,
+                   {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
     if rank == 0:
         print(f"worker: {k} ranks x {args.chunks} chunks, " + ", ".join(
             f"M={m} {statistics.median(t for f in fs for t in f['step_s']) * 1e3:.1f} ms"
@@ -436,8 +441,8 @@ def bubble(args):
         timeline_job(args, os.path.join(traces, "pipeline_timeline_interleaved.json"),
                      "interleaved", INTERLEAVED_CHUNKS)
         interleaved = bubble_rows(2, INTERLEAVED_CHUNKS, fits, INTERLEAVED_M)
-    write_json(args.json, {"config": finish_config(cfg), "results": results,
-                           "interleaved": interleaved})
+    write_results(args.json, "pipeline_bubble", {"config": finish_config(cfg), "results": results,
+                                                 "interleaved": interleaved})
     print(f"{'K':>2} {'v':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} {'ratio':>6} "
           f"{'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
     for r in results + interleaved:
@@ -484,7 +489,7 @@ def memory_worker(args):
            "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,
            "peak_lifetime_kib": max(proc_status_kib("VmHWM"), lifetime_hwm_warmup),
            "peak_reset": reset, "step_s": timer.take()}
-    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+    save_rank_file(args.work, rank, doc)
 
 
 def activation_mib_per_micro_batch(chunks=1):
@@ -551,7 +556,7 @@ def memory(args):
         print(f"memory: {schedule} M={m}: " + ", ".join(
             f"stage {r['stage']} {r['peak_rss_mib']:.0f} MiB (+{r['peak_above_base_mib']:.0f})"
             for r in results[-2:]), flush=True)
-    write_json(args.json, {"config": finish_config(cfg), "results": results})
+    write_results(args.json, "pipeline_memory", {"config": finish_config(cfg), "results": results})
     print(f"{'schedule':>8} {'M':>2} {'stage':>5} {'peak MiB':>9} {'above base':>10}")
     for r in results:
         print(f"{r['schedule']:>8} {r['micro_batches']:>2} {r['stage']:>5} "
@@ -710,7 +715,7 @@ def capacity_worker(args):
         lines = str(e).splitlines() or [""]
         what = next((line.strip() for line in lines if "OOM" in line), lines[0])
         doc.update(trained=False, error=f"{type(e).__name__}: {what[:300]}")
-    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+    save_rank_file(args.work, rank, doc)
     if pipelined and not doc["trained"]:
         os._exit(1)  # the other stages wait for this one: end the job
 
@@ -770,6 +775,21 @@ def memory_table(results):
     return rows
 
 
+def capacity_document(cfg, results):
+    """The capacity stage's results file: a row per run and per rank of a
+    run, the memory table, whether the stages' weights equal the unlimited
+    run's."""
+    runs = {k: r for k, r in results.items() if k not in ("bitwise equal", "memory table")}
+    doc = {"config": cfg,
+           "runs": [{"run": k, **{f: v for f, v in r.items() if f != "ranks"}}
+                    for k, r in runs.items()],
+           "ranks": [{"run": k, **d} for k, r in runs.items() for d in r["ranks"]],
+           "memory": results.get("memory table", [])}
+    if "bitwise equal" in results:
+        doc["bitwise_equal"] = results["bitwise equal"]
+    return doc
+
+
 def capacity(args):
     env = dict(os.environ, **FREED_MEMORY_LEAVES,
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
@@ -822,7 +842,7 @@ def capacity(args):
                   f"weight gradients {row['weight_gradients']}: "
                   f"{row['peak_mib']} MiB, {row['ratio']}x the whole model's need / K",
                   flush=True)
-    write_json(args.json, {"config": finish_config(cfg), "results": results})
+    write_results(args.json, "pipeline_capacity", capacity_document(finish_config(cfg), results))
     trained = [f"{key}: {results[key]['trained']}" for key, *_, limited, _ in runs if limited]
     print("capacity: trained under the limit: " + "; ".join(trained)
           + ("" if args.quick else "; the stages' weights after training equal those of the "
@@ -864,9 +884,9 @@ def sim_worker(args):
         for name in order:
             models[name].fit(ds, epochs=1, verbose=0, callbacks=[timer])
             times[name] += timer.take()
-    write_json(os.path.join(args.work, f"rank{rank}.json"),
-               {"rank": rank, "hosts": _core.num_hosts(), "ranks": tnt.get_size(),
-                "parameters": params, "step_s": times})
+    save_rank_file(args.work, rank, {"rank": rank, "hosts": _core.num_hosts(),
+                                     "ranks": tnt.get_size(), "parameters": params,
+                                     "step_s": times})
     if rank == 0:
         print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, {params} "
               "parameters; " + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms/step"
@@ -927,8 +947,9 @@ def sim_cluster(args):
         cfg["allreduce_transfer_ms"] = round(cfg["parameter_bytes"] * 8 / SIM_LINK_BPS * 1e3, 1)
         cut = SIM_BATCH // SIM_MICRO * SIM_WIDTH * 4 * 2 * SIM_MICRO
         cfg["pipeline_transfer_ms"] = round(cut * 8 / SIM_LINK_BPS * 1e3, 1)
-    write_json(args.json, {"config": finish_config(cfg), "results": results,
-                           "ratio_pipeline_to_data": round(ratio, 3) if ratio else None})
+    write_results(args.json, "pipeline_sim_cluster",
+                  {"config": finish_config(cfg), "results": results,
+                   "ratio_pipeline_to_data": round(ratio, 3) if ratio else None})
     for r in results:
         print(f"{r['mode']:>8}: {r['step_ms']:8.1f} ms/step, {r['samples_per_s']:8.1f} samples/s")
     if ratio:
@@ -942,7 +963,7 @@ def sim_cluster(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", nargs="?", choices=["bubble", "memory", "capacity", "sim_cluster"])
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", help="write the results file here")
     p.add_argument("--quick", action="store_true", help="fewer steps and fits")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
     p.add_argument("--mpiflags", default=os.environ.get("MPIFLAGS", "--oversubscribe --bind-to none"

@@ -9,7 +9,7 @@ import os
 import shutil
 import tomllib
 
-from bench_results import TRACES, traces_dir
+from bench_results import TRACES, read_results, traces_dir
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,13 +53,13 @@ def meets(key, value, threshold=None):
     return CHECKS[spec["check"]](value, spec["threshold"] if threshold is None else threshold)
 
 
-def load_json(path):
-    """(document, None), or (None, why) when missing or unreadable."""
+def load_results(path):
+    """(the results file's document, None), or (None, why) when missing or
+    unreadable."""
     if not os.path.exists(path):
         return None, "no results"
     try:
-        with open(path) as f:
-            return json.load(f), None
+        return read_results(path), None
     except (OSError, ValueError) as e:
         return None, f"unreadable {os.path.basename(path)}: {e}"
 
@@ -112,7 +112,7 @@ def open_section(results, stages, targets, fname, stage_names, title=None, goals
     the stages `stage_names`' record, and each (name, required) of `goals`
     is a target that did not run."""
     out = [title, ""] if title else []
-    d, why = load_json(os.path.join(results, fname))
+    d, why = load_results(os.path.join(results, fname))
     if d is None:
         note = missing_note(stages, why, fname, *stage_names)
         targets.extend(Target(name, req, note=note) for name, req in goals)

@@ -1,6 +1,6 @@
 """The report's section on pipeline_bench.py: the bubble, memory per stage,
 capacity under a memory limit and the simulated 2-host cluster
-(pipeline_*.json).
+(pipeline_*.jsonl).
 """
 import os
 
@@ -24,7 +24,7 @@ def _pipeline_bubble(results, stages, plt, targets):
     m = TARGETS["pipeline_bubble"]["micro_batches"]
     name = f"Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = {m}"
     req = f"<= {limit('pipeline_bubble'):.2f}x"
-    out, d = open_section(results, stages, targets, "pipeline_bubble.json",
+    out, d = open_section(results, stages, targets, "pipeline_bubble.jsonl",
                           ["pipeline_bubble", "pipeline"], "### Bubble", [(name, req)])
     if d is None:
         return out
@@ -127,7 +127,7 @@ def _pipeline_memory(results, stages, plt, targets):
             "(stage 0)")
     req = (f"1F1B grows < {limit('pipeline_memory_1f1b')} micro-batch, "
            f"GPipe > {limit('pipeline_memory_gpipe')}, from M = 2 to 8")
-    out, d = open_section(results, stages, targets, "pipeline_memory.json",
+    out, d = open_section(results, stages, targets, "pipeline_memory.jsonl",
                           ["pipeline_memory", "pipeline"],
                           "### Memory per stage: GPipe, 1F1B, interleaved", [(name, req)])
     if d is None:
@@ -249,9 +249,21 @@ def _memory_failure(run):
             error)
 
 
+def capacity_runs(d):
+    """pipeline_capacity.jsonl's runs by name, each with its ranks' rows,
+    beside "bitwise equal" and "memory table"."""
+    res = {r["run"]: dict(r, ranks=[x for x in d.get("ranks", []) if x["run"] == r["run"]])
+           for r in d.get("runs", [])}
+    if "bitwise_equal" in d:
+        res["bitwise equal"] = d["bitwise_equal"]
+    if d.get("memory"):
+        res["memory table"] = d["memory"]
+    return res
+
+
 def capacity_verdict(res, budget):
-    """(met, detail) of the capacity target from pipeline_capacity.json's
-    results: met when, under a limit below the whole model's weights, serial
+    """(met, detail) of the capacity target from the runs of
+    capacity_runs: met when, under a limit below the whole model's weights, serial
     Keras and the stages given the model built fail for lack of memory,
     every run of stages given the function that builds it trains, and their
     weights end equal to those of the model trained built whole without a
@@ -295,14 +307,14 @@ CAPACITY_TABLE_TARGET = ("Peak per rank on K stages, against the whole model's n
 
 def _pipeline_capacity(results, stages, targets):
     name = "Under a memory limit below the model's weights, only stages built by a function train"
-    out, d = open_section(results, stages, targets, "pipeline_capacity.json",
+    out, d = open_section(results, stages, targets, "pipeline_capacity.jsonl",
                           ["pipeline_capacity", "pipeline"],
                           "### Capacity: a model whose weights do not fit one process",
                           [(name, "yes"),
                            (CAPACITY_TABLE_TARGET, f"<= {limit('pipeline_capacity_table')}x")])
     if d is None:
         return out
-    cfg, res = d.get("config", {}), d.get("results", {})
+    cfg, res = d.get("config", {}), capacity_runs(d)
     t = Target(name, "yes", family="pipeline")
     t.ok, t.note = capacity_verdict(res, cfg.get("budget_times_weights", "?"))
     t.measured = "yes" if t.ok else "no"
@@ -368,7 +380,7 @@ def _pipeline_capacity(results, stages, targets):
 def _pipeline_sim(results, stages, targets):
     name = "Pipelined / data-parallel throughput, 2 simulated hosts at 1 Gbit/s"
     req = f">= {limit('pipeline_sim'):.1f}x"
-    out, d = open_section(results, stages, targets, "pipeline_sim_cluster.json",
+    out, d = open_section(results, stages, targets, "pipeline_sim_cluster.jsonl",
                           ["pipeline_sim_cluster", "pipeline"],
                           "### Where pipelining wins: 2 simulated hosts at 1 Gbit/s",
                           [(name, req)])

@@ -2,10 +2,11 @@
 each writing a PNG into the results folder; no software or date stamps, so
 the same data gives the same file.
 """
+import json
 import os
 
 from bench_results import TRACES
-from report_base import limit, load_json, size_str
+from report_base import limit, size_str
 
 
 def pyplot():
@@ -39,9 +40,10 @@ def plot_collective(plt, results, coll, peer, docs):
             ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             continue
-        if doc.get("oversubscribed"):
-            title += f" (oversubscribed: {doc.get('max_ranks_per_host', ranks)} ranks on " \
-                     f"{doc.get('cores_per_host', '?')} cores)"
+        cfg = doc["config"]
+        if cfg.get("oversubscribed"):
+            title += f" (oversubscribed: {cfg.get('max_ranks_per_host', ranks)} ranks on " \
+                     f"{cfg.get('cores_per_host', '?')} cores)"
         rows = doc["rows"]
         x = [r["bytes"] for r in rows]
         ax.plot(x, [r["tnt_busbw"] for r in rows], "o-", label="Tarantella (libtnt)")
@@ -82,7 +84,7 @@ def plot_fusion(plt, results, sweeps, default_kb):
     ax.set_xticklabels([f"{k:g}" for k in ks])
     ax.set_xlabel("fusion threshold (KiB; 0 = one bucket per tensor)")
     ax.set_ylabel("step time / best step time")
-    ax.set_title(f"Fusion threshold sweep, {next(iter(sweeps.values()))['ranks']} ranks")
+    ax.set_title(f"Fusion threshold sweep, {next(iter(sweeps.values()))['config']['ranks']} ranks")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -288,9 +290,10 @@ def plot_pipeline_timeline(plt, results):
     spans = {}
     for rank in (0, 1):
         path = os.path.join(results, TRACES, f"pipeline_timeline.rank{rank}.json")
-        d, _ = load_json(path)
-        if not d:
+        if not os.path.exists(path):
             return False
+        with open(path) as f:
+            d = json.load(f)
         spans[rank] = sorted((e for e in d if e.get("cat") == "pipeline" and e.get("ph") == "X"),
                              key=lambda e: e["ts"])
     starts = [e["ts"] for e in spans[0] if e["name"] == "forward 0"]

@@ -70,15 +70,15 @@ for s in ${ONLY//,/ }; do
     "${STAGE_NAMES[*]})" >&2; exit 2; }
 done
 if [[ -z $ONLY ]]; then
-  rm -f "$OUT"/*.json "$OUT"/*.png "$OUT"/traces/* "$LOGS"/*.log "$STAGES_TSV"
+  rm -f "$OUT"/*.jsonl "$OUT"/*.png "$OUT"/traces/* "$LOGS"/*.log "$STAGES_TSV"
 else
   for s in ${ONLY//,/ }; do
     p=${STAGE_FILES[$s]}
-    rm -f "$OUT/$p"*.json "$OUT/$p"*.png "$OUT/traces/$p"* "$LOGS/$p"*.log
+    rm -f "$OUT/$p"*.jsonl "$OUT/$p"*.png "$OUT/traces/$p"* "$LOGS/$p"*.log
     [[ -f $STAGES_TSV ]] && sed -i "/^$p/d" "$STAGES_TSV"
   done
 fi
-rm -f "$OUT"/summary.md
+rm -f "$OUT"/summary.md "$OUT"/details.md
 [[ -s $STAGES_TSV ]] || printf 'stage\tstatus\trc\tseconds\tlog\n' >"$STAGES_TSV"
 
 # Time limits in seconds: full run, quick run.
@@ -148,12 +148,20 @@ if wanted collectives; then
     not_run collectives "no tnt-bench at $TNT_BENCH (make install)"
   else
     max=$([[ $QUICK == 1 ]] && echo 4M || echo 64M)
+    mkdir -p "$OUT/traces"
     for coll in allreduce broadcast allgather; do
       for np in 2 4; do
-        json=$OUT/collectives_${coll}_${np}ranks.json
+        name=collectives_${coll}_${np}ranks
+        # tnt-bench's own JSON, kept among the traces, becomes a results file.
         # shellcheck disable=SC2086
-        run_stage "collectives_${coll}_${np}ranks" "$(limit 900 240)" "$json" \
-          "$MPIRUN" $MPIFLAGS -np "$np" "$TNT_BENCH" "$coll" --min 4K --max "$max" --json "$json"
+        run_stage "$name" "$(limit 900 240)" "$OUT/traces/$name.json" \
+          "$MPIRUN" $MPIFLAGS -np "$np" "$TNT_BENCH" "$coll" --min 4K --max "$max" \
+          --json "$OUT/traces/$name.json"
+        if [[ -s $OUT/traces/$name.json ]] && ! "$PYTHON" "$ROOT/tools/bench/bench_results.py" \
+          --from-tnt-bench "$OUT/traces/$name.json" "$OUT/$name.jsonl" >>"$LOGS/$name.log" 2>&1; then
+          echo "bench: could not convert $OUT/traces/$name.json (logs/$name.log)"
+          failed=1
+        fi
       done
     done
   fi
@@ -163,11 +171,11 @@ fi
 if wanted overhead; then
   args=()
   [[ $QUICK == 1 ]] && args=(--samples 2048 --trials 3)
-  run_stage overhead "$(limit 1200 400)" "$OUT/overhead.json" \
-    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.json"
-  run_stage overhead_small_cnn "$(limit 1200 400)" "$OUT/overhead_small_cnn.json" \
+  run_stage overhead "$(limit 1200 400)" "$OUT/overhead.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.jsonl"
+  run_stage overhead_small_cnn "$(limit 1200 400)" "$OUT/overhead_small_cnn.jsonl" \
     "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead --model small_cnn "${args[@]}" \
-    --json "$OUT/overhead_small_cnn.json"
+    --json "$OUT/overhead_small_cnn.jsonl"
 fi
 
 # 3. Fusion threshold sweep on 2 ranks.
@@ -180,7 +188,7 @@ if wanted fusion; then
     args=(--trials 5 --thresholds "0,8,32,128,512,2048,8192")
   fi
   for model in "${models[@]}"; do
-    json=$OUT/fusion_sweep_$model.json
+    json=$OUT/fusion_sweep_$model.jsonl
     # shellcheck disable=SC2086
     run_stage "fusion_sweep_$model" "$(limit 1500 480)" "$json" \
       "$MPIRUN" $MPIFLAGS -np 2 -x TF_CPP_MIN_LOG_LEVEL "$PYTHON" \
@@ -201,15 +209,15 @@ optional_stage() {
     not_run "$name" "needs root (network namespaces, tc)"
     return 0
   fi
-  local args=(--out "$OUT/$name.json")
+  local args=(--out "$OUT/$name.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
+  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.jsonl" \
     "$PYTHON" "$ROOT/tools/$script" "${args[@]}"
 }
 optional_stage training bench/train_compare.py 3600 1200
 optional_stage sim_cluster research/sim_cluster_bench.py 3000 900
 # sim_stage NAME FULL QUICK ARGS...: one more run of sim_cluster_bench.py
-# (part of the sim_cluster stage), writing NAME.json, under the time limit
+# (part of the sim_cluster stage), writing NAME.jsonl, under the time limit
 # FULL (QUICK with --quick); as root only.
 sim_stage() {
   local name=$1 full=$2 quick=$3
@@ -219,9 +227,9 @@ sim_stage() {
     not_run "$name" "needs root (network namespaces, tc)"
     return 0
   fi
-  local args=("$@" --out "$OUT/$name.json")
+  local args=("$@" --out "$OUT/$name.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
+  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.jsonl" \
     "$PYTHON" "$ROOT/tools/research/sim_cluster_bench.py" "${args[@]}"
 }
 # The allreduce alone on the simulated hosts, against MPI_Allreduce.
@@ -249,7 +257,7 @@ if wanted pipeline; then
         not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
         continue
       fi
-      json=$OUT/pipeline_$part.json
+      json=$OUT/pipeline_$part.jsonl
       run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
         "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
     done
@@ -260,8 +268,8 @@ fi
 if wanted data_share; then
   args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.json" \
-    "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
+  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.jsonl"
 fi
 
 # 8. At scale: libtnt's allreduce on simulated fat-trees (SimGrid), first
@@ -272,14 +280,14 @@ if wanted scale; then
   if [[ ! -f $sim_so ]] || ! command -v smpirun >/dev/null; then
     not_run scale "no tnt-sim (build with libsimgrid-dev installed)"
   else
-    measured=$OUT/sim_cluster_allreduce.json
-    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
+    measured=$OUT/sim_cluster_allreduce.jsonl
+    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.jsonl
     if [[ -f $measured ]]; then
-      run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
+      run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.jsonl" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" \
-        --measured "$measured" --out "$OUT/scale_validation.json"
+        --measured "$measured" --out "$OUT/scale_validation.jsonl"
     else
-      not_run scale_validation "no sim_cluster_allreduce.json: run the sim_cluster stage first (as root)"
+      not_run scale_validation "no sim_cluster_allreduce.jsonl: run the sim_cluster stage first (as root)"
     fi
     # SMPI's selectors up to what they simulate here in about half an hour
     # (their temporary buffers are real memory: 64 x 8 ranks stop at 16 or
@@ -299,13 +307,13 @@ if wanted scale; then
              "--impls tnt --hosts 64 --per-host 1 --gbit 10,100,400 --max 256M"
              "--impls tnt --hosts 256,1024 --per-host 1 --gbit 100 --max 256M")
     fi
-    rm -f "$OUT/scale.json"
+    rm -f "$OUT/scale.jsonl"
     for i in "${!parts[@]}"; do
       part=${parts[$i]}
       # shellcheck disable=SC2086  # part is a list of options
-      run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.json" \
+      run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.jsonl" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --build "$build" $part \
-        --run-timeout 1800 --append --out "$OUT/scale.json"
+        --run-timeout 1800 --append --out "$OUT/scale.jsonl"
     done
     # Each algorithm forced: where recursive doubling, Rabenseifner's and the
     # ring cross (docs/research/scale-study.md).
@@ -316,26 +324,26 @@ if wanted scale; then
              "--hosts 256,1024 --gbit 100 --algos rd,rabenseifner --min 8K --max 128K"
              "--hosts 8 --gbit 10,100,400 --algos rd,rabenseifner,ring --min 8K --max 64M")
     fi
-    rm -f "$OUT/scale_forced.json"
+    rm -f "$OUT/scale_forced.jsonl"
     for i in "${!parts[@]}"; do
       # shellcheck disable=SC2086  # parts[i] is a list of options
-      run_stage "scale_forced_$((i + 1))" "$(limit 3600 600)" "$OUT/scale_forced.json" \
+      run_stage "scale_forced_$((i + 1))" "$(limit 3600 600)" "$OUT/scale_forced.jsonl" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --impls tnt --per-host 1 \
-        --build "$build" ${parts[$i]} --run-timeout 1800 --append --out "$OUT/scale_forced.json"
+        --build "$build" ${parts[$i]} --run-timeout 1800 --append --out "$OUT/scale_forced.jsonl"
     done
-    run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.json" \
+    run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.jsonl" \
       "$PYTHON" "$ROOT/tools/research/scale_bench.py" --check --build "$build" \
       $([[ $QUICK == 1 ]] && echo "--layouts 64x1,100x1") --run-timeout 1800 \
-      --out "$OUT/scale_check.json"
+      --out "$OUT/scale_check.jsonl"
     # Training projected from measured timelines and those allreduces.
-    steps=$OUT/sim_cluster.json
-    [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.json
-    run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.json" \
-      "$PYTHON" "$ROOT/tools/research/project_scale.py" --measure --out "$OUT/scale_timelines.json"
-    run_stage scale_projection 60 "$OUT/scale_projection.json" \
+    steps=$OUT/sim_cluster.jsonl
+    [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.jsonl
+    run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.jsonl" \
+      "$PYTHON" "$ROOT/tools/research/project_scale.py" --measure --out "$OUT/scale_timelines.jsonl"
+    run_stage scale_projection 60 "$OUT/scale_projection.jsonl" \
       "$PYTHON" "$ROOT/tools/research/project_scale.py" --project \
-      --timelines "$OUT/scale_timelines.json" --scale "$OUT/scale.json" \
-      --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.json"
+      --timelines "$OUT/scale_timelines.jsonl" --scale "$OUT/scale.jsonl" \
+      --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.jsonl"
   fi
 fi
 
@@ -348,12 +356,12 @@ if wanted reliability; then
   else
     args=(--rounds 4 --steps 200)
     [[ $QUICK == 1 ]] && args=(--rounds 2 --steps 100)
-    run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.json" \
+    run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.jsonl" \
       "$launcher" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
-      --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.json"
-    run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.json" \
+      --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.jsonl"
+    run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.jsonl" \
       env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
-      --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.json"
+      --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.jsonl"
   fi
 fi
 
@@ -366,9 +374,9 @@ if wanted compression; then
   else
     args=(--epochs 2 --samples 30000)
     [[ $QUICK == 1 ]] && args=(--epochs 1 --samples 6000)
-    run_stage compression_accuracy "$(limit 2400 900)" "$OUT/compression_accuracy.json" \
+    run_stage compression_accuracy "$(limit 2400 900)" "$OUT/compression_accuracy.jsonl" \
       env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
-      "${args[@]}" --out "$OUT/compression_accuracy.json"
+      "${args[@]}" --out "$OUT/compression_accuracy.jsonl"
   fi
 fi
 

@@ -6,7 +6,7 @@ runs interleaved across frameworks; every run checks that its ranks end
 with the same weights. `--baselines` adds serial Keras 3 and tf-keras runs.
 The method: docs/research/benchmarks.md.
 
-    python3 tools/bench/train_compare.py --out bench/results/train_compare.json
+    python3 tools/bench/train_compare.py --out bench/results/training.jsonl
     python3 tools/bench/train_compare.py --quick           # 2 ranks only, fewer steps
     python3 tools/bench/train_compare.py --models lenet5 --ranks 2 --frameworks tarantella,mwms
 
@@ -29,7 +29,7 @@ import tempfile
 import time
 
 import bench_models
-from bench_results import write_json
+from bench_results import write_results
 
 SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -564,11 +564,11 @@ class Driver:
             self.errors[f["framework"]] = (self.errors[f["framework"]] + "; " + msg
                                            if f["framework"] in self.errors else msg)
 
-        doc = {"config": self.config(models, ranks, time.monotonic() - started),
-               "results": results, "baselines": baselines, "errors": self.errors,
-               "failures": failures}
+        config = self.config(models, ranks, time.monotonic() - started)
+        doc = {"config": dict(config, errors=self.errors, failures=failures),
+               "results": results, "baselines": baselines}
         if a.out:
-            write_json(a.out, doc)
+            write_results(a.out, "training", doc)
         print_table(doc)
         if a.out:
             print(f"wrote {a.out}")
@@ -653,7 +653,7 @@ def print_table(doc):
             print(f"  {model:12s} " + "   ".join(parts))
     print()
     print(f"mwms ran with {cfg['mwms_keras']}, horovod with {cfg['horovod_keras']}")
-    for fw, msg in doc["errors"].items():
+    for fw, msg in cfg["errors"].items():
         print(f"error, {fw}: {msg}")
 
 
@@ -673,7 +673,7 @@ def main():
         worker(w.parse_args(sys.argv[2:]))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--out", metavar="PATH", help="write the results file to PATH")
     p.add_argument("--quick", action="store_true", help="2 ranks only, fewer timed steps")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
@@ -685,7 +685,7 @@ def main():
                    help="Keras of the MWMS runs (auto: Keras 3 if a probe trains, else tf-keras)")
     p.add_argument("--baselines", action="store_true",
                    help="also time serial Keras 3 and tf-keras (1 process) for every model")
-    p.add_argument("--horovod-note", help="why Horovod is missing, for the JSON")
+    p.add_argument("--horovod-note", help="why Horovod is missing, for the results")
     p.add_argument("--keep-logs", action="store_true", help="keep every run's logs")
     args = p.parse_args()
     if args.ranks is None:

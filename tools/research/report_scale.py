@@ -1,11 +1,12 @@
 """The "At scale (simulated)" section of the benchmark report (report.py):
-scale_validation.json and scale.json of tools/research/scale_bench.py, and the
-plot scale_allreduce.png."""
+scale_validation.jsonl, scale.jsonl and scale_check.jsonl of
+tools/research/scale_bench.py, scale_projection.jsonl of project_scale.py, and
+the plots scale_allreduce.png and scale_projection.png."""
 import math
 import os
 
 from report_base import (TARGETS, Target, bw, bytes_str, config_lines, detail, image, limit,
-                         load_json, meets, missing_note, not_run_line, table)
+                         load_results, meets, missing_note, not_run_line, table)
 from report_plots import save
 
 
@@ -110,7 +111,7 @@ def scale_part(d, note, plt, results, targets):
             targets.append(Target(f"at scale: {name}", req, note=note))
         return out + [not_run_line([note]), ""]
     res, cfg = d["results"], d["config"]
-    out += config_lines(cfg, "scale.json")
+    out += config_lines(cfg, "scale.jsonl")
     runs = [[f"{r['hosts']}x{r['per_host']}", f"{r['gbit']:g}", r["impl"], r["sizes"],
              f"{r['wall_s']:.0f}", r["error"] or ""] for r in d["runs"]]
     detail("scale.json: wall time of each simulation (the machine's 2 cores, shared)",
@@ -197,7 +198,7 @@ def projection_part(d, note, plt, results, targets):
         targets.append(Target(name, f">= {limit('scale_projection'):.1f}", note=note))
         return out + [not_run_line([note]), ""]
     res = d["results"]
-    out += config_lines(d["config"], "scale_projection.json")
+    out += config_lines(d["config"], "scale_projection.jsonl")
     out.append("Step time from each model's measured timeline (when each fusion bucket is "
                "submitted) and libtnt's simulated allreduce of each bucket on N hosts "
                "(`tools/research/project_scale.py`); E(N) = compute / step at the same samples "
@@ -279,10 +280,10 @@ def section(results, stages, plt, targets):
            "over H hosts / link rate.", ""]
 
     def load(fname):
-        d, why = load_json(os.path.join(results, fname))
-        return d, missing_note(stages, why, fname, fname.removesuffix(".json"), "scale")
-    out += validation_part(*load("scale_validation.json"), targets)
-    out += scale_part(*load("scale.json"), plt, results, targets)
-    out += check_part(*load("scale_check.json"), targets)
-    out += projection_part(*load("scale_projection.json"), plt, results, targets)
+        d, why = load_results(os.path.join(results, fname))
+        return d, missing_note(stages, why, fname, fname.removesuffix(".jsonl"), "scale")
+    out += validation_part(*load("scale_validation.jsonl"), targets)
+    out += scale_part(*load("scale.jsonl"), plt, results, targets)
+    out += check_part(*load("scale_check.jsonl"), targets)
+    out += projection_part(*load("scale_projection.jsonl"), plt, results, targets)
     return out

@@ -1,6 +1,6 @@
 """The report's sections on sim_cluster_bench.py: training on the simulated
 cluster, the allreduce across simulated hosts, against MWMS, and gradient
-compression (sim_cluster*.json, compression_accuracy.json).
+compression (sim_cluster*.jsonl, compression_accuracy.jsonl).
 """
 
 from report_base import (TARGETS, Target, bytes_str, f2, image, limit, meets, open_section,
@@ -26,7 +26,7 @@ def hosts_text(r):
 def sim_section(results, stages, plt, targets):
     name = "Simulated cluster with the defaults: step time / bound (worst link)"
     req = f"<= {limit('sim_bound'):.2f}"
-    out, d = open_section(results, stages, targets, "sim_cluster.json", ["sim_cluster"],
+    out, d = open_section(results, stages, targets, "sim_cluster.jsonl", ["sim_cluster"],
                           "## 5. Simulated cluster", [(name, req)])
     if d is None:
         return out
@@ -113,7 +113,7 @@ def sim_section(results, stages, plt, targets):
             "share this machine's cores; alone in the note) over the 2-host step."]
     if any(over.values()):
         out += ["", "\\* oversubscribed: more ranks (on all simulated hosts) than cores."]
-    tl = d.get("timeline_example")
+    tl = cfg.get("timeline_example")
     if tl:
         out += ["", f"Timeline example: {timeline_link(results, tl)}."]
     out.append("")
@@ -126,7 +126,7 @@ def sim_allreduce_section(results, stages, plt, targets):
               f">= {limit('sim_allreduce_mpi'):.1f}"),
              (f"Allreduce across simulated hosts: share of the link at >= "
               f"{bytes_str(link_bytes)}", f">= {limit('sim_allreduce_link'):.2f}")]
-    out, d = open_section(results, stages, targets, "sim_cluster_allreduce.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_allreduce.jsonl",
                           ["sim_cluster_allreduce"], "## 5b. Allreduce across simulated hosts",
                           names)
     if d is None:
@@ -181,7 +181,7 @@ def sim_frameworks_section(results, stages, targets):
     (sim_cluster_bench.py --frameworks)."""
     name = "Throughput vs MWMS, 2 simulated hosts"
     req = f">= {limit('sim_mwms'):.1f}x"
-    out, d = open_section(results, stages, targets, "sim_cluster_frameworks.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_frameworks.jsonl",
                           ["sim_cluster_frameworks"],
                           "## 5c. Against MultiWorkerMirroredStrategy on simulated hosts",
                           [(name, req)])
@@ -212,7 +212,7 @@ def compression_section(results, stages, targets):
     """Gradient compression and the tuned fusion threshold on the simulated
     hosts (sim_cluster_bench.py --variants), and compression's effect on
     accuracy (compression_accuracy.py)."""
-    out, d = open_section(results, stages, targets, "sim_cluster_compression.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_compression.jsonl",
                           ["sim_cluster_compression"],
                           "## 8. Gradient compression and the tuned fusion threshold",
                           show_config=False)
@@ -238,7 +238,7 @@ def compression_section(results, stages, targets):
         out.append(table(["hosts", "link", "setting", "step ms", "step / none", "wait ms",
                           "comm ms", "bound ms", "bytes sent", "final loss"], rows))
         out.append("")
-    more, d = open_section(results, stages, targets, "compression_accuracy.json",
+    more, d = open_section(results, stages, targets, "compression_accuracy.jsonl",
                            ["compression_accuracy"], label="Accuracy (compression_accuracy.py): ",
                            show_config=False)
     out += more
@@ -249,8 +249,10 @@ def compression_section(results, stages, targets):
                f"{cfg.get('ranks')} ranks, global batch {cfg.get('global_batch')}, "
                f"{cfg.get('epochs')} epochs (test accuracy on the 10000 test images).")
     out.append("")
-    rows = [[name, r["epochs"][-1]["loss"], r["epochs"][-1]["test_accuracy"]]
-            for name, r in d.get("results", {}).items()]
+    last = {}  # each setting's last epoch
+    for r in d.get("epochs", []):
+        last[r["compression"]] = r
+    rows = [[name, r["loss"], r["test_accuracy"]] for name, r in last.items()]
     out.append(table(["compression", "final training loss", "test accuracy"], rows))
     out.append("")
     return out

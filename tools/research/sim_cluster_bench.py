@@ -9,11 +9,11 @@ waiting against its bound. --allreduce: tnt-bench against MPI_Allreduce;
 Needs root, iproute2, unshare and Tarantella installed. The method:
 docs/research/benchmarks.md; tools/research/README.md.
 
-    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json
-    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
+    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.jsonl
+    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.jsonl
     sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
-        --out sim_cluster_compression.json
-    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
+        --out sim_cluster_compression.jsonl
+    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.jsonl
 """
 import argparse
 import json
@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(ROOT, "tools", "bench")  # the shared helpers and train_compare.py
 sys.path.insert(0, BENCH)
-from bench_results import finish_config, new_config, print_problems, write_json  # noqa: E402
+from bench_results import finish_config, new_config, print_problems, write_results  # noqa: E402
 from step_timeline import breakdown, load_trace, summarize  # noqa: E402
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
 
@@ -492,7 +492,7 @@ def allreduce_driver(args):
             cluster.down()
     finish_config(config)
     if args.out:
-        write_json(args.out, {"config": config, "results": results})
+        write_results(args.out, "sim_cluster_allreduce", {"config": config, "results": results})
     print(f"{'layout':>6} {'link':<13} {'bytes':>10} {'algorithm':<9} {'tnt_busbw':>9} "
           f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5} {'tcp':>5}")
     for r in results:
@@ -636,21 +636,21 @@ def frameworks_driver(args):
                     out, problem = framework_run(
                         cluster, os.path.join(keep, f"{link}_{model}_{fw}"), fw, model, steps,
                         args.timeout)
+                    row[f"{fw}_step_ms"] = None if problem else round(
+                        out["median_step_s"] * 1e3, 3)
                     if problem:
                         config["problems"][f"{link} {model} {fw}"] = problem
-                    else:
-                        row[f"{fw}_step_ms"] = round(out["median_step_s"] * 1e3, 3)
                     print(f"sim_cluster_bench: {model} {fw} {link}: "
                           f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
                           file=sys.stderr, flush=True)
-                if "tarantella_step_ms" in row and "mwms_step_ms" in row:
+                if row["tarantella_step_ms"] and row["mwms_step_ms"]:
                     row["ratio"] = round(row["mwms_step_ms"] / row["tarantella_step_ms"], 3)
                 results.append(row)
     finally:
         cluster.down()
     finish_config(config)
     if args.out:
-        write_json(args.out, {"config": config, "results": results})
+        write_results(args.out, "sim_cluster_frameworks", {"config": config, "results": results})
     print(f"{'link':<13} {'model':<12} {'tarantella':>10} {'mwms':>8} {'ratio':>6}")
     for r in results:
         print(f"{r['link']:<13} {r['model']:<12} {fmt(r.get('tarantella_step_ms'), 10)} "
@@ -768,8 +768,9 @@ def driver(args):
     config["added_delay"] = DELAY if all("netem" in v for v in config["links"].values()) else (
         "none: this kernel has no netem qdisc (links are rate-limited with tbf only)")
     if args.out:
-        write_json(args.out, {"config": config, "results": results, "weak_scaling": scaling,
-                              "timeline_example": example})
+        config["timeline_example"] = example
+        write_results(args.out, "sim_cluster_compression" if args.variants else "sim_cluster",
+                      {"config": config, "results": results, "weak_scaling": scaling})
     print_table(results)
     for r in scaling:
         print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; "
@@ -790,7 +791,7 @@ def driver(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--out", help="write the results file here")
     p.add_argument("--quick", action="store_true",
                    help="4 steps x 1 fit per configuration, 200 s budget")
     p.add_argument("--hosts", default="2,4,2x2",
