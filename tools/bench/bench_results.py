@@ -62,12 +62,30 @@ def finish_config(config):
     return config
 
 
-def print_problems(config):
-    """The failed runs and the load average, after a script's table."""
+def print_results(doc):
+    """Prints a results document: a line per row of each table, the
+    figures, the failed runs and the load average."""
+    def text(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + " ".join(text(x) for x in v[:8]) + (" ..." if len(v) > 8 else "") + "]"
+        return str(v)
+    for key, value in doc.items():
+        if key == "config":
+            continue
+        if isinstance(value, list) and all(isinstance(r, dict) for r in value):
+            for row in value:
+                print(f"{key}: " + ", ".join(f"{k} {text(v)}" for k, v in row.items()
+                                            if not isinstance(v, dict)))
+        else:
+            print(f"{key}: {text(value)}")
+    config = doc.get("config") or {}
     for key, problem in config.get("problems", {}).items():
         print(f"problem: {key}: {problem}")
-    print(f"load average {config['load_average_at_start']} at the start, "
-          f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
+    if "load_average_at_end" in config:
+        print(f"load average {config['load_average_at_start']} at the start, "
+              f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
 
 
 def run_job(cmd, timeout, shown, env=None, last=40):
@@ -134,8 +152,11 @@ def records(bench, doc):
 
 
 def write_results(path, bench, doc):
-    """Writes the document `doc` of benchmark `bench` to `path` (whole file
-    or nothing)."""
+    """Prints the document `doc` of benchmark `bench` and writes it to
+    `path` (whole file or nothing; no file when `path` is None)."""
+    print_results(doc)
+    if not path:
+        return
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"

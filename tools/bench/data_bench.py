@@ -281,14 +281,6 @@ def main():
         "runs": [{"job": job, **r} for job, d in jobs.items() for r in d["runs"]],
         "ratios": [{"job": job, "ranks": int(n), **q} for job, d in jobs.items()
                    for n, q in d["ratios"].items()]})
-    for job, d in jobs.items():
-        print(f"{job}: serial Keras epoch {d['serial']['epoch_s']:.3f} s, input CPU "
-              f"{d['serial']['input_cpu_s'][0]:.3f} s")
-        for r in d["runs"]:
-            print(f"  {r['ranks']} rank(s), sharing {'on   ' if r['share'] else 'whole'}: epoch "
-                  f"{r['epoch_s']:.3f} s {r['epoch_s_rounds']}, input CPU per rank "
-                  f"{r['input_cpu_s']} (first epoch {r['input_cpu_first_s']}), rows {r['rows']}")
-        print("  ratios:", json.dumps(d["ratios"]))
     print(f"load average per round {load}; wrote {out}")
     return 0
 

@@ -1,7 +1,7 @@
 """Training-step benchmarks of the Keras layer (ratios measured in one run).
 
 overhead   1 rank: tnt.Model.fit against plain keras fit, same model, data
-           and settings, trials interleaved; prints the step-time ratio.
+           and settings, trials interleaved.
 sweep      N ranks (under mpirun): fit step time for each fusion threshold,
            trials interleaved.
 
@@ -84,8 +84,8 @@ def build(wrap, jit_compile="auto", name="lenet5"):
 
 
 def write_results(path, bench, doc):
-    """Writes the results file `path` on rank 0."""
-    if path and tnt.is_master_rank():
+    """Prints the results on rank 0 and writes them to `path` (if given)."""
+    if tnt.is_master_rank():
         bench_results.write_results(path, bench, doc)
 
 
@@ -110,13 +110,6 @@ def overhead(args):
         for name, model in order:
             times[name].append(step_time(model, ds, steps))
     med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"1 rank, {args.model}, batch {args.batch}, {steps} steps/epoch, {args.trials} trials "
-          "(median):")
-    print(f"  keras fit, jit_compile=False  {med['keras'] * 1e3:8.3f} ms/step")
-    print(f"  keras fit, jit_compile=auto   {med['keras_auto'] * 1e3:8.3f} ms/step")
-    print(f"  tnt.Model.fit                 {med['tnt'] * 1e3:8.3f} ms/step")
-    print(f"step time ratio tnt/keras(auto): {med['tnt'] / med['keras_auto']:.3f}")
-    print(f"step time ratio tnt/keras: {med['tnt'] / med['keras']:.3f}")
     write_results(args.json, "overhead", {
         "config": {"model": args.model, "ranks": tnt.get_size(), "batch": args.batch,
                    "steps_per_epoch": steps, "trials": args.trials},
@@ -143,12 +136,6 @@ def sweep(args):
             settings.load()
             times[i].append(step_time(models[i], ds, steps))
     rows = [(kb, statistics.median(t), t) for kb, t in zip(thresholds, times)]
-    if tnt.is_master_rank():
-        print(f"{tnt.get_size()} ranks, {args.model}, global batch {args.batch} (median of "
-              f"{args.trials}):")
-        best = min(t for _, t, _ in rows)
-        for kb, t, _ in rows:
-            print(f"  threshold {kb:>9g} KiB  {t * 1e3:8.3f} ms/step  {t / best:.3f}x best")
     weights = MODELS[args.model]().trainable_weights
     write_results(args.json, "fusion_sweep", {
         "config": {

@@ -20,17 +20,12 @@ def section(results, stages, targets):
     d, jobs = d["config"], jobs_of(d)
     rounds = " ".join(f"{r[0]:.2f}" for r in d["load_average_rounds"])
     out.append(f"Global batch {d['global_batch']}; sharing on and whole alternate in one "
-               f"process ({d['trials']} trials each, median), runs of serial Keras and of "
-               f"each rank count interleaved in {d['rounds']} round(s), median over the "
-               "rounds. Input CPU: an epoch of the rank's distributed dataset alone, read "
-               f"as fit reads it (one iterator across {d.get('input_epochs', 4)} epochs, "
-               "tnt.data.across_epochs, its batches taken inside a tf.function as Keras's "
-               "train function takes them; the epochs after the first; the first epoch's, "
-               "which also makes the "
-               "iterator, in brackets); plain Keras: an iterator an epoch. On / whole: the "
-               "largest rank's against the mean of whole. Load average "
-               f"(1 min) at the start and after each round: {rounds} ({d['cpus']} cores). "
-               f"Command: `{d['command']}`.")
+               f"process ({d['trials']} trials each, median), serial Keras and each rank count "
+               f"interleaved in {d['rounds']} round(s), median over the rounds; input CPU: "
+               "the epochs after the first of one iterator (the first's in brackets); on / "
+               "whole: the largest rank's against the mean of whole. Load average (1 min) at "
+               f"the start and after each round: {rounds} ({d['cpus']} cores). Command: "
+               f"`{d['command']}`. The method: docs/research/data-sharing.md.")
     out.append("")
     for job, j in jobs.items():
         out.append(f"**{job}**: {j['what']}; whole: `{j['whole']}`. Plain Keras in one "
@@ -54,9 +49,6 @@ def section(results, stages, targets):
                           "epoch / plain Keras"], rows))
         out.append("")
         data_targets(job, j, targets)
-    out.append("On 1 rank both rows of the matmul job run the same pipeline; those of the "
-               "augment job differ only in how the random numbers are drawn.")
-    out.append("")
     return out
 
 

@@ -77,7 +77,7 @@ def fusion_section(results, stages, plt, targets):
                               f"<= {limit('fusion_default'):.2f}x best", note=note))
         return out + [not_run_line([note]), ""]
     any_doc = next(iter(sweeps.values()))["config"]
-    default_kb = any_doc.get("default_threshold_kb", 32)
+    default_kb = any_doc["default_threshold_kb"]
     out.append(f"{any_doc['ranks']} ranks, global batch {any_doc['global_batch']}, "
                f"{any_doc['steps_per_epoch']} steps per epoch, median of {any_doc['trials']} "
                "interleaved trials per threshold; step time relative to the best threshold of "
@@ -119,8 +119,7 @@ def fusion_section(results, stages, plt, targets):
             cell = f"{by[k]:.2f} ms ({by[k] / best:.3f}x)"
             cells.append(f"**{cell}**" if by[k] == best else cell)
         cfg = d["config"]
-        label = f"{model} ({cfg.get('tensors', '?')}, {bytes_str(cfg['gradient_bytes'])})" \
-            if "gradient_bytes" in cfg else model
+        label = f"{model} ({cfg['tensors']}, {bytes_str(cfg['gradient_bytes'])})"
         rows.append([label] + cells)
     out.append(table(header, rows))
     for s in failed:

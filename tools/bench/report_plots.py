@@ -126,28 +126,13 @@ def plot_training(plt, results, doc):
     save(fig, results, "training_throughput.png")
 
 
-def overlap_of(r):
-    """A simulated-cluster row's overlap: on, off or auto (rows of older
-    runs: True or False)."""
-    v = r.get("overlap")
-    return {True: "on", False: "off"}.get(v, v)
-
-
-def model_of(r):
-    """The model of a simulated-cluster row (rows of older runs: LeNet-5)."""
-    return r.get("model", "lenet5")
-
-
 def sim_defaults(rows):
-    """The rows of the configuration users run: fusion on with the default
-    overlap (auto; on in runs from before TNT_OVERLAP=auto)."""
-    dflt = "auto" if any(overlap_of(r) == "auto" for r in rows) else "on"
-    return [r for r in rows if r.get("fusion") and overlap_of(r) == dflt]
+    """The rows of the configuration users run: fusion on, overlap auto."""
+    return [r for r in rows if r["fusion"] and r["overlap"] == "auto"]
 
 
 def sim_label(r):
-    per_host = r.get("ranks_per_host", 1)
-    return (f"{r['hosts']}x{per_host}\n{r['link'].split('_')[0]}\n{model_of(r)}")
+    return f"{r['hosts']}x{r['ranks_per_host']}\n{r['link'].split('_')[0]}\n{r['model']}"
 
 
 def plot_sim(plt, results, doc):
@@ -177,8 +162,8 @@ def plot_sim(plt, results, doc):
     ax.bar(x, rest, bottom=[c + w for c, w in zip(compute, wait)], label="other")
     ax.plot(x, [r["comm_ms"] for r in res], "k_", markersize=14, mew=2,
             label="communication time (overlapped or not)")
-    finish(fig, ax, f"Simulated cluster: step time breakdown, fusion on, overlap "
-           f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)",
+    finish(fig, ax, "Simulated cluster: step time breakdown, fusion on, overlap "
+           "auto (hosts x ranks per host, link, model)",
            "sim_cluster_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(width, 4))

@@ -23,6 +23,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 PREFIX=${PREFIX:-/usr/local}
 TNT_BENCH=${TNT_BENCH:-$PREFIX/bin/tnt-bench}
+LAUNCHER=$PREFIX/bin/tarantella
+[[ -x $LAUNCHER ]] || LAUNCHER=$(command -v tarantella)
 MPIRUN=${MPIRUN:-mpirun}
 if [[ -z ${MPIFLAGS+x} ]]; then
   MPIFLAGS="--oversubscribe --bind-to none"
@@ -196,72 +198,58 @@ if wanted fusion; then
   done
 fi
 
-# 4 and 5. Stages with scripts of their own (SCRIPT under tools/): run when
-# present.
-optional_stage() {
-  local name=$1 script=$2 full=$3 quick=$4
-  wanted "$name" || return 0
-  if [[ ! -f $ROOT/tools/$script ]]; then
-    not_run "$name" "tools/$script is not there"
-    return 0
-  fi
-  if [[ $name == sim_cluster && $(id -u) -ne 0 ]]; then
-    not_run "$name" "needs root (network namespaces, tc)"
-    return 0
-  fi
-  local args=(--out "$OUT/$name.jsonl")
+# 4. Tarantella against other data-parallel frameworks.
+if wanted training; then
+  args=(--out "$OUT/training.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.jsonl" \
-    "$PYTHON" "$ROOT/tools/$script" "${args[@]}"
-}
-optional_stage training bench/train_compare.py 3600 1200
-optional_stage sim_cluster research/sim_cluster_bench.py 3000 900
-# sim_stage NAME FULL QUICK ARGS...: one more run of sim_cluster_bench.py
-# (part of the sim_cluster stage), writing NAME.jsonl, under the time limit
-# FULL (QUICK with --quick); as root only.
+  run_stage training "$(limit 3600 1200)" "$OUT/training.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/train_compare.py" "${args[@]}"
+fi
+
+# 5. The simulated cluster (as root): training, the allreduce alone against
+# MPI_Allreduce, Tarantella against MultiWorkerMirroredStrategy, and
+# compression and the tuned threshold at 1 Gbit/s.
+# sim_stage NAME FULL QUICK ARGS...: sim_cluster_bench.py ARGS, writing
+# NAME.jsonl, under the time limit FULL (QUICK with --quick).
 sim_stage() {
   local name=$1 full=$2 quick=$3
   shift 3
-  wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]] || return 0
-  if [[ $(id -u) -ne 0 ]]; then
-    not_run "$name" "needs root (network namespaces, tc)"
-    return 0
-  fi
   local args=("$@" --out "$OUT/$name.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.jsonl" \
     "$PYTHON" "$ROOT/tools/research/sim_cluster_bench.py" "${args[@]}"
 }
-# The allreduce alone on the simulated hosts, against MPI_Allreduce.
-if [[ -x $TNT_BENCH || $(id -u) -ne 0 ]]; then
-  sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
-elif wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]]; then
-  not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
+if wanted sim_cluster; then
+  if [[ $(id -u) -ne 0 ]]; then
+    for name in sim_cluster sim_cluster_allreduce sim_cluster_frameworks sim_cluster_compression; do
+      not_run "$name" "needs root (network namespaces, tc)"
+    done
+  else
+    sim_stage sim_cluster 3000 900
+    if [[ -x $TNT_BENCH ]]; then
+      sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
+    else
+      not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
+    fi
+    sim_stage sim_cluster_frameworks 1200 400 --frameworks
+    sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
+      --models lenet5 --steps 20 --reps 3
+  fi
 fi
-# Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts.
-sim_stage sim_cluster_frameworks 1200 400 --frameworks
-# Gradient compression and the tuned fusion threshold on 2 simulated hosts
-# at 1 Gbit/s: step time and final loss per setting.
-sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
-  --models lenet5 --steps 20 --reps 3
 
 # 6. Pipeline parallelism: three measurements, each a stage of its own.
 if wanted pipeline; then
-  if [[ ! -f $ROOT/tools/bench/pipeline_bench.py ]]; then
-    not_run pipeline "tools/bench/pipeline_bench.py is not there"
-  else
-    args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
-    [[ $QUICK == 1 ]] && args+=(--quick)
-    for part in bubble memory capacity sim_cluster; do
-      if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
-        not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
-        continue
-      fi
-      json=$OUT/pipeline_$part.jsonl
-      run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
-        "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
-    done
-  fi
+  args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  for part in bubble memory capacity sim_cluster; do
+    if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
+      not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
+      continue
+    fi
+    json=$OUT/pipeline_$part.jsonl
+    run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
+      "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
+  done
 fi
 
 # 7. Each rank prepares only its share of the input data.
@@ -349,33 +337,29 @@ fi
 
 # 9. Reliability: what backups cost, and how long a restart takes.
 if wanted reliability; then
-  launcher=$PREFIX/bin/tarantella
-  [[ -x $launcher ]] || launcher=$(command -v tarantella)
-  if [[ -z $launcher ]]; then
+  if [[ -z $LAUNCHER ]]; then
     not_run reliability "no tarantella launcher (make install)"
   else
     args=(--rounds 4 --steps 200)
     [[ $QUICK == 1 ]] && args=(--rounds 2 --steps 100)
     run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.jsonl" \
-      "$launcher" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
+      "$LAUNCHER" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
       --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.jsonl"
     run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.jsonl" \
-      env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
+      env PATH="$(dirname "$LAUNCHER"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
       --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.jsonl"
   fi
 fi
 
 # 10. What gradient compression does to accuracy.
 if wanted compression; then
-  launcher=$PREFIX/bin/tarantella
-  [[ -x $launcher ]] || launcher=$(command -v tarantella)
-  if [[ -z $launcher ]]; then
+  if [[ -z $LAUNCHER ]]; then
     not_run compression_accuracy "no tarantella launcher (make install)"
   else
     args=(--epochs 2 --samples 30000)
     [[ $QUICK == 1 ]] && args=(--epochs 1 --samples 6000)
     run_stage compression_accuracy "$(limit 2400 900)" "$OUT/compression_accuracy.jsonl" \
-      env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
+      env PATH="$(dirname "$LAUNCHER"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
       "${args[@]}" --out "$OUT/compression_accuracy.jsonl"
   fi
 fi

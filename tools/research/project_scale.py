@@ -252,10 +252,7 @@ def project(args):
     config = {"timelines": os.path.relpath(args.timelines, ROOT),
               "allreduce": os.path.relpath(args.scale, ROOT) + ": libtnt's choice, 1 rank per "
               f"host, {GBIT:g} Gbit/s", "micro_batches": MICRO_BATCHES,
-              "compute_ms": {m: round(p["compute_ms"], 3) for m, p in profiles.items()},
-              "compute_from": "the measured 2-host runs' compute_ms (sim_cluster.jsonl, "
-              f"{CHECK_LINK}, defaults) where there is one, else the timeline's",
-              "E": "compute_ms / step_ms (data-parallel), compute_ms / (K step_ms) (hybrid)"}
+              "compute_ms": {m: round(p["compute_ms"], 3) for m, p in profiles.items()}}
     return {"config": config, "results": rows, "check_2_hosts": check}
 
 

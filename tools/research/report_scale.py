@@ -11,7 +11,7 @@ from report_plots import save
 
 
 def layout(r):
-    return f"{r['hosts']}x{r.get('per_host', r.get('ranks_per_host'))}"
+    return f"{r['hosts']}x{r['per_host']}"
 
 
 def link_share(r):

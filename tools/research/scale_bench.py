@@ -208,9 +208,7 @@ def validate(args, sim):
             print(json.dumps(out[-1]), flush=True)
     config = {"measured": [os.path.relpath(m, ROOT) for m in args.measured],
               "latency_us_per_link": VALIDATE_LAT_US, "links_per_route": 2,
-              "link_gbit": tcp, "smpi_cfg": SMPI_CFG + VALIDATE_CFG,
-              "copy": "memcpy_gbps measured at each size in the measured run",
-              "algorithm": "the one the measured run ran at each size (tnt-sim --algos)"}
+              "link_gbit": tcp, "smpi_cfg": SMPI_CFG + VALIDATE_CFG}
     return {"config": config, "results": out}
 
 
@@ -240,15 +238,7 @@ def scale(args, sim):
                     runs.append(run)
                     print(json.dumps(run), flush=True)
     config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
-              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG,
-              "libtnt_told": "the platform's link rate and 2 links' latency "
-                             "(TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US, by scale_bench); "
-                             "the reduction rate from --copy-gbps (TNT_REDUCE_GBPS, by "
-                             "tnt-sim; 0: free, the registry's largest rate)",
-              "busbw": "bytes / time * 2(n-1)/n, n ranks, GB/s",
-              "timing": "one untimed call, then one call started on every rank at "
-                        "the same simulated instant (1 ms after the latest rank left a "
-                        "barrier); the slowest rank's time"}
+              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG}
     return {"config": config, "runs": runs, "results": out}
 
 
