@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
+"""Pipeline parallelism: its bubble, its memory, and where it beats data parallelism
+(the method behind each figure: docs/research/benchmarks.md).
 
   bubble       step time of 2 and 3 stages (and interleaved 1F1B) against M
                micro-batches, beside its ideal and the GPipe bound
@@ -12,8 +13,6 @@
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.jsonl [--quick]
     sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.jsonl
-
-The method behind each figure: docs/research/benchmarks.md.
 """
 import argparse
 import json

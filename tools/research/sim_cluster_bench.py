@@ -11,8 +11,6 @@ docs/research/benchmarks.md; tools/research/README.md.
 
     sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.jsonl
     sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.jsonl
-    sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
-        --out sim_cluster_compression.jsonl
     sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.jsonl
 """
 import argparse
