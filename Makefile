@@ -81,9 +81,8 @@ test-sanitizers: deps
 test-launcher test-python test-long: install
 	$(PYTHON) tests/run_all.py --build $(BUILD) $(@:test-%=%)
 
-# Collectives against MPI, framework overhead, fusion threshold sweep,
-# training against other frameworks, simulated cluster: JSON, plots and
-# summary.md in bench/results (tools/bench/run_bench.sh).
+# Every stage of tools/bench/run_bench.sh (STAGES=a,b runs some): results
+# files (JSON lines), plots, summary.md and details.md in bench/results.
 bench: install
 	@tools/setup/install_deps.sh bench
 	PREFIX=$(PREFIX) MPIRUN=$(MPIRUN) MPIFLAGS="$(MPIFLAGS)" BUILD=$(abspath $(BUILD)) \

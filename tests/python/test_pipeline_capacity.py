@@ -13,15 +13,15 @@ save the model (a .keras file and a sharded checkpoint, which the master
 writes from the stages' values streamed to it) under the same limit. How
 much room each rank has left is machine-dependent (TensorFlow's
 temporaries) and is what the benchmark reports."""
-import json
 import os
 import sys
 
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, load_module, run
 
 BENCH = os.path.join(ROOT, "tools", "bench", "pipeline_bench.py")
+bench_results = load_module("tools/bench/bench_results.py")
 
 pytestmark = pytest.mark.ranks
 
@@ -30,21 +30,22 @@ MEMORY_ERRORS = ("OOM", "ResourceExhausted", "MemoryError", "bad_alloc")
 
 
 def test_stages_built_from_a_function_train_a_model_larger_than_the_limit(tmp_path):
-    out = tmp_path / "capacity.json"
+    out = tmp_path / "capacity.jsonl"
     run([sys.executable, BENCH, "capacity", "--quick", "--json", str(out)], timeout=900)
-    with open(out) as f:
-        doc = json.load(f)
-    cfg, results = doc["config"], doc["results"]
+    doc = bench_results.read_results(out)
+    cfg, runs = doc["config"], {r["run"]: r for r in doc["runs"]}
 
-    serial = results["serial, limited"]
-    assert not serial["trained"]
-    error = serial["ranks"][0]["error"]
+    def ranks_of(name):
+        return [d for d in doc["ranks"] if d["run"] == name]
+
+    assert not runs["serial, limited"]["trained"]
+    error = ranks_of("serial, limited")[0]["error"]
     assert any(word in error for word in MEMORY_ERRORS), error
 
     stages = cfg["stages"]
-    run_ = results[f"{stages} stages, build_fn, SGD, limited"]
-    assert run_["trained"], run_
-    ranks = run_["ranks"]
+    name = f"{stages} stages, build_fn, SGD, limited"
+    assert runs[name]["trained"], runs[name]
+    ranks = ranks_of(name)
     assert [d["rank"] for d in ranks] == list(range(stages))
     # The whole model's float32 weights: dense layers of width x width + width.
     whole = cfg["layers"] * (cfg["width"] * cfg["width"] + cfg["width"]) * 4

@@ -6,10 +6,9 @@ keras.callbacks.BackupAndRestore in ABBA rounds, and each backup's own
 time; the method: docs/research/benchmarks.md.
 
     tarantella -n 2 -- tools/bench/backup_cost.py --save-freq 50 \\
-        [--dir /tmp/backup] [--json bench/results/backup_cost.json]
+        [--dir /tmp/backup] [--json bench/results/reliability_backup.jsonl]
 """
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from bench_results import module_of  # noqa: E402
+from bench_results import module_of, write_results  # noqa: E402
 
 fashion_mnist = module_of("examples", "fashion_mnist")
 DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
@@ -99,29 +98,16 @@ def main():
     plain = np.array(times[False]).reshape(args.rounds, 2).mean(axis=1)
     backed = np.array(times[True]).reshape(args.rounds, 2).mean(axis=1)
     costs = backed / plain - 1
-    print(f"{tnt.get_size()} ranks, global batch {batch}, BackupAndRestore(save_freq="
-          f"{args.save_freq}), {args.steps} steps per fit, {args.rounds} ABBA rounds")
-    for r in range(args.rounds):
-        print(f"round {r}: {plain[r] * 1e3:.2f} ms/step without backups, {backed[r] * 1e3:.2f} "
-              f"with: {costs[r] * 100:+.1f} %")
-    print(f"median cost {np.median(costs) * 100:+.1f} % "
-          f"(range {costs.min() * 100:+.1f} % to {costs.max() * 100:+.1f} %)")
-    per_backup = float(np.median(backup_s))
-    estimate = per_backup / (args.save_freq * float(np.median(plain)))
-    print(f"a backup takes {per_backup * 1e3:.1f} ms on the master (median of {len(backup_s)}); "
-          f"over {args.save_freq} steps of {np.median(plain) * 1e3:.2f} ms: "
-          f"{estimate * 100:+.1f} %")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": tnt.get_size(), "global_batch": batch,
-                       "save_freq": args.save_freq, "steps": args.steps,
-                       "ms_per_step_without": (plain * 1e3).tolist(),
-                       "ms_per_step_with": (backed * 1e3).tolist(),
-                       "cost": costs.tolist(), "median_cost": float(np.median(costs)),
-                       "ms_per_backup": [t * 1e3 for t in backup_s],
-                       "estimated_cost": estimate}, f,
-                      indent=1)
-
+    # A backup's time over save_freq steps without backups.
+    estimate = float(np.median(backup_s)) / (args.save_freq * float(np.median(plain)))
+    write_results(args.json, "reliability_backup", {
+        "config": {"ranks": tnt.get_size(), "global_batch": batch,
+                   "save_freq": args.save_freq, "steps": args.steps},
+        "rounds": [{"round": r, "ms_per_step_without": plain[r] * 1e3,
+                    "ms_per_step_with": backed[r] * 1e3, "cost": costs[r]}
+                   for r in range(args.rounds)],
+        "median_cost": float(np.median(costs)),
+        "backup_ms": [t * 1e3 for t in backup_s], "estimated_cost": estimate})
 
 if __name__ == "__main__":
     main()

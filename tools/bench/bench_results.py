@@ -1,13 +1,16 @@
-"""How the benchmark scripts of this folder record a run.
+"""How the benchmarks record their results: one schema for every file.
 
-Every results file carries the same stamps in its config (the host's cores,
-the load average at the start and at the end, the time taken, and the runs
-that failed with the end of their output) and is written the same way: whole
-or not at all, as compact JSON with one result row per line, so that
-bench/results stays small and a rerun's diff reads row by row.
-
-Traces (TNT_TIMELINE files) and other raw series go to <results>/traces/,
-which git ignores: `make bench` writes them again.
+A results file, <name>.jsonl, holds one JSON object a line:
+  {"bench": B, "config": {...}}   what ran and how, with the run's stamps
+  {"bench": B, "table": T, <case fields>, "metric": M, "value": V, "unit": U}
+                                  one measurement of the case in table T
+  {"bench": B, "metric": M, "value": V, "unit": U}   a figure of the whole run
+The case fields (CASE_FIELDS: ranks, bytes, hosts, link, model, ...) say
+what was measured; the unit follows from the metric's name (unit_of). A
+value is a number, or the list of a repeated measurement's trials, or a
+string (an algorithm chosen, an error). In Python a results file is a
+document {"config": {...}, T: [rows], M: V} (write_results, read_results).
+Traces and other raw series go to <results>/traces/, which git ignores.
 """
 import importlib
 import json
@@ -59,26 +62,30 @@ def finish_config(config):
     return config
 
 
-def print_problems(config):
-    """The failed runs and the load average, after a script's table."""
+def print_results(doc):
+    """Prints a results document: a line per row of each table, the
+    figures, the failed runs and the load average."""
+    def text(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + " ".join(text(x) for x in v[:8]) + (" ..." if len(v) > 8 else "") + "]"
+        return str(v)
+    for key, value in doc.items():
+        if key == "config":
+            continue
+        if isinstance(value, list) and all(isinstance(r, dict) for r in value):
+            for row in value:
+                print(f"{key}: " + ", ".join(f"{k} {text(v)}" for k, v in row.items()
+                                            if not isinstance(v, dict)))
+        else:
+            print(f"{key}: {text(value)}")
+    config = doc.get("config") or {}
     for key, problem in config.get("problems", {}).items():
         print(f"problem: {key}: {problem}")
-    print(f"load average {config['load_average_at_start']} at the start, "
-          f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
-
-
-def dumps(doc, indent=""):
-    """JSON with a line per entry of a dict and per item of a list that
-    holds containers; a row (a dict inside a list) and a list of plain
-    values each stay on one line."""
-    inner = indent + " "
-    if isinstance(doc, dict) and doc:
-        items = [f"{inner}{json.dumps(k)}: {dumps(v, inner)}" for k, v in doc.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(doc, list) and any(isinstance(v, (dict, list)) for v in doc):
-        items = [inner + json.dumps(v) for v in doc]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    return json.dumps(doc)
+    if "load_average_at_end" in config:
+        print(f"load average {config['load_average_at_start']} at the start, "
+              f"{config['load_average_at_end']} at the end ({config['cores']} cores)")
 
 
 def run_job(cmd, timeout, shown, env=None, last=40):
@@ -101,11 +108,97 @@ def run_job(cmd, timeout, shown, env=None, last=40):
     return proc.returncode == 0, out[-3000:]
 
 
-def write_json(path, doc):
-    """Writes `doc` to `path` (whole file or nothing) in dumps' form."""
+CASE_FIELDS = frozenset((
+    "bytes", "ranks", "hosts", "per_host", "ranks_per_host", "layout", "link", "gbit", "model",
+    "framework", "keras", "fusion", "overlap", "variant", "compression", "impl", "choice",
+    "stages", "stage", "chunks", "micro_batches", "schedule", "mode", "compute_speedup",
+    "threshold_kb", "optimizer", "weight_gradients", "run", "rank", "job", "share", "round",
+    "trial", "epoch", "bucket"))
+# The unit of a metric: the first word of its name that is one of these
+# (samples_per_s: samples/s); none for ratios, counts and names.
+UNITS = {"ms": "ms", "us": "us", "s": "s", "seconds": "s", "mib": "MiB", "bytes": "B",
+         "gbps": "GB/s", "busbw": "GB/s", "algbw": "GB/s", "gbit": "Gbit/s"}
+
+
+def unit_of(metric):
+    if metric.endswith("samples_per_s"):
+        return "samples/s"
+    return next((UNITS[w] for w in metric.split("_") if w in UNITS), "")
+
+
+def records(bench, doc):
+    """The lines of a results file: `doc`'s config, each row of each table
+    (a list of dicts) as one record per metric, every other entry as a
+    figure of the whole run."""
+    out = [{"bench": bench, "config": doc.get("config") or {}}]
+    for key, value in doc.items():
+        if key == "config" or value == []:
+            continue
+        if not (isinstance(value, list) and all(isinstance(r, dict) for r in value)):
+            out.append({"bench": bench, "metric": key, "value": value, "unit": unit_of(key)})
+            continue
+        seen = set()
+        for row in value:
+            case = {k: v for k, v in row.items() if k in CASE_FIELDS}
+            ident = json.dumps(case, sort_keys=True)
+            if ident in seen:
+                raise ValueError(f"{bench}: two rows of {key} measure the same case {ident}")
+            seen.add(ident)
+            if len(case) == len(row):
+                raise ValueError(f"{bench}: a row of {key} with no measurement: {ident}")
+            out += [{"bench": bench, "table": key, **case, "metric": k, "value": v,
+                     "unit": unit_of(k)} for k, v in row.items() if k not in CASE_FIELDS]
+    return out
+
+
+def write_results(path, bench, doc):
+    """Prints the document `doc` of benchmark `bench` and writes it to
+    `path` (whole file or nothing; no file when `path` is None)."""
+    print_results(doc)
+    if not path:
+        return
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write(dumps(doc) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records(bench, doc))
     os.replace(tmp, path)
+
+
+def read_results(path):
+    """The document of the results file `path`: its config, its tables'
+    rows (each case's fields and metrics, in the file's order) and its
+    figures."""
+    doc, rows = {}, {}
+    with open(path) as f:
+        for line in filter(str.strip, f):
+            r = json.loads(line)
+            if "config" in r:
+                doc["config"] = r["config"]
+            elif "table" in r:
+                case = {k: v for k, v in r.items()
+                        if k not in ("bench", "table", "metric", "value", "unit")}
+                key = (r["table"], json.dumps(case, sort_keys=True))
+                if key not in rows:
+                    rows[key] = case
+                    doc.setdefault(r["table"], []).append(case)
+                rows[key][r["metric"]] = r["value"]
+            else:
+                doc[r["metric"]] = r["value"]
+    return doc
+
+
+def from_tnt_bench(src, dst):
+    """tnt-bench's --json document `src` as the results file `dst`."""
+    with open(src) as f:
+        d = json.load(f)
+    figures = ("min_ratio", "geomean_ratio")
+    doc = {"config": {k: v for k, v in d.items() if k != "rows" and k not in figures},
+           "rows": d["rows"], **{k: d[k] for k in figures}}
+    write_results(dst, f"tnt-bench {d['collective']}", doc)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "--from-tnt-bench":
+        sys.exit("usage: bench_results.py --from-tnt-bench TNT_BENCH_JSON RESULTS_JSONL")
+    from_tnt_bench(sys.argv[2], sys.argv[3])

@@ -5,10 +5,10 @@ Trains the same LeNet-5 from the same initial weights on 2 ranks with
 TNT_COMPRESSION none, fp16 and bf16 (one launcher run per setting, the
 settings in turn) and records, per epoch, the training loss and the test
 accuracy, plus the loss every `--every` steps (the loss curves). Writes one
-JSON file with every curve:
+results file with every curve (`make bench STAGES=compression` runs it):
 
-    python3 tools/bench/compression_accuracy.py --epochs 2 \\
-        --out bench/results/compression_accuracy.json
+    python3 tools/bench/compression_accuracy.py --epochs 2 --samples 30000 \\
+        --out bench/results/compression_accuracy.jsonl
 
 Needs Debian's dataset-fashion-mnist and Tarantella installed (the
 `tarantella` launcher on PATH).
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from bench_results import finish_config, new_config, write_json
+from bench_results import finish_config, new_config, write_results
 
 SETTINGS = ["none", "fp16", "bf16"]
 GLOBAL_BATCH = 64
@@ -68,7 +68,7 @@ def worker(args):
                        "test_accuracy": round(float(acc), 5), "seconds": round(seconds, 2)})
     if tnt.is_master_rank():
         with open(args.result, "w") as f:
-            json.dump({"epochs": epochs, "loss_every_steps": args.every, "curve": curve}, f)
+            json.dump({"epochs": epochs, "curve": curve}, f)
 
 
 def driver(args):
@@ -77,9 +77,9 @@ def driver(args):
         sys.exit("compression_accuracy: the tarantella launcher is not on PATH")
     out = {"config": new_config(model="lenet5", dataset="Fashion-MNIST", ranks=args.ranks,
                                 global_batch=GLOBAL_BATCH, epochs=args.epochs,
-                                samples=args.samples or 60000,
+                                samples=args.samples or 60000, loss_every_steps=args.every,
                                 optimizer="SGD(0.01, momentum=0.9)"),
-           "results": {}}
+           "epochs": [], "curves": []}
     work = tempfile.mkdtemp(prefix="tnt-compression-")
     for setting in SETTINGS:
         result = os.path.join(work, f"{setting}.json")
@@ -90,18 +90,20 @@ def driver(args):
                str(args.epochs), "--every", str(args.every), "--samples", str(args.samples)]
         subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
         with open(result) as f:
-            out["results"][setting] = json.load(f)
-        last = out["results"][setting]["epochs"][-1]
+            got = json.load(f)
+        out["epochs"] += [{"compression": setting, **e} for e in got["epochs"]]
+        out["curves"].append({"compression": setting, "loss": got["curve"]})
+        last = got["epochs"][-1]
         print(f"{setting}: final loss {last['loss']:.4f}, test accuracy "
               f"{last['test_accuracy']:.4f}", flush=True)
     finish_config(out["config"])
     if args.out:
-        write_json(args.out, out)
+        write_results(args.out, "compression_accuracy", out)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--out", help="write the results file here")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--samples", type=int, default=0,

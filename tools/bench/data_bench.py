@@ -6,7 +6,7 @@ at 1, 2 and 4 ranks, with sharing on and whole, beside plain Keras in one
 process: the epoch's wall time and each rank's input CPU time, medians over
 interleaved rounds. The method: docs/research/benchmarks.md.
 
-    python3 tools/bench/data_bench.py [--quick] [--rounds 3] [--out bench/results/data_share.json]
+    python3 tools/bench/data_bench.py [--quick] [--rounds 3] [--out bench/results/data_share.jsonl]
 
 Environment as in run_bench.sh: MPIRUN, MPIFLAGS (--mpirun, --mpiflags).
 """
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from bench_results import run_job, write_json
+from bench_results import run_job, write_results
 
 SAMPLES, BATCH, MATMULS, WIDTH, CLASSES = 2048, 64, 20, 64, 10
 FIT_EPOCHS = 4
@@ -225,7 +225,7 @@ def median_of_rounds(rounds):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "bench",
-                                                 "results", "data_share.json"))
+                                                 "results", "data_share.jsonl"))
     p.add_argument("--quick", action="store_true", help="1 and 2 ranks, 1 round of 2 trials")
     p.add_argument("--trials", type=int, help="trials per mode in each run (default 2)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
@@ -267,23 +267,20 @@ def main():
             }
         jobs[job] = {"what": spec["what"], "whole": f"TNT_DATA_SHARE={spec['whole']}",
                      "serial": serial, "runs": runs, "ratios": ratios}
-    doc = {"benchmark": "data_share", "samples": SAMPLES, "global_batch": BATCH,
-           "input_epochs": INPUT_EPOCHS, "trials": args.trials, "rounds": args.rounds,
-           "cpus": os.cpu_count(),
-           "load_average_before": load[0], "load_average_after": load[-1],
-           "load_average_rounds": load, "jobs": jobs,
-           "command": "python3 tools/bench/data_bench.py " + " ".join(
-               shlex.quote(a) for a in sys.argv[1:])}
+    config = {"samples": SAMPLES, "global_batch": BATCH, "input_epochs": INPUT_EPOCHS,
+              "trials": args.trials, "rounds": args.rounds, "cpus": os.cpu_count(),
+              "load_average_before": load[0], "load_average_after": load[-1],
+              "load_average_rounds": load,
+              "jobs": {job: {"what": d["what"], "whole": d["whole"]} for job, d in jobs.items()},
+              "command": "python3 tools/bench/data_bench.py " + " ".join(
+                  shlex.quote(a) for a in sys.argv[1:])}
     out = os.path.abspath(args.out)
-    write_json(out, doc)
-    for job, d in jobs.items():
-        print(f"{job}: serial Keras epoch {d['serial']['epoch_s']:.3f} s, input CPU "
-              f"{d['serial']['input_cpu_s'][0]:.3f} s")
-        for r in d["runs"]:
-            print(f"  {r['ranks']} rank(s), sharing {'on   ' if r['share'] else 'whole'}: epoch "
-                  f"{r['epoch_s']:.3f} s {r['epoch_s_rounds']}, input CPU per rank "
-                  f"{r['input_cpu_s']} (first epoch {r['input_cpu_first_s']}), rows {r['rows']}")
-        print("  ratios:", json.dumps(d["ratios"]))
+    write_results(out, "data_share", {
+        "config": config,
+        "serial": [{"job": job, **d["serial"]} for job, d in jobs.items()],
+        "runs": [{"job": job, **r} for job, d in jobs.items() for r in d["runs"]],
+        "ratios": [{"job": job, "ranks": int(n), **q} for job, d in jobs.items()
+                   for n, q in d["ratios"].items()]})
     print(f"load average per round {load}; wrote {out}")
     return 0
 

@@ -1,14 +1,14 @@
 """Training-step benchmarks of the Keras layer (ratios measured in one run).
 
 overhead   1 rank: tnt.Model.fit against plain keras fit, same model, data
-           and settings, trials interleaved; prints the step-time ratio.
+           and settings, trials interleaved.
 sweep      N ranks (under mpirun): fit step time for each fusion threshold,
            trials interleaved.
 
     python3 tools/bench/fit_bench.py overhead [--json overhead.json]
     mpirun -np 2 python3 tools/bench/fit_bench.py sweep --thresholds 0,8,32,128,1024,65536
 
---json PATH also writes the results as JSON (rank 0 only).
+--json PATH also writes the results file (rank 0 only; bench_results.py).
 """
 import argparse
 import os
@@ -83,10 +83,10 @@ def build(wrap, jit_compile="auto", name="lenet5"):
     return model
 
 
-def write_json(path, doc):
-    """Writes `doc` to `path` on rank 0 (whole file or nothing)."""
-    if path and tnt.is_master_rank():
-        bench_results.write_json(path, doc)
+def write_results(path, bench, doc):
+    """Prints the results on rank 0 and writes them to `path` (if given)."""
+    if tnt.is_master_rank():
+        bench_results.write_results(path, bench, doc)
 
 
 def ms(values):
@@ -110,18 +110,11 @@ def overhead(args):
         for name, model in order:
             times[name].append(step_time(model, ds, steps))
     med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"1 rank, {args.model}, batch {args.batch}, {steps} steps/epoch, {args.trials} trials "
-          "(median):")
-    print(f"  keras fit, jit_compile=False  {med['keras'] * 1e3:8.3f} ms/step")
-    print(f"  keras fit, jit_compile=auto   {med['keras_auto'] * 1e3:8.3f} ms/step")
-    print(f"  tnt.Model.fit                 {med['tnt'] * 1e3:8.3f} ms/step")
-    print(f"step time ratio tnt/keras(auto): {med['tnt'] / med['keras_auto']:.3f}")
-    print(f"step time ratio tnt/keras: {med['tnt'] / med['keras']:.3f}")
-    write_json(args.json, {
-        "benchmark": "overhead", "model": args.model, "ranks": tnt.get_size(),
-        "batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
-        "ms_per_step": {name: round(t * 1e3, 4) for name, t in med.items()},
-        "trials_ms": {name: ms(t) for name, t in times.items()},
+    write_results(args.json, "overhead", {
+        "config": {"model": args.model, "ranks": tnt.get_size(), "batch": args.batch,
+                   "steps_per_epoch": steps, "trials": args.trials},
+        "runs": [{"run": name, "ms_per_step": round(med[name] * 1e3, 4),
+                  "trials_ms": ms(times[name])} for name in models],
         "ratio_tnt_keras": med["tnt"] / med["keras"],
         "ratio_tnt_keras_auto": med["tnt"] / med["keras_auto"],
     })
@@ -143,20 +136,15 @@ def sweep(args):
             settings.load()
             times[i].append(step_time(models[i], ds, steps))
     rows = [(kb, statistics.median(t), t) for kb, t in zip(thresholds, times)]
-    if tnt.is_master_rank():
-        print(f"{tnt.get_size()} ranks, {args.model}, global batch {args.batch} (median of "
-              f"{args.trials}):")
-        best = min(t for _, t, _ in rows)
-        for kb, t, _ in rows:
-            print(f"  threshold {kb:>9g} KiB  {t * 1e3:8.3f} ms/step  {t / best:.3f}x best")
     weights = MODELS[args.model]().trainable_weights
-    write_json(args.json, {
-        "benchmark": "fusion_sweep", "model": args.model, "ranks": tnt.get_size(),
-        "global_batch": args.batch, "steps_per_epoch": steps, "trials": args.trials,
-        "default_threshold_kb": float(next(
-            s["default"] for s in settings.describe() if s["name"] == "TNT_FUSION_THRESHOLD_KB")),
-        "tensors": len(weights),
-        "gradient_bytes": int(sum(np.prod(w.shape) * 4 for w in weights)),
+    write_results(args.json, "fusion_sweep", {
+        "config": {
+            "model": args.model, "ranks": tnt.get_size(), "global_batch": args.batch,
+            "steps_per_epoch": steps, "trials": args.trials,
+            "default_threshold_kb": float(next(s["default"] for s in settings.describe()
+                                               if s["name"] == "TNT_FUSION_THRESHOLD_KB")),
+            "tensors": len(weights),
+            "gradient_bytes": int(sum(np.prod(w.shape) * 4 for w in weights))},
         "rows": [{"threshold_kb": kb, "ms_per_step": round(t * 1e3, 4), "trials_ms": ms(tr)}
                  for kb, t, tr in rows],
     })
@@ -171,7 +159,7 @@ def main():
     p.add_argument("--thresholds", default="0,8,32,128,1024,65536")
     p.add_argument("--model", choices=sorted(MODELS), default="lenet5",
                    help="model to train")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (rank 0)")
+    p.add_argument("--json", metavar="PATH", help="also write the results file (rank 0)")
     args = p.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tnt.init()

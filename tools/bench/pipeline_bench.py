@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Pipeline parallelism: its bubble, its memory, and where it beats data parallelism.
+"""Pipeline parallelism: its bubble, its memory, and where it beats data parallelism
+(the method behind each figure: docs/research/benchmarks.md).
 
   bubble       step time of 2 and 3 stages (and interleaved 1F1B, ZB-H1 and
                ZB-H2) against M micro-batches, beside its ideal and the
@@ -9,12 +10,10 @@
   sim_cluster  pipelined against data-parallel throughput on 2 simulated
                hosts at 1 Gbit/s (root)
 
-    python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.json [--quick]
-    python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.json [--quick]
-    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.json [--quick]
-    sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.json
-
-The method behind each figure: docs/research/benchmarks.md.
+    python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.jsonl [--quick]
+    sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.jsonl
 """
 import argparse
 import json
@@ -28,7 +27,7 @@ import tempfile
 import time
 
 import bench_results
-from bench_results import finish_config, new_config, print_problems, traces_dir, write_json
+from bench_results import finish_config, new_config, traces_dir, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
@@ -77,7 +76,7 @@ SIM_LINK_BPS = 1e9
 CAP_WIDTH, CAP_LAYERS, CAP_BATCH, CAP_STAGES, CAP_BUDGET_W = 4096, 8, 32, 4, 0.9
 # The memory table: each rank's peak against the number of stages, for
 # these optimizers, without a limit (K = 1: serial Keras).
-TABLE_STAGES, TABLE_OPTIMIZERS, TABLE_MAX_RATIO = (1, 2, 4), ("sgd", "adam"), 1.3
+TABLE_STAGES, TABLE_OPTIMIZERS = (1, 2, 4), ("sgd", "adam")
 TABLE_NEED_TIMES_WEIGHTS = {"sgd": 2, "adam": 4}  # the whole model's need, in W
 
 
@@ -206,6 +205,11 @@ def run_job(cmd, timeout, env=None):
         or line.startswith("worker:"), env=env)
 
 
+def save_rank_file(work, rank, doc):
+    with open(os.path.join(work, f"rank{rank}.json"), "w") as f:
+        json.dump(doc, f)
+
+
 def load_rank_files(work, ranks):
     docs = []
     for r in range(ranks):
@@ -310,8 +314,8 @@ def bubble_worker(args):
             models[m].fit(data[m], epochs=1, verbose=0, callbacks=[timer])
             fits[m].append({"t_stage_s": t_stage, "t_stage_busy_s": t_busy,
                             "step_s": timer.take()})
-    write_json(os.path.join(args.work, f"rank{rank}.json"),
-               {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
+    save_rank_file(args.work, rank,
+                   {"rank": rank, "stages": k, "fits": {str(m): f for m, f in fits.items()}})
     if rank == 0:
         print(f"worker: {k} ranks x {args.chunks} chunks, " + ", ".join(
             f"M={m} {statistics.median(t for f in fs for t in f['step_s']) * 1e3:.1f} ms"
@@ -413,29 +417,12 @@ def bubble_job(args, k, chunks, ms, steps, reps, stage_reps, schedule):
 def bubble(args):
     steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
     cfg = new_config(
-        benchmark="pipeline_bubble", width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
+        width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
         micro_batch=BUBBLE_MICRO, micro_batches=list(MICRO_BATCHES), steps_per_fit=steps,
-        fits=reps, quick=bool(args.quick),
+        fits=reps, stage_reps=stage_reps, quick=bool(args.quick),
         schedule=pipeline_schedule(), optimizer="SGD", loss="mse",
-        interleaved=f"K = 2 ranks of v = {INTERLEAVED_CHUNKS} chunks ({INTERLEAVED_CHUNKS * 2} "
-                    f"stages of {BUBBLE_LAYERS // INTERLEAVED_CHUNKS} layers: every rank "
-                    f"computes as much as a stage above), M = {INTERLEAVED_M}; in "
-                    "'interleaved', t_alone and t_busy being a rank's share of a micro-batch "
-                    "(all its chunks)",
-        t_stage=f"t_alone: median of {stage_reps} runs of a middle stage's forward + backward "
-                "on one micro-batch, on rank 0 alone (the other ranks asleep), right before "
-                "each fit",
-        t_stage_busy="t_busy: the same, timed on rank 0 while every rank computes it at once "
-                     "(as all stages do in a full pipeline), right before each fit",
-        ideal="K t_alone + (M-1) t_busy: the first micro-batch through the K stages, one "
-              "after the other, then a slot per micro-batch with every stage computing; "
-              "interleaved (v chunks per rank): (K t_alone + (v M - 1) t_busy) / v; "
-              "zero-bubble: (K-1) t_alone / 3 + M t_busy",
-        zero_bubble=f"{', '.join(ZERO_BUBBLE)} on the stages above, K = 2 and 3, "
-                    f"M = {ZERO_BUBBLE_M}",
-        statistic="ratio: median over fits of (rank 0's median step time in the fit) / (the "
-                  "ideal of the stage times taken before the fit); step_ms, t_stage_ms, "
-                  "t_stage_busy_ms: medians; ideal_ms = step_ms / ratio")
+        interleaved=f"K = 2 ranks of v = {INTERLEAVED_CHUNKS} chunks, M = {INTERLEAVED_M}",
+        zero_bubble=f"{', '.join(ZERO_BUBBLE)}, K = 2 and 3, M = {ZERO_BUBBLE_M}")
     results, interleaved, zero_bubble, problems = [], [], [], cfg["problems"]
     traces = traces_dir(os.path.dirname(os.path.abspath(args.json)))
     for k in (2, 3):
@@ -466,20 +453,9 @@ def bubble(args):
                 timeline_job(args, os.path.join(traces, "pipeline_timeline_zb-h1.json"),
                              schedule)
             zero_bubble += bubble_rows(k, 1, fits, ZERO_BUBBLE_M, schedule)
-    write_json(args.json, {"config": finish_config(cfg), "results": results,
-                           "interleaved": interleaved, "zero_bubble": zero_bubble})
-    print(f"{'':>5} {'K':>2} {'v':>2} {'M':>2} {'step ms':>9} {'alone':>8} {'busy':>8} "
-          f"{'ratio':>6} {'alone r':>7} {'busy r':>6} {'bound':>6} {'idle':>6}  per-fit ratios")
-    for r in results + interleaved + zero_bubble:
-        bound = r.get("gpipe_bound", r.get("interleaved_bound", r.get("zero_bubble_bound")))
-        print(f"{r.get('schedule', ''):>5} "
-              f"{r['ranks']:>2} {r['chunks']:>2} {r['micro_batches']:>2} {r['step_ms']:9.2f} "
-              f"{r['t_stage_ms']:8.2f} {r['t_stage_busy_ms']:8.2f} {r['ratio_to_ideal']:6.3f} "
-              f"{r['ratio_to_alone_ideal']:7.3f} {r['ratio_to_busy_ideal']:6.3f} "
-              f"{bound:6.3f} "
-              f"{r['measured_idle_share']:6.3f}  {r['fit_ratios']} min/min {r['ratio_of_minima']}"
-              f"{'  oversubscribed' if r['oversubscribed'] else ''}")
-    print_problems(cfg)
+    write_results(args.json, "pipeline_bubble", {"config": finish_config(cfg), "results": results,
+                                                 "interleaved": interleaved,
+                                                 "zero_bubble": zero_bubble})
     return 0 if results else 1
 
 
@@ -515,7 +491,7 @@ def memory_worker(args):
            "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,
            "peak_lifetime_kib": max(proc_status_kib("VmHWM"), lifetime_hwm_warmup),
            "peak_reset": reset, "step_s": timer.take()}
-    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+    save_rank_file(args.work, rank, doc)
 
 
 def activation_mib_per_micro_batch(chunks=1):
@@ -528,23 +504,16 @@ def activation_mib_per_micro_batch(chunks=1):
 def memory(args):
     steps = 2 if args.quick else 4
     cfg = new_config(
-        benchmark="pipeline_memory", stages=2, micro_batch=MEM_MICRO,
+        stages=2, micro_batch=MEM_MICRO,
         micro_batches=list(MICRO_BATCHES),
         activation_shape_per_sample=[MEM_POSITIONS, MEM_CHANNELS],
         kept_activations_mib_per_micro_batch=round(activation_mib_per_micro_batch(), 1),
-        interleaved=f"2 ranks of {INTERLEAVED_CHUNKS} chunks, each a dense layer and "
-                    f"{mem_tanh(INTERLEAVED_CHUNKS)} tanh layer(s), M = "
-                    f"{', '.join(str(m) for m in MEM_INTERLEAVED_M)}",
+        interleaved=f"2 ranks of {INTERLEAVED_CHUNKS} chunks, M = {MEM_INTERLEAVED_M}",
         interleaved_kept_mib_per_chunk_micro_batch=round(
             activation_mib_per_micro_batch(INTERLEAVED_CHUNKS), 1),
         weights_bytes=2 * (MEM_CHANNELS * MEM_CHANNELS + MEM_CHANNELS) * 4 + (
             MEM_CHANNELS * 8 + 8) * 4,
-        steps=steps, quick=bool(args.quick),
-        environment=FREED_MEMORY_LEAVES,
-        statistic="VmHWM of each rank (one stage per rank), a fresh job per schedule and M; "
-                  "peak above base = peak - VmRSS before the first fit; traced step = VmRSS "
-                  "after the warm-up step - VmRSS before the first fit; step above traced = "
-                  "peak of the training steps - VmRSS after the warm-up step")
+        steps=steps, quick=bool(args.quick), environment=FREED_MEMORY_LEAVES)
     results, problems = [], cfg["problems"]
     configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
     configs += [("interleaved", m) for m in MEM_INTERLEAVED_M]
@@ -582,12 +551,7 @@ def memory(args):
         print(f"memory: {schedule} M={m}: " + ", ".join(
             f"stage {r['stage']} {r['peak_rss_mib']:.0f} MiB (+{r['peak_above_base_mib']:.0f})"
             for r in results[-2:]), flush=True)
-    write_json(args.json, {"config": finish_config(cfg), "results": results})
-    print(f"{'schedule':>8} {'M':>2} {'stage':>5} {'peak MiB':>9} {'above base':>10}")
-    for r in results:
-        print(f"{r['schedule']:>8} {r['micro_batches']:>2} {r['stage']:>5} "
-              f"{r['peak_rss_mib']:9.1f} {r['peak_above_base_mib']:10.1f}")
-    print_problems(cfg)
+    write_results(args.json, "pipeline_memory", {"config": finish_config(cfg), "results": results})
     return 0 if results else 1
 
 
@@ -741,7 +705,7 @@ def capacity_worker(args):
         lines = str(e).splitlines() or [""]
         what = next((line.strip() for line in lines if "OOM" in line), lines[0])
         doc.update(trained=False, error=f"{type(e).__name__}: {what[:300]}")
-    write_json(os.path.join(args.work, f"rank{rank}.json"), doc)
+    save_rank_file(args.work, rank, doc)
     if pipelined and not doc["trained"]:
         os._exit(1)  # the other stages wait for this one: end the job
 
@@ -796,20 +760,31 @@ def memory_table(results):
         rows.append({"optimizer": opt, "stages": k, "weight_gradients": mode, "peak_mib": peak,
                      "need_over_k_mib": round(need / k, 1), "ratio": ratio,
                      "serial_peak_over_k_mib": (round(serial_peak / k, 1)
-                                                if serial_peak else None),
-                     "met": ratio is not None and ratio <= TABLE_MAX_RATIO})
+                                                if serial_peak else None)})
     return rows
+
+
+def capacity_document(cfg, results):
+    """The capacity stage's results file: a row per run and per rank of a
+    run, the memory table, whether the stages' weights equal the unlimited
+    run's."""
+    runs = {k: r for k, r in results.items() if k not in ("bitwise equal", "memory table")}
+    doc = {"config": cfg,
+           "runs": [{"run": k, **{f: v for f, v in r.items() if f != "ranks"}}
+                    for k, r in runs.items()],
+           "ranks": [{"run": k, **d} for k, r in runs.items() for d in r["ranks"]],
+           "memory": results.get("memory table", [])}
+    if "bitwise equal" in results:
+        doc["bitwise_equal"] = results["bitwise equal"]
+    return doc
 
 
 def capacity(args):
     env = dict(os.environ, **FREED_MEMORY_LEAVES,
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     cfg = new_config(
-        benchmark="pipeline_capacity", layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
+        layers=CAP_LAYERS, width=CAP_WIDTH, batch=CAP_BATCH,
         stages=CAP_STAGES, budget_times_weights=CAP_BUDGET_W, quick=bool(args.quick),
-        table_max_ratio=TABLE_MAX_RATIO,
-        limit="RLIMIT_DATA = VmData before the model is built + budget x the whole model's "
-              "weights bytes, per process",
         environment=FREED_MEMORY_LEAVES)
     results = {}
     runs = QUICK_CAPACITY_RUNS if args.quick else CAPACITY_RUNS + TABLE_RUNS
@@ -848,16 +823,7 @@ def capacity(args):
                     and a.get("weights_sha256") == b.get("weights_sha256")
                     for a, b in zip(reference, limited_sgd)))
         results["memory table"] = memory_table(results)
-        for row in results["memory table"]:
-            print(f"capacity: peak per rank, {row['optimizer']}, {row['stages']} stage(s), "
-                  f"weight gradients {row['weight_gradients']}: "
-                  f"{row['peak_mib']} MiB, {row['ratio']}x the whole model's need / K",
-                  flush=True)
-    write_json(args.json, {"config": finish_config(cfg), "results": results})
-    trained = [f"{key}: {results[key]['trained']}" for key, *_, limited, _ in runs if limited]
-    print("capacity: trained under the limit: " + "; ".join(trained)
-          + ("" if args.quick else "; the stages' weights after training equal those of the "
-             f"model built whole without a limit: {results['bitwise equal']}"))
+    write_results(args.json, "pipeline_capacity", capacity_document(finish_config(cfg), results))
     return 0
 
 
@@ -895,9 +861,9 @@ def sim_worker(args):
         for name in order:
             models[name].fit(ds, epochs=1, verbose=0, callbacks=[timer])
             times[name] += timer.take()
-    write_json(os.path.join(args.work, f"rank{rank}.json"),
-               {"rank": rank, "hosts": _core.num_hosts(), "ranks": tnt.get_size(),
-                "parameters": params, "step_s": times})
+    save_rank_file(args.work, rank, {"rank": rank, "hosts": _core.num_hosts(),
+                                     "ranks": tnt.get_size(), "parameters": params,
+                                     "step_s": times})
     if rank == 0:
         print(f"worker: {tnt.get_size()} ranks on {_core.num_hosts()} hosts, {params} "
               "parameters; " + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms/step"
@@ -910,11 +876,10 @@ def sim_cluster(args):
     steps, reps = (4, 2) if args.quick else (8, 3)
     work = tempfile.mkdtemp(prefix="tnt-pipebench-sim-")
     cfg = new_config(
-        benchmark="pipeline_sim_cluster", hosts=2, ranks_per_host=1, link="1gbit_0.1ms",
+        hosts=2, ranks_per_host=1, link="1gbit_0.1ms",
         global_batch=SIM_BATCH, micro_batches=SIM_MICRO,
         layers=[SIM_IN, SIM_WIDTH, SIM_WIDTH, "cut", SIM_WIDTH, SIM_IN, SIM_OUT],
-        steps_per_fit=steps, fits_per_mode=reps, optimizer="SGD", quick=bool(args.quick),
-        statistic="median of rank 0's per-step times")
+        steps_per_fit=steps, fits_per_mode=reps, optimizer="SGD", quick=bool(args.quick))
     results = []
     cluster = scb.Cluster(2)
     try:
@@ -958,13 +923,9 @@ def sim_cluster(args):
         cfg["allreduce_transfer_ms"] = round(cfg["parameter_bytes"] * 8 / SIM_LINK_BPS * 1e3, 1)
         cut = SIM_BATCH // SIM_MICRO * SIM_WIDTH * 4 * 2 * SIM_MICRO
         cfg["pipeline_transfer_ms"] = round(cut * 8 / SIM_LINK_BPS * 1e3, 1)
-    write_json(args.json, {"config": finish_config(cfg), "results": results,
-                           "ratio_pipeline_to_data": round(ratio, 3) if ratio else None})
-    for r in results:
-        print(f"{r['mode']:>8}: {r['step_ms']:8.1f} ms/step, {r['samples_per_s']:8.1f} samples/s")
-    if ratio:
-        print(f"pipelined / data-parallel throughput: {ratio:.2f}x")
-    print_problems(cfg)
+    write_results(args.json, "pipeline_sim_cluster",
+                  {"config": finish_config(cfg), "results": results,
+                   "ratio_pipeline_to_data": round(ratio, 3) if ratio else None})
     return 0 if ratio else 1
 
 
@@ -973,7 +934,7 @@ def sim_cluster(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", nargs="?", choices=["bubble", "memory", "capacity", "sim_cluster"])
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", help="write the results file here")
     p.add_argument("--quick", action="store_true", help="fewer steps and fits")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
     p.add_argument("--mpiflags", default=os.environ.get("MPIFLAGS", "--oversubscribe --bind-to none"

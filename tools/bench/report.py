@@ -1,30 +1,15 @@
-"""The benchmark report: bench/results/summary.md and its plots, from the JSON
-that the stages of tools/bench/run_bench.sh wrote.
+"""The benchmark report: bench/results/summary.md, details.md and the plots,
+from the results files (bench_results.py) that the stages of run_bench.sh
+wrote, judged against the targets of bench/targets.toml.
 
     python3 tools/bench/report.py [--results bench/results] [--quick]
-    python3 tools/bench/report.py --run-info [--results DIR] [--quick]   # run.json only
+    python3 tools/bench/report.py --run-info [--results DIR] [--quick]  # run.jsonl only
+    python3 tools/bench/report.py --stages  # each stage and the prefix of its files
 
-Reads (each optional; a missing file is reported as "not run"):
-  collectives_{allreduce,broadcast,allgather}_{2,4}ranks.json   tnt-bench --json
-  overhead.json, fusion_sweep_<model>.json                       fit_bench.py --json
-  training.json                                                   train_compare.py
-  pipeline_{bubble,memory,sim_cluster}.json                       pipeline_bench.py
-  sim_cluster.json, sim_cluster_{allreduce,frameworks}.json
-                                                                tools/research/sim_cluster_bench.py
-  scale_validation.json, scale.json, scale_check.json             tools/research/scale_bench.py
-  scale_timelines.json, scale_projection.json                     tools/research/project_scale.py
-  logs/stages.tsv                                                 how every stage ended
-  run.json                                                        commit, host, versions
-  bench/targets.toml                                              the targets and thresholds
-Each benchmark's section is a module beside it (report_collectives.py,
-report_fit.py, report_training.py, report_pipeline.py, report_data.py,
-report_reliability.py; tools/research/report_sim.py and report_scale.py),
-on the shared helpers of report_base.py and the plots of report_plots.py.
-Writes summary.md and collectives_<collective>.png, fusion_sweep.png,
-training_throughput.png, sim_cluster_breakdown.png, sim_cluster_step_vs_bound.png,
-sim_cluster_allreduce.png, scale_allreduce.png, scale_projection.png,
-pipeline_bubble.png, pipeline_memory.png (a plot only when its data is
-there). File names never change from run to run.
+A missing results file is reported as not run, with the stage that writes
+it. Each benchmark's section is a module beside this one (report_*.py;
+tools/research/report_sim.py and report_scale.py), the plots are
+report_plots.py's; which stage writes which file: docs/research/benchmarks.md.
 """
 import argparse
 import os
@@ -39,8 +24,8 @@ import report_fit
 import report_pipeline
 import report_reliability
 import report_training
-from bench_results import module_of, write_json
-from report_base import ROOT, TARGETS, load_json, load_stages, table
+from bench_results import module_of, write_results
+from report_base import DETAILS, ROOT, STAGES, TARGETS, load_results, load_stages, table
 from report_plots import pyplot
 
 
@@ -53,18 +38,18 @@ def command_line(*cmd):
 
 
 def write_run_info(args):
-    path = os.path.join(args.results, "run.json")
+    path = os.path.join(args.results, "run.jsonl")
     now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    old, _ = load_json(path)
+    old, _ = load_results(path)
     if args.rerun and old is not None:
         # Only some stages run again: the run's record stays, with a note.
-        old.setdefault("reruns", []).append(
+        info = old["config"]
+        info.setdefault("reruns", []).append(
             {"stages": args.rerun, "started_utc": now,
              "load_average_at_start": [round(v, 2) for v in os.getloadavg()]})
-        info = old
     else:
         info = new_run_info(args, now)
-    write_json(path, info)
+    write_results(path, "run", {"config": info})
 
 
 def new_run_info(args, now):
@@ -89,8 +74,8 @@ def new_run_info(args, now):
 
 
 def header(results, stages, quick):
-    info, _ = load_json(os.path.join(results, "run.json"))
-    info = info or {}
+    run, _ = load_results(os.path.join(results, "run.jsonl"))
+    info = run["config"] if run else {}
     mode = info.get("mode", "quick" if quick else "full")
     out = ["# Tarantella benchmark results", ""]
     out.append(f"`make bench{' QUICK=1' if mode == 'quick' else ''}` "
@@ -126,11 +111,16 @@ def main():
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--quick", action="store_true", help="the results are of a quick run")
     p.add_argument("--run-info", action="store_true",
-                   help="only record the run's environment in run.json (at the start of a run)")
+                   help="only record the run's environment in run.jsonl (at the start of a run)")
     p.add_argument("--mpirun", default="mpirun", help="with --run-info: the MPI launcher")
     p.add_argument("--rerun", metavar="STAGES",
                    help="with --run-info: only these stages run again; keep the run's record")
+    p.add_argument("--stages", action="store_true",
+                   help="print each stage of make bench and the prefix of its files")
     args = p.parse_args()
+    if args.stages:
+        print("\n".join(f"{stage} {prefix}" for stage, prefix in STAGES.items()))
+        return 0
     os.makedirs(args.results, exist_ok=True)
     if args.run_info:
         write_run_info(args)
@@ -175,6 +165,11 @@ def main():
     out += body
     with open(os.path.join(args.results, "summary.md"), "w") as f:
         f.write("\n".join(out).rstrip() + "\n")
+    with open(os.path.join(args.results, "details.md"), "w") as f:
+        f.write("\n".join(["# Tarantella benchmark details", "",
+                           "What summary.md leaves out: whole configurations and tables of "
+                           "every run (`make bench` writes this file; the repository keeps "
+                           "summary.md only).", "", *DETAILS]).rstrip() + "\n")
     print(f"wrote {os.path.join(args.results, 'summary.md')}: " +
           ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     return 0

@@ -9,7 +9,7 @@ import os
 import shutil
 import tomllib
 
-from bench_results import TRACES, traces_dir
+from bench_results import TRACES, read_results, traces_dir
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,6 +27,17 @@ def load_targets(path=TARGETS_FILE):
 
 TARGETS = load_targets()
 
+# The stages of `make bench` (run_bench.sh --only STAGE), in the suite's
+# order, with the prefix of the results files each writes.
+STAGES = {"collectives": "collectives_", "overhead": "overhead", "fusion": "fusion_sweep",
+          "training": "training", "sim_cluster": "sim_cluster", "pipeline": "pipeline_",
+          "data_share": "data_share", "scale": "scale", "reliability": "reliability_",
+          "compression": "compression_"}
+
+# What summary.md leaves out (whole configurations, tables of every run):
+# report.py writes it to details.md.
+DETAILS = []
+
 
 def limit(key):
     """The threshold of target `key` in bench/targets.toml."""
@@ -42,13 +53,13 @@ def meets(key, value, threshold=None):
     return CHECKS[spec["check"]](value, spec["threshold"] if threshold is None else threshold)
 
 
-def load_json(path):
-    """(document, None), or (None, why) when missing or unreadable."""
+def load_results(path):
+    """(the results file's document, None), or (None, why) when missing or
+    unreadable."""
     if not os.path.exists(path):
         return None, "no results"
     try:
-        with open(path) as f:
-            return json.load(f), None
+        return read_results(path), None
     except (OSError, ValueError) as e:
         return None, f"unreadable {os.path.basename(path)}: {e}"
 
@@ -60,8 +71,9 @@ def load_stages(results):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     # The order of the suite, whatever order a partial rerun appended them in.
-    order = ["collectives", "overhead", "fusion", "training", "sim_cluster", "pipeline"]
-    rank = lambda name: next((i for i, p in enumerate(order) if name.startswith(p)), len(order))  # noqa: E731
+    order = list(STAGES.items())
+    rank = lambda name: next((i for i, stage in enumerate(order) if name.startswith(stage)),  # noqa: E731
+                             len(order))
     return {row["stage"]: row for row in sorted(rows, key=lambda r: rank(r["stage"]))}
 
 
@@ -78,13 +90,17 @@ def stage_note(stages, *names):
     return "not run"
 
 
-def missing_note(stages, why, *names):
-    """Why a stage's JSON could not be used: how the stage ended, else why
-    the file was unusable."""
+def missing_note(stages, why, fname, *names):
+    """Why the results file `fname` could not be used: how the stages
+    `names` ended, else why the file was unusable, else the stage that
+    writes it."""
     ended = stage_note(stages, *names)
     if ended != "not run":
         return ended
-    return "not run" if why == "no results" else why
+    if why != "no results":
+        return why
+    stage = next(s for s, prefix in STAGES.items() if fname.startswith(prefix))
+    return f"no results; run `make bench STAGES={stage}`"
 
 
 def open_section(results, stages, targets, fname, stage_names, title=None, goals=(), label="",
@@ -96,12 +112,12 @@ def open_section(results, stages, targets, fname, stage_names, title=None, goals
     the stages `stage_names`' record, and each (name, required) of `goals`
     is a target that did not run."""
     out = [title, ""] if title else []
-    d, why = load_json(os.path.join(results, fname))
+    d, why = load_results(os.path.join(results, fname))
     if d is None:
-        note = missing_note(stages, why, *stage_names)
+        note = missing_note(stages, why, fname, *stage_names)
         targets.extend(Target(name, req, note=note) for name, req in goals)
         return out + [label + not_run_line([note]), ""], None
-    return out + (config_lines(d.get("config")) if show_config else []), d
+    return out + (config_lines(d.get("config"), fname) if show_config else []), d
 
 
 def size_str(b):
@@ -138,15 +154,21 @@ def not_run_line(notes):
     return "Not run" + (": " + "; ".join(why) if why else "") + "."
 
 
-def config_lines(cfg):
-    """A stage's configuration: its short entries inline, all of it folded."""
+def config_lines(cfg, fname):
+    """The configuration of results file `fname`: its short entries, and
+    the whole of it in details.md."""
     if not cfg:
         return []
     short = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(cfg.items())
                       if len(json.dumps(v)) <= 40)
-    return [f"Configuration: {short}.", "", "<details><summary>whole configuration</summary>",
-            "", "```json", json.dumps(cfg, indent=1, sort_keys=True), "```", "", "</details>",
-            ""]
+    detail(f"{fname}: whole configuration",
+           ["```json", json.dumps(cfg, indent=1, sort_keys=True), "```"])
+    return [f"Configuration: {short} (all of it: `details.md`).", ""]
+
+
+def detail(title, lines):
+    """A part of details.md: `lines` under the heading `title`."""
+    DETAILS.extend([f"## {title}", "", *lines, ""])
 
 
 def table(header, rows):

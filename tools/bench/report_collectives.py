@@ -1,9 +1,9 @@
 """The report's section on tnt-bench (tnt_bench.c): libtnt's collectives
-against MPI's, collectives_<collective>_<N>ranks.json.
+against MPI's, collectives_<collective>_<N>ranks.jsonl.
 """
 import os
 
-from report_base import (TARGETS, Target, bw, f2, image, limit, load_json, meets, missing_note,
+from report_base import (TARGETS, Target, bw, f2, image, limit, load_results, meets, missing_note,
                          not_run_line, short_by, size_str, table)
 from report_plots import RANKS, plot_collective
 
@@ -22,12 +22,12 @@ def section(results, stages, plt, targets):
     for coll, peer in COLLECTIVES:
         docs, notes = {}, {}
         for n in RANKS:
-            d, why = load_json(os.path.join(results, f"collectives_{coll}_{n}ranks.json"))
+            d, why = load_results(os.path.join(results, f"collectives_{coll}_{n}ranks.jsonl"))
             if d is not None:
                 docs[n] = d
             else:
-                notes[n] = missing_note(stages, why, f"collectives_{coll}_{n}ranks",
-                                        "collectives")
+                notes[n] = missing_note(stages, why, f"collectives_{coll}_{n}ranks.jsonl",
+                                        f"collectives_{coll}_{n}ranks", "collectives")
         out.append(f"### {coll} vs {peer}")
         out.append("")
         if coll == "allreduce":
@@ -42,10 +42,10 @@ def section(results, stages, plt, targets):
             if n in notes:
                 out.append(f"- {n} ranks: {notes[n]}")
                 continue
-            d = docs[n]
+            d, cfg = docs[n], docs[n]["config"]
             over = " (oversubscribed: %s ranks on %s cores)" % (
-                d.get("max_ranks_per_host", n), d.get("cores_per_host", "?")) \
-                if d.get("oversubscribed") else ""
+                cfg.get("max_ranks_per_host", n), cfg.get("cores_per_host", "?")) \
+                if cfg.get("oversubscribed") else ""
             bad = sum(1 for r in d["rows"] if not r["ok"])
             out.append(f"- {n} ranks{over}: ratio geomean **{d['geomean_ratio']:.2f}x**, "
                        f"min {d['min_ratio']:.2f}x; "
@@ -58,7 +58,7 @@ def section(results, stages, plt, targets):
         header = ["size"]
         for n in RANKS:
             if n in docs:
-                tag = f"{n}r" + ("*" if docs[n].get("oversubscribed") else "")
+                tag = f"{n}r" + ("*" if docs[n]["config"].get("oversubscribed") else "")
                 header += ([f"{tag} algorithm"] if named else []) + [
                     f"{tag} tnt", f"{tag} MPI", f"{tag} ratio"]
         header += ["memcpy", "check"]
@@ -79,7 +79,7 @@ def section(results, stages, plt, targets):
                 ok = ok and r["ok"]
             rows.append(row + [f2(memcpy, 1), "ok" if ok else "**FAILED**"])
         out.append(table(header, rows))
-        if any(d.get("oversubscribed") for d in docs.values()):
+        if any(d["config"].get("oversubscribed") for d in docs.values()):
             out.append("")
             out.append("\\* oversubscribed: more ranks than cores on the host.")
         out.append("")
@@ -89,7 +89,7 @@ def section(results, stages, plt, targets):
 def allreduce_targets(docs, notes, targets):
     for n in RANKS:
         d = docs.get(n)
-        over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
+        over = " (oversubscribed)" if d is not None and d["config"].get("oversubscribed") else ""
         name = f"Allreduce vs MPI_Allreduce, geomean over sizes, {n} ranks{over}"
         if d is None:
             targets.append(Target(name, f">= {limit('allreduce_geomean'):.1f}x", note=notes.get(n)))
@@ -107,7 +107,7 @@ def allreduce_targets(docs, notes, targets):
         targets.append(t)
     for n in RANKS:
         d = docs.get(n)
-        over = " (oversubscribed)" if d is not None and d.get("oversubscribed") else ""
+        over = " (oversubscribed)" if d is not None and d["config"].get("oversubscribed") else ""
         name = f"Allreduce vs MPI_Allreduce, min over sizes >= 1 MiB, {n} ranks{over}"
         req = f">= {limit('allreduce_large'):.1f}x"
         if d is None:
@@ -126,6 +126,6 @@ def allreduce_targets(docs, notes, targets):
                       f"{worst['tnt_busbw']:.2f} GB/s = "
                       f"{worst['tnt_busbw'] / worst['memcpy_gbps'] * 100:.0f}% of memcpy, "
                       f"MPI {worst['mpi_busbw']:.2f} GB/s")
-            if d.get("oversubscribed"):
+            if d["config"].get("oversubscribed"):
                 t.note += "; ranks oversubscribed"
         targets.append(t)

@@ -1,5 +1,5 @@
 """The report's section on data_bench.py: input-bound training with each
-rank preparing its share of the data (data_share.json).
+rank preparing its share of the data (data_share.jsonl).
 """
 
 from report_base import Target, limit, meets, open_section, short_by, table
@@ -12,25 +12,22 @@ def section(results, stages, targets):
     for job in ("matmul", "augment"):
         data_targets(job, None, planned)
     goals = [(t.name, t.required) for t in planned]
-    out, d = open_section(results, stages, targets, "data_share.json", ["data_share"],
-                          "## 7. Each rank prepares only its share of the data", goals=goals)
+    out, d = open_section(results, stages, targets, "data_share.jsonl", ["data_share"],
+                          "## 7. Each rank prepares only its share of the data", goals=goals,
+                          show_config=False)
     if d is None:
         return out
+    d, jobs = d["config"], jobs_of(d)
     rounds = " ".join(f"{r[0]:.2f}" for r in d["load_average_rounds"])
     out.append(f"Global batch {d['global_batch']}; sharing on and whole alternate in one "
-               f"process ({d['trials']} trials each, median), runs of serial Keras and of "
-               f"each rank count interleaved in {d['rounds']} round(s), median over the "
-               "rounds. Input CPU: an epoch of the rank's distributed dataset alone, read "
-               f"as fit reads it (one iterator across {d.get('input_epochs', 4)} epochs, "
-               "tnt.data.across_epochs, its batches taken inside a tf.function as Keras's "
-               "train function takes them; the epochs after the first; the first epoch's, "
-               "which also makes the "
-               "iterator, in brackets); plain Keras: an iterator an epoch. On / whole: the "
-               "largest rank's against the mean of whole. Load average "
-               f"(1 min) at the start and after each round: {rounds} ({d['cpus']} cores). "
-               f"Command: `{d['command']}`.")
+               f"process ({d['trials']} trials each, median), serial Keras and each rank count "
+               f"interleaved in {d['rounds']} round(s), median over the rounds; input CPU: "
+               "the epochs after the first of one iterator (the first's in brackets); on / "
+               "whole: the largest rank's against the mean of whole. Load average (1 min) at "
+               f"the start and after each round: {rounds} ({d['cpus']} cores). Command: "
+               f"`{d['command']}`. The method: docs/research/data-sharing.md.")
     out.append("")
-    for job, j in d["jobs"].items():
+    for job, j in jobs.items():
         out.append(f"**{job}**: {j['what']}; whole: `{j['whole']}`. Plain Keras in one "
                    f"process: epoch {j['serial']['epoch_s']:.3f} s (rounds "
                    f"{', '.join(f'{v:.3f}' for v in j['serial']['epoch_s_rounds'])}), input "
@@ -52,10 +49,16 @@ def section(results, stages, targets):
                           "epoch / plain Keras"], rows))
         out.append("")
         data_targets(job, j, targets)
-    out.append("On 1 rank both rows of the matmul job run the same pipeline; those of the "
-               "augment job differ only in how the random numbers are drawn.")
-    out.append("")
     return out
+
+
+def jobs_of(d):
+    """Per job of data_share.jsonl: what it is, its serial run, its runs
+    and its ratios by rank count."""
+    return {job: dict(spec, serial=next(r for r in d["serial"] if r["job"] == job),
+                      runs=[r for r in d["runs"] if r["job"] == job],
+                      ratios={str(r["ranks"]): r for r in d["ratios"] if r["job"] == job})
+            for job, spec in d["config"]["jobs"].items()}
 
 
 def data_targets(job, j, targets, note=None):

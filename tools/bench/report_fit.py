@@ -1,10 +1,10 @@
 """The report's sections on fit_bench.py: the framework's overhead on one
-rank (overhead*.json) and the fusion threshold sweep (fusion_sweep_*.json).
+rank (overhead*.jsonl) and the fusion threshold sweep (fusion_sweep_*.jsonl).
 """
 import os
 
-from report_base import (Target, bytes_str, image, limit, load_json, meets, not_run_line,
-                         open_section, short_by, stage_note, table)
+from report_base import (Target, bytes_str, image, limit, load_results, meets, missing_note,
+                         not_run_line, open_section, short_by, stage_note, table)
 from report_plots import plot_fusion
 
 
@@ -16,8 +16,8 @@ def spread(values):
 
 def overhead_section(results, stages, targets):
     out = ["## 2. Framework overhead, 1 rank", ""]
-    for fname, model, label in (("overhead.json", "LeNet-5", ""),
-                                ("overhead_small_cnn.json", "the small CNN (three "
+    for fname, model, label in (("overhead.jsonl", "LeNet-5", ""),
+                                ("overhead_small_cnn.jsonl", "the small CNN (three "
                                  "convolutions, a 256-unit dense layer, 32x32x3 inputs)",
                                  " (small CNN)")):
         out += _overhead_model(results, stages, targets, fname, model, label)
@@ -28,13 +28,14 @@ def _overhead_model(results, stages, targets, fname, model, label):
     name = f"1-rank step time{label}, tnt.Model.fit vs plain Keras fit"
     req = f"<= +{limit('overhead') * 100:.0f}%"
     out, d = open_section(results, stages, targets, fname, ["overhead"], goals=[(name, req)],
-                          label=f"{model}: ")
+                          label=f"{model}: ", show_config=False)
     if d is None:
         return out
-    ratio = d["ratio_tnt_keras"]
+    ratio, cfg = d["ratio_tnt_keras"], d["config"]
     t = Target(name, req, f"{(ratio - 1) * 100:+.1f}%", meets("overhead", ratio - 1),
                family="overhead")
-    ms, tr = d["ms_per_step"], d["trials_ms"]
+    ms = {r["run"]: r["ms_per_step"] for r in d["runs"]}
+    tr = {r["run"]: r["trials_ms"] for r in d["runs"]}
     if not t.ok:
         lo, hi = spread(tr["keras"])
         t.note = (f"{(ratio - 1 - limit('overhead')) * 100:.1f} points over: "
@@ -42,8 +43,8 @@ def _overhead_model(results, stages, targets, fname, model, label):
                   f"(+{ms['tnt'] - ms['keras']:.2f} ms); Keras' own trials spread "
                   f"{lo:+.1f}%..{hi:+.1f}%")
     targets.append(t)
-    out.append(f"{model[0].upper() + model[1:]}, batch {d['batch']}, {d['steps_per_epoch']} "
-               f"steps per epoch, median of {d['trials']} interleaved trials. Tarantella never "
+    out.append(f"{model[0].upper() + model[1:]}, batch {cfg['batch']}, {cfg['steps_per_epoch']} "
+               f"steps per epoch, median of {cfg['trials']} interleaved trials. Tarantella never "
                "XLA-compiles the step, so the peer that isolates its overhead is Keras with "
                "`jit_compile=False`; Keras' default (`auto`) is shown too.")
     out.append("")
@@ -63,19 +64,20 @@ def fusion_section(results, stages, plt, targets):
     out = ["## 3. Fusion threshold sweep", ""]
     sweeps = {}
     for name in sorted(os.listdir(results)):
-        if name.startswith("fusion_sweep_") and name.endswith(".json"):
-            d, _ = load_json(os.path.join(results, name))
+        if name.startswith("fusion_sweep_") and name.endswith(".jsonl"):
+            d, _ = load_results(os.path.join(results, name))
             if d is not None:
-                sweeps[d["model"]] = d
+                sweeps[d["config"]["model"]] = d
     failed = sorted(s for s, st in stages.items()
                     if s.startswith("fusion_sweep_") and st["status"] != "ok")
     if not sweeps:
-        note = stage_note(stages, *failed) if failed else "not run"
+        note = stage_note(stages, *failed) if failed else missing_note(stages, "no results",
+                                                                       "fusion_sweep")
         targets.append(Target("Default fusion threshold vs best threshold (2 ranks)",
                               f"<= {limit('fusion_default'):.2f}x best", note=note))
         return out + [not_run_line([note]), ""]
-    default_kb = next(iter(sweeps.values())).get("default_threshold_kb", 32)
-    any_doc = next(iter(sweeps.values()))
+    any_doc = next(iter(sweeps.values()))["config"]
+    default_kb = any_doc["default_threshold_kb"]
     out.append(f"{any_doc['ranks']} ranks, global batch {any_doc['global_batch']}, "
                f"{any_doc['steps_per_epoch']} steps per epoch, median of {any_doc['trials']} "
                "interleaved trials per threshold; step time relative to the best threshold of "
@@ -86,7 +88,7 @@ def fusion_section(results, stages, plt, targets):
         best = min(rows, key=lambda r: r["ms_per_step"])
         dflt = [r for r in rows if r["threshold_kb"] == default_kb]
         name = f"Default fusion threshold ({default_kb:g} KiB) vs best, {model}, " \
-               f"{d['ranks']} ranks"
+               f"{d['config']['ranks']} ranks"
         req = f"<= {limit('fusion_default'):.2f}x best"
         if not dflt:
             targets.append(Target(name, req, note="default threshold not in the sweep"))
@@ -116,8 +118,8 @@ def fusion_section(results, stages, plt, targets):
                 continue
             cell = f"{by[k]:.2f} ms ({by[k] / best:.3f}x)"
             cells.append(f"**{cell}**" if by[k] == best else cell)
-        label = f"{model} ({d.get('tensors', '?')}, {bytes_str(d['gradient_bytes'])})" \
-            if "gradient_bytes" in d else model
+        cfg = d["config"]
+        label = f"{model} ({cfg['tensors']}, {bytes_str(cfg['gradient_bytes'])})"
         rows.append([label] + cells)
     out.append(table(header, rows))
     for s in failed:

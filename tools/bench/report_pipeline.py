@@ -1,6 +1,6 @@
 """The report's section on pipeline_bench.py: the bubble, memory per stage,
 capacity under a memory limit and the simulated 2-host cluster
-(pipeline_*.json).
+(pipeline_*.jsonl).
 """
 import os
 
@@ -11,6 +11,9 @@ from report_plots import (memory_holder, plot_pipeline_bubble, plot_pipeline_mem
                           plot_pipeline_timeline, step_memory)
 
 ZB_TIMELINE = "pipeline_timeline_zb-h1"  # the traces (and picture) of ZB-H1's step
+
+
+METHOD = "The method: docs/research/benchmarks.md (Pipeline parallelism)."
 
 
 def section(results, stages, plt, targets):
@@ -26,7 +29,7 @@ def _pipeline_bubble(results, stages, plt, targets):
     m = TARGETS["pipeline_bubble"]["micro_batches"]
     name = f"Pipeline step time / ideal K t_alone + (M-1) t_busy, 2 stages, M = {m}"
     req = f"<= {limit('pipeline_bubble'):.2f}x"
-    out, d = open_section(results, stages, targets, "pipeline_bubble.json",
+    out, d = open_section(results, stages, targets, "pipeline_bubble.jsonl",
                           ["pipeline_bubble", "pipeline"], "### Bubble", [(name, req)])
     if d is None:
         return out
@@ -60,17 +63,10 @@ def _pipeline_bubble(results, stages, plt, targets):
         targets.append(t)
     out.append(f"Stages of equal cost ({cfg.get('layers_per_stage', '?')} dense layers of "
                f"{cfg.get('width', '?')} units each), micro-batches of "
-               f"{cfg.get('micro_batch', '?')} samples (the global batch grows with M), "
-               f"schedule {cfg.get('schedule', '?')}, one intra-op thread per rank. t_alone: "
-               "one stage's forward + backward on one micro-batch, timed on rank 0 while the "
-               "other ranks sleep; t_busy: the same while every rank computes one at once; "
-               "both just before each fit. Ideal = K t_alone + (M-1) t_busy, the classic "
-               "(M+K-1) t_stage with each slot at the speed it can have: the first "
-               "micro-batch passes the K stages one after the other, and each further one "
-               "adds a slot in which every stage computes (stages computing at once share the "
-               "host's caches and memory, hence t_busy). The GPipe bound "
-               "(K-1)/(M+K-1) is the idle share of an ideal step; measured idle share = "
-               "1 - M t_busy / step.")
+               f"{cfg.get('micro_batch', '?')} samples, schedule {cfg.get('schedule', '?')}. "
+               "Ideal = K t_alone + (M-1) t_busy (t_alone: a stage's pass on rank 0 alone, "
+               "t_busy: while every rank computes one); the GPipe bound (K-1)/(M+K-1) is the "
+               f"idle share of an ideal step. {METHOD}")
     out.append("")
     if plt is not None and res:
         plot_pipeline_bubble(plt, results, res)
@@ -97,21 +93,12 @@ def _pipeline_bubble(results, stages, plt, targets):
                       "step / ideal", "per fit", "fastest step / fastest",
                       "step / (M+K-1) t_alone", "step / (M+K-1) t_busy", "GPipe bound",
                       "idle share measured"], rows))
-    out += ["", "Per fit: each fit's median step against the ideal of the stage times taken "
-            "just before it; a wide spread means other work on the host. Fastest step / "
-            "fastest: the fastest step against the ideal of the fastest stage times, less "
-            "sensitive to that work. (M+K-1) t_alone is the ideal of stages that would not "
-            "slow each other down; (M+K-1) t_busy counts the fill and drain at the slower "
-            "speed too."]
     if any(r.get("oversubscribed") for r in res):
         out += ["", "\\* oversubscribed: more stages (one rank each) than cores."]
     inter = d.get("interleaved", [])
     if inter:
-        out += ["", "Interleaved 1F1B (`TNT_PIPELINE_SCHEDULE=interleaved`): K ranks of v "
-                "chunks each (stages of 1/v the layers, so a rank computes as much per "
-                "micro-batch as a stage above); t_alone and t_busy are a rank's share of a "
-                "micro-batch; ideal = (K t_alone + (v M - 1) t_busy) / v, bound "
-                "(K-1)/(v M+K-1).", ""]
+        out += ["", "Interleaved 1F1B: K ranks of v chunks each; ideal = (K t_alone + "
+                "(v M - 1) t_busy) / v, bound (K-1)/(v M+K-1).", ""]
         out.append(table(
             ["ranks K", "chunks v", "M", "step ms", "t_alone ms", "t_busy ms", "ideal ms",
              "step / ideal", "interleaved bound", "idle share measured"],
@@ -154,7 +141,7 @@ def _pipeline_memory(results, stages, plt, targets):
             "(stage 0)")
     req = (f"1F1B grows < {limit('pipeline_memory_1f1b')} micro-batch, "
            f"GPipe > {limit('pipeline_memory_gpipe')}, from M = 2 to 8")
-    out, d = open_section(results, stages, targets, "pipeline_memory.json",
+    out, d = open_section(results, stages, targets, "pipeline_memory.jsonl",
                           ["pipeline_memory", "pipeline"],
                           "### Memory per stage: GPipe, 1F1B, interleaved", [(name, req)])
     if d is None:
@@ -222,22 +209,12 @@ def _pipeline_memory(results, stages, plt, targets):
                      f"{traced['1f1b'][0]['traced_step_mib']:.0f} -> "
                      f"{traced['1f1b'][1]['traced_step_mib']:.0f} MiB: the traced step's "
                      "passes are unrolled, its graph grows with M"))
-    out.append("Two stages, one rank each; a model with large activations (a "
-               f"{' x '.join(str(v) for v in cfg.get('activation_shape_per_sample', []))} "
-               f"float32 tensor per sample) and {cfg.get('weights_bytes', '?')} bytes of "
-               f"weights; micro-batches of {cfg.get('micro_batch', '?')} samples (the global "
-               "batch grows with M). Peak RSS (VmHWM) of each rank during the training steps, "
-               "a fresh job per schedule and M; above base = peak - RSS before the first fit"
-               + ("; of which the traced step keeps the RSS after a warm-up step above the "
-                  "RSS before fit (its graph, unrolled, grows with M), and a step holds its "
-                  "peak above that (its activations: what the targets judge). " if split
-                  else ". ") +
-               f"A stage keeps about {per_mb} MiB of activations per micro-batch in flight: "
-               "GPipe holds all M, 1F1B at most K - s (2 on stage 0, 1 on stage 1). "
-               f"Interleaved: {cfg.get('interleaved', 'not run')}; a chunk keeps about "
-               f"{cfg.get('interleaved_kept_mib_per_chunk_micro_batch', '?')} MiB per "
-               "micro-batch, and rank r holds at most 2 (R - 1 - r) + (v - 1) R + 1 chunk "
-               "micro-batches (5 on rank 0, 3 on rank 1).")
+    out.append("Two stages, one rank each, a model with large activations and small "
+               f"weights, micro-batches of {cfg.get('micro_batch', '?')} samples; peak RSS "
+               "(VmHWM) of each rank during the training steps, a fresh job per schedule and "
+               f"M. A stage keeps about {per_mb} MiB per micro-batch in flight: GPipe all M, "
+               "1F1B at most K - s; an interleaved chunk about "
+               f"{cfg.get('interleaved_kept_mib_per_chunk_micro_batch', '?')} MiB. {METHOD}")
     out.append("")
     if plt is not None and res:
         plot_pipeline_memory(plt, results, res)
@@ -276,9 +253,21 @@ def _memory_failure(run):
             error)
 
 
+def capacity_runs(d):
+    """pipeline_capacity.jsonl's runs by name, each with its ranks' rows,
+    beside "bitwise equal" and "memory table"."""
+    res = {r["run"]: dict(r, ranks=[x for x in d.get("ranks", []) if x["run"] == r["run"]])
+           for r in d.get("runs", [])}
+    if "bitwise_equal" in d:
+        res["bitwise equal"] = d["bitwise_equal"]
+    if d.get("memory"):
+        res["memory table"] = d["memory"]
+    return res
+
+
 def capacity_verdict(res, budget):
-    """(met, detail) of the capacity target from pipeline_capacity.json's
-    results: met when, under a limit below the whole model's weights, serial
+    """(met, detail) of the capacity target from the runs of
+    capacity_runs: met when, under a limit below the whole model's weights, serial
     Keras and the stages given the model built fail for lack of memory,
     every run of stages given the function that builds it trains, and their
     weights end equal to those of the model trained built whole without a
@@ -322,24 +311,22 @@ CAPACITY_TABLE_TARGET = ("Peak per rank on K stages, against the whole model's n
 
 def _pipeline_capacity(results, stages, targets):
     name = "Under a memory limit below the model's weights, only stages built by a function train"
-    out, d = open_section(results, stages, targets, "pipeline_capacity.json",
+    out, d = open_section(results, stages, targets, "pipeline_capacity.jsonl",
                           ["pipeline_capacity", "pipeline"],
                           "### Capacity: a model whose weights do not fit one process",
                           [(name, "yes"),
                            (CAPACITY_TABLE_TARGET, f"<= {limit('pipeline_capacity_table')}x")])
     if d is None:
         return out
-    cfg, res = d.get("config", {}), d.get("results", {})
+    cfg, res = d.get("config", {}), capacity_runs(d)
     t = Target(name, "yes", family="pipeline")
     t.ok, t.note = capacity_verdict(res, cfg.get("budget_times_weights", "?"))
     t.measured = "yes" if t.ok else "no"
     targets.append(t)
     out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units, "
-               f"{cfg.get('stages', '?')} stages. The limit (RLIMIT_DATA) allows each process "
-               f"what it holds before the model is built plus "
-               f"{cfg.get('budget_times_weights', '?')}x the whole model's weights. A stage "
-               "given the function that builds the model holds its own weights only. The "
-               "margin is the limit less the peak data size above the base.")
+               f"{cfg.get('stages', '?')} stages, each process limited (RLIMIT_DATA) to what "
+               f"it holds before the model is built plus {cfg.get('budget_times_weights', '?')}"
+               f"x the whole model's weights; margin = the limit - the peak. {METHOD}")
     out.append("")
     rows = []
     for key, r in res.items():
@@ -364,7 +351,7 @@ def _pipeline_capacity(results, stages, targets):
         ratios = [row["ratio"] for row in judged]
         if judged and None not in ratios:
             t.measured = f"{max(ratios):.2f}x"
-            t.ok = all(row["met"] for row in judged)
+            t.ok = all(meets("pipeline_capacity_table", q) for q in ratios)
             worst = max(judged, key=lambda row: row["ratio"])
             summed = [row["ratio"] for row in memory if row["stages"] > 1
                       and row.get("weight_gradients") != "recompute" and row["ratio"]]
@@ -375,12 +362,9 @@ def _pipeline_capacity(results, stages, targets):
         else:
             t.note = "a run of the table has no peak"
         targets.append(t)
-        out.append("Peak data size above the base per rank (the largest rank) without a "
-                   "limit, against the whole model's need divided by K (weights and "
-                   "gradients, 2 W, with SGD; and the two moments, 4 W, with Adam), and the "
-                   "serial run's peak divided by K for comparison; the stages' weight "
-                   "gradients summed over the micro-batches (accumulate, the default) or "
-                   "recomputed from the whole batch (recompute):")
+        out.append("The largest rank's peak without a limit against the whole model's need / "
+                   "K (2 W with SGD, 4 W with Adam), weight gradients summed (accumulate) or "
+                   "recomputed:")
         out.append("")
         out.append(table(["optimizer", "stages K", "weight gradients", "peak (MiB)",
                           "need / K (MiB)", "ratio", "serial peak / K (MiB)"],
@@ -395,7 +379,7 @@ def _pipeline_capacity(results, stages, targets):
 def _pipeline_sim(results, stages, targets):
     name = "Pipelined / data-parallel throughput, 2 simulated hosts at 1 Gbit/s"
     req = f">= {limit('pipeline_sim'):.1f}x"
-    out, d = open_section(results, stages, targets, "pipeline_sim_cluster.json",
+    out, d = open_section(results, stages, targets, "pipeline_sim_cluster.jsonl",
                           ["pipeline_sim_cluster", "pipeline"],
                           "### Where pipelining wins: 2 simulated hosts at 1 Gbit/s",
                           [(name, req)])
@@ -415,14 +399,11 @@ def _pipeline_sim(results, stages, targets):
         if not t.ok:
             t.note = short_by(q, limit("pipeline_sim")) + "; " + t.note
         targets.append(t)
-    out.append(f"Two simulated hosts (network namespaces, one rank each, links shaped to "
-               f"1 Gbit/s: `{cfg.get('link_shaping', '?')}`), a model with "
-               f"{bytes_str(cfg.get('parameter_bytes', 0))} of float32 weights and small "
-               f"activations, global batch {cfg.get('global_batch', '?')}: pipelined (2 stages, "
-               f"{cfg.get('micro_batches', '?')} micro-batches) and data-parallel (2 replicas) "
-               "trained in turns in the same job. Moving the weights' gradients once over the "
-               f"link takes {cfg.get('allreduce_transfer_ms', '?')} ms; the pipeline's "
-               f"activations and their gradients {cfg.get('pipeline_transfer_ms', '?')} ms.")
+    out.append(f"Two simulated hosts at 1 Gbit/s, {bytes_str(cfg.get('parameter_bytes', 0))} "
+               f"of weights, global batch {cfg.get('global_batch', '?')}: pipelined (2 stages, "
+               f"{cfg.get('micro_batches', '?')} micro-batches) against data-parallel; the "
+               f"gradients' allreduce moves {cfg.get('allreduce_transfer_ms', '?')} ms of "
+               f"traffic, the pipeline {cfg.get('pipeline_transfer_ms', '?')} ms. {METHOD}")
     out.append("")
     rows = [[r["mode"], f2(r["step_ms"]), f"{r['samples_per_s']:.1f}",
              f"{r['step_spread_ms'][0]:.1f} .. {r['step_spread_ms'][1]:.1f}", r["steps"]]

@@ -2,10 +2,11 @@
 each writing a PNG into the results folder; no software or date stamps, so
 the same data gives the same file.
 """
+import json
 import os
 
 from bench_results import TRACES
-from report_base import limit, load_json, size_str
+from report_base import limit, size_str
 
 
 def pyplot():
@@ -39,9 +40,10 @@ def plot_collective(plt, results, coll, peer, docs):
             ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             continue
-        if doc.get("oversubscribed"):
-            title += f" (oversubscribed: {doc.get('max_ranks_per_host', ranks)} ranks on " \
-                     f"{doc.get('cores_per_host', '?')} cores)"
+        cfg = doc["config"]
+        if cfg.get("oversubscribed"):
+            title += f" (oversubscribed: {cfg.get('max_ranks_per_host', ranks)} ranks on " \
+                     f"{cfg.get('cores_per_host', '?')} cores)"
         rows = doc["rows"]
         x = [r["bytes"] for r in rows]
         ax.plot(x, [r["tnt_busbw"] for r in rows], "o-", label="Tarantella (libtnt)")
@@ -82,7 +84,7 @@ def plot_fusion(plt, results, sweeps, default_kb):
     ax.set_xticklabels([f"{k:g}" for k in ks])
     ax.set_xlabel("fusion threshold (KiB; 0 = one bucket per tensor)")
     ax.set_ylabel("step time / best step time")
-    ax.set_title(f"Fusion threshold sweep, {next(iter(sweeps.values()))['ranks']} ranks")
+    ax.set_title(f"Fusion threshold sweep, {next(iter(sweeps.values()))['config']['ranks']} ranks")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -124,28 +126,13 @@ def plot_training(plt, results, doc):
     save(fig, results, "training_throughput.png")
 
 
-def overlap_of(r):
-    """A simulated-cluster row's overlap: on, off or auto (rows of older
-    runs: True or False)."""
-    v = r.get("overlap")
-    return {True: "on", False: "off"}.get(v, v)
-
-
-def model_of(r):
-    """The model of a simulated-cluster row (rows of older runs: LeNet-5)."""
-    return r.get("model", "lenet5")
-
-
 def sim_defaults(rows):
-    """The rows of the configuration users run: fusion on with the default
-    overlap (auto; on in runs from before TNT_OVERLAP=auto)."""
-    dflt = "auto" if any(overlap_of(r) == "auto" for r in rows) else "on"
-    return [r for r in rows if r.get("fusion") and overlap_of(r) == dflt]
+    """The rows of the configuration users run: fusion on, overlap auto."""
+    return [r for r in rows if r["fusion"] and r["overlap"] == "auto"]
 
 
 def sim_label(r):
-    per_host = r.get("ranks_per_host", 1)
-    return (f"{r['hosts']}x{per_host}\n{r['link'].split('_')[0]}\n{model_of(r)}")
+    return f"{r['hosts']}x{r['ranks_per_host']}\n{r['link'].split('_')[0]}\n{r['model']}"
 
 
 def plot_sim(plt, results, doc):
@@ -175,8 +162,8 @@ def plot_sim(plt, results, doc):
     ax.bar(x, rest, bottom=[c + w for c, w in zip(compute, wait)], label="other")
     ax.plot(x, [r["comm_ms"] for r in res], "k_", markersize=14, mew=2,
             label="communication time (overlapped or not)")
-    finish(fig, ax, f"Simulated cluster: step time breakdown, fusion on, overlap "
-           f"{overlap_of(res[0]) if res else 'auto'} (hosts x ranks per host, link, model)",
+    finish(fig, ax, "Simulated cluster: step time breakdown, fusion on, overlap "
+           "auto (hosts x ranks per host, link, model)",
            "sim_cluster_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(width, 4))
@@ -288,9 +275,10 @@ def plot_pipeline_timeline(plt, results, name="pipeline_timeline", schedule="1F1
     spans = {}
     for rank in (0, 1):
         path = os.path.join(results, TRACES, f"{name}.rank{rank}.json")
-        d, _ = load_json(path)
-        if not d:
+        if not os.path.exists(path):
             return False
+        with open(path) as f:
+            d = json.load(f)
         spans[rank] = sorted((e for e in d if e.get("cat") == "pipeline" and e.get("ph") == "X"),
                              key=lambda e: e["ts"])
     starts = [e["ts"] for e in spans[0] if e["name"] == "forward 0"]

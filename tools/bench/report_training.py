@@ -1,5 +1,5 @@
 """The report's section on train_compare.py: training throughput against
-other frameworks (training.json).
+other frameworks (training.jsonl).
 """
 
 from report_base import Target, f2, image, limit, meets, open_section, short_by, table
@@ -8,14 +8,14 @@ from report_plots import FRAMEWORK_ORDER, plot_training
 
 def section(results, stages, plt, targets):
     out, d = open_section(
-        results, stages, targets, "training.json", ["training"],
+        results, stages, targets, "training.jsonl", ["training"],
         "## 4. Training throughput against other frameworks",
         [("2-rank throughput vs MWMS, per model", f">= {limit('training_mwms'):.1f}x"),
          ("2-rank throughput vs Horovod, per model (where it builds)",
           f">= {limit('training_horovod'):.1f}x")])
     if d is None:
         return out
-    res, errors = d.get("results", []), d.get("errors", {}) or {}
+    res, errors = d.get("results", []), d["config"].get("errors") or {}
     models = sorted({r["model"] for r in res})
 
     def pick(model, fw, n):

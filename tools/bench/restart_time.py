@@ -6,7 +6,7 @@ Runs the quick start with BackupAndRestore under `tarantella --max-restarts
 attempt's first step into restart, import, init and resume; the method:
 docs/research/benchmarks.md.
 
-    tools/bench/restart_time.py [--ranks 2] [--trials 3] [--json OUT.json]
+    tools/bench/restart_time.py [--ranks 2] [--trials 3] [--json OUT.jsonl]
 """
 import time
 
@@ -21,6 +21,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
+from bench_results import module_of, write_results  # noqa: E402
+
 PARTS = ("restart", "import", "init", "resume")
 
 
@@ -34,7 +36,6 @@ def worker(args):
     imported = time.time()
     tnt.init()
     initialized = time.time()
-    from bench_results import module_of
     fashion_mnist = module_of("examples", "fashion_mnist")
     DATA_DIR, load_fashion_mnist = fashion_mnist.DATA_DIR, fashion_mnist.load_fashion_mnist
     lenet5_model_generator = module_of("examples", "quick_start").lenet5_model_generator
@@ -107,7 +108,7 @@ def main():
                         help="the step after which the last rank dies (after the backup of "
                              "step save_freq: the resumed fit skips save_freq batches)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per job")
-    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--json", help="write the results file here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -122,21 +123,22 @@ def main():
             shutil.rmtree(directory, ignore_errors=True)
         print(f"trial {t}: " + ", ".join(f"{k} {runs[-1][k]:.2f} s"
                                          for k in PARTS + ("total",)), flush=True)
-    middle = sorted(runs, key=lambda r: r["total"])[(len(runs) - 1) // 2]
-    result = {k: middle[k] for k in PARTS + ("total",)}
-    result["tf_startup"] = middle["import"] + middle["init"]
+    median = sorted(range(len(runs)), key=lambda t: runs[t]["total"])[(len(runs) - 1) // 2]
+    middle = runs[median]
+    tf_startup = middle["import"] + middle["init"]
     print(f"the median of {len(runs)} trials: fault to the first step of the next attempt "
-          f"{result['total']:.2f} s, of which TensorFlow's start-up (import + init) "
-          f"{result['tf_startup']:.2f} s")
+          f"{middle['total']:.2f} s, of which TensorFlow's start-up (import + init) "
+          f"{tf_startup:.2f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": {"ranks": args.ranks, "save_freq": args.save_freq,
-                                  "kill_step": args.kill_step, "trials": args.trials,
-                                  "model": "quick start (LeNet-5, global batch 64)"},
-                       "trials": [{k: r[k] for k in PARTS + ("total",)} for r in runs],
-                       "median": result, "command": runs[0]["command"],
-                       "load_average": os.getloadavg()[0], "cpus": os.cpu_count()},
-                      f, indent=1)
+        write_results(args.json, "reliability_restart", {
+            "config": {"ranks": args.ranks, "save_freq": args.save_freq,
+                       "kill_step": args.kill_step, "trials": args.trials,
+                       "model": "quick start (LeNet-5, global batch 64)",
+                       "command": runs[0]["command"], "load_average": os.getloadavg()[0],
+                       "cpus": os.cpu_count()},
+            "trials": [{"trial": t, **{f"{k}_s": r[k] for k in PARTS + ("total",)}}
+                       for t, r in enumerate(runs)],
+            "median_trial": median, "tf_startup_s": tf_startup})
 
 
 if __name__ == "__main__":

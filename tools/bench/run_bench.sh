@@ -3,40 +3,14 @@
 #
 #   tools/bench/run_bench.sh [--quick] [--out DIR] [--only STAGE[,STAGE...]]
 #
-# Stages, each under its own time limit, each writing JSON into DIR
-# (default bench/results):
-#   collectives  tnt-bench allreduce, broadcast, allgather on 2 and 4 ranks
-#                (4 ranks on fewer cores are marked oversubscribed)
-#   overhead     1 rank: tnt.Model.fit against plain Keras fit (fit_bench.py)
-#   fusion       2 ranks: step time for each fusion threshold (fit_bench.py)
-#   training     Tarantella against other data-parallel frameworks
-#                (train_compare.py, when present)
-#   sim_cluster  a simulated multi-host cluster (tools/research/sim_cluster_bench.py,
-#                when present; as root)
-#   pipeline     pipeline parallelism (pipeline_bench.py): the bubble at 2 and 3
-#                stages, peak memory of GPipe and 1F1B against the number of
-#                micro-batches, capacity under a memory limit, and pipelined
-#                vs data-parallel throughput on the
-#                simulated 2-host cluster at 1 Gbit/s (as root)
-#   data_share   input-bound training at 1, 2 and 4 ranks with each rank
-#                preparing only its share of the data, on and off, beside
-#                plain Keras: a matmul map and a random augmentation
-#                (data_bench.py; --only data is short for it)
-#   scale        libtnt's allreduce on simulated fat-trees of 8 to 1024 hosts
-#                against SMPI's MPI_Allreduce, after a validation against the
-#                measured 2-host runs (tools/research/scale_bench.py; needs
-#                tnt-sim, built when libsimgrid-dev is installed), and training
-#                projected to those clusters (tools/research/project_scale.py)
-#   reliability  2 ranks, the quick start: the step-time cost of
-#                BackupAndRestore(save_freq=50) (backup_cost.py), and the time
-#                from a rank's death to the first step of the restarted job,
-#                TensorFlow's start-up apart (restart_time.py)
-# then tools/bench/report.py writes DIR/summary.md and the plots.
-#
+# Stages (what each runs and writes: docs/research/benchmarks.md): collectives,
+# overhead, fusion, training, sim_cluster (as root), pipeline, data_share
+# (or data), scale (needs tnt-sim), reliability, compression. Each runs under
+# a time limit and writes its results into DIR (default bench/results); then
+# tools/bench/report.py writes DIR/summary.md, DIR/details.md and the plots.
 # A stage that fails or runs out of time is recorded in the summary and the
 # others still run; the exit status is 1 when any stage failed, 0 otherwise.
-# Every command's output is in DIR/logs/<stage>.log, traces (TNT_TIMELINE
-# files) are in DIR/traces/; git ignores both.
+# Every command's output is in DIR/logs/<stage>.log, traces in DIR/traces/.
 #
 # Environment: PYTHON (python3), PREFIX (/usr/local: where tnt-bench is
 # installed), TNT_BENCH (the tnt-bench binary), BUILD (the build tree with
@@ -49,6 +23,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 PREFIX=${PREFIX:-/usr/local}
 TNT_BENCH=${TNT_BENCH:-$PREFIX/bin/tnt-bench}
+LAUNCHER=$PREFIX/bin/tarantella
+[[ -x $LAUNCHER ]] || LAUNCHER=$(command -v tarantella)
 MPIRUN=${MPIRUN:-mpirun}
 if [[ -z ${MPIFLAGS+x} ]]; then
   MPIFLAGS="--oversubscribe --bind-to none"
@@ -70,7 +46,7 @@ while (($#)); do
     --out=*) OUT=${1#--out=} ;;
     --only) ONLY=${2:?--only needs stage names}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set/p' "$0" | sed -n 's/^# \{0,1\}//p'; exit 0 ;;
     *) echo "run_bench.sh: unknown argument '$1'" >&2; usage ;;
   esac
   shift
@@ -81,11 +57,14 @@ STAGES_TSV=$LOGS/stages.tsv
 mkdir -p "$OUT" "$LOGS" || exit 1
 # Results of an earlier run must not pass for this run's: everything goes,
 # or with --only, what the chosen stages write (the rest stays in the report).
-STAGE_NAMES=(collectives overhead fusion training sim_cluster pipeline data_share scale
-             reliability)
-declare -A STAGE_FILES=([collectives]=collectives_ [overhead]=overhead [fusion]=fusion_sweep
-                        [training]=training [sim_cluster]=sim_cluster [pipeline]=pipeline_
-                        [data_share]=data_share [scale]=scale [reliability]=reliability_)
+# The stages and the prefix of the files each writes (report_base.STAGES).
+STAGE_NAMES=()
+declare -A STAGE_FILES=()
+while read -r s p; do
+  STAGE_NAMES+=("$s")
+  STAGE_FILES[$s]=$p
+done < <("$PYTHON" "$ROOT/tools/bench/report.py" --stages)
+((${#STAGE_NAMES[@]})) || { echo "run_bench.sh: $PYTHON tools/bench/report.py --stages failed" >&2; exit 1; }
 # "data" is short for data_share.
 ONLY=$(sed -E 's/(^|,)data(,|$)/\1data_share\2/g' <<<"$ONLY")
 for s in ${ONLY//,/ }; do
@@ -93,15 +72,15 @@ for s in ${ONLY//,/ }; do
     "${STAGE_NAMES[*]})" >&2; exit 2; }
 done
 if [[ -z $ONLY ]]; then
-  rm -f "$OUT"/*.json "$OUT"/*.png "$OUT"/traces/* "$LOGS"/*.log "$STAGES_TSV"
+  rm -f "$OUT"/*.jsonl "$OUT"/*.png "$OUT"/traces/* "$LOGS"/*.log "$STAGES_TSV"
 else
   for s in ${ONLY//,/ }; do
     p=${STAGE_FILES[$s]}
-    rm -f "$OUT/$p"*.json "$OUT/$p"*.png "$OUT/traces/$p"* "$LOGS/$p"*.log
+    rm -f "$OUT/$p"*.jsonl "$OUT/$p"*.png "$OUT/traces/$p"* "$LOGS/$p"*.log
     [[ -f $STAGES_TSV ]] && sed -i "/^$p/d" "$STAGES_TSV"
   done
 fi
-rm -f "$OUT"/summary.md
+rm -f "$OUT"/summary.md "$OUT"/details.md
 [[ -s $STAGES_TSV ]] || printf 'stage\tstatus\trc\tseconds\tlog\n' >"$STAGES_TSV"
 
 # Time limits in seconds: full run, quick run.
@@ -171,12 +150,20 @@ if wanted collectives; then
     not_run collectives "no tnt-bench at $TNT_BENCH (make install)"
   else
     max=$([[ $QUICK == 1 ]] && echo 4M || echo 64M)
+    mkdir -p "$OUT/traces"
     for coll in allreduce broadcast allgather; do
       for np in 2 4; do
-        json=$OUT/collectives_${coll}_${np}ranks.json
+        name=collectives_${coll}_${np}ranks
+        # tnt-bench's own JSON, kept among the traces, becomes a results file.
         # shellcheck disable=SC2086
-        run_stage "collectives_${coll}_${np}ranks" "$(limit 900 240)" "$json" \
-          "$MPIRUN" $MPIFLAGS -np "$np" "$TNT_BENCH" "$coll" --min 4K --max "$max" --json "$json"
+        run_stage "$name" "$(limit 900 240)" "$OUT/traces/$name.json" \
+          "$MPIRUN" $MPIFLAGS -np "$np" "$TNT_BENCH" "$coll" --min 4K --max "$max" \
+          --json "$OUT/traces/$name.json"
+        if [[ -s $OUT/traces/$name.json ]] && ! "$PYTHON" "$ROOT/tools/bench/bench_results.py" \
+          --from-tnt-bench "$OUT/traces/$name.json" "$OUT/$name.jsonl" >>"$LOGS/$name.log" 2>&1; then
+          echo "bench: could not convert $OUT/traces/$name.json (logs/$name.log)"
+          failed=1
+        fi
       done
     done
   fi
@@ -186,11 +173,11 @@ fi
 if wanted overhead; then
   args=()
   [[ $QUICK == 1 ]] && args=(--samples 2048 --trials 3)
-  run_stage overhead "$(limit 1200 400)" "$OUT/overhead.json" \
-    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.json"
-  run_stage overhead_small_cnn "$(limit 1200 400)" "$OUT/overhead_small_cnn.json" \
+  run_stage overhead "$(limit 1200 400)" "$OUT/overhead.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead "${args[@]}" --json "$OUT/overhead.jsonl"
+  run_stage overhead_small_cnn "$(limit 1200 400)" "$OUT/overhead_small_cnn.jsonl" \
     "$PYTHON" "$ROOT/tools/bench/fit_bench.py" overhead --model small_cnn "${args[@]}" \
-    --json "$OUT/overhead_small_cnn.json"
+    --json "$OUT/overhead_small_cnn.jsonl"
 fi
 
 # 3. Fusion threshold sweep on 2 ranks.
@@ -203,7 +190,7 @@ if wanted fusion; then
     args=(--trials 5 --thresholds "0,8,32,128,512,2048,8192")
   fi
   for model in "${models[@]}"; do
-    json=$OUT/fusion_sweep_$model.json
+    json=$OUT/fusion_sweep_$model.jsonl
     # shellcheck disable=SC2086
     run_stage "fusion_sweep_$model" "$(limit 1500 480)" "$json" \
       "$MPIRUN" $MPIFLAGS -np 2 -x TF_CPP_MIN_LOG_LEVEL "$PYTHON" \
@@ -211,80 +198,66 @@ if wanted fusion; then
   done
 fi
 
-# 4 and 5. Stages with scripts of their own (SCRIPT under tools/): run when
-# present.
-optional_stage() {
-  local name=$1 script=$2 full=$3 quick=$4
-  wanted "$name" || return 0
-  if [[ ! -f $ROOT/tools/$script ]]; then
-    not_run "$name" "tools/$script is not there"
-    return 0
-  fi
-  if [[ $name == sim_cluster && $(id -u) -ne 0 ]]; then
-    not_run "$name" "needs root (network namespaces, tc)"
-    return 0
-  fi
-  local args=(--out "$OUT/$name.json")
+# 4. Tarantella against other data-parallel frameworks.
+if wanted training; then
+  args=(--out "$OUT/training.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
-    "$PYTHON" "$ROOT/tools/$script" "${args[@]}"
-}
-optional_stage training bench/train_compare.py 3600 1200
-optional_stage sim_cluster research/sim_cluster_bench.py 3000 900
-# sim_stage NAME FULL QUICK ARGS...: one more run of sim_cluster_bench.py
-# (part of the sim_cluster stage), writing NAME.json, under the time limit
-# FULL (QUICK with --quick); as root only.
+  run_stage training "$(limit 3600 1200)" "$OUT/training.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/train_compare.py" "${args[@]}"
+fi
+
+# 5. The simulated cluster (as root): training, the allreduce alone against
+# MPI_Allreduce, Tarantella against MultiWorkerMirroredStrategy, and
+# compression and the tuned threshold at 1 Gbit/s.
+# sim_stage NAME FULL QUICK ARGS...: sim_cluster_bench.py ARGS, writing
+# NAME.jsonl, under the time limit FULL (QUICK with --quick).
 sim_stage() {
   local name=$1 full=$2 quick=$3
   shift 3
-  wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]] || return 0
-  if [[ $(id -u) -ne 0 ]]; then
-    not_run "$name" "needs root (network namespaces, tc)"
-    return 0
-  fi
-  local args=("$@" --out "$OUT/$name.json")
+  local args=("$@" --out "$OUT/$name.jsonl")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.json" \
+  run_stage "$name" "$(limit "$full" "$quick")" "$OUT/$name.jsonl" \
     "$PYTHON" "$ROOT/tools/research/sim_cluster_bench.py" "${args[@]}"
 }
-# The allreduce alone on the simulated hosts, against MPI_Allreduce.
-if [[ -x $TNT_BENCH || $(id -u) -ne 0 ]]; then
-  sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
-elif wanted sim_cluster && [[ -f $ROOT/tools/research/sim_cluster_bench.py ]]; then
-  not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
+if wanted sim_cluster; then
+  if [[ $(id -u) -ne 0 ]]; then
+    for name in sim_cluster sim_cluster_allreduce sim_cluster_frameworks sim_cluster_compression; do
+      not_run "$name" "needs root (network namespaces, tc)"
+    done
+  else
+    sim_stage sim_cluster 3000 900
+    if [[ -x $TNT_BENCH ]]; then
+      sim_stage sim_cluster_allreduce 1200 400 --allreduce --tnt-bench "$TNT_BENCH"
+    else
+      not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
+    fi
+    sim_stage sim_cluster_frameworks 1200 400 --frameworks
+    sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
+      --models lenet5 --steps 20 --reps 3
+  fi
 fi
-# Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts.
-sim_stage sim_cluster_frameworks 1200 400 --frameworks
-# Gradient compression and the tuned fusion threshold on 2 simulated hosts
-# at 1 Gbit/s: step time and final loss per setting.
-sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
-  --models lenet5 --steps 20 --reps 3
 
 # 6. Pipeline parallelism: three measurements, each a stage of its own.
 if wanted pipeline; then
-  if [[ ! -f $ROOT/tools/bench/pipeline_bench.py ]]; then
-    not_run pipeline "tools/bench/pipeline_bench.py is not there"
-  else
-    args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
-    [[ $QUICK == 1 ]] && args+=(--quick)
-    for part in bubble memory capacity sim_cluster; do
-      if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
-        not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
-        continue
-      fi
-      json=$OUT/pipeline_$part.json
-      run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
-        "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
-    done
-  fi
+  args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  for part in bubble memory capacity sim_cluster; do
+    if [[ $part == sim_cluster && $(id -u) -ne 0 ]]; then
+      not_run pipeline_sim_cluster "needs root (network namespaces, tc)"
+      continue
+    fi
+    json=$OUT/pipeline_$part.jsonl
+    run_stage "pipeline_$part" "$(limit 1200 420)" "$json" \
+      "$PYTHON" "$ROOT/tools/bench/pipeline_bench.py" "$part" "${args[@]}" --json "$json"
+  done
 fi
 
 # 7. Each rank prepares only its share of the input data.
 if wanted data_share; then
   args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
   [[ $QUICK == 1 ]] && args+=(--quick)
-  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.json" \
-    "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.json"
+  run_stage data_share "$(limit 1800 420)" "$OUT/data_share.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.jsonl"
 fi
 
 # 8. At scale: libtnt's allreduce on simulated fat-trees (SimGrid), first
@@ -295,11 +268,15 @@ if wanted scale; then
   if [[ ! -f $sim_so ]] || ! command -v smpirun >/dev/null; then
     not_run scale "no tnt-sim (build with libsimgrid-dev installed)"
   else
-    measured=$OUT/sim_cluster_allreduce.json
-    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.json
-    run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.json" \
-      "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" --measured "$measured" \
-      --out "$OUT/scale_validation.json"
+    measured=$OUT/sim_cluster_allreduce.jsonl
+    [[ -f $measured ]] || measured=$ROOT/bench/results/sim_cluster_allreduce.jsonl
+    if [[ -f $measured ]]; then
+      run_stage scale_validation "$(limit 600 300)" "$OUT/scale_validation.jsonl" \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --validate --build "$build" \
+        --measured "$measured" --out "$OUT/scale_validation.jsonl"
+    else
+      not_run scale_validation "no sim_cluster_allreduce.jsonl: run the sim_cluster stage first (as root)"
+    fi
     # SMPI's selectors up to what they simulate here in about half an hour
     # (their temporary buffers are real memory: 64 x 8 ranks stop at 16 or
     # 32 MiB, 256 and 1024 hosts at 16 and 4 MiB), libtnt alone up to
@@ -318,45 +295,72 @@ if wanted scale; then
              "--impls tnt --hosts 64 --per-host 1 --gbit 10,100,400 --max 256M"
              "--impls tnt --hosts 256,1024 --per-host 1 --gbit 100 --max 256M")
     fi
-    rm -f "$OUT/scale.json"
+    rm -f "$OUT/scale.jsonl"
     for i in "${!parts[@]}"; do
       part=${parts[$i]}
       # shellcheck disable=SC2086  # part is a list of options
-      run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.json" \
+      run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.jsonl" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --build "$build" $part \
-        --run-timeout 1800 --append --out "$OUT/scale.json"
+        --run-timeout 1800 --append --out "$OUT/scale.jsonl"
     done
-    run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.json" \
+    # Each algorithm forced: where recursive doubling, Rabenseifner's and the
+    # ring cross (docs/research/scale-study.md).
+    if [[ $QUICK == 1 ]]; then
+      parts=("--hosts 8 --gbit 100 --algos rd,rabenseifner --min 8K --max 128K")
+    else
+      parts=("--hosts 8,64 --gbit 10,100,400 --algos rd,rabenseifner --min 8K --max 128K"
+             "--hosts 256,1024 --gbit 100 --algos rd,rabenseifner --min 8K --max 128K"
+             "--hosts 8 --gbit 10,100,400 --algos rd,rabenseifner,ring --min 8K --max 64M")
+    fi
+    rm -f "$OUT/scale_forced.jsonl"
+    for i in "${!parts[@]}"; do
+      # shellcheck disable=SC2086  # parts[i] is a list of options
+      run_stage "scale_forced_$((i + 1))" "$(limit 3600 600)" "$OUT/scale_forced.jsonl" \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --impls tnt --per-host 1 \
+        --build "$build" ${parts[$i]} --run-timeout 1800 --append --out "$OUT/scale_forced.jsonl"
+    done
+    run_stage scale_check "$(limit 3600 900)" "$OUT/scale_check.jsonl" \
       "$PYTHON" "$ROOT/tools/research/scale_bench.py" --check --build "$build" \
       $([[ $QUICK == 1 ]] && echo "--layouts 64x1,100x1") --run-timeout 1800 \
-      --out "$OUT/scale_check.json"
+      --out "$OUT/scale_check.jsonl"
     # Training projected from measured timelines and those allreduces.
-    steps=$OUT/sim_cluster.json
-    [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.json
-    run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.json" \
-      "$PYTHON" "$ROOT/tools/research/project_scale.py" --measure --out "$OUT/scale_timelines.json"
-    run_stage scale_projection 60 "$OUT/scale_projection.json" \
+    steps=$OUT/sim_cluster.jsonl
+    [[ -f $steps ]] || steps=$ROOT/bench/results/sim_cluster.jsonl
+    run_stage scale_timelines "$(limit 1200 600)" "$OUT/scale_timelines.jsonl" \
+      "$PYTHON" "$ROOT/tools/research/project_scale.py" --measure --out "$OUT/scale_timelines.jsonl"
+    run_stage scale_projection 60 "$OUT/scale_projection.jsonl" \
       "$PYTHON" "$ROOT/tools/research/project_scale.py" --project \
-      --timelines "$OUT/scale_timelines.json" --scale "$OUT/scale.json" \
-      --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.json"
+      --timelines "$OUT/scale_timelines.jsonl" --scale "$OUT/scale.jsonl" \
+      --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.jsonl"
   fi
 fi
 
 # 9. Reliability: what backups cost, and how long a restart takes.
 if wanted reliability; then
-  launcher=$PREFIX/bin/tarantella
-  [[ -x $launcher ]] || launcher=$(command -v tarantella)
-  if [[ -z $launcher ]]; then
+  if [[ -z $LAUNCHER ]]; then
     not_run reliability "no tarantella launcher (make install)"
   else
     args=(--rounds 4 --steps 200)
     [[ $QUICK == 1 ]] && args=(--rounds 2 --steps 100)
-    run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.json" \
-      "$launcher" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
-      --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.json"
-    run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.json" \
-      env PATH="$(dirname "$launcher"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
-      --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.json"
+    run_stage reliability_backup "$(limit 900 400)" "$OUT/reliability_backup.jsonl" \
+      "$LAUNCHER" --no-gpu -n 2 -- "$PYTHON" "$ROOT/tools/bench/backup_cost.py" \
+      --save-freq 50 "${args[@]}" --json "$OUT/reliability_backup.jsonl"
+    run_stage reliability_restart "$(limit 900 400)" "$OUT/reliability_restart.jsonl" \
+      env PATH="$(dirname "$LAUNCHER"):$PATH" "$PYTHON" "$ROOT/tools/bench/restart_time.py" \
+      --ranks 2 --trials "$((QUICK ? 1 : 3))" --json "$OUT/reliability_restart.jsonl"
+  fi
+fi
+
+# 10. What gradient compression does to accuracy.
+if wanted compression; then
+  if [[ -z $LAUNCHER ]]; then
+    not_run compression_accuracy "no tarantella launcher (make install)"
+  else
+    args=(--epochs 2 --samples 30000)
+    [[ $QUICK == 1 ]] && args=(--epochs 1 --samples 6000)
+    run_stage compression_accuracy "$(limit 2400 900)" "$OUT/compression_accuracy.jsonl" \
+      env PATH="$(dirname "$LAUNCHER"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
+      "${args[@]}" --out "$OUT/compression_accuracy.jsonl"
   fi
 fi
 

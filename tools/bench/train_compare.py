@@ -6,12 +6,9 @@ runs interleaved across frameworks; every run checks that its ranks end
 with the same weights. `--baselines` adds serial Keras 3 and tf-keras runs.
 The method: docs/research/benchmarks.md.
 
-    python3 tools/bench/train_compare.py --out bench/results/train_compare.json
+    python3 tools/bench/train_compare.py --out bench/results/training.jsonl
     python3 tools/bench/train_compare.py --quick           # 2 ranks only, fewer steps
     python3 tools/bench/train_compare.py --models lenet5 --ranks 2 --frameworks tarantella,mwms
-
-The last lines print, per model, the 2-rank throughput ratios
-Tarantella / MWMS and Tarantella / Horovod.
 """
 import argparse
 import concurrent.futures
@@ -29,7 +26,7 @@ import tempfile
 import time
 
 import bench_models
-from bench_results import write_json
+from bench_results import write_results
 
 SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -50,10 +47,6 @@ HOROVOD_BUILD_NOTE = (
     "with xla_mpi_ops.cc (XLA ops, unused here) left out of horovod/tensorflow/CMakeLists.txt, "
     "HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1, pip install "
     "--no-build-isolation --no-deps")
-
-# 2-rank targets of the throughput ratio Tarantella / other.
-TARGETS = {"mwms": 1.3, "horovod": 1.0}
-
 
 # ====================================================================== worker
 # One process of one framework's run. Imports TensorFlow, so the driver
@@ -564,14 +557,10 @@ class Driver:
             self.errors[f["framework"]] = (self.errors[f["framework"]] + "; " + msg
                                            if f["framework"] in self.errors else msg)
 
-        doc = {"config": self.config(models, ranks, time.monotonic() - started),
-               "results": results, "baselines": baselines, "errors": self.errors,
-               "failures": failures}
-        if a.out:
-            write_json(a.out, doc)
-        print_table(doc)
-        if a.out:
-            print(f"wrote {a.out}")
+        config = self.config(models, ranks, time.monotonic() - started)
+        doc = {"config": dict(config, errors=self.errors, failures=failures),
+               "results": results, "baselines": baselines}
+        write_results(a.out, "training", doc)
         if not a.keep_logs:
             shutil.rmtree(self.tmp, ignore_errors=True)
         else:
@@ -588,17 +577,8 @@ class Driver:
             "timed_steps": {m: a.steps or STEPS[m][2 if a.quick else 1] for m in models},
             "intra_op_threads": {str(n): _threads(self.cores, n) for n in ranks},
             "inter_op_threads": 1,
-            "threads_note": "every process of every framework: intra-op threads = "
-                            "max(1, cores // N), inter-op threads = 1, set with "
-                            "tf.config.threading before anything runs; OMP_NUM_THREADS = "
-                            "intra-op threads",
             "jit_compile": False,
             "optimizer": "SGD(learning_rate=0.01, momentum=0.9)",
-            "loss_metrics": "sparse_categorical_crossentropy, accuracy",
-            "scaling": "weak: per-rank batch fixed, global batch = per_rank_batch * N; "
-                       "samples_per_s = global_batch * timed_steps / timed wall time (rank 0, "
-                       "after the warm-up steps); efficiency E(N) = X_N / (N * X_1) with X "
-                       "the framework's samples_per_s; all ranks share this host's cores",
             "mwms_keras": self.keras_for["mwms"],
             "horovod_keras": (self.keras_for["horovod"] if "horovod" in self.frameworks
                               else None),
@@ -611,50 +591,6 @@ class Driver:
             "wall_s": round(seconds, 1),
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         }
-
-
-def print_table(doc):
-    results = doc["results"]
-    cfg = doc["config"]
-    print()
-    print(f"per-rank batch {cfg['per_rank_batch']} (global batch {cfg['per_rank_batch']} x N), "
-          "jit_compile=False, every process: intra-op threads max(1, cores // N), inter-op 1")
-    print("samples/s and ms/step over the timed section; 'median' from the median step; "
-          "E(N) = X_N / (N X_1)")
-    print(f"{'model':12s} {'ranks':>5s}  {'framework':18s} {'samples/s':>10s} {'ms/step':>9s} "
-          f"{'median':>9s} {'E(N)':>6s}  load")
-    rows = sorted(results, key=lambda r: (MODELS.index(r["model"]), r["ranks"],
-                                          FRAMEWORKS.index(r["framework"])))
-    rows += [dict(r, framework="serial " + r["keras"]) for r in doc.get("baselines", [])]
-    for r in rows:
-        eff = "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}"
-        over = "  oversubscribed" if r["oversubscribed"] else ""
-        print(f"{r['model']:12s} {r['ranks']:5d}  {r['framework']:18s} "
-              f"{r['samples_per_s']:10.1f} {r['step_ms']:9.2f} {r['median_step_ms']:9.2f} "
-              f"{eff:>6s}  {r['loadavg_before']:4.1f}{over}")
-    for key, what in (("samples_per_s", "timed section"),
-                      ("median_samples_per_s", "median step")):
-        by = {(r["model"], r["framework"], r["ranks"]): r[key] for r in results}
-        print()
-        print(f"2 ranks, throughput ratio ({what}); targets: tarantella/mwms >= "
-              f"{TARGETS['mwms']}, tarantella/horovod >= {TARGETS['horovod']}")
-        for model in MODELS:
-            tnt = by.get((model, "tarantella", 2))
-            if tnt is None:
-                continue
-            parts = []
-            for other, target in TARGETS.items():
-                x = by.get((model, other, 2))
-                if x is None:
-                    parts.append(f"tarantella/{other}  n/a")
-                else:
-                    mark = "ok" if tnt / x >= target else "below target"
-                    parts.append(f"tarantella/{other} {tnt / x:5.2f} ({mark})")
-            print(f"  {model:12s} " + "   ".join(parts))
-    print()
-    print(f"mwms ran with {cfg['mwms_keras']}, horovod with {cfg['horovod_keras']}")
-    for fw, msg in doc["errors"].items():
-        print(f"error, {fw}: {msg}")
 
 
 def main():
@@ -673,7 +609,7 @@ def main():
         worker(w.parse_args(sys.argv[2:]))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--out", metavar="PATH", help="write the results file to PATH")
     p.add_argument("--quick", action="store_true", help="2 ranks only, fewer timed steps")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
@@ -685,7 +621,7 @@ def main():
                    help="Keras of the MWMS runs (auto: Keras 3 if a probe trains, else tf-keras)")
     p.add_argument("--baselines", action="store_true",
                    help="also time serial Keras 3 and tf-keras (1 process) for every model")
-    p.add_argument("--horovod-note", help="why Horovod is missing, for the JSON")
+    p.add_argument("--horovod-note", help="why Horovod is missing, for the results")
     p.add_argument("--keep-logs", action="store_true", help="keep every run's logs")
     args = p.parse_args()
     if args.ranks is None:

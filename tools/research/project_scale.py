@@ -9,12 +9,11 @@ allreduce times of scale.json), data-parallel and hybrid with pipeline
 stages, with a check against the measured 2-host runs. The model and what
 it leaves out: docs/research/benchmarks.md.
 
-    python3 tools/research/project_scale.py --measure --out bench/results/scale_timelines.json
-    python3 tools/research/project_scale.py --project --out bench/results/scale_projection.json
+    python3 tools/research/project_scale.py --measure --out bench/results/scale_timelines.jsonl
+    python3 tools/research/project_scale.py --project --out bench/results/scale_projection.jsonl
 """
 import argparse
 import glob
-import json
 import math
 import os
 import shutil
@@ -27,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
+sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+from bench_results import read_results, write_results  # noqa: E402
 from step_timeline import load_trace, spans, union_ms  # noqa: E402
 
 MODELS = ("lenet5", "resnet", "transformer")
@@ -200,20 +201,35 @@ def check_two_hosts(profiles, measured, measured_allreduce):
     return rows
 
 
+def timeline_document(out):
+    """The results file of --measure: a row per model, a row per bucket."""
+    return {"config": out["config"],
+            "models": [{"model": m, **{k: v for k, v in p.items() if k != "buckets"}}
+                       for m, p in out["models"].items()],
+            "buckets": [{"model": m, "bucket": i, **b} for m, p in out["models"].items()
+                        for i, b in enumerate(p["buckets"])]}
+
+
+def profiles_of(timelines):
+    """{model: its profile} from the results file of --measure."""
+    return {r["model"]: dict({k: v for k, v in r.items() if k != "model"},
+                             buckets=[{"ready_ms": b["ready_ms"], "bytes": b["bytes"]}
+                                      for b in timelines["buckets"] if b["model"] == r["model"]])
+            for r in timelines["models"]}
+
+
 def project(args):
-    with open(args.timelines) as f:
-        timelines = json.load(f)
-    with open(args.scale) as f:
-        by_hosts = curves(json.load(f))
+    timelines = profiles_of(read_results(args.timelines))
+    by_hosts = curves(read_results(args.scale))
     measured, allreduce = {}, None
     if os.path.exists(args.measured_steps) and os.path.exists(args.measured_allreduce):
-        with open(args.measured_steps) as f, open(args.measured_allreduce) as g:
-            measured, allreduce = two_host_rows(json.load(f)), json.load(g)
+        measured = two_host_rows(read_results(args.measured_steps))
+        allreduce = read_results(args.measured_allreduce)
     # The timelines were taken on a machine busy with other work: their
     # shape is kept, their length is that of the measured 2-host run's
     # compute where there is one.
     profiles = {m: scaled(p, measured[m]["compute_ms"]) if m in measured else p
-                for m, p in timelines["models"].items()}
+                for m, p in timelines.items()}
     rows = []
     for model, measured_prof in profiles.items():
         for speedup in SPEEDUPS:
@@ -236,10 +252,7 @@ def project(args):
     config = {"timelines": os.path.relpath(args.timelines, ROOT),
               "allreduce": os.path.relpath(args.scale, ROOT) + ": libtnt's choice, 1 rank per "
               f"host, {GBIT:g} Gbit/s", "micro_batches": MICRO_BATCHES,
-              "compute_ms": {m: round(p["compute_ms"], 3) for m, p in profiles.items()},
-              "compute_from": "the measured 2-host runs' compute_ms (sim_cluster.json, "
-              f"{CHECK_LINK}, defaults) where there is one, else the timeline's",
-              "E": "compute_ms / step_ms (data-parallel), compute_ms / (K step_ms) (hybrid)"}
+              "compute_ms": {m: round(p["compute_ms"], 3) for m, p in profiles.items()}}
     return {"config": config, "results": rows, "check_2_hosts": check}
 
 
@@ -252,16 +265,17 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--skip", type=int, default=10, help="first steps of a trace left out")
     p.add_argument("--timeout", type=int, default=600)
-    p.add_argument("--timelines", default=os.path.join(RESULTS, "scale_timelines.json"))
-    p.add_argument("--scale", default=os.path.join(RESULTS, "scale.json"))
-    p.add_argument("--measured-steps", default=os.path.join(RESULTS, "sim_cluster.json"))
+    p.add_argument("--timelines", default=os.path.join(RESULTS, "scale_timelines.jsonl"))
+    p.add_argument("--scale", default=os.path.join(RESULTS, "scale.jsonl"))
+    p.add_argument("--measured-steps", default=os.path.join(RESULTS, "sim_cluster.jsonl"))
     p.add_argument("--measured-allreduce",
-                   default=os.path.join(RESULTS, "sim_cluster_allreduce.json"))
+                   default=os.path.join(RESULTS, "sim_cluster_allreduce.jsonl"))
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    doc = measure(args) if args.measure else project(args)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    if args.measure:
+        write_results(args.out, "scale_timelines", timeline_document(measure(args)))
+    else:
+        write_results(args.out, "scale_projection", project(args))
     return 0
 
 

@@ -1,16 +1,17 @@
 """The "At scale (simulated)" section of the benchmark report (report.py):
-scale_validation.json and scale.json of tools/research/scale_bench.py, and the
-plot scale_allreduce.png."""
+scale_validation.jsonl, scale.jsonl and scale_check.jsonl of
+tools/research/scale_bench.py, scale_projection.jsonl of project_scale.py, and
+the plots scale_allreduce.png and scale_projection.png."""
 import math
 import os
 
-from report_base import (TARGETS, Target, bw, bytes_str, config_lines, image, limit, load_json,
-                         meets, table)
+from report_base import (TARGETS, Target, bw, bytes_str, config_lines, detail, image, limit,
+                         load_results, meets, missing_note, not_run_line, table)
 from report_plots import save
 
 
 def layout(r):
-    return f"{r['hosts']}x{r.get('per_host', r.get('ranks_per_host'))}"
+    return f"{r['hosts']}x{r['per_host']}"
 
 
 def link_share(r):
@@ -20,13 +21,13 @@ def link_share(r):
     return algbw * 2 * (h - 1) / h / (r["gbit"] * 1e9 / 8)
 
 
-def validation_part(d, targets):
+def validation_part(d, note, targets):
     out = ["### Validation: simulated hosts against the measured ones", ""]
     if d is None:
         targets.append(Target("at scale: validation, simulated / measured busbw at >= "
                                 "256 KiB", f"within {limit('scale_validation'):.0%}",
-                                note="not run"))
-        return out + ["Not run.", ""]
+                                note=note))
+        return out + [not_run_line([note]), ""]
     res, cfg = d["results"], d["config"]
     links = TARGETS["scale_validation"]["links"]
     measured = cfg["measured"] if isinstance(cfg["measured"], list) else [cfg["measured"]]
@@ -101,21 +102,23 @@ def plot(plt, results, res):
     save(fig, results, "scale_allreduce.png")
 
 
-def scale_part(d, plt, results, targets):
+def scale_part(d, note, plt, results, targets):
     out = ["### busbw against SMPI's MPI_Allreduce on fat-trees", ""]
     if d is None:
         for name, req in (("libtnt busbw / the better SMPI MPI_Allreduce, every size",
                            f">= {limit('scale_mpi'):.1f}x"),
                           ("link share at >= 64 MiB", f">= {limit('scale_link'):.2f}")):
-            targets.append(Target(f"at scale: {name}", req, note="not run"))
-        return out + ["Not run.", ""]
+            targets.append(Target(f"at scale: {name}", req, note=note))
+        return out + [not_run_line([note]), ""]
     res, cfg = d["results"], d["config"]
-    out += config_lines(cfg)
+    out += config_lines(cfg, "scale.jsonl")
     runs = [[f"{r['hosts']}x{r['per_host']}", f"{r['gbit']:g}", r["impl"], r["sizes"],
              f"{r['wall_s']:.0f}", r["error"] or ""] for r in d["runs"]]
-    out.append("Wall time of each simulation (the machine's 2 cores, shared):")
-    out.append("")
-    out.append(table(["layout", "Gbit/s", "run", "sizes", "wall s", "problem"], runs))
+    detail("scale.json: wall time of each simulation (the machine's 2 cores, shared)",
+           [table(["layout", "Gbit/s", "run", "sizes", "wall s", "problem"], runs)])
+    problems = [r for r in d["runs"] if r["error"]]
+    out.append(f"{len(d['runs'])} simulations, {len(problems)} stopped early or failed "
+               "(their wall times: `details.md`).")
     out.append("")
     for key in sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res}):
         mine = [r for r in res if (r["hosts"], r["per_host"], r["gbit"]) == key]
@@ -159,10 +162,10 @@ def scale_part(d, plt, results, targets):
         rows.append([layout(r), f"{r['gbit']:g}", bytes_str(r["bytes"]), r["impl"],
                      r["choice"], r["algorithm"], f"{r['us']:.1f}", bw(r["busbw"]),
                      f"{link_share(r):.2f}"])
-    out += ["<details><summary>every simulated allreduce</summary>", ""]
-    out.append(table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
-                        "busbw GB/s", "link share"], rows))
-    out += ["", "</details>", ""]
+    detail("scale.json: every simulated allreduce",
+           [table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
+                   "busbw GB/s", "link share"], rows)])
+    out += [f"Every one of the {len(rows)} simulated allreduces: `details.md`.", ""]
     return out
 
 
@@ -187,15 +190,15 @@ def plot_projection(plt, results, res):
     save(fig, results, "scale_projection.png")
 
 
-def projection_part(d, plt, results, targets):
+def projection_part(d, note, plt, results, targets):
     out = ["### Training at scale, projected", ""]
     hosts = TARGETS["scale_projection"]["hosts"]
     name = f"at scale: projected E({hosts}), ResNet, 100 Gbit/s"
     if d is None:
-        targets.append(Target(name, f">= {limit('scale_projection'):.1f}", note="not run"))
-        return out + ["Not run.", ""]
+        targets.append(Target(name, f">= {limit('scale_projection'):.1f}", note=note))
+        return out + [not_run_line([note]), ""]
     res = d["results"]
-    out += config_lines(d["config"])
+    out += config_lines(d["config"], "scale_projection.jsonl")
     out.append("Step time from each model's measured timeline (when each fusion bucket is "
                "submitted) and libtnt's simulated allreduce of each bucket on N hosts "
                "(`tools/research/project_scale.py`); E(N) = compute / step at the same samples "
@@ -244,12 +247,12 @@ def projection_part(d, plt, results, targets):
     return out
 
 
-def check_part(d, targets):
+def check_part(d, note, targets):
     out = ["### Correctness at scale", ""]
     name = "at scale: simulated allreduce = the serial sum in its documented order"
     if d is None:
-        targets.append(Target(name, "every layout", note="not run"))
-        return out + ["Not run.", ""]
+        targets.append(Target(name, "every layout", note=note))
+        return out + [not_run_line([note]), ""]
     res = d["results"]
     out.append("`tnt-sim --check` on each layout (`scale_bench.py --check`): exact sums checked "
                "on every rank, non-integer sums bit for bit against the serial sum in the order "
@@ -275,12 +278,12 @@ def section(results, stages, plt, targets):
            "tools/research/scale_bench.py; docs/research/scale-study.md)."
            " busbw = bytes / time * 2(n-1)/n over n ranks; link share = algbw * 2(H-1)/H "
            "over H hosts / link rate.", ""]
-    val, _ = load_json(os.path.join(results, "scale_validation.json"))
-    out += validation_part(val, targets)
-    sc, _ = load_json(os.path.join(results, "scale.json"))
-    out += scale_part(sc, plt, results, targets)
-    ck, _ = load_json(os.path.join(results, "scale_check.json"))
-    out += check_part(ck, targets)
-    pr, _ = load_json(os.path.join(results, "scale_projection.json"))
-    out += projection_part(pr, plt, results, targets)
+
+    def load(fname):
+        d, why = load_results(os.path.join(results, fname))
+        return d, missing_note(stages, why, fname, fname.removesuffix(".jsonl"), "scale")
+    out += validation_part(*load("scale_validation.jsonl"), targets)
+    out += scale_part(*load("scale.jsonl"), plt, results, targets)
+    out += check_part(*load("scale_check.jsonl"), targets)
+    out += projection_part(*load("scale_projection.jsonl"), plt, results, targets)
     return out

@@ -1,32 +1,32 @@
 """The report's sections on sim_cluster_bench.py: training on the simulated
 cluster, the allreduce across simulated hosts, against MWMS, and gradient
-compression (sim_cluster*.json, compression_accuracy.json).
+compression (sim_cluster*.jsonl, compression_accuracy.jsonl).
 """
 
 from report_base import (TARGETS, Target, bytes_str, f2, image, limit, meets, open_section,
                          problem_lines, short_by, table, timeline_link)
-from report_plots import model_of, overlap_of, plot_sim, plot_sim_allreduce, sim_defaults
+from report_plots import plot_sim, plot_sim_allreduce, sim_defaults
 
 
 def on_off(v):
-    return ("on" if v else "off") if isinstance(v, bool) else str(v)
+    return "on" if v else "off"
 
 
 def layout_of(r):
     """A simulated-cluster row's layout: "2" (hosts of one rank), "2x2"."""
-    per_host = r.get("ranks_per_host", 1)
+    per_host = r["ranks_per_host"]
     return str(r["hosts"]) if per_host == 1 else f"{r['hosts']}x{per_host}"
 
 
 def hosts_text(r):
-    per_host = r.get("ranks_per_host", 1)
+    per_host = r["ranks_per_host"]
     return f"{r['hosts']} hosts" + (f" x {per_host} ranks" if per_host > 1 else "")
 
 
 def sim_section(results, stages, plt, targets):
     name = "Simulated cluster with the defaults: step time / bound (worst link)"
     req = f"<= {limit('sim_bound'):.2f}"
-    out, d = open_section(results, stages, targets, "sim_cluster.json", ["sim_cluster"],
+    out, d = open_section(results, stages, targets, "sim_cluster.jsonl", ["sim_cluster"],
                           "## 5. Simulated cluster", [(name, req)])
     if d is None:
         return out
@@ -37,14 +37,14 @@ def sim_section(results, stages, plt, targets):
     lapped = sim_defaults(res)
     if not lapped:
         targets.append(Target(name, req, note="no run of the defaults"))
-    models = list(dict.fromkeys(model_of(r) for r in res))
+    models = list(dict.fromkeys(r["model"] for r in res))
     layouts = sorted({layout_of(r) for r in lapped}, key=lambda k: (len(k), k))
     for layout, model in [(lay, m) for lay in layouts for m in models]:
-        mine = [r for r in lapped if layout_of(r) == layout and model_of(r) == model]
+        mine = [r for r in lapped if layout_of(r) == layout and r["model"] == model]
         if not mine:
             continue
         worst = max(mine, key=lambda r: r["ratio_to_bound"])
-        dflt = f"fusion on, overlap {overlap_of(worst)}"
+        dflt = f"fusion on, overlap {worst['overlap']}"
         t = Target(f"Simulated cluster with the defaults, {model}, {hosts_text(worst)}"
                    + (" (oversubscribed)" if over.get(layout) else "")
                    + f": step time / bound ({dflt}), worst link",
@@ -67,7 +67,7 @@ def sim_section(results, stages, plt, targets):
         # The defaults against the fastest other setting.
         slower = []
         for r in mine:
-            others = [o["step_ms"] for o in res if (layout_of(o), o["link"], model_of(o)) ==
+            others = [o["step_ms"] for o in res if (layout_of(o), o["link"], o["model"]) ==
                       (layout, r["link"], model) and o not in lapped]
             if others:
                 slower.append((r["step_ms"] / min(others), r["link"]))
@@ -81,7 +81,7 @@ def sim_section(results, stages, plt, targets):
     for r in d.get("weak_scaling") or []:
         e2 = r.get("e2_busy")
         judged = any(link in r["link"] for link in TARGETS["sim_e2"]["links"])
-        t = Target(f"Weak scaling E(2), {model_of(r)}, 2 simulated hosts ({r['link']}): one rank "
+        t = Target(f"Weak scaling E(2), {r['model']}, 2 simulated hosts ({r['link']}): one rank "
                    "beside another / 2-host step",
                    f">= {limit('sim_e2'):.2f}" if judged else "(for information)", f2(e2),
                    (e2 is not None and meets("sim_e2", e2)) if judged else None,
@@ -95,8 +95,8 @@ def sim_section(results, stages, plt, targets):
         out += [image("sim_cluster_breakdown.png", results), "",
                 image("sim_cluster_step_vs_bound.png", results), ""]
     rows = [[f"{layout_of(r)}{' *' if over.get(layout_of(r)) else ''}", r["link"],
-             model_of(r), on_off(r["fusion"]),
-             overlap_of(r),
+             r["model"], on_off(r["fusion"]),
+             r["overlap"],
              f2(r["step_ms"]), f2(r["compute_ms"]), f2(r["comm_ms"]), f2(r["wait_ms"]),
              f2(r["bound_ms"]), f"{r['ratio_to_bound']:.3f}", f2(r.get("ready_ms")),
              f2(r.get("reach_ms")), f2(r.get("ratio_to_reach"), 3),
@@ -104,16 +104,12 @@ def sim_section(results, stages, plt, targets):
     out.append(table(["hosts", "link", "model", "fusion", "overlap", "step ms", "compute ms",
                       "comm ms", "wait ms", "bound ms", "step / bound", "largest ready ms",
                       "reach ms", "step / reach", "gradients"], rows))
-    out += ["", "Bound: max(compute, the transfer of every gradient at the link rate). Reach: "
-            "max(compute, when the largest gradient is ready on the last rank + its transfer): "
-            "backprop gives a gradient only after the forward pass, so no exact step ends "
-            "before that gradient has crossed the link; the bound assumes it could cross "
-            "during the forward. Weak scaling E(2): one rank's step on the 2-host run's per-rank "
-            "batch (while a second one-rank job computes beside it, as the simulated hosts "
-            "share this machine's cores; alone in the note) over the 2-host step."]
+    out += ["", "Bound: max(compute, every gradient's transfer at the link rate); reach: "
+            "max(compute, the largest gradient ready on the last rank + its transfer). "
+            "The method: docs/research/simulated-cluster.md."]
     if any(over.values()):
         out += ["", "\\* oversubscribed: more ranks (on all simulated hosts) than cores."]
-    tl = d.get("timeline_example")
+    tl = cfg.get("timeline_example")
     if tl:
         out += ["", f"Timeline example: {timeline_link(results, tl)}."]
     out.append("")
@@ -126,7 +122,7 @@ def sim_allreduce_section(results, stages, plt, targets):
               f">= {limit('sim_allreduce_mpi'):.1f}"),
              (f"Allreduce across simulated hosts: share of the link at >= "
               f"{bytes_str(link_bytes)}", f">= {limit('sim_allreduce_link'):.2f}")]
-    out, d = open_section(results, stages, targets, "sim_cluster_allreduce.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_allreduce.jsonl",
                           ["sim_cluster_allreduce"], "## 5b. Allreduce across simulated hosts",
                           names)
     if d is None:
@@ -151,23 +147,19 @@ def sim_allreduce_section(results, stages, plt, targets):
         t = Target(f"{names[1][0]} ({label})", names[1][1], f"{low['link_share']:.2f}",
                    meets("sim_allreduce_link", low["link_share"]), family="sim_allreduce")
         t.note = f"lowest at {bytes_str(low['bytes'])}"
-        if low.get("tcp_share") is not None:
-            t.note += (f"; {low['tcp_share']:.2f} of what TCP alone carries there "
-                       f"({cfg['tcp_gbit'][f'{hosts}x{per_host}_{link}']:g} Gbit/s)")
+        t.note += (f"; {low['tcp_share']:.2f} of what TCP alone carries there "
+                   f"({cfg['tcp_gbit'][f'{hosts}x{per_host}_{link}']:g} Gbit/s)")
         targets.append(t)
     if plt is not None and res:
         plot_sim_allreduce(plt, results, res)
         out += [image("sim_cluster_allreduce.png", results), ""]
-    out.append("`tnt-bench allreduce` (float32 sum, libtnt's choice of algorithm) and "
-               "MPI_Allreduce in the same run, on simulated hosts (network namespaces, links "
-               "shaped with tc). busbw = algbw * 2(n-1)/n over n ranks; link share = algbw * "
-               "2(H-1)/H over H hosts / link rate: what each host must send, per second, of "
-               "what its link carries; TCP share = the same over what one TCP stream each "
-               "way carries on that link (measured in the same run).")
+    out.append("`tnt-bench allreduce` against MPI_Allreduce in the same run on simulated "
+               "hosts; link share = algbw * 2(H-1)/H / link rate, TCP share = the same over "
+               "what one TCP stream each way carries there (docs/research/communication.md).")
     out.append("")
     rows = [[f"{r['hosts']}x{r['ranks_per_host']}", r["link"], bytes_str(r["bytes"]),
              r["algorithm"], f"{r['tnt_busbw']:.3f}", f"{r['mpi_busbw']:.3f}",
-             f"{r['ratio']:.2f}", f"{r['link_share']:.2f}", f2(r.get("tcp_share"))]
+             f"{r['ratio']:.2f}", f"{r['link_share']:.2f}", f"{r['tcp_share']:.2f}"]
             for r in res]
     out.append(table(["layout", "link", "bytes", "algorithm", "tnt busbw GB/s",
                       "MPI busbw GB/s", "tnt / MPI", "link share", "TCP share"], rows))
@@ -181,7 +173,7 @@ def sim_frameworks_section(results, stages, targets):
     (sim_cluster_bench.py --frameworks)."""
     name = "Throughput vs MWMS, 2 simulated hosts"
     req = f">= {limit('sim_mwms'):.1f}x"
-    out, d = open_section(results, stages, targets, "sim_cluster_frameworks.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_frameworks.jsonl",
                           ["sim_cluster_frameworks"],
                           "## 5c. Against MultiWorkerMirroredStrategy on simulated hosts",
                           [(name, req)])
@@ -212,7 +204,7 @@ def compression_section(results, stages, targets):
     """Gradient compression and the tuned fusion threshold on the simulated
     hosts (sim_cluster_bench.py --variants), and compression's effect on
     accuracy (compression_accuracy.py)."""
-    out, d = open_section(results, stages, targets, "sim_cluster_compression.json",
+    out, d = open_section(results, stages, targets, "sim_cluster_compression.jsonl",
                           ["sim_cluster_compression"],
                           "## 8. Gradient compression and the tuned fusion threshold",
                           show_config=False)
@@ -238,7 +230,7 @@ def compression_section(results, stages, targets):
         out.append(table(["hosts", "link", "setting", "step ms", "step / none", "wait ms",
                           "comm ms", "bound ms", "bytes sent", "final loss"], rows))
         out.append("")
-    more, d = open_section(results, stages, targets, "compression_accuracy.json",
+    more, d = open_section(results, stages, targets, "compression_accuracy.jsonl",
                            ["compression_accuracy"], label="Accuracy (compression_accuracy.py): ",
                            show_config=False)
     out += more
@@ -249,8 +241,10 @@ def compression_section(results, stages, targets):
                f"{cfg.get('ranks')} ranks, global batch {cfg.get('global_batch')}, "
                f"{cfg.get('epochs')} epochs (test accuracy on the 10000 test images).")
     out.append("")
-    rows = [[name, r["epochs"][-1]["loss"], r["epochs"][-1]["test_accuracy"]]
-            for name, r in d.get("results", {}).items()]
+    last = {}  # each setting's last epoch
+    for r in d.get("epochs", []):
+        last[r["compression"]] = r
+    rows = [[name, r["loss"], r["test_accuracy"]] for name, r in last.items()]
     out.append(table(["compression", "final training loss", "test accuracy"], rows))
     out.append("")
     return out

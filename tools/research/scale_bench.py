@@ -2,14 +2,14 @@
 """At scale, simulated: libtnt's allreduce on SimGrid clusters (tnt-sim under smpirun).
 
   --validate  the simulated allreduce against the one measured on the
-              network-namespace cluster (sim_cluster_allreduce.json)
+              network-namespace cluster (sim_cluster_allreduce.jsonl)
   --scale     libtnt's choice against SMPI's MPI_Allreduce (Open MPI and
               MPICH selectors) on the fat-trees of tools/sim/platforms
   --check     every algorithm's sum checked on each layout
 
-  python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.json
+  python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.jsonl
   python3 tools/research/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
-      --gbit 100 --out bench/results/scale.json
+      --gbit 100 --out bench/results/scale.jsonl
 
 The simulation is deterministic: one run per configuration. The method:
 docs/research/benchmarks.md.
@@ -25,6 +25,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+from bench_results import read_results, write_results  # noqa: E402
 PLATFORMS = os.path.join(ROOT, "tools", "sim", "platforms")
 SMPI_CFG = ["--cfg=smpi/privatization:no", "--cfg=smpi/simulate-computation:no",
             "--cfg=smpi/shared-malloc:global", "--log=root.thresh:warning",
@@ -155,8 +157,7 @@ def measured_rows(paths):
     shaping and the load average around the run."""
     rows, tcp, seen = [], {}, set()
     for path in paths:
-        with open(path) as f:
-            measured = json.load(f)
+        measured = read_results(path)
         cfg = measured["config"]
         keys = set()
         for r in measured["results"]:
@@ -207,9 +208,7 @@ def validate(args, sim):
             print(json.dumps(out[-1]), flush=True)
     config = {"measured": [os.path.relpath(m, ROOT) for m in args.measured],
               "latency_us_per_link": VALIDATE_LAT_US, "links_per_route": 2,
-              "link_gbit": tcp, "smpi_cfg": SMPI_CFG + VALIDATE_CFG,
-              "copy": "memcpy_gbps measured at each size in the measured run",
-              "algorithm": "the one the measured run ran at each size (tnt-sim --algos)"}
+              "link_gbit": tcp, "smpi_cfg": SMPI_CFG + VALIDATE_CFG}
     return {"config": config, "results": out}
 
 
@@ -239,15 +238,7 @@ def scale(args, sim):
                     runs.append(run)
                     print(json.dumps(run), flush=True)
     config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
-              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG,
-              "libtnt_told": "the platform's link rate and 2 links' latency "
-                             "(TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US, by scale_bench); "
-                             "the reduction rate from --copy-gbps (TNT_REDUCE_GBPS, by "
-                             "tnt-sim; 0: free, the registry's largest rate)",
-              "busbw": "bytes / time * 2(n-1)/n, n ranks, GB/s",
-              "timing": "one untimed call, then one call started on every rank at "
-                        "the same simulated instant (1 ms after the latest rank left a "
-                        "barrier); the slowest rank's time"}
+              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG}
     return {"config": config, "runs": runs, "results": out}
 
 
@@ -262,9 +253,9 @@ def main():
                    help="with --check: HxP or ranks per host joined by '+', comma-separated")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--measured", action="append",
-                   help="with --validate: a JSON of sim_cluster_bench.py --allreduce; again "
-                        "for more, each layout and link taken from the first that has it "
-                        "(default bench/results/sim_cluster_allreduce.json)")
+                   help="with --validate: a results file of sim_cluster_bench.py --allreduce; "
+                        "again for more, each layout and link taken from the first that has "
+                        "it (default bench/results/sim_cluster_allreduce.jsonl)")
     p.add_argument("--hosts", default="8,64,256,1024")
     p.add_argument("--per-host", default="1,8")
     p.add_argument("--gbit", default="100")
@@ -281,28 +272,25 @@ def main():
                         "replacing those of the same implementation and layout")
     args = p.parse_args()
     args.measured = args.measured or [
-        os.path.join(ROOT, "bench", "results", "sim_cluster_allreduce.json")]
+        os.path.join(ROOT, "bench", "results", "sim_cluster_allreduce.jsonl")]
     sim = find_sim(args.build)
     if args.check:
         args.algos = args.algos or "rd,rabenseifner,auto"
         result = check(args, sim)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_results(args.out, "scale_check", result)
         return 0 if all(r["ok"] for r in result["results"]) else 1
     result = validate(args, sim) if args.validate else scale(args, sim)
     if args.append and os.path.exists(args.out):
-        with open(args.out) as f:
-            old = json.load(f)
+        old = read_results(args.out)
         new = {(r["impl"], r["hosts"], r["per_host"], r["gbit"]) for r in result["runs"]}
-        keep = [r for r in old["runs"]
+        keep = [r for r in old.get("runs", [])
                 if (r["impl"], r["hosts"], r["per_host"], r["gbit"]) not in new]
-        kept = [r for r in old["results"]
+        kept = [r for r in old.get("results", [])
                 if (r["impl"], r["hosts"], r["per_host"], r["gbit"])
                 not in new]
         result["runs"] = keep + result["runs"]
         result["results"] = kept + result["results"]
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_results(args.out, "scale_validation" if args.validate else "scale", result)
     return 0
 
 

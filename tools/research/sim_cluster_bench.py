@@ -9,11 +9,9 @@ waiting against its bound. --allreduce: tnt-bench against MPI_Allreduce;
 Needs root, iproute2, unshare and Tarantella installed. The method:
 docs/research/benchmarks.md; tools/research/README.md.
 
-    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.json
-    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.json
-    sudo python3 tools/research/sim_cluster_bench.py --variants --hosts 2 --links 1gbit_0.1ms \\
-        --out sim_cluster_compression.json
-    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.json
+    sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.jsonl
+    sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.jsonl
+    sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.jsonl
 """
 import argparse
 import json
@@ -32,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(ROOT, "tools", "bench")  # the shared helpers and train_compare.py
 sys.path.insert(0, BENCH)
-from bench_results import finish_config, new_config, print_problems, write_json  # noqa: E402
+from bench_results import finish_config, new_config, write_results  # noqa: E402
 from step_timeline import breakdown, load_trace, summarize  # noqa: E402
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
 
@@ -350,30 +348,6 @@ def launch(cluster, work, steps, reps, timeout, algorithm, variants=False, model
     return files, problem
 
 
-def print_table(results):
-    head = (f"{'hosts':>5} {'link':<13} {'model':<11} {'fusion':>6} {'overlap':>7} {'step':>8} "
-            f"{'compute':>8} {'comm':>8} {'wait':>8} {'xfer':>8} {'bound':>8} {'ratio':>6} "
-            f"{'ready':>7} {'reach':>7} {'ratio':>6} {'busbw':>7}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        bus = f"{r['allreduce_busbw_gbit']:.2f}" if r.get("allreduce_busbw_gbit") else "-"
-        if "variant" in r:
-            print(f"variant {r['variant']}: final loss {r.get('final_loss', '-')}")
-        print(f"{layout_label(r['hosts'], r.get('ranks_per_host', 1)):>5} {r['link']:<13} "
-              f"{r.get('model', 'lenet5'):<11} {'on' if r['fusion'] else 'off':>6} "
-              f"{r['overlap']:>7} {r['step_ms']:8.2f} {r['compute_ms']:8.2f} "
-              f"{r['comm_ms']:8.2f} {r['wait_ms']:8.2f} {r['transfer_ms']:8.2f} "
-              f"{r['bound_ms']:8.2f} {r['ratio_to_bound']:6.2f} {fmt(r.get('ready_ms'), 7)} "
-              f"{fmt(r.get('reach_ms'), 7)} {fmt(r.get('ratio_to_reach'), 6)} {bus:>7}")
-    print("times in ms per step (medians); xfer = 2(N-1)/N * gradient bytes / link bandwidth; "
-          "bound = max(compute, xfer); ready = when the largest gradient is ready on the last "
-          "rank; reach = max(compute, ready + that gradient's transfer); busbw = achieved "
-          "allreduce bus bandwidth, Gbit/s")
-
-
-def fmt(value, width):
-    return f"{value:{width}.2f}" if value is not None else f"{'-':>{width}}"
 
 
 def require_cluster_tools(program):
@@ -449,13 +423,8 @@ def allreduce_driver(args):
     keep = os.path.abspath(args.keep_dir) if args.keep_dir else tempfile.mkdtemp(
         prefix="tnt-simbench-")
     config = new_config(
-        benchmark="tnt-bench allreduce against MPI_Allreduce, float32 sum",
         tnt_bench=args.tnt_bench, max_bytes=args.max, allreduce_algorithm=args.algorithm,
-        tuning=tuning(), link_share="algbw * 2(H-1)/H / link rate, H hosts",
-        tcp="Gbit/s of one TCP stream each way at once between hosts 0 and 1 "
-            f"({TCP_PROBE_BYTES >> 20} MiB, the slower direction); tcp_share = link share * "
-            "link rate / that",
-        links={}, tcp_gbit={}, loadavg={},
+        tuning=tuning(), tcp_probe_bytes=TCP_PROBE_BYTES, links={}, tcp_gbit={}, loadavg={},
         # A run under `nice -n -15` keeps its hosts' cores from other work
         # on the machine: the niceness it ran at.
         niceness=os.nice(0))
@@ -491,20 +460,7 @@ def allreduce_driver(args):
         finally:
             cluster.down()
     finish_config(config)
-    if args.out:
-        write_json(args.out, {"config": config, "results": results})
-    print(f"{'layout':>6} {'link':<13} {'bytes':>10} {'algorithm':<9} {'tnt_busbw':>9} "
-          f"{'mpi_busbw':>9} {'ratio':>6} {'link':>5} {'tcp':>5}")
-    for r in results:
-        print(f"{r['hosts']}x{r['ranks_per_host']:<4} {r['link']:<13} {r['bytes']:>10} "
-              f"{r['algorithm']:<9} {r['tnt_busbw']:9.3f} {r['mpi_busbw']:9.3f} "
-              f"{r['ratio']:6.2f} {r['link_share']:5.2f} {r['tcp_share']:5.2f}")
-    print("busbw in GB/s (tnt-bench: algbw * 2(n-1)/n over n ranks); ratio = tnt / MPI; "
-          "link = share of the shaped link rate (algbw * 2(H-1)/H over H hosts); tcp = share "
-          "of what one TCP stream each way carries on the same link")
-    for key, gbit in config["tcp_gbit"].items():
-        print(f"TCP alone, {key}: {gbit} Gbit/s each way")
-    print_problems(config)
+    write_results(args.out, "sim_cluster_allreduce", {"config": config, "results": results})
 
 
 def wait_jobs(procs, timeout, what=""):
@@ -636,27 +592,20 @@ def frameworks_driver(args):
                     out, problem = framework_run(
                         cluster, os.path.join(keep, f"{link}_{model}_{fw}"), fw, model, steps,
                         args.timeout)
+                    row[f"{fw}_step_ms"] = None if problem else round(
+                        out["median_step_s"] * 1e3, 3)
                     if problem:
                         config["problems"][f"{link} {model} {fw}"] = problem
-                    else:
-                        row[f"{fw}_step_ms"] = round(out["median_step_s"] * 1e3, 3)
                     print(f"sim_cluster_bench: {model} {fw} {link}: "
                           f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
                           file=sys.stderr, flush=True)
-                if "tarantella_step_ms" in row and "mwms_step_ms" in row:
+                if row["tarantella_step_ms"] and row["mwms_step_ms"]:
                     row["ratio"] = round(row["mwms_step_ms"] / row["tarantella_step_ms"], 3)
                 results.append(row)
     finally:
         cluster.down()
     finish_config(config)
-    if args.out:
-        write_json(args.out, {"config": config, "results": results})
-    print(f"{'link':<13} {'model':<12} {'tarantella':>10} {'mwms':>8} {'ratio':>6}")
-    for r in results:
-        print(f"{r['link']:<13} {r['model']:<12} {fmt(r.get('tarantella_step_ms'), 10)} "
-              f"{fmt(r.get('mwms_step_ms'), 8)} {fmt(r.get('ratio'), 6)}")
-    print("median ms per step; ratio = Tarantella throughput / MWMS throughput")
-    print_problems(config)
+    write_results(args.out, "sim_cluster_frameworks", {"config": config, "results": results})
 
 
 def layout_label(nhosts, per_host):
@@ -767,16 +716,9 @@ def driver(args):
     finish_config(config)
     config["added_delay"] = DELAY if all("netem" in v for v in config["links"].values()) else (
         "none: this kernel has no netem qdisc (links are rate-limited with tbf only)")
-    if args.out:
-        write_json(args.out, {"config": config, "results": results, "weak_scaling": scaling,
-                              "timeline_example": example})
-    print_table(results)
-    for r in scaling:
-        print(f"weak scaling, {r['model']}, 2 hosts, {r['link']}: step {r['step_ms']:.2f} ms; "
-              f"one rank {fmt(r.get('solo_alone_ms'), 0)} ms alone, "
-              f"{fmt(r.get('solo_busy_ms'), 0)} ms "
-              f"beside another: E(2) {fmt(r.get('e2_alone'), 0)}, busy "
-              f"{fmt(r.get('e2_busy'), 0)}")
+    config["timeline_example"] = example
+    write_results(args.out, "sim_cluster_compression" if args.variants else "sim_cluster",
+                  {"config": config, "results": results, "weak_scaling": scaling})
     if any("netem" not in v for v in config["links"].values()):
         print("note: this kernel has no netem qdisc; links are rate-limited with tbf and get no "
               "added delay (the link labels keep the 0.1ms of the intended setup)")
@@ -784,13 +726,12 @@ def driver(args):
     if over:
         print(f"note: the layouts {', '.join(over)} have more ranks than the {ncores} cores: "
               "oversubscribed, compute is slower and noisier than on a real cluster")
-    print_problems(config)
     print(f"timeline example: {example}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--out", help="write the results file here")
     p.add_argument("--quick", action="store_true",
                    help="4 steps x 1 fit per configuration, 200 s budget")
     p.add_argument("--hosts", default="2,4,2x2",

@@ -220,8 +220,8 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
  * rank at the same simulated instant: a barrier releases the ranks at
  * different times (how far apart depends on its algorithm, hence on the
  * MPI selector), and a call that ranks start apart runs slower in the
- * simulation, more so on a multi-level tree (docs/performance.md, "At
- * scale"); so the ranks agree on the latest time any of them left the
+ * simulation, more so on a multi-level tree (docs/research/scale-study.md);
+ * so the ranks agree on the latest time any of them left the
  * barrier and all start START_MARGIN_S after it. */
 static double time_one(tnt__comm_t *c, int mpi, float *buf, size_t bytes, int iters) {
   size_t count = bytes / sizeof(float);
