@@ -212,10 +212,9 @@ tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint
 
 void tnt__slice(size_t n, size_t esz, int parts, int i, size_t *lo, size_t *hi) {
   /* Slices of 4- and 8-byte elements are whole cache lines, so two ranks
-   * never write the same line; those of smaller elements start on 16 as
-   * float32's do, so that a float32 vector and its 16-bit wire copy are
-   * cut alike (a fusion set's parts do not depend on its wire dtype). */
-  size_t line = 64 / TNT__MAX(esz, (size_t)4);
+   * never write the same line; a fusion set's parts do not depend on its
+   * wire dtype (tnt__slice_quantum). */
+  size_t line = tnt__slice_quantum(esz);
   size_t per = (n + (size_t)parts - 1) / (size_t)parts;
   per = (per + line - 1) / line * line;
   size_t a = per * (size_t)i, b = a + per;

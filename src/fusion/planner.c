@@ -114,20 +114,27 @@ tnt_status_t tnt__fusion_plan(const tnt_tensor_info_t *tensors, size_t n, size_t
     size_t b = open[dt] - 1;
     tnt__bucket_plan_t *bp = &plan->buckets[b];
     plan->bucket_of[i] = b;
-    plan->offset_of[i] = bp->count;
+    /* Every tensor starts on the slices' quantum, so that where a rank's
+     * part of a bucket cuts a tensor, it cuts it as elementwise kernels cut
+     * the whole tensor (tnt__slice_quantum). */
+    const size_t q = tnt__slice_quantum(tnt__dtype_size(dt));
+    const size_t at = (bp->count + q - 1) / q * q;
+    plan->offset_of[i] = at;
     bp->nmembers++;
     /* A bucket's element count cannot overflow in bytes: it is at most the
      * total of the tensors, each of which fits, but their sum might not. */
-    if (tensors[i].count > SIZE_MAX / tnt__dtype_size(dt) - bp->count) {
+    if (tensors[i].count > SIZE_MAX / tnt__dtype_size(dt) - at - q) {
       TNT_LOG_ERROR("fusion plan: bucket %zu grows beyond the address space", b);
       st = TNT_ERR_INVALID_ARG;
       goto fail;
     }
-    bp->count += tensors[i].count;
-    if (bp->count * tnt__dtype_size(dt) >= threshold_bytes) open[dt] = 0;
+    bp->count = at + tensors[i].count;
+    fill[b] += tensors[i].count; /* the threshold counts the tensors, not the padding */
+    if (fill[b] * tnt__dtype_size(dt) >= threshold_bytes) open[dt] = 0;
   }
 
   /* Pass 2: members grouped by bucket, in list order inside each. */
+  memset(fill, 0, n * sizeof *fill);
   size_t first = 0;
   for (size_t b = 0; b < plan->nbuckets; b++) {
     plan->buckets[b].first = first;

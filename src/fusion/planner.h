@@ -37,7 +37,9 @@ typedef struct tnt__fusion_plan {
   tnt__bucket_plan_t *buckets; /* [nbuckets] */
   size_t *members;             /* [ntensors] tensor indices, grouped by bucket, list order inside */
   size_t *bucket_of;           /* [ntensors] bucket of tensor i */
-  size_t *offset_of;           /* [ntensors] element offset of tensor i in its bucket */
+  size_t *offset_of;           /* [ntensors] element offset of tensor i in its bucket: the
+                                  first multiple of tnt__slice_quantum after the tensor
+                                  before it (the padding between them is zero) */
   tnt__plan_id_t *by_id;       /* [ntensors] sorted by id, for tnt__fusion_plan_find */
 } tnt__fusion_plan_t;
 

@@ -87,7 +87,7 @@ static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t thresho
     /* The other modes allocate the whole vector round by round. */
     int ok = 1;
     if (f->opt.mode == TNT_FUSION_MODE_ALLREDUCE) {
-      ok = (bk->buf = malloc(bp->count * esz + 1)) != NULL;
+      ok = (bk->buf = calloc(bp->count * esz + 1, 1)) != NULL; /* padding stays 0 */
     } else if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
       ok = (bk->part = malloc((bk->hi - bk->lo) * esz + 1)) != NULL;
     }
@@ -367,7 +367,7 @@ tnt_status_t tnt__fusion_start(tnt_fusion_t *f, size_t i, const void *data, doub
     return TNT_ERR_STATE;
   }
   if (bk->buf == NULL) { /* the round's first start, in the modes that free it */
-    bk->buf = malloc(f->plan.buckets[b].count * esz + 1);
+    bk->buf = calloc(f->plan.buckets[b].count * esz + 1, 1); /* padding stays 0 */
     if (bk->buf == NULL) {
       pthread_mutex_unlock(&f->mu);
       TNT_LOG_ERROR("%s: out of memory for fusion bucket %zu (%zu bytes)", call, b,

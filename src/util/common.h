@@ -17,6 +17,14 @@
 #define TNT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TNT__MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* The alignment, in elements of `esz` bytes, of the slices of a vector
+ * (tnt__slice) and of the tensors in a fusion bucket: a cache line of 4-
+ * and 8-byte elements, 16 elements of smaller ones (as float32's, so that
+ * a float32 vector and its 16-bit wire copy are cut alike). Cut there, a
+ * slice of a tensor splits into vector packets and a scalar tail where the
+ * whole tensor does, so elementwise kernels give it the same bits. */
+static inline size_t tnt__slice_quantum(size_t esz) { return 64 / TNT__MAX(esz, (size_t)4); }
+
 /* Evaluates `expr` (a tnt_status_t); on failure stores it in `st` and jumps
  * to `label`, the function's single cleanup exit. */
 #define TNT_CHECK_GOTO(expr, st, label) \

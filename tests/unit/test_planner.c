@@ -1,8 +1,9 @@
 /*
  * Tests of the fusion planner (src/fusion/planner.c) against the rules in
  * planner.h. Every plan is also checked for internal consistency
- * (check_plan): members grouped by bucket in list order, offsets back to
- * back, counts adding up, one dtype per bucket.
+ * (check_plan): members grouped by bucket in list order, each at the first
+ * multiple of the slice quantum after the one before it, counts adding up,
+ * one dtype per bucket.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,8 @@
 #include <string.h>
 
 #include "fusion/planner.h"
+#include "util/common.h"
+#include "util/reduce.h"
 
 /* Structural invariants that every valid plan satisfies. */
 static void check_plan(const tnt_tensor_info_t *t, size_t n, const tnt__fusion_plan_t *p) {
@@ -24,12 +27,14 @@ static void check_plan(const tnt_tensor_info_t *t, size_t n, const tnt__fusion_p
     assert_int_equal(bp->first, next);
     assert_true(bp->nmembers > 0);
     size_t off = 0;
+    const size_t q = tnt__slice_quantum(tnt__dtype_size(bp->dtype));
     for (size_t m = 0; m < bp->nmembers; m++) {
+      off = (off + q - 1) / q * q;
       size_t i = p->members[bp->first + m];
       assert_true(i < n);
       if (m > 0) assert_true(i > p->members[bp->first + m - 1]); /* list order */
       assert_int_equal(p->bucket_of[i], b);
-      assert_int_equal(p->offset_of[i], off); /* back to back */
+      assert_int_equal(p->offset_of[i], off); /* on the quantum, back to back */
       assert_int_equal(t[i].dtype, bp->dtype);
       off += t[i].count;
     }
@@ -83,11 +88,12 @@ static void test_huge_threshold_one_bucket_per_dtype(void **state) {
   assert_int_equal(p.buckets[1].dtype, TNT_INT64);
   assert_int_equal(p.buckets[2].dtype, TNT_BFLOAT16);
   assert_int_equal(p.buckets[3].dtype, TNT_FLOAT64);
-  assert_int_equal(p.buckets[0].count, 151);
-  assert_int_equal(p.buckets[1].count, 12);
-  assert_int_equal(p.offset_of[2], 100);
-  assert_int_equal(p.offset_of[5], 150);
-  assert_int_equal(p.offset_of[4], 3);
+  /* float32 tensors start on multiples of 16 elements, int64 of 8. */
+  assert_int_equal(p.buckets[0].count, 177);
+  assert_int_equal(p.buckets[1].count, 17);
+  assert_int_equal(p.offset_of[2], 112);
+  assert_int_equal(p.offset_of[5], 176);
+  assert_int_equal(p.offset_of[4], 8);
   size_t members0[] = {0, 2, 5};
   assert_memory_equal(&p.members[p.buckets[0].first], members0, sizeof members0);
   tnt__fusion_plan_free(&p);
@@ -113,16 +119,17 @@ static void test_mixed_dtypes_interleaved(void **state) {
   check_plan(t, 8, &p);
   assert_int_equal(p.nbuckets, 5);
   size_t expect_bucket[] = {0, 1, 0, 2, 1, 2, 3, 4};
-  size_t expect_offset[] = {0, 0, 2, 0, 4, 1, 0, 0};
+  size_t expect_offset[] = {0, 0, 16, 0, 16, 16, 0, 0};
   for (size_t i = 0; i < 8; i++) {
     assert_int_equal(p.bucket_of[i], expect_bucket[i]);
     assert_int_equal(p.offset_of[i], expect_offset[i]);
   }
   size_t expect_members[] = {0, 2, 1, 4, 3, 5, 6, 7};
   assert_memory_equal(p.members, expect_members, sizeof expect_members);
-  assert_int_equal(p.buckets[0].count, 4);
-  assert_int_equal(p.buckets[1].count, 10);
-  assert_int_equal(p.buckets[2].count, 10);
+  /* Elements, padding included: the second member starts at 16. */
+  assert_int_equal(p.buckets[0].count, 18);
+  assert_int_equal(p.buckets[1].count, 22);
+  assert_int_equal(p.buckets[2].count, 25);
   assert_int_equal(p.buckets[2].nmembers, 2);
   assert_int_equal(p.buckets[3].dtype, TNT_FLOAT16);
   assert_int_equal(p.buckets[4].dtype, TNT_FLOAT32);
@@ -160,7 +167,7 @@ static void test_threshold_boundary(void **state) {
   tnt__fusion_plan_free(&p);
   assert_int_equal(tnt__fusion_plan(t, 5, 33, &p), TNT_OK);
   assert_int_equal(p.nbuckets, 1);
-  assert_int_equal(p.buckets[0].count, 8);
+  assert_int_equal(p.buckets[0].count, 4 * 16 + 1); /* 8 elements, each on a multiple of 16 */
   tnt__fusion_plan_free(&p);
   /* A tensor larger than the threshold gets a bucket of its own. */
   tnt_tensor_info_t big[] = {{1, 1000, TNT_FLOAT64}, {2, 1, TNT_FLOAT64}};
