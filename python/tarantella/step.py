@@ -83,12 +83,17 @@ class Step:
         """`grads` (a list, None allowed) averaged over the global batch
         (see gradients.py); gradients this step averaged already pass."""
         grads = list(grads)
-        if grads and all(g is None or id(g) in self._reduced for g in grads):
+        if self.averaged(grads):
             return grads
         out = self.resources.reducer.reduce(grads, self.local_count, self.after())
         self.record(out)
         self._reduced.update(id(g) for g in out if g is not None)
         return out
+
+    def averaged(self, grads):
+        """Whether this step has averaged every gradient of `grads` (a
+        list, None allowed) already, as a DistributedGradientTape does."""
+        return bool(grads) and all(g is None or id(g) in self._reduced for g in grads)
 
     def allreduce(self, tensor, op="sum"):
         """`tensor` reduced over all ranks with `op`, in the step's chain."""

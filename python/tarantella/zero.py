@@ -95,6 +95,9 @@ class Shards:
         gradient is None. The fusion sets are planned for every variable, so
         a missing gradient travels as zeros (its variable is not updated)."""
         missing = [g is None for g in grads]
+        if current.averaged(grads):  # by a DistributedGradientTape: each rank slices them
+            return [None if g is None else tf.reshape(tf.convert_to_tensor(g), [-1])[lo:hi]
+                    for g, (lo, hi) in zip(grads, self.ranges)]
         dense = [tf.zeros(v.shape, v.dtype) if g is None else g
                  for g, v in zip(grads, self.variables)]
         out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part)

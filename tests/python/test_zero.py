@@ -81,6 +81,17 @@ def test_elementwise_optimizers_are_bitwise_as_stage_zero(nranks, model, tmp_pat
     assert_state_is_sharded(results, ELEMENTWISE)
 
 
+@pytest.mark.parametrize("model", ["own_step", "own_step_tape"])
+def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(model, tmp_path, python):
+    """A train_step that applies its gradients with optimizer.apply, taken
+    from a tape or from a tnt.DistributedGradientTape (whose gradients the
+    optimizer then only cuts into parts)."""
+    cases = ["sgd_momentum", "adam"]
+    results = train(tmp_path, python, 2, "--model", model, "--cases", ",".join(cases))
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+
+
 def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
     cases = ["sgd_momentum", "adam"]
     results = train(tmp_path, python, 2, "--mixed", "--cases", ",".join(cases))

@@ -26,7 +26,34 @@ def sequential(seed, mixed=False):
     return model
 
 
-MODELS = {"functional": train_worker.make_model, "sequential": sequential}
+class OwnStep(keras.Sequential):
+    """A model whose train_step is its own: its gradients from a tape (a
+    tnt.DistributedGradientTape when `averaged`), applied with
+    optimizer.apply."""
+
+    averaged = False
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        if self.averaged:
+            tape = tnt.DistributedGradientTape(tape, num_samples=tf.shape(x)[0])
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return self.compute_metrics(x, y, y_pred)
+
+
+def own_step(seed, mixed=False, averaged=False):
+    model = OwnStep(sequential(seed, mixed).layers)
+    model.averaged = averaged
+    return model
+
+
+MODELS = {"functional": train_worker.make_model, "sequential": sequential,
+          "own_step": own_step,
+          "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 
 
 def main():
