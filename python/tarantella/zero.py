@@ -218,6 +218,8 @@ def _mib(variables):
 def shard(optimizer, stage):
     """Makes `optimizer` keep the state of this rank's parts only, at ZeRO
     `stage` (1 or 2); returns it."""
+    if isinstance(optimizer, ShardedOptimizer):
+        return optimizer  # compiled again with the same optimizer
     if optimizer.built:
         raise runtime.TarantellaError(
             f"zero_stage={stage}: the optimizer was built (it has a state for the whole "

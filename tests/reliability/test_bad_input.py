@@ -242,6 +242,12 @@ CASES = [
     P("Python API", "ranks build different models",
       "compiled(8 if tnt.get_rank() == 0 else 9).fit(ds.batch(8), verbose=0)",
       "TarantellaError", "ranks [1] have models whose weight shapes differ"),
+    P("Python API", "tnt.Model(m, zero_stage=3)", "tnt.Model(make_model(), zero_stage=3)",
+      "TarantellaError", "use 0 (plain data parallelism), 1 (optimizer state sharded) or 2"),
+    P("Python API", "zero_stage after the optimizer was built",
+      "m = make_model(); m.compile(optimizer='adam', loss='mse'); "
+      "m.optimizer.build(m.trainable_variables); tnt.Model(m, zero_stage=2)",
+      "TarantellaError", "give tnt.Model a model compiled with a new optimizer"),
     P("Python API", "DistributedGradientTape of a non-tape",
       "tnt.DistributedGradientTape(compiled())", "TypeError",
       "tnt.DistributedGradientTape wraps a tf.GradientTape; got Sequential"),
