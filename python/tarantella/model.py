@@ -393,7 +393,7 @@ class Model(keras.Model, metaclass=_ModelType):
                 # Each rank reads its own values (of its stage, or its parts) only.
                 _no_options("load_weights",  # Keras's (filepath, skip_mismatch, ...)
                             dict(kwargs, **({"skip_mismatch": args[0]} if args else {})), source)
-                result = checkpoint.load(self, source, path)
+                result = checkpoint.load(source, path)
             else:
                 result = super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError) as e:

@@ -513,9 +513,9 @@ class _Reader:
             self.archive.close()
 
 
-def load(model, source, filepath):
-    """Assigns to the variables of `model` that this rank holds (of
-    `source`, a Whole: of a pipeline, those of its stage and its optimizer's
+def load(source, filepath):
+    """Assigns to the variables of the model of `source` (a Whole) that this
+    rank holds (of a pipeline, those of its stage and its optimizer's
     state) their values in `filepath` (see _Reader); the others are not
     read."""
     plan = source.plan
