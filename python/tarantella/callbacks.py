@@ -7,10 +7,11 @@ Callbacks that write files write them once:
 
 * ModelCheckpoint and CSVLogger run on the master only; checkpoints are
   written through a temporary file and a rename (the model's saves are the
-  master's alone while a master-only callback runs). A pipelined model's
-  ModelCheckpoint runs on every rank instead, and saves through the
-  model's collective save (pipeline/checkpoint.py): no rank holds another
-  stage's weights for it;
+  master's alone while a master-only callback runs). The ModelCheckpoint
+  of a pipelined model, or of one whose optimizer state is sharded
+  (zero_stage), runs on every rank instead, and saves through the model's
+  collective save (pipeline/checkpoint.py): no rank holds another stage's
+  weights or another rank's part of the state for it;
 * TensorBoard runs on the master only, or on every rank into
   ``<log_dir>/rank_<r>`` when TNT_TENSORBOARD_ON_ALL_DEVICES is true;
 * BackupAndRestore is replaced by a DistributedBackupAndRestore made from
@@ -236,18 +237,19 @@ def _quiet(callback):
         callback.verbose = 0
 
 
-def distribute(callbacks, pipelined=False):
+def distribute(callbacks, collective_saves=False):
     """The callbacks this rank runs, adapted as described above. A
     BackupAndRestore comes after the others, so that a backup taken at an
     epoch's end holds their state after that epoch (EarlyStopping's count),
     and a restored backup gives them their state after their on_train_begin
-    reset it. For a `pipelined` model a ModelCheckpoint runs on every rank:
-    the model's save and save_weights, which it calls, are collective (the
-    master writes the file from the stages' values streamed to it), and it
-    decides when to save from the global logs, alike on every rank."""
+    reset it. With `collective_saves` (a pipelined model, or one whose
+    optimizer state is sharded) a ModelCheckpoint runs on every rank: the
+    model's save and save_weights, which it calls, are collective (the
+    master writes the file from the values streamed to it), and it decides
+    when to save from the global logs, alike on every rank."""
     out, backups = [], []
     for cb in callbacks or []:
-        if pipelined and isinstance(cb, keras.callbacks.ModelCheckpoint):
+        if collective_saves and isinstance(cb, keras.callbacks.ModelCheckpoint):
             _quiet(cb)
             out.append(forwarding(_Forwarding, cb, _forwarded_hooks(cb)))
             continue

@@ -40,6 +40,11 @@ through them. The whole model is gathered on every rank of the pipeline,
 and freed again, only while its weights are read (get_weights); predict
 runs through the stages, and BackupAndRestore backs each stage up on its
 own.
+
+With ``zero_stage`` 1 or 2 each rank keeps its part of the optimizer's
+state only (zero.py); ``save``, ``save_weights``, ModelCheckpoint and
+BackupAndRestore stream the parts to the master, which writes the state
+whole, and loading gives each rank its part (zero_checkpoint.py).
 """
 import contextlib
 import copy
@@ -63,6 +68,7 @@ from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
 from tarantella import zero
+from tarantella import zero_checkpoint
 from tarantella.backup import position
 from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
@@ -177,11 +183,15 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
     return wrapped
 
 
-def _no_options(what, kwargs):
+# The files in which Keras keeps the optimizer's state too.
+_OPTIMIZER_FILES = (".keras", ".weights.h5", ".weights.json")
+
+
+def _no_options(what, kwargs, source):
     if kwargs:
         raise runtime.TarantellaError(
-            f"{what}() of a pipelined model takes no {sorted(kwargs)}: it handles Keras's "
-            "default layout stage by stage; drop them")
+            f"{what}() of {source.kind} takes no {sorted(kwargs)}: it handles Keras's "
+            "default layout only, piece by piece; drop them")
 
 
 class Model(keras.Model, metaclass=_ModelType):
@@ -376,11 +386,14 @@ class Model(keras.Model, metaclass=_ModelType):
             raise FileNotFoundError(f"{path}: no such file; give the path that save_weights() "
                                     "wrote")
         try:
-            if self._tnt.pipeline is not None:
-                # Each rank reads its stage's values (and its optimizer's) only.
+            # (a legacy .h5 file holds the weights only, which Keras reads)
+            source = self._tnt_source() if self._tnt.pipeline is not None or \
+                path.endswith(_OPTIMIZER_FILES) else None
+            if source is not None:
+                # Each rank reads its own values (of its stage, or its parts) only.
                 _no_options("load_weights",  # Keras's (filepath, skip_mismatch, ...)
-                            dict(kwargs, **({"skip_mismatch": args[0]} if args else {})))
-                result = checkpoint.load(self, self._tnt.pipeline, path)
+                            dict(kwargs, **({"skip_mismatch": args[0]} if args else {})), source)
+                result = checkpoint.load(source, path)
             else:
                 result = super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError) as e:
@@ -389,6 +402,22 @@ class Model(keras.Model, metaclass=_ModelType):
                 "wrote for this model") from e
         self._tnt.broadcast_pending = True
         return result
+
+    def _tnt_source(self, saving_with=None):
+        """Where the values of this model's files are (pipeline/checkpoint.py)
+        when this rank does not hold them all whole: a pipeline's stages, or
+        the parts of a sharded optimizer's state (to load into, or once it
+        has a state to save); else None. `saving_with` names the save
+        (save, save_weights); one from this rank alone (a master-only
+        callback's) writes what this rank holds: None."""
+        if saving_with is not None and self._tnt.saves_of_this_rank:
+            zero_checkpoint.check_together(self, saving_with)
+            return None
+        if self._tnt.pipeline is not None:
+            return checkpoint.Stages(self, self._tnt.pipeline)
+        if zero_checkpoint.writes_parts(self) if saving_with else zero_checkpoint.sharded(self):
+            return zero_checkpoint.Parts(self)
+        return None
 
     def _tnt_plain(self):
         """The model and its optimizer with their original classes, for
@@ -399,13 +428,16 @@ class Model(keras.Model, metaclass=_ModelType):
     def save(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Saves the whole model from the master rank (every rank with
         tnt_save_all_devices=True), atomically, as a file that plain Keras
-        loads; collective. Pipelined, the master writes a .keras file from
-        the stages' values, streamed to it (pipeline/checkpoint.py)."""
-        if self._tnt.pipeline is not None and not self._tnt.saves_of_this_rank:
-            _no_options("save", kwargs)
-            return checkpoint.save(self, self._tnt.pipeline, filepath, overwrite,
-                                   tnt_save_all_devices)
-        zero.check_saveable(self)
+        loads; collective. Pipelined, or with a sharded optimizer state
+        (zero_stage), the master writes a .keras file from the stages'
+        values or the state's parts, streamed to it (pipeline/checkpoint.py,
+        zero_checkpoint.py)."""
+        source = self._tnt_source("save")
+        if source is not None:
+            _no_options("save", kwargs, source)
+            if self._tnt.pipeline is None:
+                batch_norm.average_moving_statistics(self)
+            return checkpoint.save(self, source, filepath, overwrite, tnt_save_all_devices)
         keras_save = subclass.base_class(self).save
 
         def write(path):
@@ -418,11 +450,16 @@ class Model(keras.Model, metaclass=_ModelType):
         tnt_save_all_devices=True), atomically; collective. Pipelined, the
         master writes the stages' values, streamed to it: a .weights.h5
         file, or with a .weights.json path Keras's sharded format with one
-        shard per stage (max_shard_size does not apply)."""
-        if self._tnt.pipeline is not None and not self._tnt.saves_of_this_rank:
+        shard per stage (max_shard_size does not apply); with a sharded
+        optimizer state (zero_stage), likewise from the state's parts, the
+        .weights.json format in one shard."""
+        source = self._tnt_source("save_weights")
+        if source is not None:
             kwargs.pop("max_shard_size", None)
-            _no_options("save_weights", kwargs)
-            return checkpoint.save_weights(self, self._tnt.pipeline, filepath, overwrite,
+            _no_options("save_weights", kwargs, source)
+            if self._tnt.pipeline is None:
+                batch_norm.average_moving_statistics(self)
+            return checkpoint.save_weights(self, source, filepath, overwrite,
                                            tnt_save_all_devices)
         keras_save_weights = subclass.base_class(self).save_weights
         self._tnt_write(filepath, overwrite, tnt_save_all_devices,
@@ -568,12 +605,8 @@ class Model(keras.Model, metaclass=_ModelType):
         """This rank's callbacks, and the verbosity to give Keras. When a
         callback asks for this rank's own logs, the steps also return local
         metrics, and the progress bar is one that hides them."""
-        cbs = tnt_callbacks.distribute(callbacks, pipelined=self._tnt.pipeline is not None)
-        for cb in cbs:
-            if isinstance(cb, keras.callbacks.BackupAndRestore) or (
-                    isinstance(cb, keras.callbacks.ModelCheckpoint) and
-                    not cb.save_weights_only):
-                zero.check_saveable(self, type(cb).__name__)
+        cbs = tnt_callbacks.distribute(callbacks, collective_saves=(
+            self._tnt.pipeline is not None or zero_checkpoint.sharded(self)))
         if self._tnt.pipeline is None:
             averaging = batch_norm.averaging_callback(self, list(callbacks or []))
             if averaging is not None:

@@ -26,13 +26,14 @@ def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kw
 
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
                parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None, num_stages=None,
-               pipeline_schedule=None):
+               pipeline_schedule=None, zero_stage=0):
     """A tnt.Model from a file written by save; compiled if it was saved
     compiled (and compile=True), distributed as tnt.Model(model,
-    parallel_strategy, num_micro_batches, num_stages, pipeline_schedule)
-    does (a file's SplitLayers are its cuts). Pipelined, a .keras file is
-    built without allocating the weights and each rank reads its stage's
-    only."""
+    parallel_strategy, num_micro_batches, num_stages, pipeline_schedule,
+    zero_stage=zero_stage) does (a file's SplitLayers are its cuts).
+    Pipelined, a .keras file is built without allocating the weights and
+    each rank reads its stage's only; with zero_stage > 0, each rank reads
+    its part of the optimizer's state only."""
     runtime.require_init()
     path = os.fspath(filepath)
     if not os.path.exists(path):
@@ -41,20 +42,23 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True,
         raise runtime.TarantellaError(
             f"{path} is not a .keras file written by save() (it is not a zip archive): the "
             "file is damaged, or of another kind")
-    if ParallelStrategy.PIPELINING in parallel_strategy and path.endswith(".keras"):
-        return _load_pipelined(path, custom_objects, compile, safe_mode, parallel_strategy,
-                               num_micro_batches, num_stages, pipeline_schedule)
+    if (ParallelStrategy.PIPELINING in parallel_strategy or zero_stage) and \
+            path.endswith(".keras"):
+        return _load_in_parts(path, custom_objects, compile, safe_mode, parallel_strategy,
+                              num_micro_batches, num_stages, pipeline_schedule, zero_stage)
     return Model(keras.saving.load_model(filepath, custom_objects=custom_objects,
                                          compile=compile, safe_mode=safe_mode),
-                 parallel_strategy, num_micro_batches, num_stages, pipeline_schedule)
+                 parallel_strategy, num_micro_batches, num_stages, pipeline_schedule,
+                 zero_stage=zero_stage)
 
 
-def _load_pipelined(path, custom_objects, compile, safe_mode, strategy, num_micro_batches,
-                    num_stages, schedule):
-    """load_model for a pipeline: the model is built from the file's config
-    without allocating a weight (tnt.Model of a build function), then each
-    rank reads its stage's values only (the file must be readable on every
-    rank)."""
+def _load_in_parts(path, custom_objects, compile, safe_mode, strategy, num_micro_batches,
+                   num_stages, schedule, zero_stage):
+    """load_model for a pipeline, or with a sharded optimizer state: the
+    model is built from the file's config (a pipeline's without allocating
+    a weight: tnt.Model of a build function) and compiled with a new
+    optimizer, then each rank reads its values only, its stage's or its
+    parts (the file must be readable on every rank)."""
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("config.json"))
     compile_config = config.pop("compile_config", None)
@@ -62,7 +66,8 @@ def _load_pipelined(path, custom_objects, compile, safe_mode, strategy, num_micr
     def build():
         return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects,
                                                      safe_mode=safe_mode)
-    model = Model(build, strategy, num_micro_batches, num_stages, schedule)
+    model = Model(build, strategy, num_micro_batches, num_stages, schedule,
+                  zero_stage=zero_stage)
     if compile and compile_config:
         model.compile_from_config(compile_config)
     model.load_weights(path)

@@ -199,18 +199,6 @@ class ShardedClipping:
         return [g * scale for g in grads]
 
 
-def check_saveable(model, what="save"):
-    """Refuses to write `model` with its optimizer while the optimizer's
-    state is sharded: the file would hold one rank's parts as the whole."""
-    stage = model._tnt.zero_stage
-    if stage and isinstance(getattr(model, "optimizer", None), ShardedOptimizer):
-        raise runtime.TarantellaError(
-            f"{what} writes the optimizer's state, which zero_stage={stage} keeps in parts on "
-            "the ranks, and Tarantella does not yet write it: save the weights "
-            "(save_weights, ModelCheckpoint(save_weights_only=True)), or train with "
-            "zero_stage=0")
-
-
 def _mib(variables):
     return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
 

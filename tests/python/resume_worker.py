@@ -17,7 +17,8 @@ after it wrote half of the weights file of the backup taken after that
 step, before the file is renamed. The master writes the final weights (and the logs of
 the epochs) to --out. --plain trains a model that draws no random numbers
 (no dropout) with SGD, whose result does not depend on the number of ranks
-beyond rounding (for a job that shrinks). --pipeline [K] cuts the model
+beyond rounding (for a job that shrinks); --zero-stage N shards its
+optimizer state (tnt.Model's zero_stage). --pipeline [K] cuts the model
 into K pipeline stages (2 by default; ParallelStrategy.PIPELINING, 2
 micro-batches), the dropout in the last.
 
@@ -177,6 +178,7 @@ def main():
     parser.add_argument("--kill-delay", type=float, default=3.0)
     parser.add_argument("--hang-file")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--zero-stage", type=int, default=0)
     parser.add_argument("--pipeline", type=int, nargs="?", const=2, default=0,
                         help="cut the model into this many pipeline stages (2 by default)")
     parser.add_argument("--early-stopping", action="store_true")
@@ -206,7 +208,7 @@ def main():
     else:
         model = tnt.Model(keras.Sequential(
             [keras.Input((8,)), keras.layers.Dense(16, activation="relu")] + hooks + dropout +
-            [keras.layers.Dense(3, activation="softmax")]))
+            [keras.layers.Dense(3, activation="softmax")]), zero_stage=args.zero_stage)
     optimizer = (keras.optimizers.SGD(0.1, momentum=0.9) if args.plain
                  else keras.optimizers.Adam(0.01))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",

@@ -21,7 +21,8 @@ class DistributedBackupAndRestore(internals.BackupAndRestoreHooks):
     weights go to a new file named by epoch and batch (through a temporary
     file; a pipelined model's go to a file per stage, each written by the
     stage's rank of the first replica, and every rank learns whether all of
-    them were written), and so does the state the weights leave out
+    them were written; a sharded optimizer state streams from every rank
+    to the master's file), and so does the state the weights leave out
     (state.py: every rank's random seeds and metric accumulators); then the
     metadata that names these files replaces the previous metadata in one
     rename, and only then the previous files are deleted. Every rank
@@ -138,6 +139,8 @@ class DistributedBackupAndRestore(internals.BackupAndRestoreHooks):
                 self._write_weights(own, writing)
             except Exception as e:  # noqa: BLE001 (every rank learns of any failure)
                 error, text = e, _write_error(writing[0], e, old)
+        elif files.streams_weights(self.model):
+            files.stream_weights(self.model)  # this rank's parts, to the master's file
         if isinstance(names, list):  # the first failed stage writer's error, on every rank
             text = runtime.first_message(text)
         if runtime.is_master_rank():
@@ -163,11 +166,20 @@ class DistributedBackupAndRestore(internals.BackupAndRestoreHooks):
     def _write_weights(self, name, writing):
         """Writes this rank's weights file `name` of the backup. The file
         being written is writing[0]."""
-        writing[0] = self.backup_dir
-        os.makedirs(self.backup_dir, exist_ok=True)
-        writing[0] = os.path.join(self.backup_dir, name)
+        path = os.path.join(self.backup_dir, name)
+
+        def make_directory():
+            writing[0] = self.backup_dir
+            os.makedirs(self.backup_dir, exist_ok=True)
+            writing[0] = path
+        if files.streams_weights(self.model):
+            # The other ranks stream their parts, also when the directory fails.
+            saving.write_atomically(path, lambda tmp: files.stream_weights(self.model, tmp,
+                                                                           make_directory))
+            return
+        make_directory()
         arrays = files.variables_snapshot(self.model)
-        saving.write_atomically(writing[0], lambda path: files.savez(path, arrays))
+        saving.write_atomically(path, lambda tmp: files.savez(tmp, arrays))
 
     def _write_metadata(self, names, state_file, tables, old, writing):
         """Writes the backup's state file `state_file`, then the metadata

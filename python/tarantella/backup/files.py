@@ -6,8 +6,14 @@ save_weights. A pipelined model is backed up stage by stage: the rank of
 each stage in the pipeline's first replica writes the variables of its
 stage (its weights, and the optimizer's variables, which are the stage's
 own) to a weights file of the stage, and every rank restores its stage's
-file only; no rank ever holds the whole model for a backup.
+file only; no rank ever holds the whole model for a backup. A model whose
+optimizer state is sharded (zero_stage) is backed up as plain data
+parallelism would be, its optimizer's state whole: the master writes the
+file while every rank streams its parts of the state to it, a piece at a
+time (stream_weights, zero_checkpoint.py), and every rank restores its
+parts from it, on any number of ranks and at any stage.
 """
+import contextlib
 import os
 import zipfile
 
@@ -16,6 +22,8 @@ import numpy as np
 
 from tarantella import runtime
 from tarantella import saving
+from tarantella import zero_checkpoint
+from tarantella.pipeline import checkpoint
 
 # The metadata's names of a backup's files.
 _METADATA_FILES = ("tnt_weights", "tnt_previous", "tnt_state", "tnt_previous_state")
@@ -75,16 +83,19 @@ def weights_file_to_restore(model, names):
     return names if pipeline is None else names[pipeline.stage]
 
 
-def _backed_up_variables(model):
+def _backed_up_variables(model, parts=None):
     """The variables of a backup's weights file: the model's weights (of a
     pipelined model, those of this rank's stages), then the optimizer's
     variables (its step count, learning rate, moments; a pipelined model's
-    optimizer is its stages'), in a fixed order."""
+    optimizer is its stages'; with a sharded state, `parts`
+    (zero_checkpoint.Parts), those of the whole model's optimizer, held in
+    parts), in a fixed order."""
     pipeline = pipeline_of(model)
     variables = list(model.weights if pipeline is None else
                      [w for s in pipeline.stages for w in pipeline.models[s].weights])
     if model.optimizer is not None:
-        variables += list(model.optimizer.variables)
+        variables += list(model.optimizer.variables if parts is None else
+                          parts.optimizer_variables)
     seen, out = set(), []
     for v in variables:
         if id(v) not in seen:
@@ -101,30 +112,106 @@ def variables_snapshot(model):
             for i, v in enumerate(_backed_up_variables(model))}
 
 
+def streams_weights(model):
+    """Whether every rank takes part in writing the backup's weights file,
+    the master's (stream_weights): the optimizer's state is in the ranks'
+    parts."""
+    return zero_checkpoint.writes_parts(model)
+
+
+def stream_weights(model, path=None, before=None):
+    """The weights file of a backup of a model whose optimizer state is in
+    parts (streams_weights): the master writes it to `path` after before()
+    (which makes its directory), the other ranks (`path` None) send it their
+    parts. Collective: the writer's error is raised once every rank has
+    streamed."""
+    parts = zero_checkpoint.Parts(model)
+    plan = _Numbered(_backed_up_variables(model, parts))
+    with contextlib.ExitStack() as stack:
+        def sink():
+            before()
+            return stack.enter_context(_NpzSink(path))
+        checkpoint.stream(parts, plan, sink if path is not None else None, all_devices=False)
+
+
+class _Numbered:
+    """The plan (pipeline/checkpoint.py) of a backup's weights file: the
+    values of `variables`, as the arrays "0", "1", ... (variables_snapshot's
+    names)."""
+
+    groups = ()
+
+    def __init__(self, variables):
+        self.entries = [checkpoint.Entry("", str(i), None, v) for i, v in enumerate(variables)]
+
+
+class _NpzSink:
+    """Writes a plan's values into the NumPy file `path`, as np.savez writes
+    them, a piece at a time (a sink of checkpoint.stream)."""
+
+    def __init__(self, path):
+        self.archive = zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True)
+        self.member = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.member is not None:
+            self.member.close()
+        self.archive.close()
+
+    def dataset(self, entry, shape, dtype):
+        if self.member is not None:
+            self.member.close()
+        self.member = self.archive.open(f"{entry.key}.npy", "w", force_zip64=True)
+        np.lib.format.write_array_header_1_0(self.member, {
+            "descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+            "shape": shape})
+        return self.member
+
+    def put(self, member, piece, array):
+        member.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 def restore_variables(model, path):
     """Gives the model's and the optimizer's variables the values of the
-    weights file `path` (written from variables_snapshot). Raises
-    UnreadableBackup when it cannot be read, a TarantellaError when it is
-    of another model."""
+    weights file `path` (written from variables_snapshot, or by
+    stream_weights), one variable at a time; a sharded optimizer state gets
+    this rank's parts. Raises UnreadableBackup when it cannot be read, a
+    TarantellaError when it is of another model."""
     if model.optimizer is not None and not model.optimizer.built:
         # Its moments exist once it is built, as Keras's own restore does.
         pipeline = pipeline_of(model)
         model.optimizer.build(model.trainable_variables if pipeline is None
                               else pipeline.trainable)
-    variables = _backed_up_variables(model)
-    try:
-        with np.load(path) as f:
-            values = [f[str(i)] for i in range(len(f.files))]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise UnreadableBackup(f"BackupAndRestore cannot read {path}: {e}") from e
-    shapes = [tuple(v.shape) for v in variables]
-    if [a.shape for a in values] != shapes:
-        raise runtime.TarantellaError(
-            f"BackupAndRestore: {path} holds {len(values)} variables of other shapes than the "
+    parts = zero_checkpoint.Parts(model) if zero_checkpoint.sharded(model) else None
+    source = parts or checkpoint.Whole()
+    variables = _backed_up_variables(model, parts)
+
+    def unreadable(e):
+        return UnreadableBackup(f"BackupAndRestore cannot read {path}: {e}")
+
+    def of_another_model(count):
+        return runtime.TarantellaError(
+            f"BackupAndRestore: {path} holds {count} variables of other shapes than the "
             f"{len(variables)} of this model and its optimizer: resume with the model and "
             "optimizer of the run that took the backup")
-    for v, a in zip(variables, values):
-        v.assign(a)
+    try:
+        archive = np.load(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise unreadable(e) from e
+    with archive:
+        if len(archive.files) != len(variables):
+            raise of_another_model(len(archive.files))
+        for i, v in enumerate(variables):
+            try:
+                value = archive[str(i)]
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+                raise unreadable(e) from e
+            if value.shape != source.shape(v):
+                raise of_another_model(len(archive.files))
+            source.assign(v, value)
 
 
 def savez(path, arrays):

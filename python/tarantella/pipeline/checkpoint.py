@@ -1,6 +1,9 @@
-"""Files of a pipelined model, written and read stage by stage.
+"""Files of a model whose values are spread over the ranks, written and
+read piece by piece: those of a pipelined model (each stage holds its
+own weights and optimizer state; here) and those of a model whose
+optimizer state is sharded (zero_checkpoint.py).
 
-A pipelined model is saved in Keras's own layouts, so that plain Keras
+Such a model is saved in Keras's own layouts, so that plain Keras
 loads it: a ``.weights.h5`` file, a ``.keras`` archive (its config, its
 metadata and a ``model.weights.h5`` inside), or Keras's sharded weights
 format (``ckpt.weights.json``: an index naming, for every group of
@@ -9,22 +12,25 @@ one shard per stage. No rank ever holds the whole model for it:
 
 * every rank works out the same plan: the groups and keys Keras would write
   for the whole model (its own walk of the model, recorded without reading
-  a value: _keras_internals.saved_layout) and, for each, the stage that
-  holds the value. The whole optimizer's variables are mapped to the stages'
-  optimizers variable by variable (_keras_internals.optimizer_layout), as
-  the whole model's optimizer would hold them: one block of state per
-  trainable variable, plus its own iterations and learning rate;
+  a value: _keras_internals.saved_layout) and, for each, where the value
+  is. The whole optimizer's variables are mapped to the ranks' optimizers
+  variable by variable (_keras_internals.optimizer_layout), as the whole
+  model's optimizer would hold them: one block of state per trainable
+  variable, plus its own iterations and learning rate;
 * the master writes every file (no shared file system is assumed). The
-  values of stage s reach it in the plan's order, one variable at a time and
-  at most CHUNK_BYTES of it at a time, broadcast by the rank of stage s in
-  its pipeline group; each piece is written into its dataset at once. The
-  master's memory beyond its stage is one such piece; every other rank of
-  the pipeline also receives each piece (the group's broadcast) and drops
-  it. With tnt_save_all_devices=True every rank of every pipeline writes.
+  values reach it in the plan's order, one variable at a time and at most
+  CHUNK_BYTES of it at a time, from the ranks that hold them (a source says
+  how: Stages, from the rank of the value's stage in this rank's pipeline,
+  which broadcasts it within the pipeline; zero_checkpoint.Parts, from
+  every rank's part of it); each piece is written into its dataset at once.
+  The master's memory beyond its own values is one such piece; every other
+  rank of the pipeline also receives each piece (the group's broadcast)
+  and drops it. With tnt_save_all_devices=True every rank of every
+  pipeline writes.
 
 Loading reads the file on every rank (it must be readable there: a shared
-file system, or a copy on each host) and assigns this rank's stage's
-variables and its optimizer's state only, one variable at a time.
+file system, or a copy on each host) and assigns this rank's values only
+(its stage's variables and its optimizer's state), one variable at a time.
 """
 import contextlib
 import json
@@ -102,14 +108,18 @@ def optimizer_sources(optimizer, whole, pipeline, stage_of):
 
 class Plan:
     """The groups (path, metadata) and entries of the whole model's file,
-    the same on every rank; sources are known on the ranks that hold them."""
+    the same on every rank; sources are known on the ranks that hold them.
+    `stage_of`: {id(variable): its stage} (a variable not in it is held by
+    every rank); `optimizer`: for a model with an optimizer, (the optimizer
+    built over stand-ins of the model's trainable variables, and for each
+    of its variables (stage, this rank's variable that holds it)), as
+    optimizer_sources returns them."""
 
-    def __init__(self, model, pipeline):
-        stage_of = stage_of_variables(pipeline)
-        optimizer = getattr(model, "optimizer", None)
+    def __init__(self, model, stage_of, optimizer=None):
         self.groups, self.entries = [], []
         with model._tnt_plain():
-            layout = internals.saved_layout(model, skip=[optimizer] if optimizer else ())
+            layout = internals.saved_layout(
+                model, skip=[model.optimizer] if optimizer is not None else ())
         for path, metadata, _, pairs in layout:
             self.groups.append((path, metadata))
             for key, value in pairs:
@@ -119,10 +129,7 @@ class Plan:
                     self.entries.append(Entry(path, key, None, value=np.asarray(value)))
         if optimizer is None:
             return
-        if not optimizer.built:  # as fit builds it: for the stage's weights
-            optimizer.build(pipeline.trainable)
-        stand_in, sources = optimizer_sources(optimizer, list(model.trainable_variables),
-                                              pipeline, stage_of)
+        stand_in, sources = optimizer
         position = {id(v): p for p, v in enumerate(stand_in.variables)}
         # Where Keras's walk puts model.optimizer (and, for a
         # LossScaleOptimizer, its inner optimizer below it).
@@ -132,6 +139,107 @@ class Plan:
             for key, _ in pairs:
                 stage, variable = sources[position[id(saveable.variables[int(key)])]]
                 self.entries.append(Entry(path, key, stage, variable))
+
+
+class Whole:
+    """Where the values of a plan are (a source): on this rank, whole.
+    Stages and zero_checkpoint.Parts say otherwise for some of them; a
+    source's `plan` is that of the model's file.
+
+    A source's values reach a writer through describe and piece; an entry
+    that `moves` travels between ranks, and every rank that takes part in a
+    write (participates) calls both for it, in the plan's order. `holds`,
+    `shape` and `assign` read a file into the variables."""
+
+    kind = "a model"  # what the messages call it
+    num_shards = 1  # of the .weights.json files it writes
+    sharded_json = "one shard"
+
+    def participates(self, all_devices):
+        """Whether this rank streams values to the writers when it does not
+        write."""
+        return False
+
+    def moves(self, entry, all_devices):
+        return False
+
+    def describe(self, entry, moved):
+        """The (shape, NumPy dtype) of `entry`'s value."""
+        v = entry.variable
+        return tuple(v.shape), np.dtype(tf.as_dtype(v.dtype).as_numpy_dtype)
+
+    def piece(self, entry, moved, shape, dtype, piece):
+        """Rows `piece` (a range of the first axis; None: a scalar) of
+        `entry`'s value, an array."""
+        value = entry.variable.value
+        return np.asarray(value if piece is None else value[piece[0]:piece[1]])
+
+    def holds(self, entry):
+        """Whether this rank assigns `entry` when it loads a file."""
+        return entry.variable is not None
+
+    def shape(self, variable):
+        """The shape that the file holds for `variable`."""
+        return tuple(variable.shape)
+
+    def assign(self, variable, stored):
+        """Assigns `variable` its value from `stored` (an h5py dataset, or an
+        array, of the shape `shape` gives)."""
+        variable.assign(stored[()])
+
+
+class Stages(Whole):
+    """Where the values of pipelined `model`'s file are: a stage's on the
+    rank of that stage in this rank's pipeline, which broadcasts them within
+    the pipeline (those every stage holds, on every rank)."""
+
+    kind = "a pipelined model"
+    sharded_json = "one shard per stage"
+
+    def __init__(self, model, pipeline):
+        self.pipeline = pipeline
+        self.num_shards = pipeline.partition.num_stages
+        stage_of = stage_of_variables(pipeline)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:
+            if not optimizer.built:  # as fit builds it: for the stage's weights
+                optimizer.build(pipeline.trainable)
+            optimizer = optimizer_sources(optimizer, list(model.trainable_variables), pipeline,
+                                          stage_of)
+        self.plan = Plan(model, stage_of, optimizer)
+
+    def participates(self, all_devices):
+        return all_devices or self.pipeline.layout.replica == 0
+
+    def _root(self, entry):
+        return None if entry.stage is None else self.pipeline.rank_of(entry.stage)
+
+    def moves(self, entry, all_devices):
+        root = self._root(entry)
+        return root is not None and (all_devices or root != 0) and runtime.get_size() > 1
+
+    def holds(self, entry):
+        return entry.variable is not None and (
+            entry.stage is None or entry.stage in self.pipeline.stages)
+
+    def describe(self, entry, moved):
+        if not moved:
+            return super().describe(entry, moved)
+        v = entry.variable if self.holds(entry) else None
+        header = _broadcast(_header(tuple(v.shape), v.dtype) if v is not None else None,
+                            _HEADER * 8, self._root(entry),
+                            self.pipeline.layout.pipeline_group).view(np.int64)
+        return _from_header(header)
+
+    def piece(self, entry, moved, shape, dtype, piece):
+        if not moved:
+            return super().piece(entry, moved, shape, dtype, piece)
+        count = 1 if piece is None else piece[1] - piece[0]
+        nbytes = count * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        raw = _broadcast(super().piece(entry, moved, shape, dtype, piece)
+                         if self.holds(entry) else None, nbytes, self._root(entry),
+                         self.pipeline.layout.pipeline_group)
+        return raw.view(dtype).reshape(shape if piece is None else (count,) + shape[1:])
 
 
 # ------------------------------------------------------------------ writing
@@ -161,11 +269,6 @@ def _pieces(shape, itemsize):
     return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)] or [(0, 0)]
 
 
-def _read(variable, piece):
-    value = variable.value
-    return np.asarray(value if piece is None else value[piece[0]:piece[1]])
-
-
 def _broadcast(array, nbytes, root, group):
     """`array`'s bytes (root) on every rank of `group`, as uint8."""
     buf = np.zeros((nbytes + 7) // 8, dtype=np.int64)
@@ -176,14 +279,15 @@ def _broadcast(array, nbytes, root, group):
     return raw[:nbytes]
 
 
-def _stream(plan, pipeline, make_sink, all_devices):
-    """Runs the plan's values through the sink that `make_sink()` returns
-    (None on ranks that do not write): sink.group(path, metadata, stage) for
-    every group, then for each entry sink.dataset(entry, shape, dtype) and sink.put(dataset, piece,
-    array) for its pieces. A value of another stage comes from that stage's
-    rank of this pipeline (collective within it). A failing sink stops
-    writing, not receiving; its error is raised at the end."""
-    group = pipeline.layout.pipeline_group
+def stream(source, plan, make_sink, all_devices):
+    """Runs the values of `plan` (its groups and entries) through the sink
+    that `make_sink()` returns (None on ranks that do not write):
+    sink.group(path, metadata, stage) for every group, then for each entry
+    sink.dataset(entry, shape, dtype) and sink.put(dataset, piece, array)
+    for its pieces (a sink may leave out group). The values come from
+    `source` (a Whole); those that move between ranks reach the writers
+    collectively. A failing sink stops writing, not receiving; its error is
+    raised at the end."""
     error = None
 
     def call(fn, *args):
@@ -204,34 +308,18 @@ def _stream(plan, pipeline, make_sink, all_devices):
     for path, metadata in plan.groups:
         call(getattr(sink, "group", None), path, metadata, stages.get(path, 0))
     for e in plan.entries:
-        root = None if e.stage is None else pipeline.rank_of(e.stage)
-        moved = root is not None and (all_devices or root != 0) and runtime.get_size() > 1
+        moved = source.moves(e, all_devices)
         if not moved and make_sink is None:
             continue
         if e.value is not None:
             call(getattr(sink, "put", None), call(getattr(sink, "dataset", None), e,
                                                   e.value.shape, e.value.dtype), None, e.value)
             continue
-        source = e.variable if e.stage is None or e.stage in pipeline.stages else None
-        if moved:
-            header = _broadcast(_header(tuple(source.shape), source.dtype)
-                                if source is not None else None, _HEADER * 8, root,
-                                group).view(np.int64)
-            shape, dtype = _from_header(header)
-        else:
-            shape = tuple(source.shape)
-            dtype = np.dtype(tf.as_dtype(source.dtype).as_numpy_dtype)
+        shape, dtype = source.describe(e, moved)
         dataset = call(getattr(sink, "dataset", None), e, shape, dtype)
         for piece in _pieces(shape, dtype.itemsize):
-            if not moved:
-                call(getattr(sink, "put", None), dataset, piece, _read(source, piece))
-                continue
-            count = 1 if piece is None else piece[1] - piece[0]
-            nbytes = count * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-            raw = _broadcast(_read(source, piece) if source is not None else None, nbytes,
-                             root, group)
             call(getattr(sink, "put", None), dataset, piece,
-                 raw.view(dtype).reshape(shape if piece is None else (count,) + shape[1:]))
+                 source.piece(e, moved, shape, dtype, piece))
     if error is not None:
         raise error
 
@@ -310,14 +398,10 @@ class _ShardedSink:
                 tmp.unlink()
 
 
-def _participates(pipeline, all_devices):
-    return all_devices or pipeline.layout.replica == 0
-
-
-def save_weights(model, pipeline, filepath, overwrite, all_devices):
-    """model.save_weights for a pipelined model: `filepath` ends in
-    .weights.h5 (one file) or .weights.json (sharded, a shard per stage).
-    Collective."""
+def save_weights(model, source, filepath, overwrite, all_devices):
+    """model.save_weights for a model whose values `source` (a Whole)
+    holds: `filepath` ends in .weights.h5 (one file) or .weights.json
+    (sharded, source.num_shards shards). Collective."""
     filepath = os.fspath(filepath)
     if filepath.endswith(".weights.json"):
         kind = "sharded"
@@ -325,46 +409,43 @@ def save_weights(model, pipeline, filepath, overwrite, all_devices):
         kind = "h5"
     else:
         raise runtime.TarantellaError(
-            f"{filepath}: a pipelined model saves its weights to a file ending in "
-            ".weights.h5 (one file) or .weights.json (Keras's sharded format, one shard per "
-            "stage); rename it")
-    plan = Plan(model, pipeline)
+            f"{filepath}: {source.kind} saves its weights to a file ending in .weights.h5 (one "
+            f"file) or .weights.json (Keras's sharded format, {source.sharded_json}); rename it")
 
     def write(path):
         with contextlib.ExitStack() as files:
             if kind == "h5":
-                _stream(plan, pipeline, lambda: _H5Sink(files.enter_context(h5py.File(path, "w"))),
-                        all_devices)
+                stream(source, source.plan,
+                       lambda: _H5Sink(files.enter_context(h5py.File(path, "w"))), all_devices)
                 return
             sinks = []
 
             def sharded():
-                sinks.append(_ShardedSink(filepath, pipeline.partition.num_stages))
+                sinks.append(_ShardedSink(filepath, source.num_shards))
                 files.callback(sinks[0].abandon)
                 return sinks[0]
-            _stream(plan, pipeline, sharded, all_devices)
+            stream(source, source.plan, sharded, all_devices)
             sinks[0].finish(path)
 
-    _write_collectively(pipeline, filepath, overwrite, all_devices, plan, write)
+    _write_collectively(source, filepath, overwrite, all_devices, write)
 
 
-def save(model, pipeline, filepath, overwrite, all_devices):
-    """model.save for a pipelined model (a .keras archive, as
-    keras.saving.save_model writes it; the weights go through a temporary
-    file next to it). Collective."""
+def save(model, source, filepath, overwrite, all_devices):
+    """model.save for a model whose values `source` (a Whole) holds (a
+    .keras archive, as keras.saving.save_model writes it; the weights go
+    through a temporary file next to it). Collective."""
     filepath = os.fspath(filepath)
     if not filepath.endswith(".keras"):
         raise runtime.TarantellaError(
-            f"{filepath}: a pipelined model saves to a .keras file (or its weights with "
+            f"{filepath}: {source.kind} saves to a .keras file (or its weights with "
             "save_weights): rename it")
-    plan = Plan(model, pipeline)
 
     def write(path):
         weights = saving.temporary_name(path + ".weights.h5")
         try:
             with contextlib.ExitStack() as files:
-                _stream(plan, pipeline,
-                        lambda: _H5Sink(files.enter_context(h5py.File(weights, "w"))), all_devices)
+                stream(source, source.plan,
+                       lambda: _H5Sink(files.enter_context(h5py.File(weights, "w"))), all_devices)
             with model._tnt_plain():
                 config, metadata = internals.model_file_json(model)
             with zipfile.ZipFile(path, "w") as archive:
@@ -376,10 +457,10 @@ def save(model, pipeline, filepath, overwrite, all_devices):
             if os.path.exists(weights):
                 os.remove(weights)
 
-    _write_collectively(pipeline, filepath, overwrite, all_devices, plan, write)
+    _write_collectively(source, filepath, overwrite, all_devices, write)
 
 
-def _write_collectively(pipeline, filepath, overwrite, all_devices, plan, write):
+def _write_collectively(source, filepath, overwrite, all_devices, write):
     if not overwrite and runtime.get_size() > 1:
         # The master decides (the other ranks may not see its file system):
         # either every rank streams, or none does.
@@ -389,8 +470,8 @@ def _write_collectively(pipeline, filepath, overwrite, all_devices, plan, write)
                                           "or pass overwrite=True")
 
     def send():
-        if _participates(pipeline, all_devices):
-            _stream(plan, pipeline, None, all_devices)
+        if source.participates(all_devices):
+            stream(source, source.plan, None, all_devices)
     saving.write_on_master(filepath, overwrite, all_devices, write, others=send)
 
 
@@ -432,11 +513,12 @@ class _Reader:
             self.archive.close()
 
 
-def load(model, pipeline, filepath):
-    """Assigns to this rank's stage (its variables and its optimizer's
-    state) their values in `filepath` (see _Reader); other stages' values
-    are not read."""
-    plan = Plan(model, pipeline)
+def load(source, filepath):
+    """Assigns to the variables of the model of `source` (a Whole) that this
+    rank holds (of a pipeline, those of its stage and its optimizer's
+    state) their values in `filepath` (see _Reader); the others are not
+    read."""
+    plan = source.plan
     reader = _Reader(filepath)
     try:
         skipped = set()
@@ -452,9 +534,7 @@ def load(model, pipeline, filepath):
                         "state is not loaded (it was saved for another optimizer, or without "
                         "one)", filepath, have, path, want)
         for e in plan.entries:
-            if e.variable is None or (e.stage is not None and e.stage not in pipeline.stages):
-                continue
-            if e.path in skipped:
+            if not source.holds(e) or e.path in skipped:
                 continue
             found = [g[e.key] for g in reader.group(e.path) if e.key in g]
             if not found:
@@ -462,12 +542,12 @@ def load(model, pipeline, filepath):
                     f"{filepath} has no value for {e.path}/{e.key} ({e.variable.path}): give "
                     "a file that this model (or the same model, saved with Keras or "
                     "Tarantella) wrote")
-            value = found[0][()]
-            if tuple(value.shape) != tuple(e.variable.shape):
+            stored, expected = found[0], source.shape(e.variable)
+            if tuple(stored.shape) != expected:
                 raise runtime.TarantellaError(
-                    f"{filepath}: {e.path}/{e.key} has shape {tuple(value.shape)}, but "
-                    f"{e.variable.path} has shape {tuple(e.variable.shape)}: the file was "
-                    "written for another model")
-            e.variable.assign(value)
+                    f"{filepath}: {e.path}/{e.key} has shape {tuple(stored.shape)}, but "
+                    f"{e.variable.path} has shape {expected}: the file was written for "
+                    "another model")
+            source.assign(e.variable, stored)
     finally:
         reader.close()

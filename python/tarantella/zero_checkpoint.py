@@ -1,0 +1,167 @@
+"""Files of a model whose optimizer state is sharded (zero.py): written
+whole, as plain data parallelism writes them, and read into parts.
+
+At zero_stage 1 or 2 every rank holds the whole weights, but of each slot
+of the optimizer (a moment, an accumulator: one of a trainable variable's
+shape) only its part: the range of the variable's elements that
+Shards.ranges gives the rank. save, save_weights, ModelCheckpoint and
+BackupAndRestore write every slot whole, in the order and shape of plain
+data parallelism's optimizer, so that plain Keras loads the files and gets
+the optimizer state a zero_stage=0 run would have saved; the files load at
+any stage on any number of ranks, each rank taking its range of every slot.
+
+Parts tells the writers of pipeline/checkpoint.py (and of backup/files.py)
+where the values are: the weights and the optimizer's own variables
+(iterations, learning rate) on every rank, whole; a slot in the ranks'
+parts. The master writes the file (every rank with
+tnt_save_all_devices=True); a slot reaches it piece by piece (at most
+checkpoint.CHUNK_BYTES at a time), every rank sending the elements of the
+piece in its range (an allgatherv: every rank receives the piece, and drops
+it). No rank holds more of the state than its own parts and one piece.
+
+Loading reads the file on every rank (as Keras's load_weights does) and
+assigns each rank its range of every slot, read from the rows that hold it.
+"""
+import functools
+
+import numpy as np
+
+from tarantella import _core
+from tarantella import _keras_internals as internals
+from tarantella import runtime
+from tarantella import subclass
+from tarantella import zero
+from tarantella.pipeline import checkpoint
+
+
+def sharded(model):
+    """Whether `model`'s optimizer keeps its state in parts (zero_stage > 0
+    on several ranks), built or not."""
+    return isinstance(getattr(model, "optimizer", None), zero.ShardedOptimizer)
+
+
+def writes_parts(model):
+    """Whether a file of `model` holds state that is in the ranks' parts (an
+    optimizer not yet built has none: Keras writes the file as it is)."""
+    return sharded(model) and model.optimizer.built
+
+
+def check_together(model, what):
+    """Refuses `what` (save, save_weights) from one rank alone, as a
+    callback that runs on the master only would call it: the parts of the
+    optimizer's state are on every rank."""
+    if writes_parts(model):
+        raise runtime.TarantellaError(
+            f"{what} was called on one rank alone (by a callback that runs on the master "
+            f"only), but zero_stage={model.optimizer._tnt_shards.stage} keeps the optimizer's "
+            "state in parts on every rank, which write the file together: let the callback "
+            "run on every rank (ModelCheckpoint does)")
+
+
+class Parts(checkpoint.Whole):
+    """Where the values of the files of `model` (sharded(model)) are: every
+    rank holds the weights and the optimizer's own variables whole, and its
+    part of every slot (a slot moves: every rank sends its part of each
+    piece). Building it builds the optimizer, as fit would."""
+
+    def __init__(self, model):
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        self.model, self.shards = model, optimizer._tnt_shards
+        self.kind = f"a model with zero_stage={self.shards.stage}"
+        with subclass.original_classes([optimizer]):
+            self.stand_in, layout = internals.optimizer_layout(optimizer, self.shards.variables)
+            _, own = internals.optimizer_layout(optimizer, self.shards.parts)
+        if sorted(own, key=repr) != sorted(layout, key=repr) or \
+                len(own) != len(optimizer.variables):
+            raise runtime.TarantellaError(
+                f"optimizer {type(optimizer).__name__} holds other state for the parts of the "
+                "variables than for the variables themselves, so its state cannot be written "
+                "whole from the parts: save with zero_stage=0, or use one of Keras's "
+                "elementwise optimizers")
+        mine = dict(zip(own, optimizer.variables))
+        # This rank's variable for each variable of the whole model's
+        # optimizer, in its order; the slots among them, by model variable.
+        self.optimizer_variables = [mine[key] for key in layout]
+        self.slot_of = {}
+        for i, k in layout:
+            if i is None:
+                continue
+            lo, hi = self.shards.ranges[i]
+            if tuple(mine[(i, k)].shape) != (hi - lo,):
+                raise runtime.TarantellaError(
+                    f"optimizer {type(optimizer).__name__} keeps state of shape "
+                    f"{tuple(mine[(i, k)].shape)} for a part of {hi - lo} elements, not one "
+                    "value per element: it cannot be written whole from the parts; save with "
+                    "zero_stage=0, or use one of Keras's elementwise optimizers")
+            self.slot_of[id(mine[(i, k)])] = i
+
+    @functools.cached_property
+    def plan(self):
+        return checkpoint.Plan(self.model, {},
+                               (self.stand_in, [(None, v) for v in self.optimizer_variables]))
+
+    @functools.cached_property
+    def _every_range(self):
+        """[rank, i] = (lo, hi) of every rank's part of variable i
+        (collective: every rank gets it with its first slot)."""
+        mine = np.array(self.shards.ranges, dtype=np.int64).reshape(-1)
+        every = np.zeros(runtime.get_size() * mine.size, dtype=np.int64)
+        _core.allgather(mine, every)
+        return every.reshape(runtime.get_size(), -1, 2)
+
+    def participates(self, all_devices):
+        return True
+
+    def moves(self, entry, all_devices):
+        return id(entry.variable) in self.slot_of
+
+    def shape(self, variable):
+        i = self.slot_of.get(id(variable))
+        return super().shape(variable) if i is None else tuple(self.shards.variables[i].shape)
+
+    def describe(self, entry, moved):
+        shape, dtype = super().describe(entry, moved)
+        return self.shape(entry.variable), dtype
+
+    def piece(self, entry, moved, shape, dtype, piece):
+        if not moved:
+            return super().piece(entry, moved, shape, dtype, piece)
+        i = self.slot_of[id(entry.variable)]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        a, b = (0, 1) if piece is None else (piece[0] * row, piece[1] * row)
+        ranges = self._every_range[:, i]
+        starts = np.maximum(ranges[:, 0], a)
+        counts = np.maximum(np.minimum(ranges[:, 1], b) - starts, 0)
+        rank, size = runtime.get_rank(), dtype.itemsize
+        lo = self.shards.ranges[i][0]
+        mine = np.asarray(entry.variable.value[starts[rank] - lo:
+                                               starts[rank] - lo + counts[rank]])
+        received = np.empty(int(counts.sum()) * size, dtype=np.uint8)
+        _core.allgatherv(np.ascontiguousarray(mine).view(np.uint8), received,
+                         [int(c) * size for c in counts])
+        out = np.empty((b - a) * size, dtype=np.uint8)
+        at = 0
+        for start, count in zip(starts, counts):
+            out[(start - a) * size:(start - a + count) * size] = \
+                received[at:at + count * size]
+            at += count * size
+        return out.view(dtype).reshape(shape if piece is None else
+                                       (piece[1] - piece[0],) + shape[1:])
+
+    def assign(self, variable, stored):
+        i = self.slot_of.get(id(variable))
+        if i is None:
+            super().assign(variable, stored)
+            return
+        lo, hi = self.shards.ranges[i]
+        shape = self.shape(variable)
+        if shape:  # the rows that hold the part
+            row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+            first = lo // row
+            flat = np.asarray(stored[first:-(-hi // row)]).reshape(-1)
+            lo, hi = lo - first * row, hi - first * row
+        else:
+            flat = np.asarray(stored[()]).reshape(-1)
+        variable.assign(flat[lo:hi])

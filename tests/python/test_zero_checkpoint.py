@@ -1,0 +1,113 @@
+"""Checkpoints of models whose optimizer state is sharded (zero_stage 1, 2).
+
+The files hold the optimizer's state whole, as plain data parallelism
+writes it: every rank streams its parts of each slot to the master, in
+pieces (of 64 bytes here, which cut across the ranks' parts), and the
+master writes the file. So plain Keras loads save's, save_weights' and
+ModelCheckpoint's files of a stage-2 run and gets the weights and the
+optimizer variables that a stage-0 run saves, bit for bit (also under
+mixed precision, whose LossScaleOptimizer holds an inner optimizer).
+
+Loading gives each rank its part of every slot, whatever the stage and the
+number of ranks of the run that wrote the file. Stages 1 and 2 compute
+what stage 0 computes bit for bit (test_zero.py), so every comparison
+below is bitwise: one more epoch from a checkpoint equals one more epoch
+of the uninterrupted run (2 ranks: save, load_model, load_weights at other
+stages); from a file written on 3 ranks at stage 2, one more epoch on 2
+ranks at stage 1 or 2 equals one at stage 0 from the same file; a
+BackupAndRestore backup restores the same way (a fit at stage 2
+interrupted by an exception, then resumed, ends as the uninterrupted run;
+a backup taken on 3 ranks resumes on 2 at stage 2 as at stage 0). See
+zero_checkpoint_worker.py.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_command, run
+
+pytestmark = pytest.mark.ranks
+
+WORKER = os.path.join(ROOT, "tests", "python", "zero_checkpoint_worker.py")
+STEPS = 6  # an epoch: 120 samples in global batches of 20
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("zero-checkpoints"))
+    run(mpirun_command(3, sys.executable, WORKER, "save3", "--dir", d))
+    run(mpirun_command(2, sys.executable, WORKER, "main", "--dir", d))
+    run([sys.executable, WORKER, "keras", "--dir", d])
+    ranks = [dict(np.load(os.path.join(d, f"rank{r}.npz"))) for r in range(2)]
+    return dict(np.load(os.path.join(d, "keras.npz"))), ranks
+
+
+def values(result, prefix):
+    """The arrays `prefix`/0, `prefix`/1, ... of a result."""
+    keys = [k for k in result if k.rsplit("/", 1)[0] == prefix]
+    return [result[k] for k in sorted(keys, key=lambda k: int(k.rsplit("/", 1)[1]))]
+
+
+def assert_bitwise(got, want, what):
+    assert got and len(got) == len(want), f"{what}: {len(got)} arrays, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: array {i}"
+        assert np.array_equal(g, w), \
+            f"{what}: array {i} differs by up to {np.max(np.abs(g - w))}"
+
+
+@pytest.mark.parametrize("name,stage_zero", [
+    ("z2.keras", "z0.keras"), ("callback.keras", "z0.keras"),
+    ("z2.weights.h5", "z0.weights.h5"), ("z2.weights.json", "z0.weights.h5"),
+    ("mixed-z2.keras", "mixed-z0.keras")])
+def test_plain_keras_loads_the_state_that_stage_zero_saves(runs, name, stage_zero):
+    keras_, _ = runs
+    for what in ("w", "opt"):
+        assert_bitwise(values(keras_, f"{name}/{what}"), values(keras_, f"{stage_zero}/{what}"),
+                       f"{name} against {stage_zero}, {what}")
+    optimizer = values(keras_, f"{name}/opt")
+    # Adam: iterations, learning rate, m and v of each of the 6 weights (a
+    # LossScaleOptimizer's own 4 variables first).
+    assert len(optimizer) == 2 + 2 * 6 + (4 if name.startswith("mixed") else 0)
+    assert int(optimizer[-14]) == STEPS
+    assert all(np.any(v != 0) for v in optimizer[-12:]), f"{name}: an empty slot"
+
+
+@pytest.mark.parametrize("resumed", ["keras-z2", "keras-z0", "h5-z1", "json-z2"])
+def test_one_more_epoch_from_a_checkpoint_is_that_of_the_uninterrupted_run(runs, resumed):
+    """keras-z2 and keras-z0: load_model at stage 2 from stage 2's and
+    stage 0's .keras; h5-z1 and json-z2: load_weights into a model of other
+    initial weights, at stage 1 from .weights.h5 and at stage 2 from
+    .weights.json; then one epoch."""
+    _, ranks = runs
+    for r, result in enumerate(ranks):
+        assert int(result[f"iterations-{resumed}"]) == STEPS
+        for uninterrupted in ("z2", "z0"):
+            assert_bitwise(values(result, resumed), values(result, uninterrupted),
+                           f"rank {r}: {resumed} against {uninterrupted}")
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_checkpoint_of_3_ranks_resumes_on_2_at_every_stage(runs, stage):
+    _, ranks = runs
+    for r, result in enumerate(ranks):
+        assert_bitwise(values(result, f"from3-z{stage}"), values(result, "from3-z0"),
+                       f"rank {r}: stage {stage} from 3 ranks' file")
+
+
+def test_backup_and_restore_resumes_an_interrupted_fit_bitwise(runs):
+    _, ranks = runs
+    for r, result in enumerate(ranks):
+        assert_bitwise(values(result, "backup-z2"), values(result, "z2"),
+                       f"rank {r}: resumed at stage 2")
+        assert_bitwise(values(result, "backup3-z2"), values(result, "backup3-z0"),
+                       f"rank {r}: a backup of 3 ranks resumed on 2 at stage 2")
+
+
+def test_a_save_from_the_master_alone_is_refused(runs):
+    _, ranks = runs
+    for result in ranks:
+        message = str(result["alone"])
+        assert "one rank alone" in message and "let the callback run on every rank" in message

@@ -1,0 +1,200 @@
+"""Checkpoints of models whose optimizer state is sharded (zero_stage).
+
+train_worker's model learns with Adam (or, --mixed, under a
+LossScaleOptimizer) on 120 samples in global batches of 20 (6 steps an
+epoch), always from the same weights, in the same order.
+
+    zero_checkpoint_worker.py save3 --dir D   (3 ranks) one epoch at stage 2,
+        saved to D/ckpt3.keras; then a fit with BackupAndRestore(save_freq=4)
+        at stage 2, interrupted at epoch 1, batch 3 (after the backup of
+        step 8): its backup stays in D/backup3.
+    zero_checkpoint_worker.py main --dir D    (2 ranks) writes D/main.npz
+        (rank 0; every rank's final weights in D/rank<r>.npz too): see main().
+    zero_checkpoint_worker.py keras --dir D   (one process, plain Keras)
+        loads the files of main and writes their weights and optimizer
+        variables to D/keras.npz.
+
+Values travel in pieces of at most 64 bytes here (16 MiB by default), so
+that a slot goes to the master in several pieces, most of them cut across
+the ranks' parts.
+"""
+import argparse
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_worker  # noqa: E402  (sets TensorFlow's threads and log level)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+SAMPLES, BATCH = 120, 20
+# Saved by main: the weights files and .keras files of stage 0 and 2.
+FILES = ("z0.keras", "z2.keras", "callback.keras", "z0.weights.h5", "z2.weights.h5",
+         "z2.weights.json", "mixed-z0.keras", "mixed-z2.keras")
+
+
+def dataset():
+    x, y = train_worker.make_data(SAMPLES)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def optimizer(mixed=False):
+    adam = keras.optimizers.Adam(0.01)
+    return keras.optimizers.LossScaleOptimizer(adam) if mixed else adam
+
+
+def compiled(model, mixed=False):
+    model.compile(optimizer=optimizer(mixed), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def new_model(tnt, stage, seed=3, mixed=False):
+    return compiled(tnt.Model(train_worker.make_model(seed, mixed), zero_stage=stage), mixed)
+
+
+def fit(model, epochs=1, callbacks=()):
+    model.fit(dataset(), epochs=epochs, verbose=0, shuffle=False, callbacks=list(callbacks))
+    return model
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Raises at `batch` of `epoch`, as a job that fails there."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.epoch, self.batch, self.current = epoch, batch, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.current, batch) == (self.epoch, self.batch):
+            raise RuntimeError("interrupted")
+
+
+def interrupted_backup(tnt, stage, backup_dir):
+    """A fit of 2 epochs with BackupAndRestore(save_freq=4) at `stage`,
+    interrupted at epoch 1, batch 3: its last backup is of step 8."""
+    try:
+        fit(new_model(tnt, stage), epochs=2, callbacks=[
+            keras.callbacks.BackupAndRestore(backup_dir, save_freq=4), Interrupt(1, 3)])
+    except RuntimeError as e:
+        assert "interrupted" in str(e), e
+    else:
+        raise AssertionError("the fit was not interrupted")
+
+
+def resumed(tnt, stage, backup_dir):
+    """The model after the interrupted fit resumed from `backup_dir`."""
+    return fit(new_model(tnt, stage, seed=5), epochs=2,
+               callbacks=[keras.callbacks.BackupAndRestore(backup_dir, save_freq=4)])
+
+
+def weights(model, prefix):
+    return {f"{prefix}/{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+
+
+def main_run(tnt, path):
+    """Runs on 2 ranks; records (keys of main.npz):
+    z0, z2: the weights after 2 epochs at stage 0 and 2, saved after the first;
+    keras-z2, keras-z0: one epoch of models loaded (tnt.models.load_model) at
+        stage 2 from z2.keras and from z0.keras;
+    h5-z1, json-z2: one epoch of new models (other initial weights) that
+        load_weights from z2.weights.h5 at stage 1 and z2.weights.json at 2;
+    from3-z0, from3-z1, from3-z2: one epoch from ckpt3.keras (3 ranks,
+        stage 2) at stages 0, 1 and 2;
+    backup-z2: the interrupted fit at stage 2, resumed at stage 2;
+    backup3-z0, backup3-z2: save3's interrupted fit (3 ranks) resumed at
+        stages 0 and 2;
+    iterations-*: the optimizer's step count after loading;
+    alone: the error of a save at stage 2 from one rank alone."""
+    out = {}
+    for stage in (0, 2):
+        model = new_model(tnt, stage)
+        callbacks = [keras.callbacks.ModelCheckpoint(path("callback.keras"))] if stage else []
+        fit(model, callbacks=callbacks)
+        model.save(path(f"z{stage}.keras"))
+        model.save_weights(path(f"z{stage}.weights.h5"))
+        if stage:
+            model.save_weights(path("z2.weights.json"))
+            try:  # as a callback that runs on the master only would save
+                with model._tnt_saves_of_this_rank():
+                    model.save(path("alone.keras"))
+            except tnt.TarantellaError as e:
+                out["alone"] = np.array(str(e))
+        out.update(weights(fit(model), f"z{stage}"))
+        mixed = fit(new_model(tnt, stage, mixed=True))
+        mixed.save(path(f"mixed-z{stage}.keras"))
+
+    for name, stage in (("z2", 2), ("z0", 2)):
+        model = tnt.models.load_model(path(f"{name}.keras"), zero_stage=stage)
+        out[f"iterations-keras-{name}"] = np.asarray(model.optimizer.iterations)
+        out.update(weights(fit(model), f"keras-{name}"))
+    for name, key, stage in (("z2.weights.h5", "h5-z1", 1), ("z2.weights.json", "json-z2", 2)):
+        model = new_model(tnt, stage, seed=5)
+        model.load_weights(path(name))
+        out[f"iterations-{key}"] = np.asarray(model.optimizer.iterations)
+        out.update(weights(fit(model), key))
+    for stage in (0, 1, 2):
+        model = tnt.models.load_model(path("ckpt3.keras"), zero_stage=stage)
+        out.update(weights(fit(model), f"from3-z{stage}"))
+
+    interrupted_backup(tnt, 2, path("backup"))
+    out.update(weights(resumed(tnt, 2, path("backup")), "backup-z2"))
+    for stage in (0, 2):
+        copy = path(f"backup3-z{stage}")
+        if tnt.is_master_rank():
+            shutil.copytree(path("backup3"), copy)
+        tnt.allreduce(np.zeros(1))  # every rank waits for the copy
+        out.update(weights(resumed(tnt, stage, copy), f"backup3-z{stage}"))
+    return out
+
+
+def keras_run(path):
+    """Plain Keras loads each of FILES; returns their weights and optimizer
+    variables by file."""
+    out = {}
+    for name in FILES:
+        if name.endswith(".keras"):
+            model = keras.saving.load_model(path(name))
+        else:
+            model = compiled(train_worker.make_model(5))
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(path(name))
+        out.update(weights(model, f"{name}/w"))
+        for i, v in enumerate(model.optimizer.variables):
+            out[f"{name}/opt/{i}"] = np.asarray(v)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["save3", "main", "keras"])
+    p.add_argument("--dir", required=True)
+    args = p.parse_args()
+    path = lambda name: os.path.join(args.dir, name)  # noqa: E731
+    if args.mode == "keras":
+        np.savez(path("keras.npz"), **keras_run(path))
+        return 0
+
+    import tarantella as tnt
+    from tarantella.pipeline import checkpoint
+    tnt.init()
+    checkpoint.CHUNK_BYTES = 64
+    if args.mode == "save3":
+        fit(new_model(tnt, 2)).save(path("ckpt3.keras"))
+        interrupted_backup(tnt, 2, path("backup3"))
+        return 0
+    out = main_run(tnt, path)
+    if tnt.is_master_rank():
+        np.savez(path("main.npz"), **out)
+    np.savez(path(f"rank{tnt.get_rank()}.npz"), **out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
