@@ -11,7 +11,7 @@ weights (W), the quarter of them that it updates, its quarter of the
 averaged gradients and their two moments (W / 4 each, W / 2), and while the
 gradients are reduce-scattered their buckets (W) and the zeros its
 finishes are shaped like (W / 4): 3.25 W, which leaves 0.65 W (83 MiB) for
-TensorFlow's step (about 40 MiB on the reference host); it must train.
+TensorFlow's step (about 50 MiB on the reference host); it must train.
 """
 import os
 import sys

@@ -46,7 +46,7 @@ MEM_LAYERS, MEM_WIDTH, QUICK_WIDTH, MEM_BATCH = 4, 2048, 1024, 64
 # --quick (make test): QUICK_CAP_LAYERS of QUICK_CAP_WIDTH (W = 128 MiB),
 # limited to the base + QUICK_CAP_BUDGET_W x W, which lies between the
 # stages' needs (capacity_need_w): stage 0 must fail by arithmetic, stage 2
-# keeps 0.65 W (83 MiB) for TensorFlow's step (measured: about 40 MiB).
+# keeps 0.65 W (83 MiB) for TensorFlow's step (measured: about 50 MiB).
 CAP_LAYERS, CAP_WIDTH, CAP_RANKS, CAP_BUDGET_W, CAP_BATCH = 8, 4096, 4, 2.5, 32
 QUICK_CAP_LAYERS, QUICK_CAP_WIDTH, QUICK_CAP_BUDGET_W = 8, 2048, 3.9
 JOB_ENV = ("TF_CPP_MIN_LOG_LEVEL", *FREED_MEMORY_LEAVES)
