@@ -109,6 +109,7 @@ def test_report_without_any_results(tmp_path):
     # each target names the stage that writes its results
     assert "run `make bench STAGES=scale`" in target_row(summary, "at scale: projected")
     assert "run `make bench STAGES=fusion`" in target_row(summary, "Default fusion threshold")
+    assert "run `make bench STAGES=zero`" in target_row(summary, "ZeRO capacity")
 
 
 def test_report_pipeline_section(tmp_path):
@@ -437,3 +438,80 @@ def test_report_capacity_run_that_may_exceed_and_the_table_of_recomputed_stages(
     result["memory"][2]["ratio"] = 1.35
     write(tmp_path / "pipeline_capacity.jsonl", result)
     assert "| 1.35x | **MISS** |" in target_row(report(tmp_path), "Peak per rank on K stages")
+
+
+def zero_memory_row(optimizer, ranks, stage, theory, fusion, peak, variant="built by fit"):
+    return {"optimizer": optimizer, "ranks": ranks, "zero_stage": stage, "variant": variant,
+            "oversubscribed": ranks > 2, "rank_of_peak": 0, "theory_mib": theory,
+            "fusion_buffers_mib": fusion, "held_weights_mib": 64.0,
+            "held_gradient_buffers_mib": fusion, "held_optimizer_state_mib": 32.0,
+            "held_weight_parts_mib": 16.0, "held_total_mib": 128.0, "kept_beyond_held_mib": 20.0,
+            "step_peak_above_kept_mib": 50.0, "peak_above_base_mib": peak}
+
+
+def test_report_zero_memory_section(tmp_path):
+    """A stage meets its target when at every N its peak is at most 1.2 x
+    the theory + the fusion buffers; the rows of an optimizer built before
+    fit are shown, not judged."""
+    rows = [zero_memory_row("adam", n, 0, 256.0, 64.0 if n > 1 else 0.0, peak)
+            for n, peak in ((1, 300.0), (2, 371.0), (4, 360.0))]
+    # stage 2 at N = 4: 1.2 x 112 + 80 = 214.4 MiB allowed; 250 is over
+    rows += [zero_memory_row("adam", n, 2, theory, fusion, peak)
+             for n, theory, fusion, peak in ((1, 256.0, 0.0, 300.0), (2, 160.0, 96.0, 280.0),
+                                             (4, 112.0, 80.0, 250.0))]
+    rows.append(zero_memory_row("adam", 4, 2, 112.0, 80.0, 200.0, variant="built before fit"))
+    write(tmp_path / "zero.jsonl", {"config": {"layers": 4, "width": 2048, "weights_mib": 64.0,
+                                               "parameters": 16785408, "global_batch": 64},
+                                    "memory": rows})
+    summary = report(tmp_path)
+    row = target_row(summary, "ZeRO stage 0, Adam: peak per rank")
+    assert "| 1.20x (N = 2) | PASS |" in row and "N = 2 371 / 371" in row, row
+    row = target_row(summary, "ZeRO stage 2, Adam: peak per rank")
+    assert "| 1.52x (N = 4 *) | **MISS** |" in row and "N = 4 * 250 / 214" in row, row
+    assert "| NOT RUN | no result |" in target_row(summary, "ZeRO stage 1, Adam")
+    assert "| Adam | 4 * | 2 | built before fit | 112 | 80 | 214 |" in summary
+    closing = summary.split("### What would close the misses", 1)[1].split("\n## ", 1)[0]
+    assert "- **zero**:" in closing
+
+
+def zero_capacity_result(stage0_errors, stage2_errors):
+    """zero_capacity.jsonl of 4 ranks: each rank's error at stages 0 and 2
+    under the limit (None: it trains)."""
+    runs, ranks = [], []
+    for stage, errors in ((0, stage0_errors), (2, stage2_errors)):
+        name = f"stage {stage}, limited to the base + 3.9 W"
+        for rank, error in enumerate(errors):
+            doc = {"run": name, "rank": rank, "zero_stage": stage, "ranks": 4}
+            doc.update({"trained": True, "held_total_mib": 256.1, "margin_mib": 30.0 + rank,
+                        "peak_data_above_base_mib": 466.0} if error is None else
+                       {"trained": False, "error": error})
+            ranks.append(doc)
+        runs.append({"run": name, "zero_stage": stage, "budget_times_weights": 3.9,
+                     "trained": all(e is None for e in errors),
+                     "job_ok": all(e is None for e in errors), "ranks_reported": 4, "tail": ""})
+    return {"config": {"ranks": 4, "weights_mib": 128.1, "budget_times_weights": 3.9,
+                       "need_times_weights": {"0": 4.0, "2": 3.25}},
+            "runs": runs, "ranks": ranks}
+
+
+def test_report_zero_capacity_target(tmp_path):
+    oom = "TntNoMemoryError: Fusion failed: TNT_ERR_NO_MEMORY: out of memory"
+    cases = [
+        # stage 0 runs out of memory, stage 2 trains: met
+        ([oom] * 4, [None] * 4, "| yes | PASS |",
+         ["stage 0 fails (TntNoMemoryError", "stage 2 trains (margins +30, +31, +32, +33 MiB)",
+          "limit: the base + 3.9 W"]),
+        # stage 2 runs out of memory too
+        ([oom] * 4, [None, oom, None, None], "| no | **MISS** |", ["stage 2 fails (TntNo"]),
+        # stage 0 failing for another reason does not show the limit works
+        (["ValueError: bad input"] * 4, [None] * 4, "| no | **MISS** |",
+         ["stage 0 fails, but not for lack of memory: ValueError"]),
+        # stage 0 training: the limit is too loose
+        ([None] * 4, [None] * 4, "| no | **MISS** |", ["stage 0 trains"]),
+    ]
+    for stage0, stage2, verdict, details in cases:
+        write(tmp_path / "zero_capacity.jsonl", zero_capacity_result(stage0, stage2))
+        row = target_row(report(tmp_path), "ZeRO capacity")
+        assert verdict in row, row
+        for text in details:
+            assert text in row, (text, row)

@@ -190,11 +190,13 @@ def sim_model(keras, tnt):
     return keras.Model(inputs, keras.layers.Dense(SIM_OUT, name="out")(h), name="wide")
 
 
-def mpirun_cmd(args, ranks, *worker_args, env=()):
+def mpirun_cmd(args, ranks, *worker_args, env=(), script=__file__):
+    """`script` (this file by default) with `worker_args` on `ranks` ranks
+    under args.mpirun, the environment variables `env` passed on."""
     cmd = [args.mpirun] + shlex.split(args.mpiflags) + ["-np", str(ranks)]
     for name in env:
         cmd += ["-x", name]
-    return cmd + [sys.executable, os.path.abspath(__file__)] + list(worker_args)
+    return cmd + [sys.executable, os.path.abspath(script)] + list(worker_args)
 
 
 def run_job(cmd, timeout, env=None):

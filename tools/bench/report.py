@@ -24,6 +24,7 @@ import report_fit
 import report_pipeline
 import report_reliability
 import report_training
+import report_zero
 from bench_results import module_of, write_results
 from report_base import DETAILS, ROOT, STAGES, TARGETS, load_results, load_stages, table
 from report_plots import pyplot
@@ -143,6 +144,7 @@ def main():
     body += sim.compression_section(args.results, stages, targets)
     body += scale.section(args.results, stages, plt, targets)
     body += report_reliability.section(args.results, stages, targets)
+    body += report_zero.section(args.results, stages, targets)
     out = header(args.results, stages, args.quick)
     if plt is None:
         out += ["matplotlib is not installed: no plots (`tools/setup/install_deps.sh bench`).",

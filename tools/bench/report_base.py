@@ -32,7 +32,7 @@ TARGETS = load_targets()
 STAGES = {"collectives": "collectives_", "overhead": "overhead", "fusion": "fusion_sweep",
           "training": "training", "sim_cluster": "sim_cluster", "pipeline": "pipeline_",
           "data_share": "data_share", "scale": "scale", "reliability": "reliability_",
-          "compression": "compression_"}
+          "compression": "compression_", "zero": "zero"}
 
 # What summary.md leaves out (whole configurations, tables of every run):
 # report.py writes it to details.md.

@@ -5,9 +5,10 @@
 #
 # Stages (what each runs and writes: docs/research/benchmarks.md): collectives,
 # overhead, fusion, training, sim_cluster (as root), pipeline, data_share
-# (or data), scale (needs tnt-sim), reliability, compression. Each runs under
-# a time limit and writes its results into DIR (default bench/results); then
-# tools/bench/report.py writes DIR/summary.md, DIR/details.md and the plots.
+# (or data), scale (needs tnt-sim), reliability, compression, zero. Each runs
+# under a time limit and writes its results into DIR (default bench/results);
+# then tools/bench/report.py writes DIR/summary.md, DIR/details.md and the
+# plots.
 # A stage that fails or runs out of time is recorded in the summary and the
 # others still run; the exit status is 1 when any stage failed, 0 otherwise.
 # Every command's output is in DIR/logs/<stage>.log, traces in DIR/traces/.
@@ -362,6 +363,18 @@ if wanted compression; then
       env PATH="$(dirname "$LAUNCHER"):$PATH" "$PYTHON" "$ROOT/tools/bench/compression_accuracy.py" \
       "${args[@]}" --out "$OUT/compression_accuracy.jsonl"
   fi
+fi
+
+# 11. Sharded data parallelism: what a rank holds at ZeRO stages 0, 1 and 2,
+# and what stage 2 lets train under a memory limit.
+if wanted zero; then
+  args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  run_stage zero_memory "$(limit 1800 900)" "$OUT/zero.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/zero_bench.py" memory "${args[@]}" --json "$OUT/zero.jsonl"
+  run_stage zero_capacity "$(limit 1800 400)" "$OUT/zero_capacity.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/zero_bench.py" capacity "${args[@]}" \
+    --json "$OUT/zero_capacity.jsonl"
 fi
 
 # The report: summary.md and the plots, from whatever the stages left.

@@ -1,0 +1,187 @@
+"""The report's section on zero_bench.py: what a rank holds at ZeRO stages
+0, 1 and 2, and what sharding lets train under a memory limit (zero.jsonl,
+zero_capacity.jsonl).
+"""
+from report_base import (Target, detail, f2, limit, meets, open_section, problem_lines,
+                         short_by, table)
+from report_pipeline import MEMORY_ERRORS
+
+METHOD = "The method: docs/research/benchmarks.md (Sharded data parallelism)."
+OPTIMIZER_NAMES = {"adam": "Adam", "momentum": "SGD with momentum"}
+BUILT_BY_FIT = "built by fit"  # zero_bench.BUILT_BY_FIT: the rows the targets judge
+CAPACITY_TARGET = "ZeRO capacity: under a per-rank limit below stage 0's own arithmetic, " \
+                  "stage 2 trains"
+
+
+def memory_target_name(optimizer, stage):
+    return (f"ZeRO stage {stage}, {OPTIMIZER_NAMES[optimizer]}: peak per rank <= "
+            f"{limit('zero_memory')} x theory + fusion buffers, N = 1, 2, 4")
+
+
+def section(results, stages, targets):
+    out = ["## 10. Sharded data parallelism (ZeRO): what a rank holds", ""]
+    out += _memory(results, stages, targets)
+    out += _capacity(results, stages, targets)
+    return out
+
+
+def allowed_mib(row):
+    return limit("zero_memory") * row["theory_mib"] + row["fusion_buffers_mib"]
+
+
+def over_theory(row):
+    """The peak beyond the fusion buffers, in theories: what the target
+    compares with its threshold."""
+    return (row["peak_above_base_mib"] - row["fusion_buffers_mib"]) / row["theory_mib"]
+
+
+def _n(row):
+    return f"{row['ranks']}{' *' if row.get('oversubscribed') else ''}"
+
+
+def _memory(results, stages, targets):
+    cases = [(o, s) for o in OPTIMIZER_NAMES for s in (0, 1, 2)]
+    required = f"<= {limit('zero_memory')}x"
+    out, d = open_section(results, stages, targets, "zero.jsonl", ["zero_memory", "zero"],
+                          "### Memory per rank: held bytes and peak against the theory",
+                          [(memory_target_name(o, s), required) for o, s in cases])
+    if d is None:
+        return out
+    cfg, rows = d.get("config", {}), d.get("memory", [])
+    judged = [r for r in rows if r.get("variant", BUILT_BY_FIT) == BUILT_BY_FIT]
+    for optimizer, stage in cases:
+        name = memory_target_name(optimizer, stage)
+        mine = sorted((r for r in judged if (r["optimizer"], r["zero_stage"]) ==
+                       (optimizer, stage)), key=lambda r: r["ranks"])
+        if not mine:
+            failed = [f"{k}: {v.strip().splitlines()[-1] if v.strip() else '?'}"
+                      for k, v in (cfg.get("problems") or {}).items()
+                      if k.startswith(f"{optimizer}, ") and f"stage {stage}, " in k]
+            targets.append(Target(name, required, note="; ".join(["no result"] + failed)))
+            continue
+        worst = max(mine, key=over_theory)
+        missing = sorted({1, 2, 4} - {r["ranks"] for r in mine})
+        ok = all(meets("zero_memory", over_theory(r)) for r in mine) and not missing
+        t = Target(name, required, f"{over_theory(worst):.2f}x (N = {_n(worst)})", ok,
+                   family="zero")
+        over = over_theory(worst) > limit("zero_memory")
+        t.note = (short_by(over_theory(worst), limit("zero_memory"), False) + "; "
+                  if over else "")
+        t.note += "peak / allowed MiB: " + ", ".join(
+            f"N = {_n(r)} {r['peak_above_base_mib']:.0f} / {allowed_mib(r):.0f}" for r in mine)
+        if missing:
+            t.note += f"; no result at N = {', '.join(map(str, missing))}"
+        targets.append(t)
+    out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units "
+               f"(W = {cfg.get('weights_mib', '?')} MiB of float32 weights, P = "
+               f"{cfg.get('parameters', '?')} parameters), global batch "
+               f"{cfg.get('global_batch', '?')}, a fresh job per row; the rank with the largest "
+               "peak of each job. Theory (bytes a parameter): Adam 16, 8 + 8/N, 4 + 12/N; SGD "
+               "with momentum 12, 8 + 4/N, 4 + 8/N at stages 0, 1, 2. Fusion buffers, the most "
+               "libtnt holds at once: stage 0 the allreduce's buckets (4 P), stage 1 those and "
+               "the gather's buckets in flight (8 P), stage 2 its reduce-scatter parts and one "
+               "set's buckets in flight (4 P / N + 4 P); none on one rank. Allowed = "
+               f"{limit('zero_memory')} x theory + fusion buffers, margin = allowed - peak. "
+               "Held: through the variables (weights, the optimizer's variables, the weight "
+               "parts that it updates) and the fusion sets (the allreduce's buckets or the "
+               "reduce-scatter's parts). The peak (VmHWM above the RSS before the model is "
+               "built) is made of what is held, what the first step left beyond it (the traced "
+               "step) and a step's own peak above that (gradients as backprop makes them, "
+               f"buckets in flight, the optimizer's temporaries). {METHOD}")
+    out.append("")
+    out.append(table(
+        ["optimizer", "N", "stage", "state built", "theory", "fusion", "allowed", "weights",
+         "gradient buffers", "optimizer state", "weight parts", "held", "first step left",
+         "step's own", "peak", "margin", "(peak - fusion) / theory"],
+        [[OPTIMIZER_NAMES[r["optimizer"]], _n(r), r["zero_stage"], r.get("variant", "-"),
+          f2(r["theory_mib"], 0), f2(r["fusion_buffers_mib"], 0), f2(allowed_mib(r), 0),
+          f2(r["held_weights_mib"], 0), f2(r["held_gradient_buffers_mib"], 0),
+          f2(r["held_optimizer_state_mib"], 0), f2(r["held_weight_parts_mib"], 0),
+          f2(r["held_total_mib"], 0), f2(r["kept_beyond_held_mib"], 0),
+          f2(r.get("step_peak_above_kept_mib"), 0), f2(r["peak_above_base_mib"], 0),
+          f2(allowed_mib(r) - r["peak_above_base_mib"], 0), f"{over_theory(r):.2f}"]
+         for r in rows]))
+    out += ["", "MiB per rank. \\* oversubscribed: more ranks than cores (the memory is "
+            "measured alike; the steps are slower). Rows \"built before fit\" build the "
+            "optimizer with `model.optimizer.build` before `fit` (fit builds it while it "
+            "traces the step); the targets judge the rows built by fit."]
+    detail("zero.jsonl: every rank", [table(
+        ["optimizer", "N", "stage", "state built", "rank", "held", "RSS after the first step",
+         "peak", "peak of the first step", "peak of the steps", "peak data size", "step ms"],
+        [[r["optimizer"], r["ranks"], r["zero_stage"], r.get("variant", "-"), r["rank"],
+          r.get("held_total_mib"), r.get("rss_after_first_step_above_base_mib"),
+          r.get("peak_above_base_mib"), r.get("peak_first_step_above_base_mib"),
+          r.get("peak_steps_above_base_mib"), r.get("peak_data_above_base_mib"),
+          r.get("step_ms")] for r in d.get("ranks", [])])])
+    out += problem_lines(cfg)
+    out.append("")
+    return out
+
+
+def capacity_verdict(cfg, runs, ranks):
+    """(met, detail): met when the limited stage 0 fails for lack of memory
+    and the limited stage 2 trains on every rank."""
+    said, met = [], True
+    for stage in (0, 2):
+        run = next((r for r in runs if r["zero_stage"] == stage and r.get("budget_times_weights")),
+                   None)
+        docs = [d for d in ranks if run is not None and d["run"] == run["run"]]
+        errors = "; ".join(d["error"] for d in docs if d.get("error"))
+        if run is None:
+            said.append(f"stage {stage} not run")
+            met = False
+        elif stage == 0:
+            oom = not run["trained"] and any(w in errors for w in MEMORY_ERRORS)
+            said.append("stage 0 trains" if run["trained"] else
+                        f"stage 0 fails ({errors[:60]})" if oom else
+                        "stage 0 fails, but not for lack of memory: "
+                        + (errors[:60] or "its job failed without a result"))
+            met = met and oom
+        elif run["trained"]:
+            margins = ", ".join(f"{d['margin_mib']:+.0f}" for d in docs)
+            said.append(f"stage 2 trains (margins {margins} MiB)")
+        else:
+            said.append(f"stage 2 fails ({errors[:60] or 'its job failed without a result'})")
+            met = False
+    return met, (f"{cfg.get('ranks', '?')} ranks, W = {cfg.get('weights_mib', '?')} MiB, "
+                 f"limit: the base + {cfg.get('budget_times_weights', '?')} W; " + "; ".join(said))
+
+
+def _capacity(results, stages, targets):
+    out, d = open_section(results, stages, targets, "zero_capacity.jsonl",
+                          ["zero_capacity", "zero"],
+                          "### Capacity: what sharding lets train under a memory limit",
+                          [(CAPACITY_TARGET, "yes")])
+    if d is None:
+        return out
+    cfg, runs, ranks = d.get("config", {}), d.get("runs", []), d.get("ranks", [])
+    t = Target(CAPACITY_TARGET, "yes", family="zero")
+    t.ok, t.note = capacity_verdict(cfg, runs, ranks)
+    t.measured = "yes" if t.ok else "no"
+    targets.append(t)
+    need = cfg.get("need_times_weights", {})
+    out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units (W = "
+               f"{cfg.get('weights_mib', '?')} MiB), Adam, {cfg.get('ranks', '?')} ranks"
+               f"{' (oversubscribed)' if cfg.get('oversubscribed') else ''}, the optimizer "
+               "built before fit; each rank limited (RLIMIT_DATA, set before the model is "
+               f"built) to its data size then + {cfg.get('budget_times_weights', '?')} W. What "
+               f"a rank must hold at once, by arithmetic: stage 0 {need.get('0', '?')} W (the "
+               "weights, their gradients, Adam's two moments; the allreduce's buckets, W, "
+               f"come on top), stage 2 {need.get('2', '?')} W (the weights, the parts and "
+               "their moments, the reduce-scatter's buckets in flight, the zeros its finishes "
+               "are shaped like), TensorFlow's step on top. Margin = the limit - the peak data "
+               f"size. {METHOD}")
+    out.append("")
+    out.append(table(["run", "rank", "trained", "held (MiB)", "peak data above base (MiB)",
+                      "margin (MiB)", "error"],
+                     [[r["run"], r["rank"], "yes" if r.get("trained") else "no",
+                       f2(r.get("held_total_mib"), 1), f2(r.get("peak_data_above_base_mib"), 1),
+                       f2(r.get("margin_mib"), 1), (r.get("error") or "")[:80]]
+                      for r in ranks]))
+    for r in runs:
+        if not r.get("job_ok") and r.get("ranks_reported", 0) < cfg.get("ranks", 0):
+            said = [line for line in (r.get("tail") or "").splitlines() if line.strip("- ")]
+            out.append(f"\n- {r['run']}: {r['ranks_reported']} of {cfg.get('ranks')} ranks "
+                       f"reported ({said[-1].strip() if said else 'no output'})")
+    out.append("")
+    return out
