@@ -104,15 +104,16 @@ class GradientReducer:
             self._sets[(mode, signature)] = fusion
         return fusion
 
-    def reduce(self, grads, local_count, after=(), count_sink=None):
+    def reduce(self, grads, local_count, after=(), count_sink=None, parts_like=None):
         """Averages `grads` (list, None allowed) across ranks, weighted by
         `local_count` samples (a float32 scalar read from a variable). No
         gradient enters its bucket before the tensors `after` exist. Runs at
         trace time; returns new tensors. In mode "reduce_scatter" these are
         the gradients' parts (1-D), the sum of the counts comes from an
-        allreduce before the first bucket, and the count's own part goes to
-        the variable `count_sink` (TensorFlow drops a finish whose value
-        nothing uses)."""
+        allreduce before the first bucket, the count's own part goes to the
+        variable `count_sink` (TensorFlow drops a finish whose value nothing
+        uses), and `parts_like[i]`, a tensor shaped like gradient i's part,
+        gives its finish the part's shape."""
         if (runtime.get_size() if self._size is None else self._size) == 1 and \
                 self._mode == "allreduce":
             return list(grads)
@@ -134,21 +135,15 @@ class GradientReducer:
                 tokens[i] = ops.fusion_start(dense[i], h, i, numel, scale=n[0])
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             if scattered:
-                count_sink.assign(self.finish_part(fusion, tokens[cid], cid, n))
+                count_sink.assign(ops.fusion_finish(tokens[cid], count_sink.value(), h, cid,
+                                                    int(count_sink.shape[0])))
             else:
                 total = ops.fusion_finish(tokens[cid], n, h, cid, 1)[0]
             out = list(dense)
             for i, numel, _ in sig:
                 if scattered:
-                    out[i] = self.finish_part(fusion, tokens[i], i, dense[i], divisor=total)
+                    out[i] = ops.fusion_finish(tokens[i], parts_like[i], h, i,
+                                               int(parts_like[i].shape[0]), divisor=total)
                 else:
                     out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
         return out
-
-    @staticmethod
-    def finish_part(fusion, token, tensor_id, like, divisor=1.0):
-        """The finish of a reduce-scatter set: this rank's part of tensor
-        `tensor_id` (shaped like `like`), a vector."""
-        lo, hi = fusion.part(tensor_id)
-        return ops.fusion_finish(token, tf.zeros([hi - lo], like.dtype), fusion.handle,
-                                 tensor_id, hi - lo, divisor=divisor)

@@ -81,8 +81,10 @@ class Shards:
         lo, hi = self.gather_set.part(gradients.count_id(self.signature))
         self.count_part = tf.Variable(tf.zeros([hi - lo]), trainable=False)
         self.count_whole = tf.Variable(tf.zeros([1]), trainable=False)
+        # Zeros: copy_in gives them the model's values before every update (a
+        # slice of the weight would keep the weight's whole buffer alive).
         self.parts = [
-            keras.Variable(tf.reshape(v.value, [-1])[lo:hi], dtype=v.dtype, trainable=False,
+            keras.Variable(initializer="zeros", shape=(hi - lo,), dtype=v.dtype, trainable=False,
                            name=v.name)
             for v, (lo, hi) in zip(self.variables, self.ranges)]
 
@@ -100,7 +102,8 @@ class Shards:
                     for g, (lo, hi) in zip(grads, self.ranges)]
         dense = [tf.zeros(v.shape, v.dtype) if g is None else g
                  for g, v in zip(grads, self.variables)]
-        out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part)
+        out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part,
+                                  [p.value for p in self.parts])
         current.record(out)
         if self.stage == 1:
             out = [tf.reshape(g, [-1])[lo:hi] for g, (lo, hi) in zip(out, self.ranges)]
