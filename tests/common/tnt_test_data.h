@@ -23,6 +23,23 @@
 
 /* ------------------------------------------------------------ bits */
 
+/* Whether a test that loops over every (dtype, op) pair runs this one. A
+ * sanitized build (TNT_TEST_SAMPLED, set by tests/CMakeLists.txt; 5-20x
+ * slower) runs each dtype with one operation, the operations taking turns,
+ * so that every dtype and every operation still pass through every
+ * algorithm, count and layout: what a sanitizer finds there (races,
+ * accesses out of bounds) lies in the transfers and the element sizes, not
+ * in the pairing. The plain build runs every pair. */
+static inline int td_pair_runs(int dtype, int op) {
+#if defined(TNT_TEST_SAMPLED) && TNT_TEST_SAMPLED
+  return op == dtype % TNT_OP_COUNT;
+#else
+  (void)dtype;
+  (void)op;
+  return 1;
+#endif
+}
+
 static inline uint32_t td_f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);

@@ -176,6 +176,7 @@ static void test_allreduce_exact(bufs_t *b) {
       if (ci == NCOUNTS && dt != TNT_FLOAT32) continue;
       size_t count = ci < NCOUNTS ? kCounts[ci] : kBigCount;
       for (int o = 0; o < TNT_OP_COUNT; o++) {
+        if (!td_pair_runs(d, o)) continue;
         tnt_op_t op = (tnt_op_t)o;
         uint64_t seed = case_seed(1, d, o, count);
         mt_fill(b->in, count, dt, seed, g_rank);
@@ -554,6 +555,7 @@ static void test_reduce_scatter(tnt_group_t *world, bufs_t *b) {
         if (ci == 4 && dt != TNT_FLOAT32) continue;
         const size_t count = ci < 4 ? counts[ci] : kBigCount / (size_t)g_size + 3;
         for (int o = 0; o < TNT_OP_COUNT; o++) {
+          if (!td_pair_runs(d, o)) continue;
           for (int m = 0; m < MODE_COUNT; m++) {
             mt_set_case("reduce-scatter %s %s %s count=%zu %s", name, mt_dname(dt),
                         mt_oname((tnt_op_t)o), count, kModes[m]);
