@@ -2,7 +2,7 @@
 
   pipeline_worker.py CASE --out DIR [--serial] [--stages K] [--replicas R]
                      [--optimizer NAME] [--micro-batches M] [--num-stages K]
-                     [--schedule NAME]
+                     [--schedule NAME[,NAME...]]
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
@@ -130,7 +130,8 @@ def main():
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--schedule", help="tnt.Model's pipeline_schedule (default: "
-                                      "TNT_PIPELINE_SCHEDULE's)")
+                                      "TNT_PIPELINE_SCHEDULE's); several, comma-separated: "
+                                      "one training each, into DIR/<schedule>/")
     p.add_argument("--save")
     p.add_argument("--build-fn", action="store_true",
                    help="give tnt.Model the function that builds the model")
@@ -145,6 +146,17 @@ def main():
     args = p.parse_args()
     if args.mixed:
         keras.mixed_precision.set_global_policy(args.mixed)
+    if not args.serial:
+        tnt.init()
+    schedules = args.schedule.split(",") if args.schedule else [None]
+    for schedule in schedules:
+        out = os.path.join(args.out, schedule) if len(schedules) > 1 else args.out
+        train(args, schedule, out)
+
+
+def train(args, schedule, out):
+    """Builds, trains, evaluates and saves the model as `args` say, with
+    the pipeline `schedule`; writes the results to `out`."""
     x, y = data(args.case)
     stages = 1 if args.num_stages else args.stages
     if args.build_fn:
@@ -153,14 +165,13 @@ def main():
         model = build(args.case, stages)
     rank = 0
     if not args.serial:
-        tnt.init()
         rank = tnt.get_rank()
         strategy = (tnt.ParallelStrategy.ALL if args.replicas > 1
                     else tnt.ParallelStrategy.PIPELINING)
         auto = {"num_stages": args.num_stages} if args.num_stages else {}
         model = tnt.Model(model, parallel_strategy=strategy,
                           num_micro_batches=args.micro_batches,
-                          pipeline_schedule=args.schedule, **auto)
+                          pipeline_schedule=schedule, **auto)
     stage_file = {}
     if args.build_fn and args.serial:  # a normal build's weights, to compare with
         model = model()
@@ -201,10 +212,10 @@ def main():
     if args.save:
         model.save(args.save)
         guard(model, "save", stage_file)
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     if stage_file:
-        np.savez(os.path.join(args.out, f"rank{rank}-stage.npz"), **stage_file)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **results)
+        np.savez(os.path.join(out, f"rank{rank}-stage.npz"), **stage_file)
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
 
 
 if __name__ == "__main__":

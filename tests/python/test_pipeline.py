@@ -10,6 +10,7 @@ Keras has it. GPipe and 1F1B give bitwise identical weights. A pipelined model
 saves a plain Keras file that loads on one rank and predicts the same. Bad
 models and settings fail with errors that say what to change, and a killed
 stage ends the job like a killed data-parallel rank."""
+import functools
 import os
 import sys
 
@@ -49,6 +50,7 @@ def variant_settings(variant):
     return {"TNT_PIPELINE_SCHEDULE": variant}
 
 
+@functools.cache
 def serial_run(tmp_path_factory, case, stages, optimizer):
     d = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}-{optimizer}"))
     run([sys.executable, WORKER, case, "--serial", "--out", d, "--stages", str(stages),

@@ -71,23 +71,27 @@ def test_the_argument_chooses_the_schedule_and_is_checked(tmp_path, python):
         "of a step at best)" in proc.stderr, proc.stderr
 
 
-def pipelined(tmp_path_factory, case, stages, schedule, replicas=1):
-    d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}-{schedule}"))
+def pipelined(tmp_path_factory, case, stages, schedules, replicas=1):
+    """Each schedule's results on every rank, trained one after another in
+    one job."""
+    d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}"))
     run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
                        "--stages", str(stages), "--replicas", str(replicas),
-                       "--micro-batches", "4", "--optimizer", "adam", "--schedule", schedule),
+                       "--micro-batches", "4", "--optimizer", "adam",
+                       "--schedule", ",".join(schedules)),
         timeout=600)
-    return load(d, stages * replicas)
+    return {s: load(os.path.join(d, s), stages * replicas) for s in schedules}
 
 
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("case", ["mlp", "seq"])
 def test_every_schedule_trains_1f1b_weights_bitwise(case, stages, tmp_path_factory):
-    one_f_one_b = pipelined(tmp_path_factory, case, stages, "1f1b")[0]
+    runs = pipelined(tmp_path_factory, case, stages, ["1f1b", "gpipe", "zb-h1", "zb-h2"])
+    one_f_one_b = runs["1f1b"][0]
     keys = [k for k in one_f_one_b if k.startswith("w")]
     assert len(keys) == 8  # 4 dense layers: kernel and bias
     for schedule in ("gpipe", "zb-h1", "zb-h2"):
-        results = pipelined(tmp_path_factory, case, stages, schedule)
+        results = runs[schedule]
         assert_ranks_identical(results)
         for key in keys + ["loss", "metric", "val_loss", "evaluate", "predict"]:
             assert np.array_equal(results[0][key], one_f_one_b[key]), \
@@ -98,8 +102,8 @@ def test_zero_bubble_with_replicas(tmp_path_factory):
     """2 replicas of 2 stages (ParallelStrategy.ALL, 4 ranks): each stage's
     gradients, summed in its W passes, average over its replicas as
     1F1B's do."""
-    one_f_one_b = pipelined(tmp_path_factory, "mlp", 2, "1f1b", replicas=2)[0]
-    results = pipelined(tmp_path_factory, "mlp", 2, "zb-h1", replicas=2)
+    runs = pipelined(tmp_path_factory, "mlp", 2, ["1f1b", "zb-h1"], replicas=2)
+    one_f_one_b, results = runs["1f1b"][0], runs["zb-h1"]
     assert_ranks_identical(results)
     for key in [k for k in one_f_one_b if k.startswith("w")] + ["loss", "predict"]:
         assert np.array_equal(results[0][key], one_f_one_b[key]), key

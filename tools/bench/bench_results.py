@@ -46,6 +46,17 @@ def load_average():
     return round(os.getloadavg()[0], 2)
 
 
+def stop_on_signals():
+    """Turns SIGTERM and SIGHUP into KeyboardInterrupt, so that a stopped
+    benchmark still runs its `finally` clauses (ends its jobs, takes its
+    simulated cluster down)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
 def new_config(**fields):
     """A results file's config: `fields`, then the stamps of the run's
     start. Record a failed run in config["problems"][name] (the end of its

@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -964,12 +963,7 @@ def main():
         return 0
     if not args.mode or not args.json:
         p.error("give a mode (bubble, memory, capacity, sim_cluster) and --json PATH")
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    bench_results.stop_on_signals()
     try:
         return {"bubble": bubble, "memory": memory, "capacity": capacity,
                 "sim_cluster": sim_cluster}[args.mode](args)

@@ -16,7 +16,6 @@
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -360,12 +359,7 @@ def main():
         return 0
     if not args.mode or not args.json:
         p.error("give a mode (memory, capacity) and --json PATH")
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    bench_results.stop_on_signals()
     return {"memory": memory, "capacity": capacity}[args.mode](args)
 
 

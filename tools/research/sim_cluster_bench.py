@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(ROOT, "tools", "bench")  # the shared helpers and train_compare.py
 sys.path.insert(0, BENCH)
+import bench_results  # noqa: E402
 from bench_results import finish_config, new_config, write_results  # noqa: E402
 from step_timeline import breakdown, load_trace, summarize  # noqa: E402
 SIM = os.path.join(ROOT, "tests", "launcher", "sim_cluster.sh")
@@ -774,12 +775,7 @@ def main():
     if args.worker:
         worker(args)
         return
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    bench_results.stop_on_signals()
     try:
         if args.allreduce:
             if args.quick:
