@@ -1,6 +1,7 @@
 """Custom training, serially (plain Keras) or on the ranks of a Tarantella job.
 
-Cases (every rank writes OUT/rank<r>.npz with per-epoch losses and weights):
+Cases, comma-separated (every rank writes OUT/<case>/rank<r>.npz with per-epoch
+losses and weights):
   two_optimizers  a subclassed model whose compile takes two optimizers and
                   whose train_step applies each to its own part of the model
   vae             a VAE-style model: a layer adds a KL-like term with
@@ -111,7 +112,7 @@ def run_loop(model, optimizer, ds, distributed):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["two_optimizers", "vae", "loop"])
+    p.add_argument("cases", help="comma-separated: two_optimizers, vae, loop")
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     args = p.parse_args()
@@ -120,11 +121,22 @@ def main():
         import tarantella as tnt
         tnt.init()
         rank = tnt.get_rank()
+    for case in args.cases.split(","):
+        out = os.path.join(args.out, case)
+        os.makedirs(out, exist_ok=True)
+        np.savez(os.path.join(out, f"rank{rank}.npz"), **train(case, distributed))
+    return 0
+
+
+def train(case, distributed):
+    """Per-epoch losses and the weights after training `case`."""
+    if distributed:
+        import tarantella as tnt
     x, y = make_data()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     keras.utils.set_random_seed(7)
     results = {}
-    if args.case == "loop":
+    if case == "loop":
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
                                   keras.layers.Dense(2)])
         optimizer = keras.optimizers.Adam(0.01)
@@ -132,8 +144,8 @@ def main():
             tnt.broadcast_variables(model.variables)
             ds = tnt.data.distribute(ds)
         results["loss"] = run_loop(model, optimizer, ds, distributed)
-    else:
-        if args.case == "two_optimizers":
+    elif case in ("two_optimizers", "vae"):
+        if case == "two_optimizers":
             model = TwoParts()
             model(x[:1])
             if distributed:
@@ -147,12 +159,11 @@ def main():
             model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
         history = model.fit(ds, epochs=EPOCHS, verbose=0, shuffle=False)
         results["loss"] = np.array(history.history["loss"])
+    else:
+        raise SystemExit(f"unknown case {case!r}: use two_optimizers, vae or loop")
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = np.asarray(w)
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **results)
-    return 0
-
+    return results
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,26 +18,24 @@ CASES = ["two_optimizers", "vae", "loop"]
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
-    out = {}
-    for case in CASES:
-        d = str(tmp_path_factory.mktemp(f"serial-{case}"))
-        run([sys.executable, WORKER, case, "--serial", "--out", d])
-        out[case] = load(d, 1)[0]
-    return out
+    d = str(tmp_path_factory.mktemp("serial"))
+    run([sys.executable, WORKER, ",".join(CASES), "--serial", "--out", d])
+    return {case: load(os.path.join(d, case), 1)[0] for case in CASES}
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])
-@pytest.mark.parametrize("case", CASES)
-def test_custom_training_equals_serial(case, nranks, serial, tmp_path, python):
-    run(mpirun_command(nranks, python, WORKER, case, "--out", str(tmp_path)), timeout=600)
-    results = load(str(tmp_path), nranks)
-    assert_ranks_identical(results)
-    got, want = results[0], serial[case]
-    assert np.allclose(got["loss"], want["loss"], rtol=0, atol=1e-4), \
-        f"{case}: per-epoch loss {got['loss']} differs from serial {want['loss']}"
-    for key in (k for k in want if k.startswith("w")):
-        diff = np.abs(got[key] - want[key]).max()
-        assert diff < 1e-4, f"{case}: weight {key} differs from serial by {diff}"
+def test_custom_training_equals_serial(nranks, serial, tmp_path, python):
+    run(mpirun_command(nranks, python, WORKER, ",".join(CASES), "--out", str(tmp_path)),
+        timeout=600)
+    for case in CASES:
+        results = load(str(tmp_path / case), nranks)
+        assert_ranks_identical(results)
+        got, want = results[0], serial[case]
+        assert np.allclose(got["loss"], want["loss"], rtol=0, atol=1e-4), \
+            f"{case}: per-epoch loss {got['loss']} differs from serial {want['loss']}"
+        for key in (k for k in want if k.startswith("w")):
+            diff = np.abs(got[key] - want[key]).max()
+            assert diff < 1e-4, f"{case}: weight {key} differs from serial by {diff}"
 
 
 DATA = "/usr/share/datasets/fashion-mnist"

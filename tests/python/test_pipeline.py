@@ -6,7 +6,8 @@ Keras training with the same global batch (1e-5 loss, 1e-4 weights), with
 several optimizers, skip connections across cuts, regularization, unequal
 micro-batches and a partial last batch; every rank ends with identical
 weights; a model of two outputs also has each output's loss as serial
-Keras has it. GPipe and 1F1B give bitwise identical weights. A pipelined model
+Keras has it (every schedule trains 1F1B's weights bitwise:
+test_pipeline_schedules.py). A pipelined model
 saves a plain Keras file that loads on one rank and predicts the same. Bad
 models and settings fail with errors that say what to change, and a killed
 stage ends the job like a killed data-parallel rank."""
@@ -29,8 +30,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # or "recompute": 1F1B with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute.
 CONFIGS = [
     ("mlp", 2, 1, "adam", "1f1b"),
-    ("mlp", 2, 1, "sgd", "1f1b"),
-    ("mlp", 2, 1, "sgd", "gpipe"),
     ("skip", 2, 1, "rmsprop", "1f1b"),
     ("cls", 3, 1, "rmsprop", "1f1b"),
     ("mlp", 2, 2, "adam", "1f1b"),
@@ -102,13 +101,6 @@ def assert_matches_serial(got, want, what):
     print(f"{what}: largest difference from serial Keras: loss "
           f"{np.abs(np.subtract(got['loss'], want['loss'])).max():.2e}, weights "
           f"{max(np.abs(got[k] - want[k]).max() for k in weights):.2e}")
-
-
-def test_gpipe_and_1f1b_give_identical_weights(runs):
-    gpipe = runs[("mlp", 2, 1, "sgd", "gpipe")][0]
-    one_f_one_b = runs[("mlp", 2, 1, "sgd", "1f1b")][0]
-    for key in (k for k in gpipe if k.startswith("w") or k == "loss"):
-        assert np.array_equal(gpipe[key], one_f_one_b[key]), f"{key} differs"
 
 
 def test_saved_pipeline_loads_on_one_rank_and_in_other_pipelines(tmp_path, python):

@@ -73,12 +73,21 @@ def assert_state_is_sharded(results, cases):
                 assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
 
 
-@pytest.mark.parametrize("nranks,model", [(2, "functional"), (3, "sequential")])
-def test_elementwise_optimizers_are_bitwise_as_stage_zero(nranks, model, tmp_path, python):
-    results = train(tmp_path, python, nranks, "--model", model, "--cases", ",".join(ELEMENTWISE))
+# At 3 ranks (parts of unequal size), one optimizer of each kind of
+# update: momentum, Adam's moments, a square root of accumulated squares
+# (Adagrad, RMSprop), a sign (Lion), FTRL's; 2 ranks run all of them.
+THREE_RANKS = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
+
+
+@pytest.mark.parametrize("nranks,model,cases", [(2, "functional", ELEMENTWISE),
+                                                (3, "sequential", THREE_RANKS)],
+                         ids=["2-functional", "3-sequential"])
+def test_elementwise_optimizers_are_bitwise_as_stage_zero(nranks, model, cases, tmp_path,
+                                                          python):
+    results = train(tmp_path, python, nranks, "--model", model, "--cases", ",".join(cases))
     assert_ranks_identical(results)
-    assert_bitwise_as_stage_zero(results, ELEMENTWISE)
-    assert_state_is_sharded(results, ELEMENTWISE)
+    assert_bitwise_as_stage_zero(results, cases)
+    assert_state_is_sharded(results, cases)
 
 
 @pytest.mark.parametrize("model", ["own_step", "own_step_tape"])
