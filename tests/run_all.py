@@ -199,7 +199,8 @@ def tier_check(run, build):
 
 
 def tier_mpi(run, build):
-    ctest(run, "mpi", build, "-L", "mpi|sim")
+    # Two at a time, but for the programs marked RUN_SERIAL (tests/CMakeLists.txt).
+    ctest(run, "mpi", build, "-L", "mpi|sim", "-j", "2")
 
 
 def tier_sanitizers(run, build):
