@@ -22,6 +22,7 @@ def section(results, stages, targets):
     out = ["## 10. Sharded data parallelism (ZeRO): what a rank holds", ""]
     out += _memory(results, stages, targets)
     out += _capacity(results, stages, targets)
+    out += _throughput(results, stages, targets)
     return out
 
 
@@ -183,5 +184,53 @@ def _capacity(results, stages, targets):
             said = [line for line in (r.get("tail") or "").splitlines() if line.strip("- ")]
             out.append(f"\n- {r['run']}: {r['ranks_reported']} of {cfg.get('ranks')} ranks "
                        f"reported ({said[-1].strip() if said else 'no output'})")
+    out.append("")
+    return out
+
+
+def throughput_target_name(stage):
+    return (f"ZeRO stage {stage}: throughput >= {limit('zero_throughput')}x stage 0's "
+            "(each model, 2 ranks)")
+
+
+def _throughput(results, stages, targets):
+    goals = [(throughput_target_name(s), f">= {limit('zero_throughput')}x") for s in (1, 2)]
+    out, d = open_section(results, stages, targets, "zero_throughput.jsonl",
+                          ["zero_throughput", "zero"],
+                          "### Throughput against stage 0", goals)
+    if d is None:
+        return out
+    rows = {(r["model"], r["framework"]): r for r in d.get("results", [])}
+    models = sorted({m for m, _ in rows})
+    ratios = {}
+    for model in models:
+        base = rows.get((model, "tarantella"))
+        for stage in (1, 2):
+            mine = rows.get((model, f"tarantella-zero{stage}"))
+            if base and mine:
+                ratios[model, stage] = (mine["median_samples_per_s"]
+                                        / base["median_samples_per_s"])
+    for (name, required), stage in zip(goals, (1, 2)):
+        mine = {m: r for (m, s), r in ratios.items() if s == stage}
+        t = Target(name, required, family="zero")
+        if len(mine) < len(models) or not models:
+            t.note = "no result for " + ", ".join(m for m in models if m not in mine) or "-"
+        else:
+            worst = min(mine, key=mine.get)
+            t.measured, t.ok = f"{mine[worst]:.2f}x ({worst})", meets("zero_throughput",
+                                                                        mine[worst])
+            t.note = ", ".join(f"{m} {v:.2f}x" for m, v in sorted(mine.items()))
+        targets.append(t)
+    out.append("tools/bench/train_compare.py's models (LeNet-5 on Fashion-MNIST, the "
+               "Transformer encoder, a dense stack of 4 layers of 1024 units) on 2 ranks of "
+               "this host, SGD with momentum, the runs of a model interleaved; median step of "
+               f"the timed section, every run's ranks checked to agree. {METHOD}")
+    out.append("")
+    out.append(table(["model", "parameters", "stage 0 samples/s", "stage 1", "stage 2",
+                      "stage 1 / 0", "stage 2 / 0"],
+                     [[m, rows.get((m, "tarantella"), {}).get("params", "-")]
+                      + [f2(rows.get((m, fw), {}).get("median_samples_per_s"), 1)
+                         for fw in ("tarantella", "tarantella-zero1", "tarantella-zero2")]
+                      + [f2(ratios.get((m, s)), 2) for s in (1, 2)] for m in models]))
     out.append("")
     return out

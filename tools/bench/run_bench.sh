@@ -366,7 +366,8 @@ if wanted compression; then
 fi
 
 # 11. Sharded data parallelism: what a rank holds at ZeRO stages 0, 1 and 2,
-# and what stage 2 lets train under a memory limit.
+# what stage 2 lets train under a memory limit, and the stages' throughput
+# against stage 0's on 2 ranks.
 if wanted zero; then
   args=(--mpirun "$MPIRUN" --mpiflags "$MPIFLAGS")
   [[ $QUICK == 1 ]] && args+=(--quick)
@@ -375,6 +376,11 @@ if wanted zero; then
   run_stage zero_capacity "$(limit 1800 400)" "$OUT/zero_capacity.jsonl" \
     "$PYTHON" "$ROOT/tools/bench/zero_bench.py" capacity "${args[@]}" \
     --json "$OUT/zero_capacity.jsonl"
+  args=(--ranks 2 --models lenet5,transformer,dense --out "$OUT/zero_throughput.jsonl"
+        --frameworks tarantella,tarantella-zero1,tarantella-zero2)
+  [[ $QUICK == 1 ]] && args+=(--quick)
+  run_stage zero_throughput "$(limit 1800 600)" "$OUT/zero_throughput.jsonl" \
+    "$PYTHON" "$ROOT/tools/bench/train_compare.py" "${args[@]}"
 fi
 
 # The report: summary.md and the plots, from whatever the stages left.

@@ -1,6 +1,7 @@
 """Data-parallel training throughput: Tarantella against MultiWorkerMirroredStrategy and Horovod.
 
-The same three models (LeNet-5, a small ResNet, a Transformer encoder) on
+The same models (LeNet-5, a small ResNet, a Transformer encoder; a dense
+stack for the ZeRO comparison) on
 1, 2 and 4 ranks of this host, at a fixed per-rank batch (weak scaling),
 runs interleaved across frameworks; every run checks that its ranks end
 with the same weights. `--baselines` adds serial Keras 3 and tf-keras runs.
@@ -9,6 +10,8 @@ The method: docs/research/benchmarks.md.
     python3 tools/bench/train_compare.py --out bench/results/training.jsonl
     python3 tools/bench/train_compare.py --quick           # 2 ranks only, fewer steps
     python3 tools/bench/train_compare.py --models lenet5 --ranks 2 --frameworks tarantella,mwms
+    python3 tools/bench/train_compare.py --models lenet5,transformer,dense --ranks 2 \
+        --frameworks tarantella,tarantella-zero1,tarantella-zero2    # ZeRO against stage 0
 """
 import argparse
 import concurrent.futures
@@ -31,13 +34,16 @@ from bench_results import write_results
 SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MODELS = ("lenet5", "resnet", "transformer")
-FRAMEWORKS = ("tarantella", "mwms", "horovod")
+# tarantella-zeroS: tnt.Model(..., zero_stage=S).
+FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2", "mwms", "horovod")
+DENSE_LAYERS, DENSE_WIDTH = 4, 1024
 SEQ_LEN, VOCAB, D_MODEL, HEADS, FF, LAYERS = 64, 2000, 128, 4, 256, 2
 NUM_CLASSES = 10
 
 # Warm-up and timed steps per model: (warm-up, timed full, timed --quick).
 # The timed section lasts a few seconds on one 2-core host.
-STEPS = {"lenet5": (5, 80, 30), "resnet": (5, 30, 12), "transformer": (5, 40, 15)}
+STEPS = {"lenet5": (5, 80, 30), "resnet": (5, 30, 12), "transformer": (5, 40, 15),
+         "dense": (5, 40, 15)}
 
 # Horovod's latest release as it builds against TensorFlow 2.21.
 HOROVOD_BUILD_NOTE = (
@@ -116,7 +122,17 @@ def transformer(K):
     return K.Model(inputs, K.layers.Dense(NUM_CLASSES, activation="softmax")(x))
 
 
-BUILDERS = {"lenet5": lenet5, "resnet": resnet, "transformer": transformer}
+def dense(K):
+    """DENSE_LAYERS ReLU layers of DENSE_WIDTH units (4.2 M parameters): the
+    optimizer's update is a large part of its step."""
+    inputs = K.Input(shape=(DENSE_WIDTH,))
+    x = inputs
+    for _ in range(DENSE_LAYERS):
+        x = K.layers.Dense(DENSE_WIDTH, activation="relu")(x)
+    return K.Model(inputs, K.layers.Dense(NUM_CLASSES, activation="softmax")(x))
+
+
+BUILDERS = {"lenet5": lenet5, "resnet": resnet, "transformer": transformer, "dense": dense}
 
 
 def _read_idx(path):
@@ -141,6 +157,8 @@ def arrays(model, global_batch):
     y = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
     if model == "resnet":
         return rng.random((n, 32, 32, 3), dtype=np.float32), y
+    if model == "dense":
+        return rng.random((n, DENSE_WIDTH), dtype=np.float32), y
     return rng.integers(0, VOCAB, size=(n, SEQ_LEN)).astype(np.int32), y
 
 
@@ -193,12 +211,13 @@ def worker(args):
         _compile(K, model)
         ds = base.batch(global_batch, drop_remainder=True).repeat().prefetch(2)
         extra = []
-    elif args.framework == "tarantella":
+    elif args.framework.startswith("tarantella"):
         import tarantella as tnt
         tnt.init()
         size, rank = tnt.get_size(), tnt.get_rank()
         K.utils.set_random_seed(1)
-        model = tnt.Model(BUILDERS[args.model](K))
+        stage = int(args.framework[-1]) if "zero" in args.framework else 0
+        model = tnt.Model(BUILDERS[args.model](K), zero_stage=stage)
         _compile(K, model)
         ds = base.batch(global_batch, drop_remainder=True).repeat().prefetch(2)
         extra = []
@@ -371,7 +390,7 @@ class Driver:
         self.args = args
         self.cores = len(os.sched_getaffinity(0))
         self.tmp = tempfile.mkdtemp(prefix="train_compare-")
-        self.keras_for = {"tarantella": "keras3", "mwms": "keras3", "horovod": "keras3"}
+        self.keras_for = dict.fromkeys(FRAMEWORKS, "keras3")
         self.errors = {}
         self.notes = {}
 
@@ -415,7 +434,7 @@ class Driver:
             else:
                 if framework == "serial":
                     cmd = [sys.executable, SCRIPT] + wargs
-                elif framework == "tarantella":
+                elif framework.startswith("tarantella"):
                     cmd = ["tarantella", "--no-gpu", "-n", str(ranks), "--run-dir", run_dir,
                            "--", SCRIPT] + wargs
                 else:
@@ -598,7 +617,7 @@ def main():
         w = argparse.ArgumentParser(prog="train_compare.py worker",
                                     description="one rank of one run (started by the driver)")
         w.add_argument("--framework", choices=FRAMEWORKS + ("serial",), required=True)
-        w.add_argument("--model", choices=MODELS, required=True)
+        w.add_argument("--model", choices=list(BUILDERS), required=True)
         w.add_argument("--ranks", type=int, required=True)
         w.add_argument("--cores", type=int, required=True)
         w.add_argument("--per-rank-batch", type=int, required=True)
@@ -612,7 +631,8 @@ def main():
     p.add_argument("--out", metavar="PATH", help="write the results file to PATH")
     p.add_argument("--quick", action="store_true", help="2 ranks only, fewer timed steps")
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    p.add_argument("--frameworks", default="tarantella,mwms,horovod",
+                   help=f"comma-separated, of {', '.join(FRAMEWORKS)}")
     p.add_argument("--ranks", help="comma-separated rank counts (default 1,2,4; --quick 2)")
     p.add_argument("--per-rank-batch", type=int, default=64)
     p.add_argument("--steps", type=int, help="timed steps of every model (default: per model)")
