@@ -6,12 +6,15 @@
                ZB-H2) against M micro-batches, beside its ideal and the
                schedule's bound
   memory       each rank's peak RSS for GPipe, 1F1B and interleaved against M
+  traced       1F1B's traced step against M: its tracing time, its memory and
+               its ops
   capacity     a model too large for a process's memory limit trains on stages
   sim_cluster  pipelined against data-parallel throughput on 2 simulated
                hosts at 1 Gbit/s (root)
 
     python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py traced --json pipeline_traced.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.jsonl [--quick]
     sudo python3 tools/bench/pipeline_bench.py sim_cluster --json pipeline_sim_cluster.jsonl
 """
@@ -34,6 +37,7 @@ MICRO_BATCHES = (1, 2, 4, 8)
 # Interleaved 1F1B beside them: 2 ranks of INTERLEAVED_CHUNKS chunks each.
 INTERLEAVED_CHUNKS, INTERLEAVED_M = 2, (4, 8)
 MEM_INTERLEAVED_M = (2, 4, 8)  # the memory stage's (M a multiple of the 2 ranks)
+TRACED_M = (4, 8, 16, 32)  # the traced stage's (1F1B on the memory stage's model)
 # The zero-bubble schedules beside them, on 2 and 3 ranks.
 ZERO_BUBBLE, ZERO_BUBBLE_M = ("zb-h1", "zb-h2"), (4, 8)
 
@@ -479,7 +483,9 @@ def memory_worker(args):
                       parallel_strategy=tnt.ParallelStrategy.PIPELINING, num_micro_batches=m)
     model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
     base_kib = proc_status_kib("VmRSS")
+    began = time.perf_counter()
     model.fit(ds.take(1), epochs=1, verbose=0)  # trace and warm up
+    first_fit_s = time.perf_counter() - began
     after_warmup_kib = proc_status_kib("VmRSS")
     lifetime_hwm_warmup = proc_status_kib("VmHWM")
     reset = reset_peak_rss()
@@ -491,8 +497,23 @@ def memory_worker(args):
            "peak_warmup_kib": lifetime_hwm_warmup,
            "peak_steps_kib": proc_status_kib("VmHWM") if reset else None,
            "peak_lifetime_kib": max(proc_status_kib("VmHWM"), lifetime_hwm_warmup),
-           "peak_reset": reset, "step_s": timer.take()}
+           "peak_reset": reset, "step_s": timer.take(), "first_fit_s": first_fit_s}
+    if args.count_ops:
+        doc.update(traced_ops(tf, model, ds))
     save_rank_file(args.work, rank, doc)
+
+
+def traced_ops(tf, model, dataset):
+    """The train step traced once more, on its own (after the fits, whose
+    memory is measured): the seconds its tracing takes and its ops, those
+    of the step's graph and of every function it calls."""
+    began = time.perf_counter()
+    concrete = tf.function(model.train_step, autograph=False).get_concrete_function(
+        dataset.element_spec)
+    trace_s = time.perf_counter() - began
+    graph = concrete.graph.as_graph_def()
+    return {"trace_s": trace_s, "step_graph_ops": len(graph.node),
+            "function_ops": sum(len(f.node_def) for f in graph.library.function)}
 
 
 def activation_mib_per_micro_batch(chunks=1):
@@ -500,6 +521,35 @@ def activation_mib_per_micro_batch(chunks=1):
     input, the dense layer's output and every tanh output."""
     per_sample = MEM_POSITIONS * MEM_CHANNELS * 4 * (2 + mem_tanh(chunks))
     return per_sample * MEM_MICRO / MIB
+
+
+def memory_jobs(args, configs, steps, problems, *worker_args):
+    """Runs the memory worker (with `worker_args`) on 2 ranks for each
+    (schedule, M) of `configs`; yields (schedule, M, the ranks' documents
+    by stage) of those that ran, records the others in `problems`."""
+    for schedule, m in configs:
+        work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
+        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule, **FREED_MEMORY_LEAVES)
+        ok, tail = run_job(mpirun_cmd(args, 2, "--worker", "memory", "--work", work,
+                                      "--steps", str(steps), "--m", str(m), *worker_args,
+                                      env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE",
+                                           *FREED_MEMORY_LEAVES)),
+                           timeout=args.job_timeout, env=env)
+        docs = load_rank_files(work, 2)
+        shutil.rmtree(work, ignore_errors=True)
+        if not ok or len(docs) < 2:
+            problems[f"{schedule} M={m}"] = tail[-1500:]
+            continue
+        yield schedule, m, sorted(docs, key=lambda d: d["stage"])
+
+
+def traced_step_mib(doc):
+    """What the first fit left in a rank's memory: the traced step."""
+    return round((doc["rss_after_warmup_kib"] - doc["rss_before_fit_kib"]) / 1024, 1)
+
+
+def step_ms(doc):
+    return round(statistics.median(doc["step_s"]) * 1e3, 2) if doc["step_s"] else None
 
 
 def memory(args):
@@ -518,20 +568,8 @@ def memory(args):
     results, problems = [], cfg["problems"]
     configs = [(s, m) for m in MICRO_BATCHES for s in ("gpipe", "1f1b")]
     configs += [("interleaved", m) for m in MEM_INTERLEAVED_M]
-    for schedule, m in configs:
-        work = tempfile.mkdtemp(prefix=f"tnt-pipebench-mem-{schedule}{m}-")
-        env = dict(os.environ, TNT_PIPELINE_SCHEDULE=schedule, **FREED_MEMORY_LEAVES)
-        ok, tail = run_job(mpirun_cmd(args, 2, "--worker", "memory", "--work", work,
-                                      "--steps", str(steps), "--m", str(m),
-                                      env=("TF_CPP_MIN_LOG_LEVEL", "TNT_PIPELINE_SCHEDULE",
-                                           *FREED_MEMORY_LEAVES)),
-                           timeout=args.job_timeout, env=env)
-        docs = load_rank_files(work, 2)
-        shutil.rmtree(work, ignore_errors=True)
-        if not ok or len(docs) < 2:
-            problems[f"{schedule} M={m}"] = tail[-1500:]
-            continue
-        for d in sorted(docs, key=lambda d: d["stage"]):
+    for schedule, m, docs in memory_jobs(args, configs, steps, problems):
+        for d in docs:
             peak = d["peak_steps_kib"] or d["peak_lifetime_kib"]
             results.append({
                 "schedule": schedule, "micro_batches": m, "stage": d["stage"],
@@ -539,20 +577,43 @@ def memory(args):
                 "peak_above_base_mib": round((peak - d["rss_before_fit_kib"]) / 1024, 1),
                 # What the traced step keeps (its graph, kernels, executor)
                 # and what a step holds on top of it while it runs.
-                "traced_step_mib": round((d["rss_after_warmup_kib"] - d["rss_before_fit_kib"])
-                                         / 1024, 1),
+                "traced_step_mib": traced_step_mib(d),
                 "step_above_traced_mib": round((peak - d["rss_after_warmup_kib"]) / 1024, 1)
                 if d["peak_reset"] else None,
                 "rss_before_fit_mib": round(d["rss_before_fit_kib"] / 1024, 1),
                 "peak_lifetime_mib": round(d["peak_lifetime_kib"] / 1024, 1),
                 "peak_of": "training steps (VmHWM reset after the warm-up step)"
                            if d["peak_reset"] else "the whole process (VmHWM)",
-                "step_ms": round(statistics.median(d["step_s"]) * 1e3, 2)
-                if d["step_s"] else None})
+                "step_ms": step_ms(d)})
         print(f"memory: {schedule} M={m}: " + ", ".join(
             f"stage {r['stage']} {r['peak_rss_mib']:.0f} MiB (+{r['peak_above_base_mib']:.0f})"
             for r in results[-2:]), flush=True)
     write_results(args.json, "pipeline_memory", {"config": finish_config(cfg), "results": results})
+    return 0 if results else 1
+
+
+def traced(args):
+    """1F1B's traced step against M on the memory stage's model: the first
+    fit's seconds (tracing, TensorFlow's graph optimization and one step),
+    the seconds that tracing the step alone takes, what the first fit
+    leaves in memory, and the ops of the step's graph and of the functions
+    it calls."""
+    ms = (TRACED_M[0], TRACED_M[2]) if args.quick else TRACED_M
+    cfg = new_config(stages=2, schedule="1f1b", micro_batch=MEM_MICRO, micro_batches=list(ms),
+                     steps=2, quick=bool(args.quick), environment=FREED_MEMORY_LEAVES)
+    results = []
+    for _, m, docs in memory_jobs(args, [("1f1b", m) for m in ms], 2, cfg["problems"],
+                                  "--count-ops"):
+        for d in docs:
+            results.append({
+                "micro_batches": m, "stage": d["stage"],
+                "first_fit_s": round(d["first_fit_s"], 2), "step_ms": step_ms(d),
+                "trace_s": round(d["trace_s"], 2), "traced_step_mib": traced_step_mib(d),
+                "step_graph_ops": d["step_graph_ops"], "function_ops": d["function_ops"]})
+        print(f"traced: M={m}: " + ", ".join(
+            f"stage {r['stage']} traced in {r['trace_s']:.1f} s, {r['traced_step_mib']:.0f} MiB, "
+            f"{r['step_graph_ops'] + r['function_ops']} ops" for r in results[-2:]), flush=True)
+    write_results(args.json, "pipeline_traced", {"config": finish_config(cfg), "results": results})
     return 0 if results else 1
 
 
@@ -934,7 +995,8 @@ def sim_cluster(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", nargs="?", choices=["bubble", "memory", "capacity", "sim_cluster"])
+    p.add_argument("mode", nargs="?",
+                   choices=["bubble", "memory", "traced", "capacity", "sim_cluster"])
     p.add_argument("--json", help="write the results file here")
     p.add_argument("--quick", action="store_true", help="fewer steps and fits")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
@@ -956,16 +1018,17 @@ def main():
     p.add_argument("--stage-reps", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--micro-batches", default="1,2,4,8", help=argparse.SUPPRESS)
     p.add_argument("--chunks", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--count-ops", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         {"bubble": bubble_worker, "memory": memory_worker, "capacity": capacity_worker,
          "sim_cluster": sim_worker}[args.worker](args)
         return 0
     if not args.mode or not args.json:
-        p.error("give a mode (bubble, memory, capacity, sim_cluster) and --json PATH")
+        p.error("give a mode (bubble, memory, traced, capacity, sim_cluster) and --json PATH")
     bench_results.stop_on_signals()
     try:
-        return {"bubble": bubble, "memory": memory, "capacity": capacity,
+        return {"bubble": bubble, "memory": memory, "traced": traced, "capacity": capacity,
                 "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
