@@ -1,4 +1,5 @@
-"""Every private Keras attribute Tarantella relies on, in one place.
+"""Every private Keras (and TensorFlow graph) attribute Tarantella relies
+on, in one place (tf.data's: data/_tf_data_internals.py).
 
 Keras offers no public hook for these; each use says why it is needed.
 ``verify()`` checks that all of them still exist and fails naming the Keras
@@ -7,6 +8,7 @@ tests/python/test_keras_native.py::
 test_keras_internals_exist_and_a_missing_one_names_the_version).
 """
 import keras
+import tensorflow as tf
 
 # (what, owner, attribute): the internals below.
 _USED = (
@@ -78,7 +80,20 @@ _USED = (
     # moments only in these.
     ("Adam._momentums", "adam", "_momentums"),
     ("Adam._velocities", "adam", "_velocities"),
+    # A zero-bubble schedule holds a stage's weight-gradient ops (W) back
+    # until their place in the schedule; B's gradient made them, so
+    # tf.control_dependencies, which applies to ops as they are made,
+    # cannot (hold_back).
+    ("Operation._add_control_inputs", tf.Operation, "_add_control_inputs"),
 )
+
+
+def hold_back(roots, after):
+    """Makes the graph ops `roots` wait for `after` (tensors or ops)."""
+    ops = [t if isinstance(t, tf.Operation) else t.op for t in after]
+    if ops:
+        for op in roots:
+            op._add_control_inputs(ops)
 
 
 # The keyword with which Keras's fit calls evaluate for validation, on data

@@ -107,38 +107,8 @@ class Pipeline:
         """`deferred`: the variables of a model built by
         weights.build_deferred, none of them allocated yet; `schedule`: the
         schedule's name (None: TNT_PIPELINE_SCHEDULE's)."""
-        if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
-                                              or num_micro_batches < 1
-                                              or num_micro_batches > MAX_MICRO_BATCHES):
-            raise runtime.TarantellaError(
-                f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
-                f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
-        for step_name in ("train_step", "test_step"):
-            if getattr(subclass.base_class(model), step_name) is not getattr(keras.Model,
-                                                                              step_name):
-                raise runtime.TarantellaError(
-                    f"model '{model.name}' has a {step_name} of its own, but a pipeline runs its "
-                    f"own train_step and test_step (the stages exchange micro-batches): train "
-                    "it with ParallelStrategy.DATA, or move the custom logic into layers and "
-                    "the loss")
-        if num_stages is not None:
-            if not runtime.is_whole_number(num_stages) or num_stages < 2:
-                raise runtime.TarantellaError(
-                    f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
-                    "stages to cut the model into)")
-            if any(is_split_layer(layer) for layer in model.layers):
-                raise runtime.TarantellaError(
-                    f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
-                    "given: either place the cuts (SplitLayers) or let Tarantella choose them "
-                    "(num_stages), not both")
-            # Timing a block needs its weights: a model built without them
-            # allocates one block at a time while it is cut.
-            plan = autocut.plan(model, int(num_stages),
-                                weights_lib.allocated_meanwhile if deferred else None)
-            self.partition = partition_lib.Partition(model, cut_after=plan.cuts)
-            self.partition.costs = [plan.cost_text(s) for s in range(plan.num_stages)]
-        else:
-            self.partition = partition_lib.Partition(model)
+        _check_arguments(model, num_micro_batches)
+        self.partition = _partition(model, num_stages, deferred)
         k = self.partition.num_stages
         self.num_micro_batches = int(num_micro_batches or 2 * k)
         self.schedule_name, chooser = schedule_lib.chosen(schedule)
@@ -603,7 +573,7 @@ class _Step:
                 marker = tf.identity(b_ended[0]) if b_ended else tf.timestamp()
             _, began = ops.stamp(marker, label)
             start = [began]
-        _hold_back(roots, start)
+        internals.hold_back(roots, start)
         if self.timeline and w_grads:
             w_grads[0] = ops.span(began, w_grads[0], label)
         self._add_weight_gradients(s, w_grads)
@@ -707,15 +677,46 @@ def _weight_only_roots(graph, first, weight_grads, input_grads):
             and not any(c in only for c in op.control_inputs)]
 
 
-def _hold_back(roots, after):
-    """Makes the ops `roots` wait for `after` (tensors or ops).
-    TensorFlow's control dependencies apply to ops as they are made; W's
-    ops were made by B's gradient, so they get theirs afterwards through
-    the graph's own Operation._add_control_inputs."""
-    ops_ = [t if isinstance(t, tf.Operation) else t.op for t in after]
-    if ops_:
-        for op in roots:
-            op._add_control_inputs(ops_)
+def _check_arguments(model, num_micro_batches):
+    """Raises for micro-batches that are no whole number in range, and for a
+    model with a train_step or test_step of its own."""
+    if num_micro_batches is not None and (not runtime.is_whole_number(num_micro_batches)
+                                          or num_micro_batches < 1
+                                          or num_micro_batches > MAX_MICRO_BATCHES):
+        raise runtime.TarantellaError(
+            f"num_micro_batches={num_micro_batches!r} must be a whole number from 1 to "
+            f"{MAX_MICRO_BATCHES} (micro-batches per global batch and replica)")
+    for step_name in ("train_step", "test_step"):
+        if getattr(subclass.base_class(model), step_name) is not getattr(keras.Model,
+                                                                          step_name):
+            raise runtime.TarantellaError(
+                f"model '{model.name}' has a {step_name} of its own, but a pipeline runs its "
+                f"own train_step and test_step (the stages exchange micro-batches): train "
+                "it with ParallelStrategy.DATA, or move the custom logic into layers and "
+                "the loss")
+
+
+def _partition(model, num_stages, deferred):
+    """The model cut at its SplitLayers, or (num_stages) where autocut
+    balances the stages' measured costs."""
+    if num_stages is not None:
+        if not runtime.is_whole_number(num_stages) or num_stages < 2:
+            raise runtime.TarantellaError(
+                f"num_stages={num_stages!r} must be a whole number of at least 2 (the "
+                "stages to cut the model into)")
+        if any(is_split_layer(layer) for layer in model.layers):
+            raise runtime.TarantellaError(
+                f"model '{model.name}' has SplitLayers and num_stages={num_stages} was "
+                "given: either place the cuts (SplitLayers) or let Tarantella choose them "
+                "(num_stages), not both")
+        # Timing a block needs its weights: a model built without them
+        # allocates one block at a time while it is cut.
+        plan = autocut.plan(model, int(num_stages),
+                            weights_lib.allocated_meanwhile if deferred else None)
+        partition = partition_lib.Partition(model, cut_after=plan.cuts)
+        partition.costs = [plan.cost_text(s) for s in range(plan.num_stages)]
+        return partition
+    return partition_lib.Partition(model)
 
 
 def _check_recomputable(model):
