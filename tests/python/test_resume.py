@@ -209,10 +209,13 @@ def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
     optimizer state of its stage to a file of its own, and restores that
     file only. Rank 1 is killed in epoch 1 after the backup of step 8
     (epoch 1, batch 1): the resumed pipeline ends with bitwise the weights
-    of the uninterrupted pipelined run."""
+    of the uninterrupted pipelined run. The killed run's schedule is ZB-H1,
+    the uninterrupted one's 1F1B: a zero-bubble step computes 1F1B's
+    weights, across a restart too."""
     _, expected = train(2, tmp_path / "uninterrupted", "--pipeline")
     proc, got = train(2, tmp_path / "killed", "--pipeline", "--kill-rank", "1",
-                      "--kill-epoch", "1", "--kill-batch", "3", restarts=1)
+                      "--kill-epoch", "1", "--kill-batch", "3", restarts=1,
+                      env={"TNT_PIPELINE_SCHEDULE": "zb-h1"})
     assert_restarted_once(proc, 1, 1, 3)
     assert "resumes from the backup of epoch 1 batch 1" in proc.stdout
     # The last backup (step 24: epoch 3, batch 5), kept (delete_checkpoint=False).
