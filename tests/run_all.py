@@ -209,7 +209,7 @@ def tier_sanitizers(run, build):
         # The algorithms run at 1 to 8 ranks in the threaded test; the MPI
         # programs add the MPI transport and the public calls, which 2 and 3
         # ranks exercise (the mpi tier runs them at 1 to 4).
-        ctest(run, "asan+ubsan", "build-asan",
+        ctest(run, "asan+ubsan", "build-asan", "-j", "2",
               "-E", "^test_(collectives|fusion|progress_cpu)_mpi_np[14]$",
               env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
                    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"})
