@@ -307,7 +307,7 @@ if wanted scale; then
     done
     # The reduce-scatter against MPI_Reduce_scatter_block, one rank a host:
     # SMPI's selectors as far as their temporary buffers fit in memory
-    # (about 1.5 x the vector per rank), libtnt to 256 MiB.
+    # (1.5 to 2 x the vector per rank), libtnt to 256 MiB.
     if [[ $QUICK == 1 ]]; then
       parts=("--hosts 8 --max 16M")
     else

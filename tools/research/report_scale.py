@@ -170,7 +170,7 @@ def scale_part(d, note, plt, results, targets):
 
 
 # The sizes of the reduce-scatter table.
-REDUCE_SCATTER_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+REDUCE_SCATTER_SIZES = (4 << 10, 16 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
 def reduce_scatter_part(d, note):
