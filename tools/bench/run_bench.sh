@@ -261,8 +261,9 @@ if wanted data_share; then
     "$PYTHON" "$ROOT/tools/bench/data_bench.py" "${args[@]}" --out "$OUT/data_share.jsonl"
 fi
 
-# 8. At scale: libtnt's allreduce on simulated fat-trees (SimGrid), first
-# checked against the measured 2-host runs of sim_cluster_allreduce.
+# 8. At scale: libtnt's allreduce and reduce-scatter on simulated fat-trees
+# (SimGrid), the allreduce first checked against the measured 2-host runs of
+# sim_cluster_allreduce.
 if wanted scale; then
   build=${BUILD:-$ROOT/build}
   sim_so=$build/tools/sim/tnt-sim.so
@@ -303,6 +304,26 @@ if wanted scale; then
       run_stage "scale_$((i + 1))" "$(limit 7200 900)" "$OUT/scale.jsonl" \
         "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --build "$build" $part \
         --run-timeout 1800 --append --out "$OUT/scale.jsonl"
+    done
+    # The reduce-scatter against MPI_Reduce_scatter_block, one rank a host:
+    # SMPI's selectors as far as their temporary buffers fit in memory
+    # (1.5 to 2 x the vector per rank), libtnt to 256 MiB.
+    if [[ $QUICK == 1 ]]; then
+      parts=("--hosts 8 --max 16M")
+    else
+      parts=("--hosts 8 --max 256M"
+             "--hosts 64 --max 64M"
+             "--hosts 256 --max 16M"
+             "--impls mpi_ompi,mpi_mpich --hosts 1024 --max 4M"
+             "--impls tnt --hosts 64,256,1024 --max 256M")
+    fi
+    rm -f "$OUT/scale_reduce_scatter.jsonl"
+    for i in "${!parts[@]}"; do
+      # shellcheck disable=SC2086  # parts[i] is a list of options
+      run_stage "scale_reduce_scatter_$((i + 1))" "$(limit 3600 600)" \
+        "$OUT/scale_reduce_scatter.jsonl" "$PYTHON" "$ROOT/tools/research/scale_bench.py" \
+        --scale --collective reduce_scatter --per-host 1 --gbit 100 --build "$build" \
+        ${parts[$i]} --run-timeout 1800 --append --out "$OUT/scale_reduce_scatter.jsonl"
     done
     # Each algorithm forced: where recursive doubling, Rabenseifner's and the
     # ring cross (docs/research/scale-study.md).

@@ -1,6 +1,6 @@
 """The "At scale (simulated)" section of the benchmark report (report.py):
-scale_validation.jsonl, scale.jsonl and scale_check.jsonl of
-tools/research/scale_bench.py, scale_projection.jsonl of project_scale.py, and
+scale_validation.jsonl, scale.jsonl, scale_reduce_scatter.jsonl and
+scale_check.jsonl of tools/research/scale_bench.py, scale_projection.jsonl of project_scale.py, and
 the plots scale_allreduce.png and scale_projection.png."""
 import math
 import os
@@ -169,6 +169,48 @@ def scale_part(d, note, plt, results, targets):
     return out
 
 
+# The sizes of the reduce-scatter table.
+REDUCE_SCATTER_SIZES = (4 << 10, 16 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
+
+def reduce_scatter_part(d, note):
+    out = ["### Reduce-scatter against SMPI's MPI_Reduce_scatter_block", ""]
+    if d is None:
+        return out + [not_run_line([note]), ""]
+    res = d["results"]
+    out += config_lines(d["config"], "scale_reduce_scatter.jsonl")
+    out.append("libtnt's reduce-scatter (equal blocks, the allreduce's choice for the whole "
+               "vector) against the better of SMPI's two selectors at each size; speedup = "
+               "SMPI's time / libtnt's (-: SMPI not simulated at that size). busbw here = "
+               "bytes / time * (n-1)/n.")
+    out.append("")
+    rows = []
+    for key in sorted({(r["hosts"], r["per_host"], r["gbit"]) for r in res}):
+        mine = [r for r in res if (r["hosts"], r["per_host"], r["gbit"]) == key]
+        tnt = {r["bytes"]: r for r in mine if r["impl"] == "tnt" and r["choice"] == "auto"}
+        mpi = {}
+        for r in mine:
+            if r["impl"].startswith("mpi") and (r["bytes"] not in mpi or
+                                                r["us"] < mpi[r["bytes"]]["us"]):
+                mpi[r["bytes"]] = r
+        for b in (b for b in REDUCE_SCATTER_SIZES if b in tnt):
+            m = mpi.get(b)
+            rows.append([f"{key[0]}x{key[1]}", f"{key[2]:g}", bytes_str(b), tnt[b]["algorithm"],
+                         f"{tnt[b]['us']:.1f}", f"{m['us']:.1f} ({m['impl']})" if m else "-",
+                         f"{m['us'] / tnt[b]['us']:.2f}x" if m else "-"])
+    out.append(table(["layout", "Gbit/s", "bytes", "libtnt algorithm", "libtnt us",
+                      "better SMPI us", "speedup"], rows))
+    out.append("")
+    detail("scale_reduce_scatter.json: every simulated reduce-scatter",
+           [table(["layout", "Gbit/s", "bytes", "impl", "choice", "algorithm", "us",
+                   "busbw GB/s"],
+                  [[layout(r), f"{r['gbit']:g}", bytes_str(r["bytes"]), r["impl"], r["choice"],
+                    r["algorithm"], f"{r['us']:.1f}", bw(r["busbw"])]
+                   for r in sorted(res, key=lambda r: (r["gbit"], r["hosts"], r["per_host"],
+                                                       r["bytes"], r["impl"]))])])
+    return out
+
+
 def plot_projection(plt, results, res):
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for model in sorted({r["model"] for r in res}):
@@ -284,6 +326,7 @@ def section(results, stages, plt, targets):
         return d, missing_note(stages, why, fname, fname.removesuffix(".jsonl"), "scale")
     out += validation_part(*load("scale_validation.jsonl"), targets)
     out += scale_part(*load("scale.jsonl"), plt, results, targets)
+    out += reduce_scatter_part(*load("scale_reduce_scatter.jsonl"))
     out += check_part(*load("scale_check.jsonl"), targets)
     out += projection_part(*load("scale_projection.jsonl"), plt, results, targets)
     return out

@@ -4,12 +4,16 @@
   --validate  the simulated allreduce against the one measured on the
               network-namespace cluster (sim_cluster_allreduce.jsonl)
   --scale     libtnt's choice against SMPI's MPI_Allreduce (Open MPI and
-              MPICH selectors) on the fat-trees of tools/sim/platforms
+              MPICH selectors) on the fat-trees of tools/sim/platforms;
+              with --collective reduce_scatter, libtnt's reduce-scatter
+              against SMPI's MPI_Reduce_scatter_block
   --check     every algorithm's sum checked on each layout
 
   python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.jsonl
   python3 tools/research/scale_bench.py --scale --hosts 8,64,256,1024 --per-host 1,8 \\
       --gbit 100 --out bench/results/scale.jsonl
+  python3 tools/research/scale_bench.py --scale --collective reduce_scatter --hosts 8,64 \
+      --per-host 1 --gbit 100 --out bench/results/scale_reduce_scatter.jsonl
 
 The simulation is deterministic: one run per configuration. The method:
 docs/research/benchmarks.md.
@@ -215,6 +219,7 @@ def validate(args, sim):
 def scale(args, sim):
     out, runs = [], []
     algos = ["auto"] + [a for a in args.algos.split(",") if a and a != "auto"]
+    collective = ["--collective", args.collective]
     for gbit in args.gbit.split(","):
         for hosts in (int(h) for h in args.hosts.split(",")):
             plat = platform_file(hosts, gbit)
@@ -226,8 +231,9 @@ def scale(args, sim):
                 jobs = [j for j in jobs if j[0] in args.impls.split(",")]
                 for impl, a, cfg in jobs:
                     rows, wall, err = run_sim(sim, plat, hosts, per_host,
-                                              a + ["--min", args.min, "--max", args.max,
-                                                   "--iters", "1"], cfg, args.run_timeout)
+                                              a + collective + ["--min", args.min, "--max",
+                                                                args.max, "--iters", "1"],
+                                              cfg, args.run_timeout)
                     for r in rows:
                         r.update(impl=impl, gbit=float(gbit),
                                  per_host=per_host)
@@ -238,7 +244,7 @@ def scale(args, sim):
                     runs.append(run)
                     print(json.dumps(run), flush=True)
     config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
-              "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG}
+              "collective": args.collective, "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG}
     return {"config": config, "runs": runs, "results": out}
 
 
@@ -265,6 +271,9 @@ def main():
     p.add_argument("--run-timeout", type=float, default=None,
                    help="wall seconds per simulation; the sizes done by then are kept")
     p.add_argument("--out", required=True)
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce",
+                   help="with --scale: the collective timed (reduce_scatter: against "
+                        "MPI_Reduce_scatter_block)")
     p.add_argument("--impls", default="tnt,mpi_ompi,mpi_mpich",
                    help="with --scale: which of tnt, mpi_ompi, mpi_mpich to simulate")
     p.add_argument("--append", action="store_true",

@@ -1,7 +1,8 @@
 /*
  * tnt-sim: an SMPI program (started by smpirun on a platform file) that
- * runs libtnt's allreduce algorithms, or the simulated MPI's own
- * MPI_Allreduce, on the simulated cluster. See sim.h for how libtnt's code
+ * runs libtnt's allreduce algorithms and its reduce-scatter, or the
+ * simulated MPI's own MPI_Allreduce and MPI_Reduce_scatter_block, on the
+ * simulated cluster. See sim.h for how libtnt's code
  * runs unchanged on it, and docs/research/scale-study.md for the runs.
  *
  *   tnt-sim --check [--algos ring,rd,rabenseifner,hier,shm,auto]
@@ -9,11 +10,19 @@
  *       cases of sim_check.h: exact sums checked on every rank, the others
  *       against the serial sum in the algorithm's documented order (rank 0),
  *       result hashes printed by rank 0 (compared with the threads transport
- *       by the tests)
+ *       by the tests); with --collective reduce_scatter, each rank's block of
+ *       libtnt's reduce-scatter of every case is also compared, bit for bit,
+ *       with that block of the allreduce's result (the contract of
+ *       tnt__reduce_scatter)
  *   tnt-sim --bench [--algos auto,ring,rd,hier] [--mpi] [--min B] [--max B]
  *       float32 sum at sizes min, 2 min, 4 min ... max: one JSON object per
  *       line on stdout (rank 0): impl, algorithm, bytes, us, busbw
- *   options: --copy-gbps G (memcpy GB/s of one rank, default 10; 0: copies
+ *   tnt-sim --bench --collective reduce_scatter [--algos ...] [--mpi] ...
+ *       the same for libtnt's reduce-scatter (equal blocks: the allreduce's
+ *       choice for the whole vector, or the algorithm forced by --algos)
+ *       against MPI_Reduce_scatter_block; the lines add "collective"
+ *   options: --collective allreduce|reduce_scatter (default allreduce),
+ *            --copy-gbps G (memcpy GB/s of one rank, default 10; 0: copies
  *            and reductions are free; libtnt's choice is told the rate
  *            through TNT_REDUCE_GBPS),
  *            --iters K (timed calls, default 1: each starts after a barrier
@@ -34,6 +43,7 @@
 
 typedef struct args {
   int check, bench, mpi, iters, algos_given;
+  int rs; /* --collective reduce_scatter */
   size_t min_bytes, max_bytes;
   char algos[128];
 } args_t;
@@ -75,6 +85,14 @@ static int parse_args(int argc, char **argv, args_t *a) {
     else if (v != NULL && strcmp(o, "--algos") == 0) {
       snprintf(a->algos, sizeof a->algos, "%s", argv[++i]);
       a->algos_given = 1;
+    }
+    else if (v != NULL && strcmp(o, "--collective") == 0) {
+      const char *name = argv[++i];
+      a->rs = strcmp(name, "reduce_scatter") == 0;
+      if (!a->rs && strcmp(name, "allreduce") != 0) {
+        fprintf(stderr, "tnt-sim: --collective is allreduce or reduce_scatter, not '%s'\n", name);
+        return -1;
+      }
     }
     else if (v != NULL && strcmp(o, "--min") == 0) a->min_bytes = parse_bytes(argv[++i]);
     else if (v != NULL && strcmp(o, "--max") == 0) a->max_bytes = parse_bytes(argv[++i]);
@@ -134,6 +152,38 @@ static tnt_status_t run_allreduce(tnt__comm_t *c, const void *in, void *out, siz
   return a->fn.allreduce(c, in, out, count, TNT_FLOAT32, TNT_SUM, &w);
 }
 
+/* libtnt's reduce-scatter of `count` float32 in buf (overwritten) in equal
+ * blocks (the tnt__slice partition): this rank's block goes to recv. */
+static tnt_status_t run_reduce_scatter(tnt__comm_t *c, void *buf, void *recv, size_t count) {
+  tnt__wait_ctx_t w = {.deadline = INFINITY, .timeout = INFINITY, .warn_at = INFINITY,
+                       .label = "simulated reduce-scatter"};
+  return tnt__reduce_scatter(c, buf, recv, count, NULL, TNT_FLOAT32, TNT_SUM, &w, NULL);
+}
+
+/* Runs the reduce-scatter of `in` (n elements) and compares this rank's
+ * block, bit for bit, with that block of the allreduce's result `sum`;
+ * `work` and `block` hold n elements. 0 when they match. */
+static int block_differs(tnt__comm_t *c, const char *choice, const float *in, const float *sum,
+                         float *work, float *block, size_t n) {
+  size_t lo, hi;
+  tnt__slice(n, sizeof(float), c->size, c->rank, &lo, &hi);
+  memcpy(work, in, n * sizeof *in);
+  tnt_status_t st = run_reduce_scatter(c, work, block, n);
+  if (st != TNT_OK) {
+    fprintf(stderr, "rank %d: reduce-scatter (%s) of %zu failed: %s\n", c->rank, choice, n,
+            tnt_status_string(st));
+    return 1;
+  }
+  for (size_t i = lo; i < hi; i++) {
+    if (memcmp(&block[i - lo], &sum[i], sizeof *sum) != 0) {
+      fprintf(stderr, "rank %d: reduce-scatter (%s) of %zu: element %zu is %.9g, the "
+              "allreduce gives %.9g\n", c->rank, choice, n, i, block[i - lo], sum[i]);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* Compares a "bits" result with the serial sum in the order of the
  * algorithm that ran it (sim_check_ordered); 0 when it matches or there is
  * no serial reference for that algorithm. */
@@ -163,9 +213,12 @@ static int listed(const char *list, const char *name) {
 static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *resolved) {
   size_t max = kSimCheckCounts[SIM_CHECK_NCOUNTS - 1];
   float *in = malloc(max * sizeof *in), *out = malloc(max * sizeof *out);
+  float *work = a->rs ? malloc(max * sizeof *work) : NULL;
+  float *block = a->rs ? malloc(max * sizeof *block) : NULL;
   uint64_t *hashes = malloc((size_t)c->size * sizeof *hashes);
   int bad = 0;
-  for (size_t ai = 0; ai < SIM_CHECK_NALGOS && in && out && hashes; ai++) {
+  const int ready = in && out && hashes && (!a->rs || (work && block));
+  for (size_t ai = 0; ai < SIM_CHECK_NALGOS && ready; ai++) {
     if (a->algos_given && !listed(a->algos, kSimCheckAlgos[ai])) continue;
     if (!sim_check_choose(c, kSimCheckAlgos[ai], resolved)) continue;
     for (size_t ci = 0; ci < SIM_CHECK_NCOUNTS; ci++) {
@@ -187,6 +240,7 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
           }
         }
         if (!exact && c->rank == 0 && ordered_differs(c, kSimCheckAlgos[ai], out, n)) bad = 1;
+        if (a->rs && block_differs(c, kSimCheckAlgos[ai], in, out, work, block, n)) bad = 1;
         uint64_t h = sim_check_hash(out, n * sizeof *out);
         MPI_Gather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
         if (c->rank != 0) continue;
@@ -204,6 +258,8 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
   }
   free(in);
   free(out);
+  free(work);
+  free(block);
   free(hashes);
   int any = 0;
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -215,7 +271,9 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
  * start takes, even on 1024 hosts at 10 Gbit/s. */
 #define START_MARGIN_S 1e-3
 
-/* Seconds per allreduce of `bytes`: the mean over `iters` calls of the
+/* Seconds per collective (a->rs: reduce-scatter, else allreduce) of
+ * `bytes`, of libtnt or (a->mpi) of MPI, in buf (recv: this rank's block of
+ * a reduce-scatter): the mean over `iters` calls of the
  * slowest rank's time, after one untimed call. Every call starts on every
  * rank at the same simulated instant: a barrier releases the ranks at
  * different times (how far apart depends on its algorithm, hence on the
@@ -223,10 +281,10 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
  * simulation, more so on a multi-level tree (docs/research/scale-study.md);
  * so the ranks agree on the latest time any of them left the
  * barrier and all start START_MARGIN_S after it. */
-static double time_one(tnt__comm_t *c, int mpi, float *buf, size_t bytes, int iters) {
+static double time_one(tnt__comm_t *c, const args_t *a, float *buf, float *recv, size_t bytes) {
   size_t count = bytes / sizeof(float);
   double sum = 0.0;
-  for (int i = 0; i <= iters; i++) {
+  for (int i = 0; i <= a->iters; i++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double left = simgrid_get_clock(), latest = 0.0;
     MPI_Allreduce(&left, &latest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -237,24 +295,43 @@ static double time_one(tnt__comm_t *c, int mpi, float *buf, size_t bytes, int it
       return -1.0;
     }
     sg_actor_sleep_until(start);
-    if (mpi) {
+    tnt_status_t st = TNT_OK;
+    if (a->mpi && a->rs) {
+      MPI_Reduce_scatter_block(buf, recv, (int)(count / (size_t)c->size), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
+    } else if (a->mpi) {
       MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    } else if (run_allreduce(c, buf, buf, count) != TNT_OK) {
-      return -1.0;
+    } else {
+      st = a->rs ? run_reduce_scatter(c, buf, recv, count) : run_allreduce(c, buf, buf, count);
     }
+    if (st != TNT_OK) return -1.0;
     double mine = simgrid_get_clock() - start, worst = 0.0;
     MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (i > 0) sum += worst;
   }
-  return sum / iters;
+  return sum / a->iters;
 }
 
 static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *resolved) {
-  /* One buffer for every rank: a timing run moves no data (sim.h), and
-   * SMPI's shared allocation keeps MPI_Allreduce's buffers from costing
-   * memory per rank. */
-  static float *buf;
-  if (c->rank == 0) buf = SMPI_SHARED_MALLOC(a->max_bytes);
+  /* One buffer for every rank (and one for the reduce-scatter's blocks): a
+   * timing run moves no data (sim.h), and SMPI's shared allocation keeps
+   * MPI's buffers from costing memory per rank. MPI_Reduce_scatter_block
+   * takes equal blocks: every size must split into them. */
+  static float *buf, *recv;
+  const size_t block_unit = sizeof(float) * (size_t)c->size;
+  for (size_t bytes = a->min_bytes; a->rs && bytes <= a->max_bytes; bytes *= 2) {
+    if (bytes % block_unit != 0) {
+      if (c->rank == 0) {
+        fprintf(stderr, "tnt-sim: %zu bytes do not split into %d equal float32 blocks\n",
+                bytes, c->size);
+      }
+      return 1;
+    }
+  }
+  if (c->rank == 0) {
+    buf = SMPI_SHARED_MALLOC(a->max_bytes);
+    if (a->rs) recv = SMPI_SHARED_MALLOC(a->max_bytes / (size_t)c->size);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   char list[128];
   snprintf(list, sizeof list, "%s", a->mpi ? "mpi" : a->algos);
@@ -262,15 +339,20 @@ static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
        name = strtok_r(NULL, ",", &save)) {
     if (!a->mpi && !sim_check_choose(c, name, resolved)) continue;
     for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
-      const char *used = a->mpi ? "MPI_Allreduce"
+      const char *used = a->mpi ? (a->rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce")
                                 : tnt__algo_select(c, TNT__COLL_ALLREDUCE, bytes)->name;
-      double s = time_one(c, a->mpi, buf, bytes, a->iters);
+      double s = time_one(c, a, buf, recv, bytes);
       if (s < 0) return 1;
       if (c->rank == 0) {
-        double busbw = (double)bytes / s * 2.0 * (c->size - 1) / c->size / 1e9;
-        printf("{\"impl\": \"%s\", \"choice\": \"%s\", \"algorithm\": \"%s\", \"ranks\": %d, "
+        /* busbw: what each rank's link must carry per second for the
+         * bandwidth-optimal algorithm, the NCCL-tests convention: an
+         * allreduce sends 2(n-1)/n of the bytes, a reduce-scatter
+         * (n-1)/n. */
+        double busbw = (double)bytes / s * (a->rs ? 1.0 : 2.0) * (c->size - 1) / c->size / 1e9;
+        printf("{\"impl\": \"%s\", \"choice\": \"%s\", \"algorithm\": \"%s\", %s\"ranks\": %d, "
                "\"hosts\": %d, \"bytes\": %zu, \"us\": %.3f, \"busbw\": %.6f}\n",
-               a->mpi ? "mpi" : "tnt", a->mpi ? "mpi" : name, used, c->size, c->num_hosts,
+               a->mpi ? "mpi" : "tnt", a->mpi ? "mpi" : name, used,
+               a->rs ? "\"collective\": \"reduce_scatter\", " : "", c->size, c->num_hosts,
                bytes, s * 1e6, busbw);
         fflush(stdout);
       }
