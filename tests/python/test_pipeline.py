@@ -11,7 +11,6 @@ test_pipeline_schedules.py). A pipelined model
 saves a plain Keras file that loads on one rank and predicts the same. Bad
 models and settings fail with errors that say what to change, and a killed
 stage ends the job like a killed data-parallel rank."""
-import functools
 import os
 import sys
 
@@ -49,12 +48,18 @@ def variant_settings(variant):
     return {"TNT_PIPELINE_SCHEDULE": variant}
 
 
-@functools.cache
+_serial = {}
+
+
 def serial_run(tmp_path_factory, case, stages, optimizer):
-    d = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}-{optimizer}"))
-    run([sys.executable, WORKER, case, "--serial", "--out", d, "--stages", str(stages),
-         "--optimizer", optimizer])
-    return load(d, 1)[0]
+    """Serial Keras's results of `case`, computed once a session."""
+    key = (case, stages, optimizer)
+    if key not in _serial:
+        d = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}-{optimizer}"))
+        run([sys.executable, WORKER, case, "--serial", "--out", d, "--stages", str(stages),
+             "--optimizer", optimizer])
+        _serial[key] = load(d, 1)[0]
+    return _serial[key]
 
 
 @pytest.fixture(scope="module")
