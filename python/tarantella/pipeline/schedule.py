@@ -280,6 +280,12 @@ def training(name, num_stages, num_ranks, num_micro_batches):
     if name not in NAMES:
         raise ScheduleError(f"unknown pipeline schedule {name!r}: use one of {', '.join(NAMES)}")
     in_flight = None
+    # The largest tag (Schedule.transfer), known before the lists are made.
+    chunks = k // p if name == "interleaved" else 1
+    if 2 * max(chunks, 1) * m - 1 > MAX_TAG:
+        raise ScheduleError(
+            f"a transfer tag exceeds {MAX_TAG} ({max(chunks, 1)} chunk(s) per rank x "
+            f"num_micro_batches={m}): use fewer micro-batches or chunks")
     if name == "interleaved":
         if k % p or k // p < 2:
             raise ScheduleError(
