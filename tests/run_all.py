@@ -355,20 +355,10 @@ def main():
     results = os.path.abspath(os.path.join(args.build, "test-results"))
     os.makedirs(results, exist_ok=True)
     run = Run(results, in_ci())
-    # The temporary files of every program the tiers start (TensorFlow's
-    # autograph sources, Open MPI's session folders, pytest's folders) go to
-    # one folder, removed when every tier passed: a rank a test kills on
-    # purpose cannot remove its own. After a failure it stays, named.
-    scratch = tempfile.mkdtemp(prefix="tnt-tests-")
-    os.environ["TMPDIR"] = tempfile.tempdir = scratch
     for tier in args.tiers or [t for t in TIERS if t != "long"]:
         start = time.monotonic()
         TIERS[tier](run, args.build)
         run.times.append((tier, time.monotonic() - start))
-    if run.failed:
-        print(f"the temporary files of this run: {scratch}")
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0 if run.summarize() else 1
 
 
