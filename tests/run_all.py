@@ -47,6 +47,7 @@ Usage: tests/run_all.py [--build DIR] [TIER...]
 """
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -260,17 +261,34 @@ def fuzz(run, target, seconds):
         run.fail(f"fuzz_{target}", f"found a problem; the input is in {work}")
 
 
+@contextlib.contextmanager
+def scratch(run, tier):
+    """A TMPDIR for the programs of a Python tier (TensorFlow's autograph
+    sources, pytest's and Open MPI's folders), removed when the tier passed:
+    a rank that a test kills on purpose cannot remove its own. (Not for the
+    launcher tier: its simulated hosts mount folders of their own.)"""
+    folder = tempfile.mkdtemp(prefix="tnt-tests-")
+    failed = run.failed
+    yield {"TMPDIR": folder}
+    if run.failed > failed:
+        print(f"the temporary files of the {tier} tier: {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def tier_python(run, build):
     # The Python tests that start ranks; then a wheel built from this tree,
     # installed with pip into a fresh virtual environment: the package,
     # libtnt, the launcher in its bin/, the quick start on 2 ranks.
-    pytest(run, "python", "-m", "ranks and not long", "tests/python")
-    print("(the tests marked long are left out: make test-long runs them)")
-    pytest(run, "packaging", "tests/packaging")
+    with scratch(run, "python") as env:
+        pytest(run, "python", "-m", "ranks and not long", "tests/python", env=env)
+        print("(the tests marked long are left out: make test-long runs them)")
+        pytest(run, "packaging", "tests/packaging", env=env)
 
 
 def tier_long(run, build):
-    pytest(run, "python-long", "-m", "long", "tests/python")
+    with scratch(run, "long") as env:
+        pytest(run, "python-long", "-m", "long", "tests/python", env=env)
 
 
 TIERS = {"check": tier_check, "mpi": tier_mpi, "sanitizers": tier_sanitizers,

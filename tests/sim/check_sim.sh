@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the allreduce cases of tools/sim/sim_check.h on a simulated cluster
+# Runs the allreduce cases of src/sim/sim_check.h on a simulated cluster
 # (tnt-sim under smpirun, 10 Gbit/s links) and, given a reference program,
 # on the threads transport, and fails unless both succeed and print the same
 # result hashes: the simulated run is libtnt's algorithm, bit for bit.
@@ -27,7 +27,7 @@ for k in $counts; do
 done >"$dir/hosts"
 h=$(sort -u "$dir/hosts" | wc -l)
 np=$(wc -l <"$dir/hosts")
-"$here/../../tools/sim/gen_platform.sh" --hosts "$h" --gbit 10 --lat-us 1 >"$dir/p.xml"
+"$here/../../src/sim/gen_platform.sh" --hosts "$h" --gbit 10 --lat-us 1 >"$dir/p.xml"
 smpirun -np "$np" -platform "$dir/p.xml" -hostfile "$dir/hosts" \
   --cfg=smpi/privatization:no --cfg=smpi/simulate-computation:no --log=root.thresh:warning \
   "$sim" --check >"$dir/sim.txt"

@@ -11,7 +11,7 @@ sim=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 here=$(dirname "$0")
-"$here/../../tools/sim/gen_platform.sh" --hosts 8 --gbit 100 --lat-us 0.5 >"$dir/p.xml"
+"$here/../../src/sim/gen_platform.sh" --hosts 8 --gbit 100 --lat-us 0.5 >"$dir/p.xml"
 for h in 0 1 2 3 4 5 6 7; do echo "host$h"; done >"$dir/hosts"
 chosen() { # COPY_GBPS: the algorithm of libtnt's choice at 64 MiB
   smpirun -np 8 -platform "$dir/p.xml" -hostfile "$dir/hosts" \

@@ -2,7 +2,7 @@
 # tnt-sim's reduce-scatter: on uneven hosts (3+1+2 ranks: shared memory,
 # the hierarchy and the algorithms across hosts), every rank's block of
 # libtnt's reduce-scatter equals that block of the allreduce's result bit
-# for bit, on every case of tools/sim/sim_check.h (tnt-sim --check exits
+# for bit, on every case of src/sim/sim_check.h (tnt-sim --check exits
 # non-zero on a wrong block); and the timing mode runs libtnt's choice, each
 # algorithm forced, and MPI_Reduce_scatter_block, one line per size each,
 # also on 128 hosts.
@@ -12,7 +12,7 @@ sim=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 here=$(dirname "$0")
-"$here/../../tools/sim/gen_platform.sh" --hosts 4 --gbit 10 --lat-us 1 >"$dir/p.xml"
+"$here/../../src/sim/gen_platform.sh" --hosts 4 --gbit 10 --lat-us 1 >"$dir/p.xml"
 printf 'host0\nhost0\nhost0\nhost1\nhost2\nhost2\n' >"$dir/uneven"
 printf 'host0\nhost1\nhost2\nhost3\n' >"$dir/four"
 run() { # HOSTFILE ARGS...
@@ -43,7 +43,8 @@ echo "4 hosts: 25 reduce-scatters timed (libtnt's choice, 3 forced, MPI's)"
 # data, which a timing run must not skip as it skips copies of data.
 i=0
 while [ "$i" -lt 128 ]; do echo "host$i"; i=$((i + 1)); done >"$dir/many"
-smpirun -np 128 -platform "$here/../../tools/sim/platforms/fattree_256_10g.xml" \
+"$here/../../src/sim/gen_platform.sh" --hosts 256 --gbit 10 --lat-us 1 >"$dir/tree.xml"
+smpirun -np 128 -platform "$dir/tree.xml" \
   -hostfile "$dir/many" --cfg=smpi/privatization:no --cfg=smpi/simulate-computation:no \
   --cfg=smpi/shared-malloc:global --log=root.thresh:warning "$sim" --bench \
   --collective reduce_scatter --algos rabenseifner --min 32K --max 32K >"$dir/many.txt"

@@ -1,5 +1,5 @@
 /*
- * The cases of tools/sim/sim_check.h on the threads transport: ranks as
+ * The cases of src/sim/sim_check.h on the threads transport: ranks as
  * threads of this process, hosts as the fixture's host labels. Prints the
  * lines tnt-sim --check prints (rank 0's results), so that check_sim.sh can
  * compare the simulated run with this one bit for bit.

@@ -266,7 +266,7 @@ fi
 # sim_cluster_allreduce.
 if wanted scale; then
   build=${BUILD:-$ROOT/build}
-  sim_so=$build/tools/sim/tnt-sim.so
+  sim_so=$build/src/sim/tnt-sim.so
   if [[ ! -f $sim_so ]] || ! command -v smpirun >/dev/null; then
     not_run scale "no tnt-sim (build with libsimgrid-dev installed)"
   else

@@ -4,7 +4,7 @@
   --validate  the simulated allreduce against the one measured on the
               network-namespace cluster (sim_cluster_allreduce.jsonl)
   --scale     libtnt's choice against SMPI's MPI_Allreduce (Open MPI and
-              MPICH selectors) on the fat-trees of tools/sim/platforms;
+              MPICH selectors) on fat-trees of 8 to 1024 hosts;
               with --collective reduce_scatter, libtnt's reduce-scatter
               against SMPI's MPI_Reduce_scatter_block
   --check     every algorithm's sum checked on each layout
@@ -31,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 from bench_results import read_results, write_results  # noqa: E402
-PLATFORMS = os.path.join(ROOT, "tools", "sim", "platforms")
+GEN_PLATFORM = os.path.join(ROOT, "src", "sim", "gen_platform.sh")
 SMPI_CFG = ["--cfg=smpi/privatization:no", "--cfg=smpi/simulate-computation:no",
             "--cfg=smpi/shared-malloc:global", "--log=root.thresh:warning",
             # The platform's links are the network: no SMPI corrections of
@@ -56,7 +56,7 @@ SCALE_COPY_GBPS = 0.0
 
 
 def find_sim(build):
-    path = os.path.join(build, "tools", "sim", "tnt-sim.so")
+    path = os.path.join(build, "src", "sim", "tnt-sim.so")
     if not os.path.exists(path):
         sys.exit(f"scale_bench: no {path}: build with SimGrid (libsimgrid-dev) installed")
     return path
@@ -92,10 +92,7 @@ def check(args, sim):
             # a layout uses the first hosts of the smallest that holds it.
             size = next(n for n in (len(counts), 64, 256, 1024) if n >= len(counts) and
                         (n <= 32 or n in (64, 256, 1024)))
-            with open(plat, "w") as f:
-                subprocess.run([os.path.join(ROOT, "tools", "sim", "gen_platform.sh"), "--hosts",
-                                str(size), "--gbit", "100", "--lat-us", "1"], stdout=f,
-                               check=True)
+            write_platform(plat, size, 100, 1)
             cmd = ["smpirun", "-np", str(sum(counts)), "-platform", plat, "-hostfile",
                    hostfile(d, counts), *SMPI_CFG, sim, "--check", "--algos", args.algos]
             start = time.monotonic()
@@ -109,7 +106,7 @@ def check(args, sim):
                     "algorithms": args.algos, "results": len(lines), "ok": ok,
                     "error": None if ok else why, "wall_s": round(time.monotonic() - start, 1)})
         print(json.dumps(out[-1]), flush=True)
-    return {"config": {"cases": "tools/sim/sim_check.h", "platform": "fat-tree, 100 Gbit/s"},
+    return {"config": {"cases": "src/sim/sim_check.h", "platform": "fat-tree, 100 Gbit/s"},
             "results": out}
 
 
@@ -148,10 +145,11 @@ def run_sim(sim, platform, hosts, per_host, args, extra_cfg=(), timeout=None):
         return rows, wall, why
 
 
-def platform_file(hosts, gbit):
-    path = os.path.join(PLATFORMS, f"fattree_{hosts}_{gbit}g.xml")
-    if not os.path.exists(path):
-        sys.exit(f"scale_bench: no {path} (tools/sim/gen_platform.sh --all {PLATFORMS})")
+def write_platform(path, hosts, gbit, lat_us):
+    """A fat-tree of `hosts` hosts, links of `gbit` Gbit/s and `lat_us` us."""
+    with open(path, "w") as f:
+        subprocess.run([GEN_PLATFORM, "--hosts", str(hosts), "--gbit", str(gbit),
+                        "--lat-us", str(lat_us)], stdout=f, check=True)
     return path
 
 
@@ -186,10 +184,7 @@ def validate(args, sim):
             key = r["key"]
             plat = os.path.join(d, f"{key}.xml")
             if not os.path.exists(plat):
-                with open(plat, "w") as f:
-                    subprocess.run([os.path.join(ROOT, "tools", "sim", "gen_platform.sh"),
-                                    "--hosts", str(r["hosts"]), "--gbit", str(tcp[key]),
-                                    "--lat-us", str(VALIDATE_LAT_US)], stdout=f, check=True)
+                write_platform(plat, r["hosts"], tcp[key], VALIDATE_LAT_US)
             size = str(r["bytes"])
             # The algorithm the measured run ran: its libtnt was not told the
             # network (TNT_NETWORK_GBIT), so on 4 hosts it chose the ring
@@ -220,9 +215,13 @@ def scale(args, sim):
     out, runs = [], []
     algos = ["auto"] + [a for a in args.algos.split(",") if a and a != "auto"]
     collective = ["--collective", args.collective]
+    platforms = tempfile.TemporaryDirectory()
     for gbit in args.gbit.split(","):
         for hosts in (int(h) for h in args.hosts.split(",")):
-            plat = platform_file(hosts, gbit)
+            # 1 us a link at 10 Gbit/s (Ethernet switches), 0.5 us at 100
+            # and 400 Gbit/s (InfiniBand-class switches and NICs).
+            plat = write_platform(os.path.join(platforms.name, f"fattree_{hosts}_{gbit}g.xml"),
+                                  hosts, gbit, 1 if gbit == "10" else 0.5)
             for per_host in (int(p) for p in args.per_host.split(",")):
                 jobs = [("tnt", ["--algos", ",".join(algos), "--copy-gbps",
                                  str(SCALE_COPY_GBPS)], [])]
@@ -243,7 +242,8 @@ def scale(args, sim):
                            "error": err}
                     runs.append(run)
                     print(json.dumps(run), flush=True)
-    config = {"platforms": "tools/sim/platforms (tools/sim/gen_platform.sh --all)",
+    platforms.cleanup()
+    config = {"platforms": "src/sim/gen_platform.sh",
               "collective": args.collective, "copy_gbps": SCALE_COPY_GBPS, "smpi_cfg": SMPI_CFG}
     return {"config": config, "runs": runs, "results": out}
 

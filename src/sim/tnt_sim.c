@@ -99,7 +99,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
     else if (v != NULL && strcmp(o, "--iters") == 0) a->iters = atoi(argv[++i]);
     else if (v != NULL && strcmp(o, "--copy-gbps") == 0) tnt_sim_opts.copy_gbps = atof(argv[++i]);
     else {
-      fprintf(stderr, "tnt-sim: unknown or incomplete option '%s'; see the top of tools/sim/tnt_sim.c\n", o);
+      fprintf(stderr, "tnt-sim: unknown or incomplete option '%s'; see the top of src/sim/tnt_sim.c\n", o);
       return -1;
     }
   }
