@@ -2,7 +2,12 @@
 
   pipeline_worker.py CASE --out DIR [--serial] [--stages K] [--replicas R]
                      [--optimizer NAME] [--micro-batches M] [--num-stages K]
-                     [--schedule NAME[,NAME...]]
+                     [--schedule NAME]
+  pipeline_worker.py --runs RUN[,RUN...] --out DIR [--serial] [--micro-batches M]
+      several trainings in one job, one after another, each into DIR/RUN/;
+      RUN is CASE-K-R-OPTIMIZER-VARIANT, VARIANT a schedule or "recompute"
+      (1F1B with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute), with "+fn" for
+      --build-fn; --save NAME saves each into DIR/RUN/NAME
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
@@ -39,9 +44,11 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import tarantella as tnt  # noqa: E402
+from tarantella import settings  # noqa: E402
 import stage_guard  # noqa: E402
 
 SAMPLES, BATCH, EPOCHS = 150, 20, 3
+CASES = ["mlp", "skip", "cls", "seq", "two"]
 Split = tnt.keras.layers.SplitLayer
 
 
@@ -122,7 +129,9 @@ def guard(model, when, out):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["mlp", "skip", "cls", "seq", "two"])
+    p.add_argument("case", nargs="?", choices=CASES)
+    p.add_argument("--runs", help="CASE-K-R-OPTIMIZER-VARIANT, comma-separated: one "
+                                  "training each, into DIR/<run>/")
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     p.add_argument("--stages", type=int, default=2)
@@ -130,8 +139,7 @@ def main():
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--micro-batches", type=int, default=3)
     p.add_argument("--schedule", help="tnt.Model's pipeline_schedule (default: "
-                                      "TNT_PIPELINE_SCHEDULE's); several, comma-separated: "
-                                      "one training each, into DIR/<schedule>/")
+                                      "TNT_PIPELINE_SCHEDULE's)")
     p.add_argument("--save")
     p.add_argument("--build-fn", action="store_true",
                    help="give tnt.Model the function that builds the model")
@@ -144,19 +152,32 @@ def main():
                    help="train with ModelCheckpoint (DIR/ckpt-<epoch>.keras), "
                         "ReduceLROnPlateau and EarlyStopping")
     args = p.parse_args()
+    if (args.case is None) == (args.runs is None):
+        p.error("give a CASE or --runs")
     if args.mixed:
         keras.mixed_precision.set_global_policy(args.mixed)
     if not args.serial:
         tnt.init()
-    schedules = args.schedule.split(",") if args.schedule else [None]
-    for schedule in schedules:
-        out = os.path.join(args.out, schedule) if len(schedules) > 1 else args.out
-        train(args, schedule, out)
+    if args.case:
+        return train(args, args.out)
+    for spec in args.runs.split(","):
+        case, stages, replicas, optimizer, variant = spec.split("-", 4)
+        variant, _, fn = variant.partition("+")
+        recompute = variant == "recompute"
+        os.environ["TNT_PIPELINE_WEIGHT_GRADIENTS"] = "recompute" if recompute else "accumulate"
+        settings.load()
+        out = os.path.join(args.out, spec)
+        train(argparse.Namespace(**dict(
+            vars(args), case=case, stages=int(stages), replicas=int(replicas),
+            optimizer=optimizer, schedule=None if recompute else variant,
+            build_fn=args.build_fn or fn == "fn",
+            save=args.save and os.path.join(out, args.save))), out)
 
 
-def train(args, schedule, out):
-    """Builds, trains, evaluates and saves the model as `args` say, with
-    the pipeline `schedule`; writes the results to `out`."""
+def train(args, out):
+    """Builds, trains, evaluates and saves the model as `args` say; writes
+    the results to `out`."""
+    os.makedirs(out, exist_ok=True)
     x, y = data(args.case)
     stages = 1 if args.num_stages else args.stages
     if args.build_fn:
@@ -171,7 +192,7 @@ def train(args, schedule, out):
         auto = {"num_stages": args.num_stages} if args.num_stages else {}
         model = tnt.Model(model, parallel_strategy=strategy,
                           num_micro_batches=args.micro_batches,
-                          pipeline_schedule=schedule, **auto)
+                          pipeline_schedule=args.schedule, **auto)
     stage_file = {}
     if args.build_fn and args.serial:  # a normal build's weights, to compare with
         model = model()
@@ -212,7 +233,6 @@ def train(args, schedule, out):
     if args.save:
         model.save(args.save)
         guard(model, "save", stage_file)
-    os.makedirs(out, exist_ok=True)
     if stage_file:
         np.savez(os.path.join(out, f"rank{rank}-stage.npz"), **stage_file)
     np.savez(os.path.join(out, f"rank{rank}.npz"), **results)

@@ -42,38 +42,39 @@ CONFIGS = [
 ]
 
 
-def variant_settings(variant):
-    if variant == "recompute":
-        return {"TNT_PIPELINE_WEIGHT_GRADIENTS": "recompute"}
-    return {"TNT_PIPELINE_SCHEDULE": variant}
-
-
 _serial = {}
 
 
+def serial_runs(tmp_path_factory, keys):
+    """Serial Keras's results of each (case, stages, optimizer) of `keys`,
+    computed once a session, those not computed yet in one process."""
+    missing = sorted(set(keys) - set(_serial))
+    if missing:
+        d = str(tmp_path_factory.mktemp("serial"))
+        specs = [f"{case}-{stages}-1-{optimizer}-1f1b" for case, stages, optimizer in missing]
+        run([sys.executable, WORKER, "--serial", "--runs", ",".join(specs), "--out", d])
+        for key, spec in zip(missing, specs):
+            _serial[key] = load(os.path.join(d, spec), 1)[0]
+    return [_serial[key] for key in keys]
+
+
 def serial_run(tmp_path_factory, case, stages, optimizer):
-    """Serial Keras's results of `case`, computed once a session."""
-    key = (case, stages, optimizer)
-    if key not in _serial:
-        d = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}-{optimizer}"))
-        run([sys.executable, WORKER, case, "--serial", "--out", d, "--stages", str(stages),
-             "--optimizer", optimizer])
-        _serial[key] = load(d, 1)[0]
-    return _serial[key]
+    return serial_runs(tmp_path_factory, [(case, stages, optimizer)])[0]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every configuration's results (pipelined, on every rank), computed
-    once for the tests below."""
+    once for the tests below: one job per number of ranks."""
     out = {}
-    for case, stages, replicas, optimizer, schedule in CONFIGS:
-        d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}-{optimizer}-{schedule}"))
-        run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
-                           "--stages", str(stages), "--replicas", str(replicas),
-                           "--optimizer", optimizer),
-            timeout=600, env=variant_settings(schedule))
-        out[(case, stages, replicas, optimizer, schedule)] = load(d, stages * replicas)
+    for ranks in sorted({stages * replicas for _, stages, replicas, _, _ in CONFIGS}):
+        configs = [c for c in CONFIGS if c[1] * c[2] == ranks]
+        specs = ["-".join(map(str, c)) for c in configs]
+        d = str(tmp_path_factory.mktemp(f"pipelined-{ranks}"))
+        run(mpirun_command(ranks, sys.executable, WORKER, "--runs", ",".join(specs), "--out", d),
+            timeout=600)
+        out.update({c: load(os.path.join(d, spec), ranks) for c, spec in zip(configs, specs)})
+    serial_runs(tmp_path_factory, [(case, stages, opt) for case, stages, _, opt, _ in CONFIGS])
     return out
 
 
@@ -304,10 +305,31 @@ def test_timeline_shows_the_schedule(tmp_path, python):
         assert {f"recv {peer} {i}" for i in range(3)} <= names, sorted(names)
 
 
-@pytest.mark.parametrize("policy,tol,variant", [("mixed_float16", (1e-4, 2e-4, 1e-2), "1f1b"),
-                                                ("mixed_bfloat16", (1e-3, 5e-3, 5e-2), "1f1b"),
-                                                ("mixed_float16", (1e-4, 2e-4, 1e-2), "recompute")])
-def test_mixed_precision_on_two_stages(policy, tol, variant, tmp_path_factory, python):
+MIXED = [("mixed_float16", (1e-4, 2e-4, 1e-2), "1f1b"),
+         ("mixed_bfloat16", (1e-3, 5e-3, 5e-2), "1f1b"),
+         ("mixed_float16", (1e-4, 2e-4, 1e-2), "recompute")]
+
+
+@pytest.fixture(scope="module")
+def mixed_runs(tmp_path_factory):
+    """Per (policy, variant): serial Keras's results and the pipelined
+    ones on each rank; one serial process and one job per policy."""
+    out = {}
+    for policy in sorted({policy for policy, _, _ in MIXED}):
+        variants = [variant for p, _, variant in MIXED if p == policy]
+        specs = [f"mlp-2-1-adam-{variant}" for variant in variants]
+        ds, dp = (str(tmp_path_factory.mktemp(f"{n}-{policy}")) for n in ("serial", "pipelined"))
+        run([sys.executable, WORKER, "mlp", "--serial", "--out", ds, "--stages", "2",
+             "--mixed", policy])
+        run(mpirun_command(2, sys.executable, WORKER, "--runs", ",".join(specs), "--out", dp,
+                           "--mixed", policy), timeout=600)
+        out.update({(policy, variant): (load(ds, 1)[0], load(os.path.join(dp, spec), 2))
+                    for variant, spec in zip(variants, specs)})
+    return out
+
+
+@pytest.mark.parametrize("policy,tol,variant", MIXED)
+def test_mixed_precision_on_two_stages(policy, tol, variant, mixed_runs):
     """16-bit activations and gradients cross the cut; with mixed_float16
     the stages scale the loss alike and skip non-finite steps together
     (also when they recompute their weight gradients: the recomputed
@@ -315,13 +337,7 @@ def test_mixed_precision_on_two_stages(policy, tol, variant, tmp_path_factory, p
     micro-batches rounds differently from whole batches, so the bounds
     (loss, weights, outputs) are those of the 16-bit type and of its
     accumulation in float32."""
-    d = str(tmp_path_factory.mktemp("mixed-serial"))
-    run([python, WORKER, "mlp", "--serial", "--out", d, "--stages", "2", "--mixed", policy])
-    want = load(d, 1)[0]
-    d = str(tmp_path_factory.mktemp("mixed"))
-    run(mpirun_command(2, python, WORKER, "mlp", "--out", d, "--stages", "2", "--mixed", policy),
-        timeout=600, env=variant_settings(variant))
-    results = load(d, 2)
+    want, results = mixed_runs[(policy, variant)]
     assert_ranks_identical(results)
     got = results[0]
     assert np.allclose(got["loss"], want["loss"], rtol=0, atol=tol[0]), (got["loss"], want["loss"])

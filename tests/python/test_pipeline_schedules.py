@@ -75,12 +75,12 @@ def pipelined(tmp_path_factory, case, stages, schedules, replicas=1):
     """Each schedule's results on every rank, trained one after another in
     one job."""
     d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}"))
-    run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
-                       "--stages", str(stages), "--replicas", str(replicas),
-                       "--micro-batches", "4", "--optimizer", "adam",
-                       "--schedule", ",".join(schedules)),
+    specs = [f"{case}-{stages}-{replicas}-adam-{s}" for s in schedules]
+    run(mpirun_command(stages * replicas, sys.executable, WORKER, "--runs", ",".join(specs),
+                       "--out", d, "--micro-batches", "4"),
         timeout=600)
-    return {s: load(os.path.join(d, s), stages * replicas) for s in schedules}
+    return {s: load(os.path.join(d, spec), stages * replicas)
+            for s, spec in zip(schedules, specs)}
 
 
 @pytest.mark.parametrize("stages", [2, 3])

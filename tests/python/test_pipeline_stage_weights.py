@@ -34,28 +34,21 @@ CONFIGS = [
 ]
 
 
-def pipelined(tmp_path_factory, config, build_fn):
-    case, stages, replicas, optimizer = config
-    d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}-{build_fn}"))
-    extra = ["--build-fn"] if build_fn else []
-    run(mpirun_command(stages * replicas, sys.executable, WORKER, case, "--out", d,
-                       "--stages", str(stages), "--replicas", str(replicas),
-                       "--optimizer", optimizer, "--save", os.path.join(d, "m.keras"), *extra),
-        timeout=600)
-    return d
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Per configuration: (built by a function, passed built, serial)."""
+    """Per configuration: (built by a function, passed built, serial), the
+    two pipelined runs in one job, the serial ones in one process."""
+    serial = str(tmp_path_factory.mktemp("serial"))
+    specs = {config: "-".join(map(str, config)) + "-1f1b" for config in CONFIGS}
+    run([sys.executable, WORKER, "--serial", "--build-fn", "--runs", ",".join(specs.values()),
+         "--out", serial])
     out = {}
-    for config in CONFIGS:
-        case, stages, replicas, optimizer = config
-        serial = str(tmp_path_factory.mktemp(f"serial-{case}-{stages}"))
-        run([sys.executable, WORKER, case, "--serial", "--build-fn", "--out", serial,
-             "--stages", str(stages), "--optimizer", optimizer])
-        out[config] = (pipelined(tmp_path_factory, config, True),
-                       pipelined(tmp_path_factory, config, False), serial)
+    for config, spec in specs.items():
+        d = str(tmp_path_factory.mktemp(spec))
+        run(mpirun_command(config[1] * config[2], sys.executable, WORKER, "--runs",
+                           f"{spec}+fn,{spec}", "--out", d, "--save", "m.keras"), timeout=600)
+        out[config] = tuple(os.path.join(d, s) for s in (f"{spec}+fn", spec)) + (
+            os.path.join(serial, spec),)
     return out
 
 
