@@ -32,6 +32,7 @@
 #include <mpi.h>
 
 #include "tnt/tnt.h"
+#include "util/values.h"
 
 enum {
   EXIT_CHECK_FAILED = 1,
@@ -421,121 +422,16 @@ static int parse_options(int argc, char **argv, options_t *opt) {
   return -1;
 }
 
-/* --------------------------------------------------- element conversion */
-
-static float bits_to_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static uint32_t float_to_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    float mag = ldexpf((float)mant, -24);
-    return sign != 0 ? -mag : mag;
-  }
-  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
-  return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-/* Rounds to nearest even, like libtnt's own float16 kernels, so that the MPI
- * peer's user-defined sum computes what libtnt computes. */
-static uint16_t float_to_half(float f) {
-  uint32_t x = float_to_bits(f);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  uint32_t mag = x & 0x7fffffffu;
-  if (mag > 0x7f800000u) return sign | 0x7e00u;  /* NaN stays NaN */
-  if (mag >= 0x477ff000u) return sign | 0x7c00u; /* rounds to infinity */
-  if (mag < 0x38800000u) {
-    /* Below the smallest normal half: the result is a multiple of 2^-24,
-     * and scaling by a power of two is exact, so rintf rounds once. */
-    return sign | (uint16_t)rintf(bits_to_float(mag) * 16777216.0f);
-  }
-  uint32_t rounded = mag + 0xfffu + ((mag >> 13) & 1u);
-  return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
-}
-
-static float bfloat16_to_float(uint16_t b) {
-  return bits_to_float((uint32_t)b << 16);
-}
-
-static uint16_t float_to_bfloat16(float f) {
-  uint32_t x = float_to_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static void store_value(void *buf, tnt_dtype_t dtype, size_t i, int64_t v) {
-  switch (dtype) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)v;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = (double)v;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = float_to_half((float)v);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = float_to_bfloat16((float)v);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)v;
-      break;
-    case TNT_INT8:
-      ((int8_t *)buf)[i] = (int8_t)v;
-      break;
-    case TNT_INT16:
-      ((int16_t *)buf)[i] = (int16_t)v;
-      break;
-    case TNT_UINT8:
-      ((uint8_t *)buf)[i] = (uint8_t)v;
-      break;
-    default:
-      ((int64_t *)buf)[i] = v;
-      break;
-  }
-}
-
-static double load_value(const void *buf, tnt_dtype_t dtype, size_t i) {
-  switch (dtype) {
-    case TNT_FLOAT32:
-      return ((const float *)buf)[i];
-    case TNT_FLOAT64:
-      return ((const double *)buf)[i];
-    case TNT_FLOAT16:
-      return half_to_float(((const uint16_t *)buf)[i]);
-    case TNT_BFLOAT16:
-      return bfloat16_to_float(((const uint16_t *)buf)[i]);
-    case TNT_INT32:
-      return ((const int32_t *)buf)[i];
-    case TNT_INT8:
-      return ((const int8_t *)buf)[i];
-    case TNT_INT16:
-      return ((const int16_t *)buf)[i];
-    case TNT_UINT8:
-      return ((const uint8_t *)buf)[i];
-    default:
-      return (double)((const int64_t *)buf)[i];
-  }
-}
-
 /* MPI has no half-precision types, so the MPI peer sums float16 and
- * bfloat16 with user-defined operations on MPI_UINT16_T. */
+ * bfloat16 with user-defined operations on MPI_UINT16_T, which add in float
+ * and round to nearest even with libtnt's own conversions. */
 static void mpi_sum_float16(void *in, void *inout, int *len, MPI_Datatype *type) {
   (void)type;
   const uint16_t *a = in;
   uint16_t *b = inout;
-  for (int i = 0; i < *len; i++) b[i] = float_to_half(half_to_float(a[i]) + half_to_float(b[i]));
+  for (int i = 0; i < *len; i++) {
+    b[i] = tnt__float_to_half(tnt__half_to_float(a[i]) + tnt__half_to_float(b[i]));
+  }
 }
 
 static void mpi_sum_bfloat16(void *in, void *inout, int *len, MPI_Datatype *type) {
@@ -543,7 +439,7 @@ static void mpi_sum_bfloat16(void *in, void *inout, int *len, MPI_Datatype *type
   const uint16_t *a = in;
   uint16_t *b = inout;
   for (int i = 0; i < *len; i++) {
-    b[i] = float_to_bfloat16(bfloat16_to_float(a[i]) + bfloat16_to_float(b[i]));
+    b[i] = tnt__float_to_bfloat16(tnt__bfloat16_to_float(a[i]) + tnt__bfloat16_to_float(b[i]));
   }
 }
 
@@ -616,7 +512,7 @@ static void make_template(const bench_t *b, pattern_t pattern, int rank, size_t 
     int64_t v = -1;
     if (pattern == PATTERN_INPUT) v = contribution(b, rank, first + i);
     if (pattern == PATTERN_SUM) v = sum_of_contributions(b, first + i);
-    store_value(tmpl, b->opt->dtype, i, v);
+    tnt__store_value(b->opt->dtype, tmpl, i, (double)v);
   }
 }
 
@@ -659,8 +555,8 @@ static void check_region(const bench_t *b, const void *buf, size_t base, size_t 
         fprintf(stderr,
                 "tnt-bench: rank %d: %s %s of %zu bytes, %s: index %zu: expected %g, got %g\n",
                 b->rank, kSideNames[label->side], kCollectiveNames[b->opt->coll], label->bytes,
-                label->when, base + i + k, load_value(tmpl, b->opt->dtype, k),
-                load_value(got, b->opt->dtype, k));
+                label->when, base + i + k, tnt__load_value(b->opt->dtype, tmpl, k),
+                tnt__load_value(b->opt->dtype, got, k));
       }
       *wrong += 1;
     }

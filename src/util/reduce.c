@@ -1,5 +1,5 @@
 /*
- * Reduction kernels and half-precision conversions (see reduce.h).
+ * Reduction kernels and array conversions (see reduce.h).
  *
  * Every reduction combines its inputs element by element in a fixed order,
  * left to right, so the same inputs always give the same bits, whatever the
@@ -34,24 +34,13 @@
 #endif
 
 #include "util/common.h"
+#include "util/values.h"
 
 /* Elements per block: small enough that a block of every stream stays in
  * the L1 cache, large enough that loop overhead does not matter. */
 #define TNT__REDUCE_BLOCK 1024
 
 /* ------------------------------------------------------------ bit casts */
-
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static inline float f32_from_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 static inline uint64_t f64_bits(double f) {
   uint64_t u;
@@ -65,116 +54,24 @@ static inline double f64_from_bits(uint64_t u) {
   return f;
 }
 
-/* ---------------------------------------------------------- conversions */
-
-/* The conversions work on the bit patterns only, so they do not depend on
- * the floating-point environment (rounding mode, flush-to-zero). */
-
-static inline float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    /* Infinity, or NaN with its payload (a nonzero mantissa stays nonzero). */
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {
-    /* Subnormal half: shift the leading one up into the implicit bit;
-     * every such value is a normal float. */
-    uint32_t e = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      e--;
-    }
-    bits = sign | (e << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return f32_from_bits(bits);
-}
-
-static inline uint16_t float_to_half(float f) {
-  uint32_t x = f32_bits(f);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x > 0x7f800000u) {
-    /* NaN: quiet it and keep the top of the payload, so it stays a NaN. */
-    return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x1ffu));
-  }
-  if (x >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 65536, or inf */
-  if (x < 0x38800000u) {
-    /* Below the smallest normal half (2^-14): the result is subnormal or
-     * zero, in units of 2^-24. Values below 2^-25 round to zero. */
-    uint32_t e = x >> 23;
-    if (e < 102) return sign;
-    uint32_t m = (x & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - e; /* 14..24 */
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (r & 1u))) r++;
-    /* r == 0x400 is the smallest normal, which the same encoding gives. */
-    return (uint16_t)(sign | r);
-  }
-  /* Normal range: rebias the exponent and round the 13 dropped bits to
-   * nearest even; a carry out of the mantissa correctly bumps the exponent,
-   * up to infinity for values at or above 65520. */
-  uint32_t odd = (x >> 13) & 1u;
-  x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
-  return (uint16_t)(sign | (x >> 13));
-}
-
-static inline float bfloat16_to_float(uint16_t b) {
-  return f32_from_bits((uint32_t)b << 16);
-}
-
-static inline uint16_t float_to_bfloat16(float f) {
-  uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    /* NaN: rounding could carry a small payload into infinity, so quiet it
-     * and truncate instead. */
-    return (uint16_t)((x >> 16) | 0x0040u);
-  }
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-float tnt__half_to_float(uint16_t h) {
-  return half_to_float(h);
-}
-
-uint16_t tnt__float_to_half(float f) {
-  return float_to_half(f);
-}
-
-float tnt__bfloat16_to_float(uint16_t b) {
-  return bfloat16_to_float(b);
-}
-
-uint16_t tnt__float_to_bfloat16(float f) {
-  return float_to_bfloat16(f);
-}
-
 /* ---------------------------------------------------- array conversions */
 
 /* Portable loops; the compiler vectorizes the bfloat16 ones. */
 static void narrow_f16(uint16_t *restrict d, const float *restrict s, size_t n) {
-  for (size_t i = 0; i < n; i++) d[i] = float_to_half(s[i]);
+  for (size_t i = 0; i < n; i++) d[i] = tnt__float_to_half(s[i]);
 }
 
 static void widen_f16(float *restrict d, const uint16_t *restrict s, size_t n) {
-  for (size_t i = 0; i < n; i++) d[i] = half_to_float(s[i]);
+  for (size_t i = 0; i < n; i++) d[i] = tnt__half_to_float(s[i]);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TNT__HAVE_F16C 1
 /* F16C converts 8 values per instruction, rounding to nearest even whatever
  * the MXCSR says; NaNs keep the top of their payload and come out quiet,
- * as in float_to_half. Widening is exact, but the instruction quiets a
- * signalling NaN, which half_to_float keeps as it is: a block holding one
- * is converted by the portable loop. */
+ * as in tnt__float_to_half. Widening is exact, but the instruction quiets a
+ * signalling NaN, which tnt__half_to_float keeps as it is: a block holding
+ * one is converted by the portable loop. */
 __attribute__((target("avx,f16c"))) static void narrow_f16_f16c(uint16_t *restrict d,
                                                                 const float *restrict s, size_t n) {
   size_t i = 0;
@@ -208,11 +105,11 @@ __attribute__((target("avx,f16c"))) static void widen_f16_f16c(float *restrict d
 #endif
 
 static void narrow_bf16(uint16_t *restrict d, const float *restrict s, size_t n) {
-  for (size_t i = 0; i < n; i++) d[i] = float_to_bfloat16(s[i]);
+  for (size_t i = 0; i < n; i++) d[i] = tnt__float_to_bfloat16(s[i]);
 }
 
 static void widen_bf16(float *restrict d, const uint16_t *restrict s, size_t n) {
-  for (size_t i = 0; i < n; i++) d[i] = bfloat16_to_float(s[i]);
+  for (size_t i = 0; i < n; i++) d[i] = tnt__bfloat16_to_float(s[i]);
 }
 
 void tnt__narrow(uint16_t *dst, const float *src, size_t count, tnt_dtype_t wire) {
@@ -262,7 +159,8 @@ void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire)
   } while (0)
 
 static float half_round(float f, tnt_dtype_t t) {
-  return t == TNT_FLOAT16 ? half_to_float(float_to_half(f)) : bfloat16_to_float(float_to_bfloat16(f));
+  return t == TNT_FLOAT16 ? tnt__half_to_float(tnt__float_to_half(f))
+                          : tnt__bfloat16_to_float(tnt__float_to_bfloat16(f));
 }
 
 static float op_f32(float x, float f, int divide) {
@@ -279,13 +177,14 @@ void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dty
       uint16_t *d = dst;
       for (size_t i = 0; i < count; i++) {
         const float v = op_f32(s[i], f, divide);
-        d[i] = dst_dtype == TNT_FLOAT16 ? float_to_half(v) : float_to_bfloat16(v);
+        d[i] = dst_dtype == TNT_FLOAT16 ? tnt__float_to_half(v) : tnt__float_to_bfloat16(v);
       }
     } else {
       const uint16_t *s = src;
       float *d = dst;
       for (size_t i = 0; i < count; i++) {
-        const float w = src_dtype == TNT_FLOAT16 ? half_to_float(s[i]) : bfloat16_to_float(s[i]);
+        const float w =
+            src_dtype == TNT_FLOAT16 ? tnt__half_to_float(s[i]) : tnt__bfloat16_to_float(s[i]);
         d[i] = op_f32(w, f, divide);
       }
     }
@@ -306,9 +205,9 @@ void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dty
       uint16_t *d = dst;
       for (size_t i = 0; i < count; i++) {
         if (dst_dtype == TNT_FLOAT16) {
-          d[i] = float_to_half(op_f32(half_to_float(s[i]), f, divide));
+          d[i] = tnt__float_to_half(op_f32(tnt__half_to_float(s[i]), f, divide));
         } else {
-          d[i] = float_to_bfloat16(op_f32(bfloat16_to_float(s[i]), f, divide));
+          d[i] = tnt__float_to_bfloat16(op_f32(tnt__bfloat16_to_float(s[i]), f, divide));
         }
       }
       break;
@@ -323,18 +222,18 @@ void tnt__copy_scaled(void *dst, tnt_dtype_t dst_dtype, const void *src, tnt_dty
 #define TNT__F64_QNAN 0x7ff8000000000000ull
 
 static inline float min_f32(float a, float b) {
-  if (a != a || b != b) return f32_from_bits(TNT__F32_QNAN);
+  if (a != a || b != b) return tnt__f32_from_bits(TNT__F32_QNAN);
   if (a < b) return a;
   if (b < a) return b;
   /* Equal values have equal bits except for -0 and +0; OR keeps the sign. */
-  return f32_from_bits(f32_bits(a) | f32_bits(b));
+  return tnt__f32_from_bits(tnt__f32_bits(a) | tnt__f32_bits(b));
 }
 
 static inline float max_f32(float a, float b) {
-  if (a != a || b != b) return f32_from_bits(TNT__F32_QNAN);
+  if (a != a || b != b) return tnt__f32_from_bits(TNT__F32_QNAN);
   if (a > b) return a;
   if (b > a) return b;
-  return f32_from_bits(f32_bits(a) & f32_bits(b));
+  return tnt__f32_from_bits(tnt__f32_bits(a) & tnt__f32_bits(b));
 }
 
 static inline double min_f64(double a, double b) {
@@ -448,10 +347,10 @@ static inline double id_f64(double a) {
 
 TNT__DEFINE_GENERIC(generic_f32, float, float, id_f32, id_f32, add_f32, min_f32, max_f32, div_f32)
 TNT__DEFINE_GENERIC(generic_f64, double, double, id_f64, id_f64, add_f64, min_f64, max_f64, div_f64)
-TNT__DEFINE_GENERIC(generic_f16, uint16_t, float, half_to_float, float_to_half, add_f32, min_f32,
-                    max_f32, div_f32)
-TNT__DEFINE_GENERIC(generic_bf16, uint16_t, float, bfloat16_to_float, float_to_bfloat16, add_f32,
+TNT__DEFINE_GENERIC(generic_f16, uint16_t, float, tnt__half_to_float, tnt__float_to_half, add_f32,
                     min_f32, max_f32, div_f32)
+TNT__DEFINE_GENERIC(generic_bf16, uint16_t, float, tnt__bfloat16_to_float, tnt__float_to_bfloat16,
+                    add_f32, min_f32, max_f32, div_f32)
 TNT__DEFINE_GENERIC(generic_i32, int32_t, int32_t, id_i32, id_i32, add_i32, min_i32, max_i32,
                     div_i32)
 TNT__DEFINE_GENERIC(generic_i64, int64_t, int64_t, id_i64, id_i64, add_i64, min_i64, max_i64,
@@ -704,14 +603,14 @@ void tnt__reduce_finish(void *buf, size_t count, tnt_dtype_t dtype, tnt_op_t op,
     case TNT_FLOAT16: {
       uint16_t *p = buf;
       for (size_t i = 0; i < count; i++) {
-        p[i] = float_to_half(half_to_float(p[i]) / (float)divisor);
+        p[i] = tnt__float_to_half(tnt__half_to_float(p[i]) / (float)divisor);
       }
       break;
     }
     case TNT_BFLOAT16: {
       uint16_t *p = buf;
       for (size_t i = 0; i < count; i++) {
-        p[i] = float_to_bfloat16(bfloat16_to_float(p[i]) / (float)divisor);
+        p[i] = tnt__float_to_bfloat16(tnt__bfloat16_to_float(p[i]) / (float)divisor);
       }
       break;
     }

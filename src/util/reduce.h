@@ -1,7 +1,8 @@
 /*
- * Reduction kernels and half-precision conversions. Every kernel combines
- * its inputs in a fixed order, so results are bitwise reproducible.
- * float16 and bfloat16 are computed in float and rounded to nearest even.
+ * Reduction kernels and array conversions. Every kernel combines its inputs
+ * in a fixed order, so results are bitwise reproducible. float16 and
+ * bfloat16 are computed in float and rounded to nearest even (the scalar
+ * conversions are in util/values.h).
  */
 #ifndef TNT_UTIL_REDUCE_H
 #define TNT_UTIL_REDUCE_H
@@ -12,16 +13,11 @@
 #include "tnt/tnt.h"
 #include "util/types.h"
 
-float tnt__half_to_float(uint16_t h);
-uint16_t tnt__float_to_half(float f);
-float tnt__bfloat16_to_float(uint16_t b);
-uint16_t tnt__float_to_bfloat16(float f);
-
 /*
  * Array conversions for compressed transfers: float32 to `wire` (TNT_FLOAT16
  * or TNT_BFLOAT16, rounded to nearest even) and back (exact). They give the
- * same bits as the scalar conversions above for every input, NaNs included;
- * float16 uses the F16C instructions where the CPU has them.
+ * same bits as the scalar conversions of util/values.h for every input,
+ * NaNs included; float16 uses the F16C instructions where the CPU has them.
  */
 void tnt__narrow(uint16_t *dst, const float *src, size_t count, tnt_dtype_t wire);
 void tnt__widen(float *dst, const uint16_t *src, size_t count, tnt_dtype_t wire);

@@ -4,10 +4,9 @@
  * expected result of a reduction, and the first element where two buffers
  * differ.
  *
- * The float16 and bfloat16 conversions here are written without libtnt on
- * purpose: the tests use them as an independent oracle for libtnt's own
- * conversions and kernels, so a defect there cannot hide itself by also
- * producing the expected values.
+ * Elements are written and read with libtnt's own conversions
+ * (util/values.h): test_reduce checks them against a definition of its own
+ * for every float16 and bfloat16 value and at every rounding boundary.
  *
  * Every function is static inline so that each program uses what it needs
  * without unused-function warnings.
@@ -20,6 +19,7 @@
 #include <string.h>
 
 #include "tnt/tnt.h"
+#include "util/values.h"
 
 /* ------------------------------------------------------------ bits */
 
@@ -52,138 +52,12 @@ static inline float td_f32_from_bits(uint32_t u) {
   return f;
 }
 
-/* ------------------------------------------------------------ halves */
-
-/* Rounds to the nearest float16, ties to even; NaN stays NaN and overflow
- * gives infinity. */
-static inline uint16_t td_float_to_half(float f) {
-  uint32_t x = td_f32_bits(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xffu) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int e = (int)exp - 127 + 15;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return (uint16_t)sign;
-    mant |= 0x800000u;
-    int shift = 14 - e;
-    uint32_t half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) half++;
-    return (uint16_t)(sign | half);
-  }
-  uint32_t half = ((uint32_t)e << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) half++;
-  return (uint16_t)(sign | half);
-}
-
-static inline float td_half_to_float(uint16_t h) {
-  uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-  uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
-  uint32_t mant = (uint32_t)h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {
-      int e = -1;
-      do {
-        e++;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  return td_f32_from_bits(x);
-}
-
-/* Rounds to the nearest bfloat16, ties to even; a NaN keeps a quiet bit so
- * that rounding cannot turn it into infinity. */
-static inline uint16_t td_float_to_bf16(float f) {
-  uint32_t x = td_f32_bits(f);
-  if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return (uint16_t)((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
-}
-
-static inline float td_bf16_to_float(uint16_t b) {
-  return td_f32_from_bits((uint32_t)b << 16);
-}
-
 /* ------------------------------------------------------------ elements */
 
 /* The size of one element, independently of tnt_dtype_size. */
 static inline size_t td_dsize(tnt_dtype_t dt) {
   static const size_t sizes[TNT_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1, 2, 1};
   return sizes[dt];
-}
-
-/* Stores `v` as element `i` of `buf` (converted to the dtype; integers are
- * expected to be integral). */
-static inline void td_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      ((float *)buf)[i] = (float)v;
-      break;
-    case TNT_FLOAT64:
-      ((double *)buf)[i] = v;
-      break;
-    case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = td_float_to_half((float)v);
-      break;
-    case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = td_float_to_bf16((float)v);
-      break;
-    case TNT_INT32:
-      ((int32_t *)buf)[i] = (int32_t)v;
-      break;
-    case TNT_INT64:
-      ((int64_t *)buf)[i] = (int64_t)v;
-      break;
-    case TNT_INT8:
-      ((int8_t *)buf)[i] = (int8_t)v;
-      break;
-    case TNT_INT16:
-      ((int16_t *)buf)[i] = (int16_t)v;
-      break;
-    case TNT_UINT8:
-      ((uint8_t *)buf)[i] = (uint8_t)v;
-      break;
-    default:
-      break;
-  }
-}
-
-static inline double td_load(tnt_dtype_t dt, const void *buf, size_t i) {
-  switch (dt) {
-    case TNT_FLOAT32:
-      return ((const float *)buf)[i];
-    case TNT_FLOAT64:
-      return ((const double *)buf)[i];
-    case TNT_FLOAT16:
-      return td_half_to_float(((const uint16_t *)buf)[i]);
-    case TNT_BFLOAT16:
-      return td_bf16_to_float(((const uint16_t *)buf)[i]);
-    case TNT_INT32:
-      return ((const int32_t *)buf)[i];
-    case TNT_INT64:
-      return (double)((const int64_t *)buf)[i];
-    case TNT_INT8:
-      return ((const int8_t *)buf)[i];
-    case TNT_INT16:
-      return ((const int16_t *)buf)[i];
-    case TNT_UINT8:
-      return ((const uint8_t *)buf)[i];
-    default:
-      return 0.0;
-  }
 }
 
 /*
@@ -201,10 +75,10 @@ static inline void td_store_average(tnt_dtype_t dt, void *buf, size_t i, double 
       ((double *)buf)[i] = sum / (double)n;
       break;
     case TNT_FLOAT16:
-      ((uint16_t *)buf)[i] = td_float_to_half((float)sum / (float)n);
+      ((uint16_t *)buf)[i] = tnt__float_to_half((float)sum / (float)n);
       break;
     case TNT_BFLOAT16:
-      ((uint16_t *)buf)[i] = td_float_to_bf16((float)sum / (float)n);
+      ((uint16_t *)buf)[i] = tnt__float_to_bfloat16((float)sum / (float)n);
       break;
     case TNT_INT32:
       ((int32_t *)buf)[i] = (int32_t)((int64_t)sum / n);
@@ -215,7 +89,7 @@ static inline void td_store_average(tnt_dtype_t dt, void *buf, size_t i, double 
     case TNT_INT8:
     case TNT_INT16:
     case TNT_UINT8:
-      td_store(dt, buf, i, (double)((int64_t)sum / n));
+      tnt__store_value(dt, buf, i, (double)((int64_t)sum / n));
       break;
     default:
       break;
@@ -238,7 +112,7 @@ static inline double td_centred(tnt_dtype_t dt, double v, double half) {
 /* Fills buf[0..count-1] with the contribution of `rank`. */
 static inline void td_fill(tnt_dtype_t dt, void *buf, size_t count, td_value_fn value,
                            const void *arg, int rank) {
-  for (size_t i = 0; i < count; i++) td_store(dt, buf, i, value(arg, dt, rank, i));
+  for (size_t i = 0; i < count; i++) tnt__store_value(dt, buf, i, value(arg, dt, rank, i));
 }
 
 /*
@@ -266,7 +140,7 @@ static inline void td_expected_reduce(tnt_dtype_t dt, tnt_op_t op, void *want, s
     if (op == TNT_AVERAGE) {
       td_store_average(dt, want, i, acc, n);
     } else {
-      td_store(dt, want, i, acc);
+      tnt__store_value(dt, want, i, acc);
     }
   }
 }

@@ -1,10 +1,9 @@
 /*
  * Shared helpers for the MPI-launched tests of libtnt: failure reporting
  * that names rank, case, index, expected and got; a watchdog so that no
- * test hangs; element access for every dtype (from tnt_test_data.h, with
- * independent float16 and bfloat16 conversions); deterministic data
- * generators; hashing for cross-rank bitwise comparisons; and a few MPI
- * helpers.
+ * test hangs; element access for every dtype (libtnt's util/values.h, as
+ * tnt_test_data.h uses it); deterministic data generators; hashing for
+ * cross-rank bitwise comparisons; and a few MPI helpers.
  *
  * Every function is static inline so that each program uses what it needs
  * without unused-function warnings.
@@ -237,19 +236,18 @@ static inline int mt_verdict(void) {
 
 /* ------------------------------------------------------------ dtypes */
 
-/* Element access is the shared test data of tests/common (with its own
- * float16 and bfloat16 conversions); these names keep the MPI programs'
- * mt_ vocabulary. */
+/* Element access is libtnt's (util/values.h) and the shared test data of
+ * tests/common; these names keep the MPI programs' mt_ vocabulary. */
 static inline size_t mt_dsize(tnt_dtype_t dt) {
   return td_dsize(dt);
 }
 
 static inline void mt_store(tnt_dtype_t dt, void *buf, size_t i, double v) {
-  td_store(dt, buf, i, v);
+  tnt__store_value(dt, buf, i, v);
 }
 
 static inline double mt_load(tnt_dtype_t dt, const void *buf, size_t i) {
-  return td_load(dt, buf, i);
+  return tnt__load_value(dt, buf, i);
 }
 
 /* The raw bits of element `i`, for messages. */

@@ -215,7 +215,7 @@ static int check_allreduce(rank_ctx_t *rc, const tnt__algo_t *algo, const uint8_
   if (td_count_diff(dt, got, want, count, &i) != 0) {
     note_error(rc, "allreduce %s %s %s count %zu%s: element %zu is %g, want %g", algo->name,
                tnt_dtype_name(dt), tnt_op_name(op), count, in_place ? " in place" : "", i,
-               td_load(dt, got, i), td_load(dt, want, i));
+               tnt__load_value(dt, got, i), tnt__load_value(dt, want, i));
     return 0;
   }
   for (size_t i = 0; i < 64; i++) {
@@ -323,7 +323,7 @@ static int agree_rank(rank_ctx_t *rc, tnt__comm_t *c) {
         FAIL_IF(in == NULL, "out of memory");
         for (size_t i = 0; i < count; i++) {
           double v = (double)((i * 7919u + (size_t)c->rank * 104729u) % 10007u) / 97.0 - 50.0;
-          td_store((tnt_dtype_t)dt, in, i, v);
+          tnt__store_value((tnt_dtype_t)dt, in, i, v);
         }
         tnt__wait_ctx_t w = tnt__wait_ctx(TIMEOUT_S, "agreement test");
         tnt_status_t st = algo->fn.allreduce(c, in, mine, count, (tnt_dtype_t)dt, (tnt_op_t)op, &w);
@@ -423,7 +423,8 @@ static int reduce_scatter_rank(rank_ctx_t *rc, tnt__comm_t *c) {
                          "%g, the allreduce's %g",
                          algo->name, tnt_dtype_name((tnt_dtype_t)dt), tnt_op_name((tnt_op_t)op),
                          count, in_place ? " in place" : "", lo + i, lo, hi,
-                         td_load((tnt_dtype_t)dt, dst, i), td_load((tnt_dtype_t)dt, full, lo + i));
+                         tnt__load_value((tnt_dtype_t)dt, dst, i),
+                         tnt__load_value((tnt_dtype_t)dt, full, lo + i));
             }
             for (size_t g = 0; !in_place && g < 64; g++) {
               CHECK_BREAK(block[(hi - lo) * esz + g] == 0xee,
@@ -454,7 +455,7 @@ static int reduce_scatter_rank(rank_ctx_t *rc, tnt__comm_t *c) {
             note_error(rc, "reduce-scatter %s %s %s with counts, round %d: element %zu of [%zu, "
                        "%zu) is %g, want %g",
                        algo->name, tnt_dtype_name(dt), tnt_op_name((tnt_op_t)op), k, i, lo, hi,
-                       td_load(dt, block, i), td_load(dt, want + lo * esz, i));
+                       tnt__load_value(dt, block, i), tnt__load_value(dt, want + lo * esz, i));
           }
         }
       }

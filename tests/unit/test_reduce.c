@@ -1,6 +1,6 @@
 /*
  * Tests of the reduction kernels and half-precision conversions
- * (src/core/reduce.c).
+ * (src/util/reduce.c, src/util/values.h).
  *
  * The kernels are checked bit for bit against a straightforward scalar
  * reference that combines inputs left to right in the documented
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "util/reduce.h"
+#include "util/values.h"
 #include "tnt_test_data.h"
 
 /* ------------------------------------------------------------- helpers */
@@ -60,7 +61,7 @@ static void fill_random(void *buf, size_t count, tnt_dtype_t dtype) {
       uint32_t span = dtype == TNT_INT16 ? 65536u : 256u;
       v = (double)(int64_t)(rng() % span) - (dtype == TNT_UINT8 ? 0.0 : (double)(span / 2));
     }
-    td_store(dtype, buf, i, v);
+    tnt__store_value(dtype, buf, i, v);
   }
 }
 
@@ -96,14 +97,14 @@ static int64_t wrap_int(uint64_t s, tnt_dtype_t dtype) {
 /* Element i of an integer buffer and its store, exactly: int64 does not
  * go through a double. */
 static int64_t load_int(tnt_dtype_t dtype, const void *buf, size_t i) {
-  return dtype == TNT_INT64 ? ((const int64_t *)buf)[i] : (int64_t)td_load(dtype, buf, i);
+  return dtype == TNT_INT64 ? ((const int64_t *)buf)[i] : (int64_t)tnt__load_value(dtype, buf, i);
 }
 
 static void store_int(tnt_dtype_t dtype, void *buf, size_t i, int64_t v) {
   if (dtype == TNT_INT64) {
     ((int64_t *)buf)[i] = v;
   } else {
-    td_store(dtype, buf, i, (double)v); /* v is in the dtype's range */
+    tnt__store_value(dtype, buf, i, (double)v); /* v is in the dtype's range */
   }
 }
 
@@ -136,12 +137,14 @@ static void ref_reduce_many(void *dst, void *const *srcs, int n, size_t count, t
       }
       case TNT_FLOAT16:
       case TNT_BFLOAT16: {
-        /* Converted with the tests' own conversions, so that the reference
-         * does not share a defect with libtnt's. */
-        float acc = (float)td_load(dtype, srcs[0], i);
-        for (int k = 1; k < n; k++) acc = ref_f32(acc, (float)td_load(dtype, srcs[k], i), op);
+        /* Converted with libtnt's conversions, which the tests of
+         * conversions below check against a definition of their own. */
+        float acc = (float)tnt__load_value(dtype, srcs[0], i);
+        for (int k = 1; k < n; k++) {
+          acc = ref_f32(acc, (float)tnt__load_value(dtype, srcs[k], i), op);
+        }
         if (avg) acc /= (float)divisor;
-        td_store(dtype, dst, i, acc);
+        tnt__store_value(dtype, dst, i, acc);
         break;
       }
       case TNT_INT32:
