@@ -2,11 +2,13 @@
 deadline, looking for processes left behind, and the simulated cluster
 (tests/launcher/sim_cluster.sh)."""
 import contextlib
+import glob
 import os
 import random
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -162,6 +164,10 @@ def sim_cluster(prefix, names):
                 except (ProcessLookupError, ValueError):
                     pass
         subprocess.run([SIM, "down", sim_id] + hosts, capture_output=True)
+        # Open MPI's session folders of the processes killed above.
+        for host in hosts:
+            for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"ompi.{host}.*")):
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def cluster_env(net, **extra):
