@@ -47,7 +47,6 @@ Usage: tests/run_all.py [--build DIR] [TIER...]
 """
 import argparse
 import collections
-import contextlib
 import os
 import re
 import shutil
@@ -118,10 +117,18 @@ def pytest_counts(path):
 class Run:
     """The totals of a run, the skip notes and failing suites, the tiers' times."""
 
-    def __init__(self, results, ci):
-        self.results, self.ci = results, ci
+    def __init__(self, results, ci, scratch=None):
+        self.results, self.ci, self.scratch = results, ci, scratch
         self.passed = self.failed = self.skipped = 0
         self.notes, self.failing, self.times = [], [], []
+
+    def tmpdir(self):
+        """The environment that sends a suite's temporary files to the
+        run's scratch folder (TensorFlow's autograph sources, Open MPI's
+        session folders): a rank that a test kills on purpose cannot remove
+        its own. Not for the launcher tier, whose Slurm daemons on simulated
+        hosts fail with a TMPDIR of their own."""
+        return {"TMPDIR": self.scratch}
 
     def add(self, name, counts, kind):
         """Adds one suite's counts; in CI, skips outside ENVIRONMENT_SKIPS
@@ -180,7 +187,8 @@ def ctest(run, name, build, *args, env=None):
 def pytest(run, name, *args, env=None):
     print(f"=== {name} ===", flush=True)
     run.suite(name, "pytest", [PYTHON, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                               *args], dict(env or {}, TF_CPP_MIN_LOG_LEVEL="2"))
+                               f"--basetemp={os.path.join(run.scratch, name)}", *args],
+              dict(env or {}, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def configure(build, *options, targets=()):
@@ -261,34 +269,17 @@ def fuzz(run, target, seconds):
         run.fail(f"fuzz_{target}", f"found a problem; the input is in {work}")
 
 
-@contextlib.contextmanager
-def scratch(run, tier):
-    """A TMPDIR for the programs of a Python tier (TensorFlow's autograph
-    sources, pytest's and Open MPI's folders), removed when the tier passed:
-    a rank that a test kills on purpose cannot remove its own. (Not for the
-    launcher tier: its simulated hosts mount folders of their own.)"""
-    folder = tempfile.mkdtemp(prefix="tnt-tests-")
-    failed = run.failed
-    yield {"TMPDIR": folder}
-    if run.failed > failed:
-        print(f"the temporary files of the {tier} tier: {folder}")
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def tier_python(run, build):
     # The Python tests that start ranks; then a wheel built from this tree,
     # installed with pip into a fresh virtual environment: the package,
     # libtnt, the launcher in its bin/, the quick start on 2 ranks.
-    with scratch(run, "python") as env:
-        pytest(run, "python", "-m", "ranks and not long", "tests/python", env=env)
-        print("(the tests marked long are left out: make test-long runs them)")
-        pytest(run, "packaging", "tests/packaging", env=env)
+    pytest(run, "python", "-m", "ranks and not long", "tests/python", env=run.tmpdir())
+    print("(the tests marked long are left out: make test-long runs them)")
+    pytest(run, "packaging", "tests/packaging", env=run.tmpdir())
 
 
 def tier_long(run, build):
-    with scratch(run, "long") as env:
-        pytest(run, "python-long", "-m", "long", "tests/python", env=env)
+    pytest(run, "python-long", "-m", "long", "tests/python", env=run.tmpdir())
 
 
 TIERS = {"check": tier_check, "mpi": tier_mpi, "sanitizers": tier_sanitizers,
@@ -372,11 +363,17 @@ def main():
     # Absolute: ctest takes a relative --output-junit from its test directory.
     results = os.path.abspath(os.path.join(args.build, "test-results"))
     os.makedirs(results, exist_ok=True)
-    run = Run(results, in_ci())
+    # The tests' temporary files go to one folder, removed when every suite
+    # passed and named when one failed.
+    run = Run(results, in_ci(), tempfile.mkdtemp(prefix="tnt-tests-"))
     for tier in args.tiers or [t for t in TIERS if t != "long"]:
         start = time.monotonic()
         TIERS[tier](run, args.build)
         run.times.append((tier, time.monotonic() - start))
+    if run.failed:
+        print(f"the tests' temporary files: {run.scratch}")
+    else:
+        shutil.rmtree(run.scratch, ignore_errors=True)
     return 0 if run.summarize() else 1
 
 
