@@ -55,10 +55,9 @@ def strategy():
         piped.fit(x, y, batch_size=16, epochs=1, verbose=0).history["loss"][0])))
 
 
-def one_stage():
+def one_stage(which):
     """2: a model without SplitLayers under ALL (any ranks) or PIPELINING (one rank)."""
     x, y = data()
-    which = sys.argv[3]
     model = tnt.Model(mlp(), parallel_strategy=getattr(tnt.ParallelStrategy, which))
     compile_sgd(model)
     model.fit(x, y, batch_size=16, epochs=2, verbose=0)
@@ -217,10 +216,12 @@ def lazy_init():
 
 
 if __name__ == "__main__":
-    mode, out = sys.argv[1], sys.argv[2]
-    if mode not in ("lazy_init", "plain_load"):
-        tnt.init()
-    if mode in ("save_uncompiled", "split_save", "plain_load"):
-        globals()[mode](out)
-    else:
-        globals()[mode]()
+    # MODE[,MODE...] OUT: the modes one after another in this process (a
+    # launch costs seconds of imports); MODE:ARG gives the mode ARG, the
+    # modes that write or read files get OUT.
+    for spec in sys.argv[1].split(","):
+        mode, _, arg = spec.partition(":")
+        if mode not in ("lazy_init", "plain_load"):
+            tnt.init()
+        files = mode in ("save_uncompiled", "split_save", "plain_load")
+        globals()[mode](*([arg] if arg else [sys.argv[2]] if files else []))

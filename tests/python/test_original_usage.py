@@ -13,9 +13,23 @@ pytestmark = pytest.mark.ranks
 WORKER = os.path.join(ROOT, "tests", "python", "original_usage_worker.py")
 
 
-def job(nranks, python, mode, out, *extra):
-    proc = run(mpirun_command(nranks, python, WORKER, mode, str(out), *extra), timeout=600)
-    return proc.stdout.splitlines(), proc.stdout + proc.stderr
+# The modes of each job, run one after another in one launch (lazy_init
+# first: it starts the runtime without tnt.init()).
+JOBS = {1: "save_uncompiled,one_stage:PIPELINING,wrap,from_config_twice",
+        2: "lazy_init,strategy,one_stage:ALL,callbacks,sequential,split_save"}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Per number of ranks: the job's stdout lines and its whole output;
+    both write into one folder, "files"."""
+    out = tmp_path_factory.mktemp("files")
+    done = {}
+    for nranks, modes in JOBS.items():
+        proc = run(mpirun_command(nranks, sys.executable, WORKER, modes, str(out)), timeout=600)
+        done[nranks] = proc.stdout.splitlines(), proc.stdout + proc.stderr
+    done["files"] = out
+    return done
 
 
 def has(lines, expected, count=1):
@@ -23,25 +37,25 @@ def has(lines, expected, count=1):
     assert len(found) == count, f"{expected!r} in {len(found)} lines, not {count}: {lines}"
 
 
-def test_positional_strategy_and_num_pipeline_stages(tmp_path, python):
-    lines, text = job(2, python, "strategy", tmp_path)
+def test_positional_strategy_and_num_pipeline_stages(jobs):
+    lines, text = jobs[2]
     has(lines, "positional DATA trained True", 2)
     has(lines, "num_pipeline_stages as micro-batches 4", 2)
     has(lines, "pipelined loss finite True", 2)
     assert "num_pipeline_stages=4 taken as num_micro_batches" in text
 
 
-def test_model_without_split_layers_is_one_stage(tmp_path, python):
-    lines, text = job(2, python, "one_stage", tmp_path, "ALL")
+def test_model_without_split_layers_is_one_stage(jobs):
+    lines, text = jobs[2]
     has(lines, "ALL one stage pipelined False", 2)
     has(lines, "ALL one stage trained, same on every rank True", 2)
     assert "has no SplitLayer: it is one pipeline stage, trained data-parallel on 2" in text
-    lines, _ = job(1, python, "one_stage", tmp_path, "PIPELINING")
+    lines, _ = jobs[1]
     has(lines, "PIPELINING one stage trained, same on every rank True")
 
 
-def test_explicit_progbar_prints_once_and_fit_returns_the_users_history(tmp_path, python):
-    lines, _ = job(2, python, "callbacks", tmp_path)
+def test_explicit_progbar_prints_once_and_fit_returns_the_users_history(jobs):
+    lines, _ = jobs[2]
     # verbose=2: one line per epoch, as plain Keras prints, on each of the 2
     # ranks (the test shows every rank's output); a duplicated bar made 4.
     for epoch in (1, 2, 3):
@@ -65,13 +79,13 @@ def test_the_originals_collectives_suite(nranks, python):
         "failed" not in line and "error" not in line for line in summaries), proc.stdout[-3000:]
 
 
-def test_save_before_compile_and_pipelined_cuts_load_in_plain_keras(tmp_path, python):
-    lines, _ = job(1, python, "save_uncompiled", tmp_path)
+def test_save_before_compile_and_pipelined_cuts_load_in_plain_keras(jobs):
+    lines, _ = jobs[1]
     has(lines, "saved before compile")
-    lines, _ = job(2, python, "split_save", tmp_path)
+    lines, _ = jobs[2]
     has(lines, "reloaded stages 2 cut ['tnt_split_cut']", 2)
     has(lines, "reloaded same predictions True", 2)
-    plain = run([sys.executable, WORKER, "plain_load", str(tmp_path)]).stdout.splitlines()
+    plain = run([sys.executable, WORKER, "plain_load", str(jobs["files"])]).stdout.splitlines()
     has(plain, "uncompiled loaded Functional same predictions True ['InputLayer', 'Dense', "
                "'Dense']")
     has(plain, "piped loaded Functional same predictions True ['InputLayer', 'Dense', "
@@ -79,15 +93,15 @@ def test_save_before_compile_and_pipelined_cuts_load_in_plain_keras(tmp_path, py
     has(plain, "tarantella imported False")
 
 
-def test_tnt_sequential(tmp_path, python):
-    lines, _ = job(2, python, "sequential", tmp_path)
+def test_tnt_sequential(jobs):
+    lines, _ = jobs[2]
     has(lines, "tnt.Sequential is Sequential True True", 2)
     has(lines, "from_config is Sequential True", 2)
     has(lines, "Sequential trained, same on every rank True", 2)
 
 
-def test_wrapping_leaves_the_users_model_and_round_trips_through_keras(tmp_path, python):
-    lines, _ = job(1, python, "wrap", tmp_path)
+def test_wrapping_leaves_the_users_model_and_round_trips_through_keras(jobs):
+    lines, _ = jobs[1]
     for kind, cls in (("Functional", "Functional"), ("Sequential", "Sequential"),
                       ("Subclassed", "Subclassed")):
         has(lines, f"{kind} user model unchanged True")
@@ -104,8 +118,8 @@ def test_wrapping_leaves_the_users_model_and_round_trips_through_keras(tmp_path,
         has(lines, f"{kind} after fit user model uncompiled True same predictions True")
 
 
-def test_from_config_leaves_its_argument_and_can_be_called_twice(tmp_path, python):
-    lines, _ = job(1, python, "from_config_twice", tmp_path)
+def test_from_config_leaves_its_argument_and_can_be_called_twice(jobs):
+    lines, _ = jobs[1]
     for kind in ("Functional", "Sequential", "Subclassed"):
         has(lines, f"{kind} tnt.Model.from_config twice True True")
         has(lines, f"{kind} tnt.models.model_from_config twice True True")
@@ -114,8 +128,8 @@ def test_from_config_leaves_its_argument_and_can_be_called_twice(tmp_path, pytho
     has(lines, "Sequential tnt.Sequential.from_config twice True True")
 
 
-def test_init_is_optional(tmp_path, python):
-    lines, _ = job(2, python, "lazy_init", tmp_path)
+def test_init_is_optional(jobs):
+    lines, _ = jobs[2]
     has(lines, "size 2 rank 0")
     has(lines, "size 2 rank 1")
     has(lines, "trained without tnt.init() True", 2)
