@@ -58,16 +58,11 @@ def write_on_master(filepath, overwrite, all_devices, write, others=None):
     meanwhile the ranks that do not write run `others()` (those that send
     the writer what it writes). Collective."""
     filepath = os.fspath(filepath)
-    writes = all_devices or runtime.is_master_rank()
-    # The writers decide whether the file can be written, before the other
-    # ranks start sending it: every rank raises the same error.
-    refusal = _refusal(filepath, overwrite) if writes else None
-    if runtime.get_size() > 1:
-        refusal = _collective(filepath, None, lambda: runtime.first_message(refusal))
-    if refusal:
-        raise runtime.TarantellaError(refusal)
+    if not overwrite and os.path.exists(filepath):
+        raise runtime.TarantellaError(f"{filepath} exists and overwrite=False: remove it or "
+                                      "pass overwrite=True")
     error = None
-    if writes:
+    if all_devices or runtime.is_master_rank():
         try:
             write_atomically(filepath, write)
         except Exception as e:  # reported after the ranks met, so no rank hangs
@@ -80,8 +75,14 @@ def write_on_master(filepath, overwrite, all_devices, write, others=None):
     if runtime.get_size() > 1:
         # Every rank learns which ranks failed to write, instead of only a barrier.
         failed = np.zeros(runtime.get_size(), dtype=np.int64)
-        _collective(filepath, error, lambda: _core.allgather(
-            np.array([error is not None], dtype=np.int64), failed))
+        try:
+            _core.allgather(np.array([error is not None], dtype=np.int64), failed)
+        except _core.TntError as e:
+            raise runtime.TarantellaError(
+                f"saving {filepath}: the other ranks did not take part. Saving is collective: "
+                "every rank must call save/save_weights (the master rank writes, the others "
+                "wait for it), not only the master rank; "
+                f"{e}") from (error or e)
         failed_ranks = [r for r in range(runtime.get_size()) if failed[r]]
         master_text = None
         if failed[runtime.MASTER_RANK]:
@@ -93,26 +94,3 @@ def write_on_master(filepath, overwrite, all_devices, write, others=None):
                 + (f": {master_text}" if master_text else "; its error is in the log of that rank"))
     if error is not None:
         raise error
-
-
-def _refusal(filepath, overwrite):
-    """Why `filepath` must not be written, or None."""
-    if not overwrite and os.path.exists(filepath):
-        return f"{filepath} exists and overwrite=False: remove it or pass overwrite=True"
-    folder = os.path.dirname(os.path.abspath(filepath))
-    if not os.path.isdir(folder):
-        return f"cannot write {filepath}: the folder {folder} does not exist (create it first)"
-    return None
-
-
-def _collective(filepath, error, call):
-    """call(), a collective of saving `filepath`; a rank that does not take
-    part gets an error that says saving is collective."""
-    try:
-        return call()
-    except _core.TntError as e:
-        raise runtime.TarantellaError(
-            f"saving {filepath}: the other ranks did not take part. Saving is collective: "
-            "every rank must call save/save_weights (the master rank writes, the others "
-            "wait for it), not only the master rank; "
-            f"{e}") from (error or e)
