@@ -126,8 +126,8 @@ class Run:
         """The environment that sends a suite's temporary files to the
         run's scratch folder (TensorFlow's autograph sources, Open MPI's
         session folders): a rank that a test kills on purpose cannot remove
-        its own. Not for the launcher tier, whose Slurm daemons on simulated
-        hosts fail with a TMPDIR of their own."""
+        its own. Not for the Slurm tests, whose daemons on simulated hosts
+        fail with a TMPDIR of their own."""
         return {"TMPDIR": self.scratch}
 
     def add(self, name, counts, kind):
@@ -237,7 +237,10 @@ def tier_launcher(run, build):
     # launcher, hostfile, environment and Python API cases, each in a
     # subprocess with a deadline.
     launcher = {"TNT_LAUNCHER": os.path.abspath(os.path.join(build, "src/launcher/tarantella"))}
-    pytest(run, "launcher", "tests/launcher", env=launcher)
+    # The Slurm tests keep the system's TMPDIR (run.tmpdir says why).
+    pytest(run, "launcher", "tests/launcher", "--ignore=tests/launcher/test_slurm.py",
+           env=dict(launcher, **run.tmpdir()))
+    pytest(run, "slurm", "tests/launcher/test_slurm.py", env=launcher)
     if configure("build-fuzz", "-DCMAKE_BUILD_TYPE=Debug", "-DTNT_BUILD_TESTS=OFF",
                  "-DTNT_BUILD_FUZZERS=ON", "-DCMAKE_C_COMPILER=clang",
                  targets=["--target", "fuzz_options", "fuzz_hostfile"]):
@@ -249,7 +252,7 @@ def tier_launcher(run, build):
     else:
         run.fail("fuzz build", "the fuzz targets did not build (they need clang and "
                  "libclang-rt-14-dev)")
-    pytest(run, "reliability", "tests/reliability", env=launcher)
+    pytest(run, "reliability", "tests/reliability", env=dict(launcher, **run.tmpdir()))
 
 
 def fuzz(run, target, seconds):

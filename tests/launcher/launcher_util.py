@@ -35,7 +35,8 @@ def base_env(**extra):
     """A small, known environment, so that dry runs print the same every time."""
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
            "TF_CPP_MIN_LOG_LEVEL": "2", "TNT_TIMEOUT_S": "30"}
-    for name in ("PYENV_VERSION", "PYENV_ROOT", "LANG"):
+    # TMPDIR: tests/run_all.py's folder for the run's temporary files.
+    for name in ("PYENV_VERSION", "PYENV_ROOT", "LANG", "TMPDIR"):
         if name in os.environ:
             env[name] = os.environ[name]
     env.update(extra)
