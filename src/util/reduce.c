@@ -40,20 +40,6 @@
  * the L1 cache, large enough that loop overhead does not matter. */
 #define TNT__REDUCE_BLOCK 1024
 
-/* ------------------------------------------------------------ bit casts */
-
-static inline uint64_t f64_bits(double f) {
-  uint64_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static inline double f64_from_bits(uint64_t u) {
-  double f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 /* ---------------------------------------------------- array conversions */
 
 /* Portable loops; the compiler vectorizes the bfloat16 ones. */
@@ -237,17 +223,17 @@ static inline float max_f32(float a, float b) {
 }
 
 static inline double min_f64(double a, double b) {
-  if (a != a || b != b) return f64_from_bits(TNT__F64_QNAN);
+  if (a != a || b != b) return tnt__f64_from_bits(TNT__F64_QNAN);
   if (a < b) return a;
   if (b < a) return b;
-  return f64_from_bits(f64_bits(a) | f64_bits(b));
+  return tnt__f64_from_bits(tnt__f64_bits(a) | tnt__f64_bits(b));
 }
 
 static inline double max_f64(double a, double b) {
-  if (a != a || b != b) return f64_from_bits(TNT__F64_QNAN);
+  if (a != a || b != b) return tnt__f64_from_bits(TNT__F64_QNAN);
   if (a > b) return a;
   if (b > a) return b;
-  return f64_from_bits(f64_bits(a) & f64_bits(b));
+  return tnt__f64_from_bits(tnt__f64_bits(a) & tnt__f64_bits(b));
 }
 
 static inline float add_f32(float a, float b) {

@@ -32,6 +32,18 @@ static inline float tnt__f32_from_bits(uint32_t u) {
   return f;
 }
 
+static inline uint64_t tnt__f64_bits(double f) {
+  uint64_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline double tnt__f64_from_bits(uint64_t u) {
+  double f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /* ---------------------------------------------------------- conversions */
 
 static inline float tnt__half_to_float(uint16_t h) {

@@ -40,18 +40,6 @@ static inline int td_pair_runs(int dtype, int op) {
 #endif
 }
 
-static inline uint32_t td_f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static inline float td_f32_from_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* ------------------------------------------------------------ elements */
 
 /* The size of one element, independently of tnt_dtype_size. */

@@ -244,14 +244,14 @@ static void test_half_special_cases(void **state) {
   assert_int_equal(tnt__float_to_half(0x1.ff8p-15f), 0x03ff); /* largest subnormal */
   assert_int_equal(tnt__float_to_half(0x1.ffcp-15f), 0x0400); /* tie rounds up to normal */
   assert_int_equal(tnt__float_to_half(1e-30f), 0x0000);
-  assert_int_equal(tnt__float_to_half(td_f32_from_bits(0x00000001u)), 0x0000); /* float subnormal */
+  assert_int_equal(tnt__float_to_half(tnt__f32_from_bits(0x00000001u)), 0x0000); /* float subnormal */
   assert_true(tnt__half_to_float(0x0001) == 0x1p-24f);
   assert_true(tnt__half_to_float(0x03ff) == 0x1.ff8p-15f);
   /* NaN stays NaN, even when only low payload bits are set (plain
    * truncation would give infinity), and keeps its sign. */
   uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0xffc00000u, 0xff800001u};
   for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-    uint16_t h = tnt__float_to_half(td_f32_from_bits(nans[i]));
+    uint16_t h = tnt__float_to_half(tnt__f32_from_bits(nans[i]));
     assert_true((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0);
     assert_int_equal(h >> 15, nans[i] >> 31);
   }
@@ -264,7 +264,7 @@ static void test_bfloat16_exhaustive(void **state) {
   (void)state;
   for (uint32_t b = 0; b < 65536; b++) {
     float f = tnt__bfloat16_to_float((uint16_t)b);
-    assert_int_equal(td_f32_bits(f), b << 16);
+    assert_int_equal(tnt__f32_bits(f), b << 16);
     uint16_t back = tnt__float_to_bfloat16(f);
     if (isnan(f)) {
       assert_true((back & 0x7f80) == 0x7f80 && (back & 0x7f) != 0);
@@ -274,9 +274,9 @@ static void test_bfloat16_exhaustive(void **state) {
   }
   /* Rounding boundaries between neighbouring finite values, as for halves. */
   for (uint32_t b = 0; b < 0x7f80; b++) {
-    double a = (double)td_f32_from_bits(b << 16);
-    double c = (double)td_f32_from_bits((b + 1) << 16); /* inf for the last one */
-    float mid = b + 1 == 0x7f80 ? td_f32_from_bits(0x7f7f8000u) : (float)((a + c) / 2);
+    double a = (double)tnt__f32_from_bits(b << 16);
+    double c = (double)tnt__f32_from_bits((b + 1) << 16); /* inf for the last one */
+    float mid = b + 1 == 0x7f80 ? tnt__f32_from_bits(0x7f7f8000u) : (float)((a + c) / 2);
     uint16_t even = (b & 1) ? (uint16_t)(b + 1) : (uint16_t)b;
     for (int neg = 0; neg < 2; neg++) {
       uint16_t s = neg ? 0x8000 : 0;
@@ -293,21 +293,21 @@ static void test_bfloat16_special_cases(void **state) {
   (void)state;
   assert_int_equal(tnt__float_to_bfloat16(-0.0f), 0x8000);
   assert_int_equal(tnt__float_to_bfloat16(1.0f), 0x3f80);
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x3f808000u)), 0x3f80); /* tie to even */
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x3f818000u)), 0x3f82); /* tie to even */
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x3f808001u)), 0x3f81);
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x3f808000u)), 0x3f80); /* tie to even */
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x3f818000u)), 0x3f82); /* tie to even */
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x3f808001u)), 0x3f81);
   /* FLT_MAX rounds to infinity. */
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x7f7fffffu)), 0x7f80);
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x7f7fffffu)), 0x7f80);
   assert_int_equal(tnt__float_to_bfloat16(INFINITY), 0x7f80);
   assert_int_equal(tnt__float_to_bfloat16(-INFINITY), 0xff80);
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x00000001u)), 0x0000); /* subnormal */
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x00000001u)), 0x0000); /* subnormal */
   /* A tie between subnormals goes to the even one. */
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x00018000u)), 0x0002);
-  assert_int_equal(tnt__float_to_bfloat16(td_f32_from_bits(0x00008001u)), 0x0001);
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x00018000u)), 0x0002);
+  assert_int_equal(tnt__float_to_bfloat16(tnt__f32_from_bits(0x00008001u)), 0x0001);
   /* NaNs whose rounding would carry into infinity or the sign bit. */
   uint32_t nans[] = {0x7fc00000u, 0x7f807fffu, 0x7f800001u, 0x7fffffffu, 0xff807fffu};
   for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-    uint16_t b = tnt__float_to_bfloat16(td_f32_from_bits(nans[i]));
+    uint16_t b = tnt__float_to_bfloat16(tnt__f32_from_bits(nans[i]));
     assert_true((b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0);
     assert_int_equal(b >> 15, nans[i] >> 31);
   }
@@ -462,7 +462,7 @@ static void test_min_max_nan_and_zero(void **state) {
   (void)state;
   for (int op = TNT_MIN; op <= TNT_MAX; op++) {
     /* float32 */
-    float fv[] = {1.0f, -2.0f, NAN, -NAN, td_f32_from_bits(0x7f800001u), 0.0f, -0.0f, INFINITY};
+    float fv[] = {1.0f, -2.0f, NAN, -NAN, tnt__f32_from_bits(0x7f800001u), 0.0f, -0.0f, INFINITY};
     size_t nf = sizeof fv / sizeof fv[0];
     for (size_t i = 0; i < nf; i++) {
       for (size_t j = 0; j < nf; j++) {
@@ -470,7 +470,7 @@ static void test_min_max_nan_and_zero(void **state) {
         const void *s1[2] = {&fv[i], &fv[j]}, *s2[2] = {&fv[j], &fv[i]};
         tnt__reduce_many(&ab, s1, 2, 1, TNT_FLOAT32, (tnt_op_t)op, 1);
         tnt__reduce_many(&ba, s2, 2, 1, TNT_FLOAT32, (tnt_op_t)op, 1);
-        assert_int_equal(td_f32_bits(ab), td_f32_bits(ba));
+        assert_int_equal(tnt__f32_bits(ab), tnt__f32_bits(ba));
         if (isnan(fv[i]) || isnan(fv[j])) assert_true(isnan(ab));
       }
     }
@@ -514,20 +514,20 @@ static void test_min_max_nan_and_zero(void **state) {
   float pz = 0.0f, nz = -0.0f, r;
   const void *zz[2] = {&pz, &nz};
   tnt__reduce_many(&r, zz, 2, 1, TNT_FLOAT32, TNT_MIN, 1);
-  assert_int_equal(td_f32_bits(r), 0x80000000u);
+  assert_int_equal(tnt__f32_bits(r), 0x80000000u);
   tnt__reduce_many(&r, zz, 2, 1, TNT_FLOAT32, TNT_MAX, 1);
-  assert_int_equal(td_f32_bits(r), 0x00000000u);
+  assert_int_equal(tnt__f32_bits(r), 0x00000000u);
   /* Whatever the position of the NaN among many inputs, the bits agree. */
   float many[6] = {3, 1, 4, 1, 5, 9}, res[6];
   for (int pos = 0; pos < 6; pos++) {
     float vals[6];
     memcpy(vals, many, sizeof vals);
-    vals[pos] = td_f32_from_bits(0xffc00123u);
+    vals[pos] = tnt__f32_from_bits(0xffc00123u);
     const void *ps[6];
     for (int k = 0; k < 6; k++) ps[k] = &vals[k];
     tnt__reduce_many(&res[pos], ps, 6, 1, TNT_FLOAT32, TNT_MAX, 1);
     assert_true(isnan(res[pos]));
-    assert_int_equal(td_f32_bits(res[pos]), td_f32_bits(res[0]));
+    assert_int_equal(tnt__f32_bits(res[pos]), tnt__f32_bits(res[0]));
   }
 }
 
