@@ -12,6 +12,7 @@ whole tensors: its norms come from the parts' sums (see
 test_norm_clipping_equals_stage_zero_within_rounding).
 """
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -73,32 +74,40 @@ def assert_state_is_sharded(results, cases):
                 assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
 
 
-# At 3 ranks (parts of unequal size), one optimizer of each kind of
-# update: momentum, Adam's moments, a square root of accumulated squares
-# (Adagrad, RMSprop), a sign (Lion), FTRL's; 2 ranks run all of them.
-THREE_RANKS = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
+# A train_step of its own that applies its gradients with optimizer.apply,
+# taken from a tape or from a tnt.DistributedGradientTape (whose gradients
+# the optimizer then only cuts into parts).
+OWN_STEP = [f"{optimizer}:{model}" for model in ("own_step", "own_step_tape")
+            for optimizer in ("sgd_momentum", "adam")]
 
 
-@pytest.mark.parametrize("nranks,model,cases", [(2, "functional", ELEMENTWISE),
-                                                (3, "sequential", THREE_RANKS)],
-                         ids=["2-functional", "3-sequential"])
-def test_elementwise_optimizers_are_bitwise_as_stage_zero(nranks, model, cases, tmp_path,
-                                                          python):
-    results = train(tmp_path, python, nranks, "--model", model, "--cases", ",".join(cases))
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The functional model with every optimizer, clipping included, and the
+    models of their own train_step: one 2-rank job."""
+    return train(tmp_path_factory.mktemp("two-ranks"), sys.executable, 2,
+                 "--cases", ",".join(ELEMENTWISE + CLIPPING + OWN_STEP))
+
+
+def test_elementwise_optimizers_are_bitwise_as_stage_zero(two_ranks):
+    assert_ranks_identical(two_ranks)
+    assert_bitwise_as_stage_zero(two_ranks, ELEMENTWISE)
+    assert_state_is_sharded(two_ranks, ELEMENTWISE)
+
+
+def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):
+    """Parts of unequal size, on a Sequential model, with one optimizer of
+    each kind of update: momentum, Adam's moments, a square root of
+    accumulated squares (Adagrad, RMSprop), a sign (Lion), FTRL's."""
+    cases = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
+    results = train(tmp_path, python, 3, "--model", "sequential", "--cases", ",".join(cases))
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     assert_state_is_sharded(results, cases)
 
 
-@pytest.mark.parametrize("model", ["own_step", "own_step_tape"])
-def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(model, tmp_path, python):
-    """A train_step that applies its gradients with optimizer.apply, taken
-    from a tape or from a tnt.DistributedGradientTape (whose gradients the
-    optimizer then only cuts into parts)."""
-    cases = ["sgd_momentum", "adam"]
-    results = train(tmp_path, python, 2, "--model", model, "--cases", ",".join(cases))
-    assert_ranks_identical(results)
-    assert_bitwise_as_stage_zero(results, cases)
+def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):
+    assert_bitwise_as_stage_zero(two_ranks, OWN_STEP)
 
 
 def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
@@ -108,7 +117,7 @@ def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
     assert_bitwise_as_stage_zero(results, cases)
 
 
-def test_norm_clipping_equals_stage_zero_within_rounding(tmp_path, python):
+def test_norm_clipping_equals_stage_zero_within_rounding(two_ranks):
     """A norm is the square root of a sum of n squares; stage 0 adds a
     tensor's squares in one order, stages 1 and 2 add each part's and then
     the parts'. All terms are positive, so either sum is within (n - 1) u
@@ -119,8 +128,7 @@ def test_norm_clipping_equals_stage_zero_within_rounding(tmp_path, python):
     at most lr * clip = 0.005 an element, Adam's about lr = 0.01), so after
     S steps the weights may differ by S (n - 1) u, twice that to allow for
     the differences' own effect on later gradients."""
-    results = train(tmp_path, python, 2, "--cases", ",".join(CLIPPING))
-    assert_ranks_identical(results)
+    results = two_ranks
     steps, n, u = 2 * 8, 12 * 16, 2.0 ** -24
     for case in CLIPPING:
         for stage in (1, 2):

@@ -3,7 +3,9 @@ on the same ranks, from the same weights, on the same data, and records
 per case and stage the per-epoch losses, the final weights and the bytes
 of optimizer state this rank holds.
 
-Every rank writes OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
+A case is an optimizer of train_worker.OPTIMIZERS, or OPTIMIZER:MODEL to
+train a model of MODELS other than --model's. Every rank writes
+OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
 """
 import argparse
 import os
@@ -59,7 +61,8 @@ MODELS = {"functional": train_worker.make_model, "sequential": sequential,
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--cases", default=",".join(train_worker.OPTIMIZERS))
+    p.add_argument("--cases", default=",".join(train_worker.OPTIMIZERS),
+                   help="OPTIMIZER[:MODEL], comma-separated")
     p.add_argument("--stages", default="0,1,2")
     p.add_argument("--model", default="functional", choices=sorted(MODELS))
     p.add_argument("--samples", type=int, default=150)
@@ -72,9 +75,11 @@ def main():
     x, y = train_worker.make_data(args.samples)
     results = {}
     for case in args.cases.split(","):
+        name, _, model_name = case.partition(":")
         for stage in map(int, args.stages.split(",")):
-            model = tnt.Model(MODELS[args.model](seed=3, mixed=args.mixed), zero_stage=stage)
-            optimizer = train_worker.OPTIMIZERS[case]()
+            build = MODELS[model_name or args.model]
+            model = tnt.Model(build(seed=3, mixed=args.mixed), zero_stage=stage)
+            optimizer = train_worker.OPTIMIZERS[name]()
             if args.mixed:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
