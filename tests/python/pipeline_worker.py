@@ -6,8 +6,10 @@
   pipeline_worker.py --runs RUN[,RUN...] --out DIR [--serial] [--micro-batches M]
       several trainings in one job, one after another, each into DIR/RUN/;
       RUN is CASE-K-R-OPTIMIZER-VARIANT, VARIANT a schedule or "recompute"
-      (1F1B with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute), with "+fn" for
-      --build-fn; --save NAME saves each into DIR/RUN/NAME
+      (1F1B with TNT_PIPELINE_WEIGHT_GRADIENTS=recompute), followed by
+      "+fn" for --build-fn, "+recompute" for the schedule with
+      TNT_PIPELINE_WEIGHT_GRADIENTS=recompute; --save NAME saves each into
+      DIR/RUN/NAME
 
 Cases (every rank writes DIR/rank<r>.npz: per-epoch loss, mae, val_loss,
 evaluate's results, predictions, and the weights of the whole model):
@@ -162,15 +164,15 @@ def main():
         return train(args, args.out)
     for spec in args.runs.split(","):
         case, stages, replicas, optimizer, variant = spec.split("-", 4)
-        variant, _, fn = variant.partition("+")
-        recompute = variant == "recompute"
+        variant, *flags = variant.split("+")
+        recompute = variant == "recompute" or "recompute" in flags
         os.environ["TNT_PIPELINE_WEIGHT_GRADIENTS"] = "recompute" if recompute else "accumulate"
         settings.load()
         out = os.path.join(args.out, spec)
         train(argparse.Namespace(**dict(
             vars(args), case=case, stages=int(stages), replicas=int(replicas),
-            optimizer=optimizer, schedule=None if recompute else variant,
-            build_fn=args.build_fn or fn == "fn",
+            optimizer=optimizer, schedule=None if variant == "recompute" else variant,
+            build_fn=args.build_fn or "fn" in flags,
             save=args.save and os.path.join(out, args.save))), out)
 
 

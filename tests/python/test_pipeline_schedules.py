@@ -5,8 +5,18 @@ weights of 1F1B bitwise, on 2 and 3 stages, a functional and a Sequential
 model, and ZB-H1 on 2 replicas of 2 stages: each stage adds its
 micro-batches' weight gradients in the same order, from the same ops; the
 zero-bubble schedules compute them in W passes of their own, which the
-timeline names. (Interleaved 1F1B against 1F1B:
-test_pipeline_interleaved.py.)
+timeline names.
+
+Interleaved 1F1B runs 4 stages on 2 ranks (v = 2 chunks per rank: rank 0
+runs stages 0 and 2, rank 1 stages 1 and 3): every stage computes what it
+computes under 1F1B and sums its backward passes' gradients in the same
+(micro-batch) order, so the weights are bitwise those of 1F1B with the same
+4 stages on 4 ranks. So are the losses and metrics: the models have no
+regularization, so only the last stage's metric state is not zero, and
+adding zeros across ranks is exact. With the weight gradients recomputed
+(TNT_PIPELINE_WEIGHT_GRADIENTS=recompute) the chunks of a rank recompute
+theirs after the rank's schedule. Both equal serial Keras within
+test_pipeline.py's tolerances.
 
 The argument overrides TNT_PIPELINE_SCHEDULE and is checked when the model
 is built: a name that is no schedule, a schedule the layout cannot run, and
@@ -20,8 +30,10 @@ import numpy as np
 import pytest
 
 from conftest import mpirun_command, run
-from test_pipeline import WORKER
+from test_pipeline import WORKER, assert_matches_serial, serial_run, serial_runs
 from test_training import assert_ranks_identical, load
+
+from tarantella.pipeline import schedule as schedule_lib
 
 pytestmark = pytest.mark.ranks
 
@@ -32,15 +44,16 @@ import tarantella as tnt
 from pipeline_worker import build
 tnt.init()
 P, A, D = tnt.ParallelStrategy.PIPELINING, tnt.ParallelStrategy.ALL, tnt.ParallelStrategy.DATA
-for case, stages, strategy, schedule in (("unknown", 2, P, "zigzag"),
-                                         ("replicas", 4, A, "interleaved"),
-                                         ("ranks", 3, P, "interleaved"),
-                                         ("data", 2, D, "gpipe"),
-                                         ("chosen", 2, P, "gpipe")):
+for case, stages, strategy, schedule, micro_batches in (
+        ("unknown", 2, P, "zigzag", 4),
+        ("replicas", 4, A, "interleaved", 4),
+        ("ranks", 3, P, "interleaved", 4),
+        ("rounds", 4, P, "interleaved", 3),
+        ("data", 2, D, "gpipe", None),
+        ("chosen", 2, P, "gpipe", 4)):
     try:
         model = tnt.Model(build("mlp", stages), parallel_strategy=strategy,
-                          num_micro_batches=None if strategy == D else 4,
-                          pipeline_schedule=schedule)
+                          num_micro_batches=micro_batches, pipeline_schedule=schedule)
         model._tnt.pipeline.describe()
         print(f"CASE {case}: {model._tnt.pipeline.schedule_name}")
     except tnt.TarantellaError as e:
@@ -62,6 +75,8 @@ def test_the_argument_chooses_the_schedule_and_is_checked(tmp_path, python):
     assert "(the schedule is pipeline_schedule='interleaved')" in out, out
     assert "CASE ranks: ERROR: the interleaved schedule runs several chunks of the model on " \
         "each rank: num_stages=3 must be a multiple of the 2 ranks" in out, out
+    assert "CASE rounds: ERROR: the interleaved schedule runs micro-batches in rounds of " \
+        "one per rank: num_micro_batches=3 must be a multiple of the 2 ranks" in out, out
     assert "CASE data: ERROR: pipeline_schedule applies to pipelined models only" in out, out
     # The argument wins over TNT_PIPELINE_SCHEDULE; GPipe's bubble at K = 2,
     # M = 4 is (K - 1) / (M + K - 1) = 0.2.
@@ -71,48 +86,98 @@ def test_the_argument_chooses_the_schedule_and_is_checked(tmp_path, python):
         "of a step at best)" in proc.stderr, proc.stderr
 
 
-def pipelined(tmp_path_factory, case, stages, schedules, replicas=1):
-    """Each schedule's results on every rank, trained one after another in
-    one job."""
-    d = str(tmp_path_factory.mktemp(f"{case}-{stages}x{replicas}"))
-    specs = [f"{case}-{stages}-{replicas}-adam-{s}" for s in schedules]
-    run(mpirun_command(stages * replicas, sys.executable, WORKER, "--runs", ",".join(specs),
-                       "--out", d, "--micro-batches", "4"),
-        timeout=600)
-    return {s: load(os.path.join(d, spec), stages * replicas)
-            for s, spec in zip(schedules, specs)}
+ONE_PER_RANK = ["1f1b", "gpipe", "zb-h1", "zb-h2"]
+CASES = ["mlp", "seq"]
+# Interleaved against 1F1B: the 4 stages on 2 ranks, and on 4.
+INTERLEAVED = [f"{case}-4-1-adam-interleaved" for case in CASES] + [
+    "mlp-4-1-adam-interleaved+recompute"]
+ONE_STAGE_A_RANK = [f"{case}-4-1-adam-1f1b" for case in CASES] + ["mlp-4-1-adam-recompute"]
+# (ranks, runs): every run of this module, one job per number of ranks.
+JOBS = [(2, [f"{case}-2-1-adam-{s}" for case in CASES for s in ONE_PER_RANK] + INTERLEAVED),
+        (3, [f"{case}-3-1-adam-{s}" for case in CASES for s in ONE_PER_RANK]),
+        (4, ["mlp-2-2-adam-1f1b", "mlp-2-2-adam-zb-h1"] + ONE_STAGE_A_RANK)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each run's results on every rank (4 micro-batches), by its name; and
+    serial Keras's of the interleaved cases."""
+    out = {}
+    for ranks, specs in JOBS:
+        d = str(tmp_path_factory.mktemp(f"schedules-{ranks}"))
+        run(mpirun_command(ranks, sys.executable, WORKER, "--runs", ",".join(specs),
+                           "--out", d, "--micro-batches", "4"),
+            timeout=900)
+        out.update({spec: load(os.path.join(d, spec), ranks) for spec in specs})
+    serial_runs(tmp_path_factory, [(case, 4, "adam") for case in CASES])  # in one process
+    return out
+
+
+def assert_bitwise(results, reference, keys, what):
+    assert_ranks_identical(results)
+    for key in keys:
+        assert np.array_equal(results[0][key], reference[key]), f"{what}: {key} differs"
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("case", ["mlp", "seq"])
-def test_every_schedule_trains_1f1b_weights_bitwise(case, stages, tmp_path_factory):
-    runs = pipelined(tmp_path_factory, case, stages, ["1f1b", "gpipe", "zb-h1", "zb-h2"])
-    one_f_one_b = runs["1f1b"][0]
+@pytest.mark.parametrize("case", CASES)
+def test_every_schedule_trains_1f1b_weights_bitwise(case, stages, runs):
+    one_f_one_b = runs[f"{case}-{stages}-1-adam-1f1b"][0]
     keys = [k for k in one_f_one_b if k.startswith("w")]
     assert len(keys) == 8  # 4 dense layers: kernel and bias
-    for schedule in ("gpipe", "zb-h1", "zb-h2"):
-        results = runs[schedule]
-        assert_ranks_identical(results)
-        for key in keys + ["loss", "metric", "val_loss", "evaluate", "predict"]:
-            assert np.array_equal(results[0][key], one_f_one_b[key]), \
-                f"{case}, {stages} stages: {key} differs between {schedule} and 1f1b"
+    for schedule in ONE_PER_RANK[1:]:
+        assert_bitwise(runs[f"{case}-{stages}-1-adam-{schedule}"], one_f_one_b,
+                       keys + ["loss", "metric", "val_loss", "evaluate", "predict"],
+                       f"{case}, {stages} stages, {schedule} against 1f1b")
 
 
-def test_zero_bubble_with_replicas(tmp_path_factory):
+def test_zero_bubble_with_replicas(runs):
     """2 replicas of 2 stages (ParallelStrategy.ALL, 4 ranks): each stage's
     gradients, summed in its W passes, average over its replicas as
     1F1B's do."""
-    runs = pipelined(tmp_path_factory, "mlp", 2, ["1f1b", "zb-h1"], replicas=2)
-    one_f_one_b, results = runs["1f1b"][0], runs["zb-h1"]
-    assert_ranks_identical(results)
-    for key in [k for k in one_f_one_b if k.startswith("w")] + ["loss", "predict"]:
-        assert np.array_equal(results[0][key], one_f_one_b[key]), key
+    one_f_one_b = runs["mlp-2-2-adam-1f1b"][0]
+    assert_bitwise(runs["mlp-2-2-adam-zb-h1"], one_f_one_b,
+                   [k for k in one_f_one_b if k.startswith("w")] + ["loss", "predict"],
+                   "zb-h1 on 2 replicas")
+
+
+@pytest.mark.parametrize("interleaved,reference", list(zip(INTERLEAVED, ONE_STAGE_A_RANK)),
+                         ids=["mlp", "seq", "mlp-recomputed"])
+def test_interleaved_equals_1f1b_bitwise_and_serial(interleaved, reference, runs,
+                                                    tmp_path_factory):
+    one_f_one_b = runs[reference][0]
+    keys = [k for k in one_f_one_b if k.startswith("w")]
+    assert len(keys) == 8  # 4 dense layers: kernel and bias
+    assert_bitwise(runs[interleaved], one_f_one_b,
+                   keys + ["loss", "metric", "val_loss", "evaluate", "predict"],
+                   f"{interleaved} (2 ranks) against {reference} (4 ranks)")
+    case = interleaved.split("-")[0]
+    assert_matches_serial(runs[interleaved][0], serial_run(tmp_path_factory, case, 4, "adam"),
+                          interleaved)
+
+
+def test_timeline_shows_the_interleaved_schedule(tmp_path, python):
+    """With TNT_TIMELINE, each rank's trace holds a span per forward and
+    backward action of its list, named with the micro-batch and the stage,
+    in the list's order."""
+    trace = str(tmp_path / "trace.json")
+    run(mpirun_command(2, python, WORKER, "mlp", "--out", str(tmp_path / "out"),
+                       "--stages", "4", "--micro-batches", "4", "--schedule", "interleaved"),
+        timeout=600, env={"TNT_TIMELINE": trace})
+    schedule = schedule_lib.training("interleaved", 4, 2, 4)
+    for rank in (0, 1):
+        want = [f"{'forward' if a.kind == 'F' else 'backward'} {a.micro_batch} of stage "
+                f"{a.stage}" for a in schedule.actions[rank] if a.kind in ("F", "B")]
+        with open(str(tmp_path / f"trace.rank{rank}.json")) as f:
+            events = [e for e in json.load(f) if e.get("cat") == "pipeline"]
+        spans = [e["name"] for e in sorted(events, key=lambda e: e["ts"])
+                 if e["ph"] == "X" and e["name"].split()[0] in ("forward", "backward")]
+        assert spans[:len(want)] == want, f"rank {rank}: {spans[:len(want)]}"
 
 
 def test_timeline_names_the_weight_passes(tmp_path, python):
     """With TNT_TIMELINE, each rank's trace holds a span per F, B and W of
     its ZB-H1 list ("weight gradients i" for W), in the list's order."""
-    from tarantella.pipeline import schedule as schedule_lib
     trace = str(tmp_path / "trace.json")
     run(mpirun_command(2, python, WORKER, "mlp", "--out", str(tmp_path / "out"),
                        "--stages", "2", "--micro-batches", "4", "--schedule", "zb-h1"),
@@ -131,8 +196,10 @@ def test_timeline_names_the_weight_passes(tmp_path, python):
 
 def test_zero_bubble_refuses_recomputed_weight_gradients(tmp_path, python):
     script = tmp_path / "recompute.py"
+    chosen, recompute = '("chosen", 2, P, "gpipe", 4)', '("recompute", 2, P, "zb-h2", 4)'
+    assert chosen in CHOICE
     script.write_text(CHOICE.replace("HERE", repr(os.path.dirname(WORKER))).replace(
-        '("chosen", 2, P, "gpipe")', '("recompute", 2, P, "zb-h2")'))
+        chosen, recompute))
     out = run(mpirun_command(2, python, str(script)), timeout=300,
               env={"TNT_PIPELINE_WEIGHT_GRADIENTS": "recompute"}).stdout
     assert "CASE recompute: ERROR: TNT_PIPELINE_WEIGHT_GRADIENTS=recompute computes a stage's " \
