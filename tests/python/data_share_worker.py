@@ -14,7 +14,9 @@ after a fit that did not read its last epoch whole.
 --random multiplies every sample by random factors (tf.random.uniform) in
 the map, after a shuffle: an augmentation drawn at random.
 
-Every rank writes OUT/rank<r>.npz.
+Every rank writes OUT/rank<r>.npz. With --runs RUN[,RUN...] the job trains
+several runs one after another, each into OUT/RUN/, RUN being the flags
+above joined by "+" ("plain" for none), e.g. "shuffle+unbuilt".
 """
 import argparse
 import os
@@ -68,6 +70,9 @@ def pipelined_model():
     return keras.Model(inputs, outputs)
 
 
+FLAGS = ("pipeline", "random", "shuffle", "unbuilt", "stop-in-epoch")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -78,7 +83,22 @@ def main():
     p.add_argument("--unbuilt", action="store_true",
                    help="a Sequential model without an Input: fit builds it")
     p.add_argument("--stop-in-epoch", action="store_true")
+    p.add_argument("--runs", help="RUN[,RUN...]: RUN is flags joined by '+', or 'plain'")
     args = p.parse_args()
+    if not args.serial:
+        tnt.init()
+    if not args.runs:
+        return train(args, args.out)
+    for spec in args.runs.split(","):
+        flags = [] if spec == "plain" else spec.split("+")
+        if set(flags) - set(FLAGS):
+            p.error(f"{spec}: flags are {', '.join(FLAGS)}")
+        run_args = dict(vars(args), **{f.replace("-", "_"): f in flags for f in FLAGS})
+        train(argparse.Namespace(**run_args), os.path.join(args.out, spec))
+    return 0
+
+
+def train(args, out):
     rank = 0
     if args.pipeline:
         model = pipelined_model()
@@ -90,10 +110,8 @@ def main():
                                                      keras.initializers.GlorotUniform(seed=2))])
     else:
         model = make_model(seed=5)
-    if args.serial:
-        keras.utils.set_random_seed(42)  # as tnt.init() seeds every rank
-    else:
-        tnt.init()
+    keras.utils.set_random_seed(42)  # as tnt.init() seeds every rank
+    if not args.serial:
         rank = tnt.get_rank()
         if args.pipeline:
             model = tnt.Model(model, parallel_strategy=tnt.ParallelStrategy.ALL,
@@ -118,8 +136,8 @@ def main():
         results["predict"] = model.predict(ds, verbose=0)
     for i, w in enumerate(model.get_weights()):
         results[f"w{i}"] = w
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **results)
+    os.makedirs(out, exist_ok=True)
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
     return 0
 
 

@@ -365,13 +365,34 @@ def test_tf_data_internals_of_tensorflow_2_21():
         tf.data.AUTOTUNE
 
 
-@pytest.mark.parametrize("flags,ranks", [([], 2), (["--pipeline"], 4), (["--shuffle"], 2),
-                                         (["--shuffle", "--unbuilt"], 2),
-                                         (["--shuffle", "--stop-in-epoch"], 2)],
+# run -> the ranks it trains on: 2 (data-parallel) or 4 (2 replicas of a
+# 2-stage pipeline).
+FIT_RUNS = {"plain": 2, "pipeline": 4, "shuffle": 2, "shuffle+unbuilt": 2,
+            "shuffle+stop-in-epoch": 2}
+
+
+@pytest.fixture(scope="module")
+def fit_runs(tmp_path_factory):
+    """FIT_RUNS' results serially (one process) and on their ranks (one job
+    per number of ranks), and the random augmentation's on 2 ranks."""
+    d = tmp_path_factory.mktemp("fit")
+    run([sys.executable, WORKER, "--serial", "--out", str(d / "serial"),
+         "--runs", ",".join(FIT_RUNS)])
+    jobs = {2: [r for r, n in FIT_RUNS.items() if n == 2] + ["random"], 4: ["pipeline"]}
+    for ranks, runs in jobs.items():
+        run(mpirun_command(ranks, sys.executable, WORKER, "--out", str(d / f"ranks{ranks}"),
+                           "--runs", ",".join(runs)), timeout=300)
+    serial = {r: load(str(d / "serial" / r), 1)[0] for r in FIT_RUNS}
+    ranks = {r: load(str(d / f"ranks{n}" / r), n) for r, n in FIT_RUNS.items()}
+    ranks["random"] = load(str(d / "ranks2" / "random"), 2)
+    return serial, ranks
+
+
+@pytest.mark.parametrize("spec", list(FIT_RUNS),
                          ids=["data-parallel", "pipelined", "data-parallel-reshuffled",
                               "unbuilt-model-reshuffled", "stopped-in-an-epoch-reshuffled"])
 @pytest.mark.ranks
-def test_fit_equals_serial(flags, ranks, tmp_path, python):
+def test_fit_equals_serial(spec, fit_runs):
     """On 2 ranks (data-parallel), or on 2 replicas of a 2-stage pipeline
     (4 ranks): the replicas share the global batches. Reshuffled each epoch,
     every epoch's order must be plain Keras's (it follows the count of
@@ -379,18 +400,14 @@ def test_fit_equals_serial(flags, ranks, tmp_path, python):
     (from zeros shaped like a batch, not from a batch of the data), and in
     evaluate and predict after a fit that a callback stopped in an epoch
     (Keras makes no iterator at the end of that epoch)."""
-    serial_out = str(tmp_path / "serial")
-    run([sys.executable, WORKER, "--serial", "--out", serial_out] + flags)
-    serial = load(serial_out, 1)[0]
-    out = str(tmp_path / "dist")
-    run(mpirun_command(ranks, python, WORKER, "--out", out, *flags), timeout=300)
-    results = load(out, ranks)
+    serial, results = fit_runs[0][spec], fit_runs[1][spec]
+    ranks = FIT_RUNS[spec]
     for key in serial:
         if key.startswith("mapped/"):
             continue
         for r in range(ranks):
             assert np.allclose(results[r][key], serial[key], rtol=0, atol=1e-5), key
-    if "--stop-in-epoch" in flags:
+    if "stop-in-epoch" in spec:
         return  # how far the prefetch read into the stopped epoch varies
     # 2 epochs of 90 samples in global batches of 16 (the last one of 10):
     # each of 2 shares maps 8 + 5 rows of the batches.
@@ -469,15 +486,16 @@ def test_random_augmentation_is_the_same_on_any_number_of_ranks(data_share, capl
 
 
 @pytest.mark.ranks
-def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_path, python):
+def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_path, python,
+                                                                        fit_runs):
     """Trained on 1, 2 and 3 ranks, a model whose input map draws random
     factors ends with the same weights and losses: every rank count sees the
     same augmented samples. What differs is the order in which the gradient
     allreduce adds the ranks' float32 partial sums: a relative error of a
     few 1e-7 per step, over 12 steps of SGD(0.1) on weights of order 1,
     far below the 1e-5 allowed (the bound the serial comparisons use)."""
-    results = {}
-    for ranks in (1, 2, 3):
+    results = {2: fit_runs[1]["random"]}
+    for ranks in (1, 3):
         out = str(tmp_path / f"r{ranks}")
         run(mpirun_command(ranks, python, WORKER, "--out", out, "--random"), timeout=300)
         results[ranks] = load(out, ranks)
@@ -496,9 +514,7 @@ def test_fit_with_random_augmentation_is_the_same_on_any_number_of_ranks(tmp_pat
                           for r in range(ranks)]
     # The draws matter: without them (the serial comparison above) the
     # losses differ.
-    serial_out = str(tmp_path / "plain")
-    run([sys.executable, WORKER, "--serial", "--out", serial_out])
-    assert not np.allclose(load(serial_out, 1)[0]["loss"], one["loss"], rtol=0, atol=1e-5)
+    assert not np.allclose(fit_runs[0]["plain"]["loss"], one["loss"], rtol=0, atol=1e-5)
 
 
 def test_ranks_get_their_share_of_the_cores(monkeypatch):
