@@ -5,6 +5,7 @@ the same initial weights; 150 samples in global batches of 20 give micro-
 batches of unequal size at 3 and 4 ranks and a partial last batch of 10.
 """
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -21,8 +22,7 @@ def load(out, nranks):
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory, python=None):
-    import sys
+def serial(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("serial"))
     run([sys.executable, WORKER, "--serial", "--out", out])
     return load(out, 1)[0]
@@ -50,29 +50,36 @@ def assert_matches_serial(result, serial, tol):
 # and uneven micro-batches; the launcher's cluster test trains on 4. Every
 # optimizer on 2 ranks; on the others one with momentum and one with
 # moments (the averaging an optimizer is given does not depend on it).
-@pytest.mark.parametrize("nranks", [1, 2, 3, pytest.param(4, marks=pytest.mark.long)])
-def test_training_equals_serial(nranks, serial, tmp_path, python):
-    out = str(tmp_path)
+def train(out, nranks, python=sys.executable):
     cases = [] if nranks == 2 else ["--cases", "sgd_momentum,adam"]
     run(mpirun_command(nranks, python, WORKER, "--out", out, *cases), timeout=900)
-    results = load(out, nranks)
+    return load(out, nranks)
+
+
+_trained = {}
+
+
+def trained(tmp_path_factory, nranks):
+    """The worker's results on `nranks` ranks, trained once a session."""
+    if nranks not in _trained:
+        _trained[nranks] = train(str(tmp_path_factory.mktemp(f"ranks{nranks}")), nranks)
+    return _trained[nranks]
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, pytest.param(4, marks=pytest.mark.long)])
+def test_training_equals_serial(nranks, serial, tmp_path_factory):
+    results = trained(tmp_path_factory, nranks)
     assert_ranks_identical(results)
     assert_matches_serial(results[0], serial, tol=1e-4)
 
 
-def test_two_runs_are_bitwise_identical(tmp_path, python):
-    outs = []
-    for i in range(2):
-        out = str(tmp_path / f"run{i}")
-        run(mpirun_command(3, python, WORKER, "--out", out, "--cases", "sgd_momentum,adam"),
-            timeout=600)
-        outs.append(load(out, 3)[0])
+def test_two_runs_are_bitwise_identical(tmp_path, tmp_path_factory):
+    outs = [trained(tmp_path_factory, 3)[0], train(str(tmp_path), 3)[0]]
     for key in outs[0]:
         assert np.array_equal(outs[0][key], outs[1][key]), f"{key} differs between two runs"
 
 
 def test_mixed_precision_equals_serial(tmp_path, python):
-    import sys
     serial_out = str(tmp_path / "serial")
     run([sys.executable, WORKER, "--serial", "--mixed", "--cases", "sgd,adam",
          "--out", serial_out])
