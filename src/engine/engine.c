@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,7 @@ struct tnt__engine {
    * the engine thread polls pending transfers without napping (a receive
    * that a caller waits for completes as soon as its data arrives). */
   _Atomic int sleepers;
+  int sleeper_arrived; /* under mu: a caller began to sleep (sleeper_enter) */
   int stop;
   /* Engine thread only: posted point-to-point requests. */
   tnt_request_t **active;
@@ -139,6 +141,19 @@ tnt_status_t tnt__request_test(const tnt_request_t *req) {
   return atomic_load_explicit(&req->status, memory_order_acquire);
 }
 
+/* A caller goes to sleep on a request: the first sleeper wakes a napping
+ * engine thread, which then polls without naps (see engine_main). */
+static void sleeper_enter(tnt__engine_t *e) {
+  if (atomic_fetch_add(&e->sleepers, 1) == 0) {
+    pthread_mutex_lock(&e->mu);
+    e->sleeper_arrived = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+  }
+}
+
+static void sleeper_leave(tnt__engine_t *e) { atomic_fetch_sub(&e->sleepers, 1); }
+
 tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
   if (timeout_s < 0) timeout_s = req->engine->timeout;
   /* Most operations finish within microseconds: spin briefly before
@@ -151,7 +166,7 @@ tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
   const double deadline = tnt__now() + timeout_s;
   const struct timespec ts = tnt__abs_time(deadline);
   int st;
-  atomic_fetch_add(&req->engine->sleepers, 1);
+  sleeper_enter(req->engine);
   pthread_mutex_lock(&req->mu);
   while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) {
     if (pthread_cond_timedwait(&req->cv, &req->mu, &ts) == ETIMEDOUT) {
@@ -160,7 +175,7 @@ tnt_status_t tnt__request_wait(tnt_request_t *req, double timeout_s) {
     }
   }
   pthread_mutex_unlock(&req->mu);
-  atomic_fetch_sub(&req->engine->sleepers, 1);
+  sleeper_leave(req->engine);
   if (st == TNT_IN_PROGRESS) {
     /* The request goes on and may still succeed: a warning in the log, and
      * the reason of this call's status. */
@@ -182,11 +197,11 @@ static tnt_status_t request_wait_done(tnt_request_t *req) {
     tnt__spin_pause(it);
   }
   int st;
-  atomic_fetch_add(&req->engine->sleepers, 1);
+  sleeper_enter(req->engine);
   pthread_mutex_lock(&req->mu);
   while ((st = atomic_load(&req->status)) == TNT_IN_PROGRESS) pthread_cond_wait(&req->cv, &req->mu);
   pthread_mutex_unlock(&req->mu);
-  atomic_fetch_sub(&req->engine->sleepers, 1);
+  sleeper_leave(req->engine);
   return st;
 }
 
@@ -300,13 +315,25 @@ static void execute(tnt__engine_t *e, tnt__work_t *op) {
 /* How long the engine thread spins on pending transfers while a caller
  * sleeps on a request, before it naps again. */
 #define SLEEPER_SPIN_S 2e-3
+/* Naps while transfers are pending and nobody waits for one: the first
+ * lasts NAP_MIN_S, each nap after which nothing completed twice the last,
+ * up to NAP_MAX_S. A pipeline keeps sends and early receives pending most
+ * of a step; polling them every 100 us costs a rank whose cores all
+ * compute (as many ranks as cores) a tenth of a core in wake-ups. A waiter
+ * ends the naps at once (sleeper_enter), so they delay only transfers
+ * that nobody waits for yet. */
+#define NAP_MIN_S 100e-6
+#define NAP_MAX_S 1e-3
 
 static void *engine_main(void *arg) {
   tnt__engine_t *e = arg;
   tnt__log_set_rank(e->rank, e->size, 1);
   tnt__timeline_name_thread("progress");
+  pthread_setname_np(pthread_self(), "tnt-progress"); /* as top -H and gdb show it */
   unsigned idle = 0;
   double spin_until = 0; /* see SLEEPER_SPIN_S */
+  double nap = NAP_MIN_S;
+  size_t was_pending = 0;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     while (e->busy || (e->head == NULL && e->nactive == 0 && !e->stop)) {
@@ -335,13 +362,19 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->mu);
     e->busy = 0;
     pthread_cond_broadcast(&e->cv);
+    if (op != NULL || pending < was_pending) nap = NAP_MIN_S; /* progress: poll soon */
+    was_pending = pending;
+    if (e->sleeper_arrived) { /* spin for the new waiter (SLEEPER_SPIN_S) */
+      e->sleeper_arrived = 0;
+      spin_until = 0;
+    }
     if (op == NULL && pending > 0 && e->head == NULL) {
       /* Only transfers in flight: poll, spinning at first and then sleeping
-       * in short naps so that a long-pending receive costs little CPU. While
-       * a caller sleeps on a request (its core is free) the spinning lasts
-       * up to SLEEPER_SPIN_S: a transfer that completes within it (a
-       * pipeline stage's next activations) is seen at once, not after a
-       * nap and a wake-up. */
+       * in naps (NAP_MIN_S to NAP_MAX_S) so that a long-pending receive
+       * costs little CPU. While a caller sleeps on a request (its core is
+       * free) the spinning lasts up to SLEEPER_SPIN_S: a transfer that
+       * completes within it (a pipeline stage's next activations) is seen
+       * at once, not after a nap and a wake-up. */
       if (idle >= 1024 && spin_until == 0 &&
           atomic_load_explicit(&e->sleepers, memory_order_relaxed) > 0) {
         spin_until = tnt__now() + SLEEPER_SPIN_S;
@@ -351,8 +384,9 @@ static void *engine_main(void *arg) {
         tnt__spin_pause(idle < 1024 ? idle++ : idle);
         pthread_mutex_lock(&e->mu);
       } else {
-        struct timespec ts = tnt__abs_time(tnt__now() + 100e-6);
+        struct timespec ts = tnt__abs_time(tnt__now() + nap);
         pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        nap = nap * 2 < NAP_MAX_S ? nap * 2 : NAP_MAX_S;
       }
     } else {
       idle = 0;
