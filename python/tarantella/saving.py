@@ -6,6 +6,7 @@ through a temporary file and a rename, so an interrupted save never leaves
 a half-written file under the final name.
 """
 import os
+import re
 
 import numpy as np
 
@@ -31,6 +32,15 @@ def is_temporary(name):
     return name.startswith(".") and _TEMPORARY in name
 
 
+def _named_as_final(message, filepath):
+    """`message` with every temporary name beside `filepath` (its own, and
+    those of the parts written next to it, such as a .keras file's weights)
+    replaced by `filepath`."""
+    head = os.path.join(os.path.dirname(os.path.abspath(filepath)), ".")
+    pattern = re.escape(head) + r"[^\s'\"]*?" + re.escape(_TEMPORARY) + r"\d+[^\s'\",)]*"
+    return re.sub(pattern, lambda _: filepath, message)
+
+
 def write_atomically(filepath, write):
     """Runs write(temporary_path) and renames the result to `filepath`, so
     that `filepath` is either the old file or the complete new one."""
@@ -40,11 +50,12 @@ def write_atomically(filepath, write):
         write(tmp)
         os.replace(tmp, filepath)
     except Exception as e:
-        # The writer only saw the temporary name: the message names the real one.
-        if tmp not in str(e):
+        # The writer only saw temporary names: the message names the real file.
+        message = _named_as_final(str(e), filepath)
+        if message == str(e):
             raise
         try:
-            renamed = type(e)(str(e).replace(tmp, filepath))
+            renamed = type(e)(message)
         except Exception:  # an exception class that wants other arguments
             raise e from None
         raise renamed from e

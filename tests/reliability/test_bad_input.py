@@ -328,6 +328,13 @@ CASES = [
     P("save/load", "save into a missing directory",
       "compiled().save(shared + '/no/such/dir/model.keras')", "FileNotFoundError",
       "{shared}/no/such/dir/model.keras", elsewhere=SAVE_FAILED),
+    P("save/load", "save of a pipelined model into a missing directory",
+      "i = keras.Input((12,))\n"
+      "h = tnt.keras.layers.SplitLayer()(keras.layers.Dense(8)(i))\n"
+      "m = tnt.Model(keras.Model(i, keras.layers.Dense(4)(h)), num_micro_batches=2,\n"
+      "              parallel_strategy=tnt.ParallelStrategy.PIPELINING)\n"
+      "m.save(shared + '/no/such/dir/pipelined.keras')\n", "FileNotFoundError",
+      "{shared}/no/such/dir/pipelined.keras", elsewhere=SAVE_FAILED),
     P("save/load", "save_weights('weights.h5')",
       "compiled().save_weights(shared + '/weights.h5')", "ValueError",
       "must end in `.weights.h5`. Received: filepath={shared}/weights.h5",

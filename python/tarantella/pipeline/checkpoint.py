@@ -441,7 +441,7 @@ def save(model, source, filepath, overwrite, all_devices):
             "save_weights): rename it")
 
     def write(path):
-        weights = saving.temporary_name(path + ".weights.h5")
+        weights = saving.temporary_name(filepath + ".weights.h5")
         try:
             with contextlib.ExitStack() as files:
                 stream(source, source.plan,
