@@ -94,7 +94,20 @@ typedef enum side {
 } side_t;
 
 static const char *const kSideNames[] = {"tnt", "mpi"};
-static const char kDtypeList[] = "float32, float64, float16, bfloat16, int32 or int64";
+
+/* "float32, float64, ... or uint8": every dtype that --dtype accepts. */
+static const char *dtype_list(void) {
+  static char list[160];
+  if (list[0] == '\0') {
+    size_t n = 0;
+    for (int d = 0; d < TNT_DTYPE_COUNT; d++) {
+      const char *sep = d == 0 ? "" : (d + 1 == TNT_DTYPE_COUNT ? " or " : ", ");
+      n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", sep,
+                            tnt_dtype_name((tnt_dtype_t)d));
+    }
+  }
+  return list;
+}
 
 typedef struct options {
   collective_t coll;
@@ -188,7 +201,8 @@ static void print_usage(FILE *out) {
           "                vector that is reduced; each rank receives size / ranks.\n"
           "  --iters N     calls per timed trial, or 'auto' (default): clamp(256M / size,\n"
           "                5, 1000), fewer when one trial would take longer than 0.1 s\n"
-          "  --dtype TYPE  float32 (default), float64, float16, bfloat16, int32 or int64\n"
+          "  --dtype TYPE  %s\n"
+          "                (default float32)\n"
           "  --compression fp16|bf16\n"
           "                allreduce of float32 only: libtnt's side is a fusion set of one\n"
           "                tensor whose values travel in 16 bits (TNT_COMPRESSION), against\n"
@@ -203,7 +217,8 @@ static void print_usage(FILE *out) {
           "\n"
           "Exit status: 0 all checks passed, 1 a result was wrong, 2 bad arguments,\n"
           "3 libtnt reported an error.\n"
-          "Example: mpirun -np 4 tnt-bench allreduce --min 4K --max 64M\n");
+          "Example: mpirun -np 4 tnt-bench allreduce --min 4K --max 64M\n",
+          dtype_list());
 }
 
 /* Reports an argument error on the launcher's rank 0 only; every rank parses
@@ -341,7 +356,7 @@ static int set_option(enum option_id id, const char *v, options_t *opt) {
       return -1;
     default:
       if (!parse_dtype(v, &opt->dtype)) {
-        return usage_error("--dtype: unknown type '%s' (expected %s)", v, kDtypeList);
+        return usage_error("--dtype: unknown type '%s' (expected %s)", v, dtype_list());
       }
       return -1;
   }
