@@ -62,18 +62,25 @@ def serial_run(tmp_path_factory, case, stages, optimizer):
     return serial_runs(tmp_path_factory, [(case, stages, optimizer)])[0]
 
 
+def pipelined_runs(tmp_path_factory, ranks, specs, *args, timeout=600):
+    """The worker's runs `specs` (CASE-K-R-OPTIMIZER-VARIANT) trained one
+    after another in one job of `ranks` ranks, with `args` added: each
+    run's results on every rank, by its spec."""
+    d = str(tmp_path_factory.mktemp(f"pipelined-{ranks}"))
+    run(mpirun_command(ranks, sys.executable, WORKER, "--runs", ",".join(specs), "--out", d,
+                       *args), timeout=timeout)
+    return {spec: load(os.path.join(d, spec), ranks) for spec in specs}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every configuration's results (pipelined, on every rank), computed
     once for the tests below: one job per number of ranks."""
     out = {}
     for ranks in sorted({stages * replicas for _, stages, replicas, _, _ in CONFIGS}):
-        configs = [c for c in CONFIGS if c[1] * c[2] == ranks]
-        specs = ["-".join(map(str, c)) for c in configs]
-        d = str(tmp_path_factory.mktemp(f"pipelined-{ranks}"))
-        run(mpirun_command(ranks, sys.executable, WORKER, "--runs", ",".join(specs), "--out", d),
-            timeout=600)
-        out.update({c: load(os.path.join(d, spec), ranks) for c, spec in zip(configs, specs)})
+        configs = {"-".join(map(str, c)): c for c in CONFIGS if c[1] * c[2] == ranks}
+        results = pipelined_runs(tmp_path_factory, ranks, list(configs))
+        out.update({c: results[spec] for spec, c in configs.items()})
     serial_runs(tmp_path_factory, [(case, stages, opt) for case, stages, _, opt, _ in CONFIGS])
     return out
 
@@ -318,12 +325,11 @@ def mixed_runs(tmp_path_factory):
     for policy in sorted({policy for policy, _, _ in MIXED}):
         variants = [variant for p, _, variant in MIXED if p == policy]
         specs = [f"mlp-2-1-adam-{variant}" for variant in variants]
-        ds, dp = (str(tmp_path_factory.mktemp(f"{n}-{policy}")) for n in ("serial", "pipelined"))
+        ds = str(tmp_path_factory.mktemp(f"serial-{policy}"))
         run([sys.executable, WORKER, "mlp", "--serial", "--out", ds, "--stages", "2",
              "--mixed", policy])
-        run(mpirun_command(2, sys.executable, WORKER, "--runs", ",".join(specs), "--out", dp,
-                           "--mixed", policy), timeout=600)
-        out.update({(policy, variant): (load(ds, 1)[0], load(os.path.join(dp, spec), 2))
+        results = pipelined_runs(tmp_path_factory, 2, specs, "--mixed", policy)
+        out.update({(policy, variant): (load(ds, 1)[0], results[spec])
                     for variant, spec in zip(variants, specs)})
     return out
 

@@ -24,14 +24,14 @@ the argument on a model that is not pipelined fail with what to change; the
 master's log names the schedule and its bubble."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import mpirun_command, run
-from test_pipeline import WORKER, assert_matches_serial, serial_run, serial_runs
-from test_training import assert_ranks_identical, load
+from test_pipeline import (WORKER, assert_matches_serial, pipelined_runs, serial_run,
+                           serial_runs)
+from test_training import assert_ranks_identical
 
 from tarantella.pipeline import schedule as schedule_lib
 
@@ -104,11 +104,8 @@ def runs(tmp_path_factory):
     serial Keras's of the interleaved cases."""
     out = {}
     for ranks, specs in JOBS:
-        d = str(tmp_path_factory.mktemp(f"schedules-{ranks}"))
-        run(mpirun_command(ranks, sys.executable, WORKER, "--runs", ",".join(specs),
-                           "--out", d, "--micro-batches", "4"),
-            timeout=900)
-        out.update({spec: load(os.path.join(d, spec), ranks) for spec in specs})
+        out.update(pipelined_runs(tmp_path_factory, ranks, specs, "--micro-batches", "4",
+                                  timeout=900))
     serial_runs(tmp_path_factory, [(case, 4, "adam") for case in CASES])  # in one process
     return out
 
