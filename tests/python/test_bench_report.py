@@ -440,6 +440,55 @@ def test_report_capacity_run_that_may_exceed_and_the_table_of_recomputed_stages(
     assert "| 1.35x | **MISS** |" in target_row(report(tmp_path), "Peak per rank on K stages")
 
 
+def test_report_capacity_run_under_a_limit_of_its_own(tmp_path):
+    """A run limited otherwise than the configuration's budget (the stages
+    of one layer each under 0.4 W) says its limit beside its verdict."""
+    oom = "ResourceExhaustedError: OOM when allocating tensor with shape[2048,2048]"
+    thin = "8 stages, build_fn, SGD, recomputed weight gradients, limited"
+    trained = {"job_ok": True, "trained": True, "tail": "", "budget_times_weights": 0.4}
+    rows = [{"rank": r, "trained": True, "held_weights_mib": 64.0,
+             "peak_data_above_base_mib": 160.0, "margin_mib": 44.8 - r} for r in range(8)]
+    write(tmp_path / "pipeline_capacity.jsonl",
+          capacity_result(oom, oom, [None] * 4, True, more=[(thin, trained, rows)]))
+    row = target_row(report(tmp_path), "Under a memory limit below the model's weights")
+    assert "| yes | PASS |" in row, row
+    assert ("8 stages, build_fn, SGD, recomputed weight gradients under the base + 0.4x "
+            "trains (margins +45, +44") in row, row
+    failed = dict(trained, job_ok=False, trained=False)
+    write(tmp_path / "pipeline_capacity.jsonl", capacity_result(
+        oom, oom, [None] * 4, True, more=[(thin, failed, [{"rank": 0, "trained": False,
+                                                            "error": "MemoryError: "}])]))
+    row = target_row(report(tmp_path), "Under a memory limit below the model's weights")
+    assert "| no | **MISS** |" in row and "under the base + 0.4x fails (MemoryError" in row, row
+
+
+def test_report_zero_on_simulated_hosts(tmp_path):
+    """Each stage's throughput over stage 0's on 2 simulated hosts is judged
+    on its worst model and link; a model without a result is not a pass."""
+    def row(link, model, s0, s1, s2):
+        out = {"link": link, "model": model, "tarantella_step_ms": s0,
+               "tarantella-zero1_step_ms": s1, "tarantella-zero2_step_ms": s2}
+        for stage, ms in ((1, s1), (2, s2)):
+            if s0 and ms:
+                out[f"stage{stage}_over_stage0"] = round(s0 / ms, 3)
+        return out
+    write(tmp_path / "sim_cluster_zero.jsonl", {
+        "config": {"global_batch": 64},
+        "results": [row("1gbit_0.1ms", "dense", 100.0, 125.0, 98.0),
+                    row("10gbit_0.1ms", "dense", 40.0, 39.0, 38.0)]})
+    summary = report(tmp_path)
+    one = target_row(summary, "ZeRO stage 1: throughput >= 1.0x stage 0's (each model, 2 sim")
+    assert "| 0.80x (dense 1gbit_0.1ms) | **MISS** |" in one, one
+    two = target_row(summary, "ZeRO stage 2: throughput >= 1.0x stage 0's (each model, 2 sim")
+    assert "| 1.02x (dense 1gbit_0.1ms) | PASS |" in two, two
+    assert "| 1gbit_0.1ms | dense | 100.0 | 125.0 | 98.0 | 0.80 | 1.02 |" in summary
+    write(tmp_path / "sim_cluster_zero.jsonl", {
+        "config": {}, "results": [row("1gbit_0.1ms", "lenet5", 10.0, None, 9.0)]})
+    one = target_row(report(tmp_path), "ZeRO stage 1: throughput >= 1.0x stage 0's (each "
+                                       "model, 2 sim")
+    assert "NOT RUN" in one and "no result for lenet5 1gbit_0.1ms" in one, one
+
+
 def zero_memory_row(optimizer, ranks, stage, theory, fusion, peak, variant="built by fit"):
     return {"optimizer": optimizer, "ranks": ranks, "zero_stage": stage, "variant": variant,
             "oversubscribed": ranks > 2, "rank_of_peak": 0, "theory_mib": theory,

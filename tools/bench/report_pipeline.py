@@ -288,7 +288,9 @@ def capacity_verdict(res, budget):
     by_fn = [(k, r) for k, r in res.items() if "build_fn" in k and k.endswith("limited")
              and isinstance(r, dict)]
     for key, run in by_fn:
-        name = key.split(", ", 1)[1].rsplit(", ", 1)[0]
+        name = key.rsplit(", ", 1)[0]
+        if run.get("budget_times_weights", budget) != budget:
+            name += f" under the base + {run['budget_times_weights']}x"
         if run.get("trained"):
             margins = ", ".join(f"{d['margin_mib']:+.0f}" for d in run["ranks"]
                                 if d.get("margin_mib") is not None)
@@ -326,7 +328,9 @@ def _pipeline_capacity(results, stages, targets):
     out.append(f"{cfg.get('layers', '?')} dense layers of {cfg.get('width', '?')} units, "
                f"{cfg.get('stages', '?')} stages, each process limited (RLIMIT_DATA) to what "
                f"it holds before the model is built plus {cfg.get('budget_times_weights', '?')}"
-               f"x the whole model's weights; margin = the limit - the peak. {METHOD}")
+               f"x the whole model's weights (the runs of one layer a stage: plus "
+               f"{cfg.get('thin_budget_times_weights', '?')}x); margin = the limit - the peak. "
+               f"{METHOD}")
     out.append("")
     rows = []
     for key, r in res.items():

@@ -23,6 +23,7 @@ def section(results, stages, targets):
     out += _memory(results, stages, targets)
     out += _capacity(results, stages, targets)
     out += _throughput(results, stages, targets)
+    out += _sim_throughput(results, stages, targets)
     return out
 
 
@@ -232,5 +233,47 @@ def _throughput(results, stages, targets):
                       + [f2(rows.get((m, fw), {}).get("median_samples_per_s"), 1)
                          for fw in ("tarantella", "tarantella-zero1", "tarantella-zero2")]
                       + [f2(ratios.get((m, s)), 2) for s in (1, 2)] for m in models]))
+    out.append("")
+    return out
+
+
+def sim_throughput_target_name(stage):
+    return (f"ZeRO stage {stage}: throughput >= {limit('zero_throughput')}x stage 0's "
+            "(each model, 2 simulated hosts)")
+
+
+def _sim_throughput(results, stages, targets):
+    goals = [(sim_throughput_target_name(s), f">= {limit('zero_throughput')}x") for s in (1, 2)]
+    out, d = open_section(results, stages, targets, "sim_cluster_zero.jsonl",
+                          ["sim_cluster_zero"],
+                          "### Throughput against stage 0 on 2 simulated hosts", goals)
+    if d is None:
+        return out
+    rows = d.get("results", [])
+    for (name, required), stage in zip(goals, (1, 2)):
+        key = f"stage{stage}_over_stage0"
+        mine = {(r["model"], r["link"]): r[key] for r in rows if r.get(key)}
+        t = Target(name, required, family="zero")
+        missing = [f"{r['model']} {r['link']}" for r in rows if not r.get(key)]
+        if missing or not mine:
+            t.note = "no result for " + (", ".join(missing) or "any model")
+        else:
+            worst = min(mine, key=mine.get)
+            t.measured = f"{mine[worst]:.2f}x ({' '.join(worst)})"
+            t.ok = meets("zero_throughput", mine[worst])
+            t.note = ", ".join(f"{m} {link} {v:.2f}x" for (m, link), v in sorted(mine.items()))
+        targets.append(t)
+    out.append("The same models on 2 hosts of one rank each (network namespaces, links shaped "
+               "by tc; tools/research/sim_cluster_bench.py --zero), global batch "
+               f"{d.get('config', {}).get('global_batch', '?')}; throughput over stage 0's = "
+               f"stage 0's median step / the stage's. {METHOD}")
+    out.append("")
+    out.append(table(["link", "model", "stage 0 ms", "stage 1 ms", "stage 2 ms", "stage 1 / 0",
+                      "stage 2 / 0"],
+                     [[r["link"], r["model"]]
+                      + [f2(r.get(f"{fw}_step_ms"), 1) for fw in
+                         ("tarantella", "tarantella-zero1", "tarantella-zero2")]
+                      + [f2(r.get(f"stage{s}_over_stage0"), 2) for s in (1, 2)] for r in rows]))
+    out += problem_lines(d.get("config", {}))
     out.append("")
     return out

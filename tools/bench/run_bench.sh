@@ -208,8 +208,8 @@ if wanted training; then
 fi
 
 # 5. The simulated cluster (as root): training, the allreduce alone against
-# MPI_Allreduce, Tarantella against MultiWorkerMirroredStrategy, and
-# compression and the tuned threshold at 1 Gbit/s.
+# MPI_Allreduce, Tarantella against MultiWorkerMirroredStrategy, ZeRO stages
+# 1 and 2 against stage 0, and compression and the tuned threshold at 1 Gbit/s.
 # sim_stage NAME FULL QUICK ARGS...: sim_cluster_bench.py ARGS, writing
 # NAME.jsonl, under the time limit FULL (QUICK with --quick).
 sim_stage() {
@@ -222,7 +222,8 @@ sim_stage() {
 }
 if wanted sim_cluster; then
   if [[ $(id -u) -ne 0 ]]; then
-    for name in sim_cluster sim_cluster_allreduce sim_cluster_frameworks sim_cluster_compression; do
+    for name in sim_cluster sim_cluster_allreduce sim_cluster_frameworks sim_cluster_zero \
+        sim_cluster_compression; do
       not_run "$name" "needs root (network namespaces, tc)"
     done
   else
@@ -233,6 +234,7 @@ if wanted sim_cluster; then
       not_run sim_cluster_allreduce "no tnt-bench at $TNT_BENCH (make install)"
     fi
     sim_stage sim_cluster_frameworks 1200 400 --frameworks
+    sim_stage sim_cluster_zero 1800 600 --zero
     sim_stage sim_cluster_compression 900 300 --variants --hosts 2 --links 1gbit_0.1ms \
       --models lenet5 --steps 20 --reps 3
   fi

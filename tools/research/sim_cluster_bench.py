@@ -5,13 +5,15 @@ Hosts are network namespaces (tests/launcher/sim_cluster.sh) whose links tc
 shapes to 1 or 10 Gbit/s; the models of train_compare.py train with every
 fusion and overlap setting, each step split into compute, communication and
 waiting against its bound. --allreduce: tnt-bench against MPI_Allreduce;
---variants: compression and fusion settings; --frameworks: against MWMS.
+--variants: compression and fusion settings; --frameworks: against MWMS;
+--zero: ZeRO stages 1 and 2 against stage 0.
 Needs root, iproute2, unshare and Tarantella installed. The method:
 docs/research/benchmarks.md; tools/research/README.md.
 
     sudo python3 tools/research/sim_cluster_bench.py --quick --out quick.jsonl
     sudo python3 tools/research/sim_cluster_bench.py --allreduce --out sim_cluster_allreduce.jsonl
     sudo python3 tools/research/sim_cluster_bench.py --frameworks --out sim_cluster_frameworks.jsonl
+    sudo python3 tools/research/sim_cluster_bench.py --zero --out sim_cluster_zero.jsonl
 """
 import argparse
 import json
@@ -564,10 +566,17 @@ def framework_run(cluster, work, framework, model, steps, timeout):
 
 # The models of train_compare.py that every mode here trains.
 MODELS = ("lenet5", "resnet", "transformer")
+# --zero: ZeRO stages 1 and 2 against stage 0 (train_compare.py's
+# frameworks), on its CNN, its Transformer and its dense stack.
+ZERO_MODELS = ("lenet5", "transformer", "dense")
+ZERO_FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2")
 
 
-def frameworks_driver(args):
-    """Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts."""
+def compare_driver(args, frameworks, models, **described):
+    """`frameworks` (train_compare.py's) on 2 simulated hosts, one rank
+    each, for `models` on every link of --links: (the configuration, with
+    `described` in it; a row per link and model with each framework's
+    median step)."""
     require_cluster_tools("sim_cluster_bench")
     links = links_of(args.links)
     steps = 6 if args.quick else 20
@@ -575,7 +584,7 @@ def frameworks_driver(args):
         prefix="tnt-simbench-fw-")
     config = new_config(
         hosts=2, ranks_per_host=1, global_batch=GLOBAL_BATCH, timed_steps=steps, warmup_steps=3,
-        models=list(MODELS), mwms="tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING",
+        models=list(models), frameworks=list(frameworks), **described,
         statistic="median step time of rank 0 over the timed steps (train_compare.py)",
         links={})
     results = []
@@ -583,12 +592,12 @@ def frameworks_driver(args):
     try:
         for link in links:
             config["links"][link] = cluster.shape(LINKS[link])
-            for model in MODELS:
+            for model in models:
                 row = {"link": link, "model": model}
-                # Alternating order, so that a trend in the machine's load
-                # hits both frameworks alike.
-                order = ("tarantella", "mwms") if len(results) % 2 == 0 else ("mwms", "tarantella")
-                for fw in order:
+                # A rotating order, so that a trend in the machine's load
+                # hits every framework alike.
+                turn = len(results) % len(frameworks)
+                for fw in frameworks[turn:] + frameworks[:turn]:
                     t0 = time.monotonic()
                     out, problem = framework_run(
                         cluster, os.path.join(keep, f"{link}_{model}_{fw}"), fw, model, steps,
@@ -600,13 +609,36 @@ def frameworks_driver(args):
                     print(f"sim_cluster_bench: {model} {fw} {link}: "
                           f"{time.monotonic() - t0:.0f} s{'; ' + problem if problem else ''}",
                           file=sys.stderr, flush=True)
-                if row["tarantella_step_ms"] and row["mwms_step_ms"]:
-                    row["ratio"] = round(row["mwms_step_ms"] / row["tarantella_step_ms"], 3)
                 results.append(row)
     finally:
         cluster.down()
     finish_config(config)
+    return config, results
+
+
+def frameworks_driver(args):
+    """Tarantella against MultiWorkerMirroredStrategy on 2 simulated hosts."""
+    config, results = compare_driver(
+        args, ("tarantella", "mwms"), MODELS,
+        mwms="tf.distribute.MultiWorkerMirroredStrategy, tf-keras, RING")
+    for row in results:
+        if row["tarantella_step_ms"] and row["mwms_step_ms"]:
+            row["ratio"] = round(row["mwms_step_ms"] / row["tarantella_step_ms"], 3)
     write_results(args.out, "sim_cluster_frameworks", {"config": config, "results": results})
+
+
+def zero_driver(args):
+    """ZeRO stages 1 and 2 against stage 0 on 2 simulated hosts: the
+    throughput of each stage over stage 0's (stage 0's step / the stage's)."""
+    config, results = compare_driver(
+        args, ZERO_FRAMEWORKS, ZERO_MODELS, optimizer="SGD with momentum (train_compare.py)")
+    for row in results:
+        base = row["tarantella_step_ms"]
+        for stage in (1, 2):
+            mine = row[f"tarantella-zero{stage}_step_ms"]
+            if base and mine:
+                row[f"stage{stage}_over_stage0"] = round(base / mine, 3)
+    write_results(args.out, "sim_cluster_zero", {"config": config, "results": results})
 
 
 def layout_label(nhosts, per_host):
@@ -765,6 +797,9 @@ def main():
     p.add_argument("--frameworks", action="store_true",
                    help="compare Tarantella with MultiWorkerMirroredStrategy (tf-keras) on 2 "
                         "hosts, for the models of train_compare.py")
+    p.add_argument("--zero", action="store_true",
+                   help="compare ZeRO stages 1 and 2 with stage 0 on 2 hosts, for LeNet-5, "
+                        "the Transformer and the dense stack of train_compare.py")
     p.add_argument("--loss-out", help=argparse.SUPPRESS)
     p.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=argparse.SUPPRESS)
     p.add_argument("--models", default=",".join(MODELS),
@@ -783,6 +818,8 @@ def main():
             allreduce_driver(args)
         elif args.frameworks:
             frameworks_driver(args)
+        elif args.zero:
+            zero_driver(args)
         else:
             driver(args)
     finally:
