@@ -212,8 +212,10 @@ static void timeline_collective(const tnt__work_t *op, double begin, double end,
   const char *algo = op->algorithm != NULL ? op->algorithm : "";
   const double queued_ms = op->submitted > 0 ? (begin - op->submitted) * 1e3 : 0.0;
   if (op->bucket >= 0) {
+    /* Named by the bucket's collective: "allreduce bucket 3", and at ZeRO
+     * stages "reduce_scatter bucket 3", "allgather bucket 3". */
     char name[48];
-    snprintf(name, sizeof name, "allreduce bucket %ld", op->bucket);
+    snprintf(name, sizeof name, "%s bucket %ld", op->call, op->bucket);
     tnt__timeline_complete("comm", name, begin, end,
                            "\"bucket\":%ld,\"bytes\":%zu,\"algorithm\":\"%s\","
                            "\"queued_ms\":%.3f,\"status\":%d",

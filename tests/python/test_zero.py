@@ -11,6 +11,7 @@ Keras within the tolerance of test_training.py. Clipping by norm reads
 whole tensors: its norms come from the parts' sums (see
 test_norm_clipping_equals_stage_zero_within_rounding).
 """
+import json
 import os
 import sys
 
@@ -27,9 +28,9 @@ ELEMENTWISE = ["sgd", "sgd_momentum", "sgd_nesterov", "adam", "adamw", "adamax",
 CLIPPING = ["sgd_clipnorm", "adam_global_clipnorm"]
 
 
-def train(tmp_path, python, nranks, *args):
+def train(tmp_path, python, nranks, *args, env=None):
     out = str(tmp_path)
-    run(mpirun_command(nranks, python, WORKER, "--out", out, *args), timeout=900)
+    run(mpirun_command(nranks, python, WORKER, "--out", out, *args), timeout=900, env=env)
     return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(nranks)]
 
 
@@ -100,10 +101,23 @@ def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):
     each kind of update: momentum, Adam's moments, a square root of
     accumulated squares (Adagrad, RMSprop), a sign (Lion), FTRL's."""
     cases = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
-    results = train(tmp_path, python, 3, "--model", "sequential", "--cases", ",".join(cases))
+    trace = str(tmp_path / "trace.json")
+    results = train(tmp_path, python, 3, "--model", "sequential", "--cases", ",".join(cases),
+                    env={"TNT_TIMELINE": trace})
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     assert_state_is_sharded(results, cases)
+    # The timeline names each bucket's collective: stage 0 allreduces
+    # buckets, stage 1 allreduces and gathers them, stage 2 reduce-scatters
+    # and gathers them.
+    for r in range(3):
+        with open(tmp_path / f"trace.rank{r}.json") as f:
+            buckets = [e for e in json.load(f) if e["ph"] == "X" and e["cat"] == "comm"
+                       and "bucket" in e.get("args", {})]
+        assert {e["name"].rsplit(" ", 1)[0] for e in buckets} == \
+            {"allreduce bucket", "reduce_scatter bucket", "allgather bucket"}, r
+        for e in buckets:
+            assert e["name"].endswith(f" bucket {e['args']['bucket']}"), e
 
 
 def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):

@@ -50,12 +50,18 @@ def spans(events, cat, keep_open=False):
     return out
 
 
+def is_bucket(e):
+    """Whether `e` is a fusion bucket's collective: an allreduce, or at ZeRO
+    stages a reduce_scatter or allgather, of bucket B."""
+    return e["ph"] == "X" and e.get("cat") == "comm" and "bucket" in e.get("args", {})
+
+
 def breakdown(events, nhosts):
     """Per configuration name: lists of per-step values of one rank."""
     configs = spans(events, "config", keep_open=True)
     steps = spans(events, "step")
     buckets = [(e["ts"], e["ts"] + e["dur"], e["args"]["bytes"]) for e in events
-               if e["ph"] == "X" and e["name"].startswith("allreduce bucket")]
+               if is_bucket(e)]
     waits = [(e["ts"], e["ts"] + e["dur"]) for e in events
              if e["ph"] == "X" and e["name"] == "fusion finish"]
     starts = [(e["ts"], e["args"]["bytes"]) for e in events
