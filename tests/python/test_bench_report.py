@@ -564,3 +564,19 @@ def test_report_zero_capacity_target(tmp_path):
         assert verdict in row, row
         for text in details:
             assert text in row, (text, row)
+
+
+def test_report_pipeline_on_simulated_hosts_judges_the_fastest_schedule(tmp_path):
+    def row(mode, samples):
+        return {"mode": mode, "step_ms": 64e3 / samples, "samples_per_s": samples, "steps": 24,
+                "step_spread_ms": [1.0, 2.0]}
+    write(tmp_path / "pipeline_sim_cluster.jsonl", {
+        "config": {"global_batch": 64, "micro_batches": 4, "parameter_bytes": 48 << 20,
+                   "best_schedule": "zb-h1"},
+        "results": [row("pipeline, 1f1b", 700.0), row("pipeline, zb-h1", 737.0),
+                    row("data", 137.0)],
+        "ratio_pipeline_to_data": 5.38})
+    summary = report(tmp_path)
+    row_ = target_row(summary, "Pipelined / data-parallel throughput, 2 simulated hosts")
+    assert "| 5.38x | PASS |" in row_ and "737 (pipeline, zb-h1) vs 137 samples/s" in row_, row_
+    assert "| pipeline, 1f1b | 91.43 | 700.0 |" in summary
