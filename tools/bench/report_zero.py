@@ -189,13 +189,31 @@ def _capacity(results, stages, targets):
     return out
 
 
-def throughput_target_name(stage):
-    return (f"ZeRO stage {stage}: throughput >= {limit('zero_throughput')}x stage 0's "
-            "(each model, 2 ranks)")
+def _worst_case(name, required, cases, ratios):
+    """The throughput target `name` judged on the worst of `ratios` ({case:
+    a stage's throughput over stage 0's}); not run while a case of `cases`
+    has none."""
+    t = Target(name, required, family="zero")
+    missing = [c for c in cases if c not in ratios]
+    if missing or not cases:
+        t.note = "no result for " + (", ".join(missing) or "any model")
+    else:
+        worst = min(ratios, key=ratios.get)
+        t.measured = f"{ratios[worst]:.2f}x ({worst})"
+        t.ok = meets("zero_throughput", ratios[worst])
+        t.note = ", ".join(f"{c} {v:.2f}x" for c, v in sorted(ratios.items()))
+    return t
+
+
+def throughput_goals(where):
+    """(name, required) of the stage 1 and 2 throughput targets on `where`."""
+    required = f">= {limit('zero_throughput')}x"
+    return [(f"ZeRO stage {s}: throughput {required} stage 0's (each model, {where})", required)
+            for s in (1, 2)]
 
 
 def _throughput(results, stages, targets):
-    goals = [(throughput_target_name(s), f">= {limit('zero_throughput')}x") for s in (1, 2)]
+    goals = throughput_goals("2 ranks")
     out, d = open_section(results, stages, targets, "zero_throughput.jsonl",
                           ["zero_throughput", "zero"],
                           "### Throughput against stage 0", goals)
@@ -212,16 +230,8 @@ def _throughput(results, stages, targets):
                 ratios[model, stage] = (mine["median_samples_per_s"]
                                         / base["median_samples_per_s"])
     for (name, required), stage in zip(goals, (1, 2)):
-        mine = {m: r for (m, s), r in ratios.items() if s == stage}
-        t = Target(name, required, family="zero")
-        if len(mine) < len(models) or not models:
-            t.note = "no result for " + ", ".join(m for m in models if m not in mine) or "-"
-        else:
-            worst = min(mine, key=mine.get)
-            t.measured, t.ok = f"{mine[worst]:.2f}x ({worst})", meets("zero_throughput",
-                                                                        mine[worst])
-            t.note = ", ".join(f"{m} {v:.2f}x" for m, v in sorted(mine.items()))
-        targets.append(t)
+        targets.append(_worst_case(name, required, models,
+                                   {m: r for (m, s), r in ratios.items() if s == stage}))
     out.append("tools/bench/train_compare.py's models (LeNet-5 on Fashion-MNIST, the "
                "Transformer encoder, a dense stack of 4 layers of 1024 units) on 2 ranks of "
                "this host, SGD with momentum, the runs of a model interleaved; median step of "
@@ -237,13 +247,8 @@ def _throughput(results, stages, targets):
     return out
 
 
-def sim_throughput_target_name(stage):
-    return (f"ZeRO stage {stage}: throughput >= {limit('zero_throughput')}x stage 0's "
-            "(each model, 2 simulated hosts)")
-
-
 def _sim_throughput(results, stages, targets):
-    goals = [(sim_throughput_target_name(s), f">= {limit('zero_throughput')}x") for s in (1, 2)]
+    goals = throughput_goals("2 simulated hosts")
     out, d = open_section(results, stages, targets, "sim_cluster_zero.jsonl",
                           ["sim_cluster_zero"],
                           "### Throughput against stage 0 on 2 simulated hosts", goals)
@@ -252,17 +257,9 @@ def _sim_throughput(results, stages, targets):
     rows = d.get("results", [])
     for (name, required), stage in zip(goals, (1, 2)):
         key = f"stage{stage}_over_stage0"
-        mine = {(r["model"], r["link"]): r[key] for r in rows if r.get(key)}
-        t = Target(name, required, family="zero")
-        missing = [f"{r['model']} {r['link']}" for r in rows if not r.get(key)]
-        if missing or not mine:
-            t.note = "no result for " + (", ".join(missing) or "any model")
-        else:
-            worst = min(mine, key=mine.get)
-            t.measured = f"{mine[worst]:.2f}x ({' '.join(worst)})"
-            t.ok = meets("zero_throughput", mine[worst])
-            t.note = ", ".join(f"{m} {link} {v:.2f}x" for (m, link), v in sorted(mine.items()))
-        targets.append(t)
+        targets.append(_worst_case(name, required, [f"{r['model']} {r['link']}" for r in rows],
+                                   {f"{r['model']} {r['link']}": r[key] for r in rows
+                                    if r.get(key)}))
     out.append("The same models on 2 hosts of one rank each (network namespaces, links shaped "
                "by tc; tools/research/sim_cluster_bench.py --zero), global batch "
                f"{d.get('config', {}).get('global_batch', '?')}; throughput over stage 0's = "
