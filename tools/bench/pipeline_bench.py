@@ -925,14 +925,13 @@ def sim_worker(args):
     y = rng.normal(size=(n, SIM_OUT)).astype(np.float32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(SIM_BATCH, drop_remainder=True).cache()
     models = {}
-    for name in [f"pipeline, {s}" for s in SIM_SCHEDULES] + ["data"]:
-        if name == "data":
+    for name, schedule in [(f"pipeline, {s}", s) for s in SIM_SCHEDULES] + [("data", None)]:
+        if schedule is None:
             model = tnt.Model(sim_model(keras, tnt), parallel_strategy=tnt.ParallelStrategy.DATA)
         else:
             model = tnt.Model(sim_model(keras, tnt),
                               parallel_strategy=tnt.ParallelStrategy.PIPELINING,
-                              num_micro_batches=SIM_MICRO,
-                              pipeline_schedule=name.split(", ")[1])
+                              num_micro_batches=SIM_MICRO, pipeline_schedule=schedule)
         model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
         model.fit(ds.take(2), epochs=1, verbose=0)  # trace and warm up
         models[name] = model
