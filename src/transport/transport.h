@@ -115,6 +115,14 @@ tnt_status_t tnt__xrecv(tnt__transport_t *t, void *buf, size_t bytes, int peer,
 tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes, int dst,
                             void *rbuf, size_t rbytes, int src, const tnt__wait_ctx_t *w);
 
+/* As tnt__xsendrecv, in pieces of at most `seg` bytes with up to `depth`
+ * of them in flight each way (the ring's TNT_RING_SEGMENT_KB and
+ * TNT_RING_DEPTH): a transport may move one large message in one direction
+ * at a time, many pieces move both ways at once. */
+tnt_status_t tnt__xsendrecv_pieces(tnt__transport_t *t, const void *sbuf, size_t sbytes, int dst,
+                                   void *rbuf, size_t rbytes, int src, size_t seg, int depth,
+                                   const tnt__wait_ctx_t *w);
+
 /* ---- constructors ---- */
 
 /* The MPI transport over a duplicate of MPI_COMM_WORLD (MPI initialized). */

@@ -3,6 +3,7 @@
  * calls. This is the one place where collective algorithms wait for peers,
  * so it is also the one place that names the peer when a wait times out.
  */
+#include <stdint.h>
 #include <stdio.h>
 
 #include "util/log.h"
@@ -48,6 +49,65 @@ tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes
   return tnt__xwait_all(t, reqs, 2, w);
 fail:
   for (int i = 0; i < 2; ++i) {
+    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+  }
+  return st;
+}
+
+/* Posts the next piece into every free slot of reqs[0..depth-1]: from
+ * `*next` on, up to `bytes`. */
+static tnt_status_t post_pieces(tnt__transport_t *t, tnt__xreq_t *reqs, int depth, int recv,
+                                uint8_t *buf, size_t bytes, int peer, size_t seg, size_t *next) {
+  for (int i = 0; i < depth && *next < bytes; ++i) {
+    if (reqs[i].active) continue;
+    const size_t b = bytes - *next < seg ? bytes - *next : seg;
+    TNT_CHECK(recv ? t->ops->irecv(t, TNT__CH_COLL, buf + *next, b, peer, TNT__COLL_TAG, &reqs[i])
+                   : t->ops->isend(t, TNT__CH_COLL, buf + *next, b, peer, TNT__COLL_TAG, &reqs[i]));
+    *next += b;
+  }
+  return TNT_OK;
+}
+
+enum { MAX_PIECES_IN_FLIGHT = 64 };
+
+tnt_status_t tnt__xsendrecv_pieces(tnt__transport_t *t, const void *sbuf, size_t sbytes, int dst,
+                                   void *rbuf, size_t rbytes, int src, size_t seg, int depth,
+                                   const tnt__wait_ctx_t *w) {
+  if (seg == 0) seg = 1;
+  if (depth < 1) depth = 1;
+  if (depth > MAX_PIECES_IN_FLIGHT) depth = MAX_PIECES_IN_FLIGHT;
+  /* Receives in reqs[0..depth-1], sends after them. Pieces are posted in
+   * order, so the transport matches them in order whatever slot they use. */
+  tnt__xreq_t reqs[2 * MAX_PIECES_IN_FLIGHT] = {{.active = 0}};
+  size_t rnext = 0, snext = 0;
+  int warned = 0;
+  tnt_status_t st = TNT_OK;
+  for (unsigned it = 0;; ++it) {
+    TNT_CHECK_GOTO(post_pieces(t, reqs, depth, 1, rbuf, rbytes, src, seg, &rnext), st, fail);
+    TNT_CHECK_GOTO(post_pieces(t, reqs + depth, depth, 0, (uint8_t *)(uintptr_t)sbuf, sbytes, dst,
+                               seg, &snext),
+                   st, fail);
+    int pending = 0, first = -1, progressed = 0;
+    for (int i = 0; i < 2 * depth; ++i) {
+      if (!reqs[i].active) continue;
+      int done = 0;
+      TNT_CHECK_GOTO(t->ops->test(t, &reqs[i], &done), st, fail);
+      pending += !done;
+      progressed |= done;
+      if (!done && first < 0) first = i;
+    }
+    if (pending == 0 && rnext >= rbytes && snext >= sbytes) return TNT_OK;
+    if (progressed) it = 0;
+    if (first >= 0 && (it & 63u) == 63u) {
+      char what[48];
+      snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[reqs[first].peer],
+               reqs[first].is_recv ? "receive" : "send");
+      TNT_CHECK_GOTO(tnt__wait_check(w, &warned, what), st, fail);
+    }
+    tnt__spin_pause(it);
+  }
+fail:
+  for (int i = 0; i < 2 * depth; ++i) {
     if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
   }
   return st;

@@ -124,6 +124,23 @@ def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):
     assert_bitwise_as_stage_zero(two_ranks, OWN_STEP)
 
 
+def test_every_reader_of_the_weights_sees_stage_zeros(tmp_path, python):
+    """Fit's validation, a callback reading the weights after every batch,
+    train_on_batch after a fit, and the final weights see stage 0's values,
+    bit for bit: every step's updated parts are gathered before anything
+    reads the weights."""
+    cases = ["sgd_momentum", "adam"]
+    results = train(tmp_path, python, 2, "--readers", "--cases", ",".join(cases))
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+    for case in cases:
+        for stage in (1, 2):
+            for what in ("val_loss", "batch_sums"):
+                assert np.array_equal(results[0][f"{case}/z{stage}/{what}"],
+                                      results[0][f"{case}/z0/{what}"]), (case, stage, what)
+        assert len(results[0][f"{case}/z0/batch_sums"]) == 8  # 150 samples, batches of 20
+
+
 def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
     cases = ["sgd_momentum", "adam"]
     results = train(tmp_path, python, 2, "--mixed", "--cases", ",".join(cases))

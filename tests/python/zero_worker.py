@@ -6,6 +6,10 @@ of optimizer state this rank holds.
 A case is an optimizer of train_worker.OPTIMIZERS, or OPTIMIZER:MODEL to
 train a model of MODELS other than --model's. Every rank writes
 OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
+
+--readers: the fit also validates (its val_loss recorded), a second fit of
+one epoch has a callback that reads the weights after every batch (their
+sums recorded), and one train_on_batch follows.
 """
 import argparse
 import os
@@ -69,6 +73,8 @@ def main():
     p.add_argument("--batch", type=int, default=20)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--mixed", action="store_true", help="mixed_float16 layers (loss scaling)")
+    p.add_argument("--readers", action="store_true",
+                   help="validation, a callback reading the weights, train_on_batch")
     args = p.parse_args()
 
     tnt.init()
@@ -85,8 +91,20 @@ def main():
             model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                           metrics=["accuracy"])
             ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
-            history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False)
             key = f"{case}/z{stage}"
+            if args.readers:
+                history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False,
+                                    validation_data=ds.take(2))
+                results[f"{key}/val_loss"] = np.array(history.history["val_loss"])
+                sums = []
+                reader = keras.callbacks.LambdaCallback(
+                    on_train_batch_end=lambda b, logs: sums.append(
+                        sum(np.sum(w, dtype=np.float64) for w in model.get_weights())))
+                history = model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[reader])
+                results[f"{key}/batch_sums"] = np.array(sums)
+                model.train_on_batch(x[:args.batch], y[:args.batch])
+            else:
+                history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False)
             results[f"{key}/loss"] = np.array(history.history["loss"], dtype=np.float64)
             results[f"{key}/accuracy"] = np.array(history.history["accuracy"], dtype=np.float64)
             for i, w in enumerate(model.get_weights()):
