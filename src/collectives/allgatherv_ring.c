@@ -24,9 +24,9 @@ static tnt_status_t ring_allgatherv(tnt__comm_t *c, const void *sendbuf, void *r
   if (sendbuf != out + displs[r]) memmove(out + displs[r], sendbuf, counts[r]);
   for (int k = 0; k < n - 1; ++k) {
     const int sb = (r - k + n) % n, rb = (r - k - 1 + n) % n;
-    TNT_CHECK(tnt__xsendrecv_pieces(t, out + displs[sb], counts[sb], (r + 1) % n,
-                                    out + displs[rb], counts[rb], (r + n - 1) % n,
-                                    c->ring.segment_bytes, c->ring.depth, w));
+    TNT_CHECK(tnt__xsendrecv_pieces(t, out + displs[sb], counts[sb], (r + 1) % n, out + displs[rb],
+                                    counts[rb], (r + n - 1) % n, c->ring.segment_bytes,
+                                    c->ring.depth, w));
   }
   return TNT_OK;
 }

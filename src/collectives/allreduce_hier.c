@@ -142,7 +142,8 @@ static tnt_status_t hier_allreduce(tnt__comm_t *c, const void *sendbuf, void *re
                                                  : tnt__rabenseifner_exchanges;
           uint8_t *part = dst + off * esz;
           TNT_CHECK_GOTO(
-              tnt__allreduce_folded(c->cross, part, part, n, dtype, sum_op, among, w), st, out);
+              tnt__allreduce_folded(c->cross, part, part, n, dtype, sum_op, among, &c->ring, w),
+              st, out);
         } else {
           TNT_CHECK_GOTO(tnt__ring_start(&ring, c->cross, &c->ring, dst + off * esz, n, dtype,
                                          sum_op, NULL, 0),

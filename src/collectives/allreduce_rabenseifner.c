@@ -19,6 +19,11 @@
  * Allgather: the same exchanges in reverse order (d = 1, 2, ..., p/2), each
  * partner sending the range it holds, so that all end with every block.
  *
+ * Each exchange moves its halves in the ring's segments, several in flight
+ * each way (tnt__xsendrecv_pieces): as one message each, they used one
+ * direction of a link at a time (4 hosts at 1 Gbit/s: half the ring's bus
+ * bandwidth).
+ *
  * Each element is summed on exactly one rank, in a fixed binary-tree order
  * (which depends only on n), and then copied, so every rank gets identical
  * bits on every run. Since the split decides only where an element is
@@ -55,7 +60,7 @@ static size_t block_start(size_t count, size_t esz, int p, int i) {
  * over every participant, and *b0 = v, *b1 = v + 1. */
 static tnt_status_t halving(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, const size_t *starts,
                             tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v, int *b0,
-                            int *b1, const tnt__wait_ctx_t *w) {
+                            int *b1, const tnt__ring_cfg_t *pieces, const tnt__wait_ctx_t *w) {
   const size_t esz = tnt__dtype_size(dtype);
   *b0 = 0, *b1 = p; /* the blocks this participant holds */
   for (int d = p / 2; d >= 1; d /= 2) {
@@ -63,8 +68,9 @@ static tnt_status_t halving(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, con
     const int keep_lower = (v & d) == 0;
     const size_t klo = starts[keep_lower ? *b0 : mid], khi = starts[keep_lower ? mid : *b1];
     const size_t slo = starts[keep_lower ? mid : *b0], shi = starts[keep_lower ? *b1 : mid];
-    TNT_CHECK(tnt__xsendrecv(t, buf + slo * esz, (shi - slo) * esz, peer, tmp,
-                             (khi - klo) * esz, peer, w));
+    TNT_CHECK(tnt__xsendrecv_pieces(t, buf + slo * esz, (shi - slo) * esz, peer, tmp,
+                                    (khi - klo) * esz, peer, pieces->segment_bytes,
+                                    pieces->depth, w));
     tnt__reduce(buf + klo * esz, tmp, khi - klo, dtype, op);
     if (keep_lower) *b1 = mid;
     else *b0 = mid;
@@ -74,15 +80,17 @@ static tnt_status_t halving(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, con
 
 /* Recursive doubling of the blocks [b0, b1) that halving left. */
 static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *starts, size_t esz,
-                             int p, int extra, int v, int b0, int b1, const tnt__wait_ctx_t *w) {
+                             int p, int extra, int v, int b0, int b1,
+                             const tnt__ring_cfg_t *pieces, const tnt__wait_ctx_t *w) {
   for (int d = 1; d < p; d *= 2) {
     const int peer = tnt__participant_rank(v ^ d, extra), width = b1 - b0;
     /* The partner holds the neighbouring range of the same width. */
     const int p0 = (v & d) == 0 ? b1 : b0 - width;
     const size_t mlo = starts[b0], mhi = starts[b1];
     const size_t plo = starts[p0], phi = starts[p0 + width];
-    TNT_CHECK(tnt__xsendrecv(t, buf + mlo * esz, (mhi - mlo) * esz, peer, buf + plo * esz,
-                             (phi - plo) * esz, peer, w));
+    TNT_CHECK(tnt__xsendrecv_pieces(t, buf + mlo * esz, (mhi - mlo) * esz, peer,
+                                    buf + plo * esz, (phi - plo) * esz, peer,
+                                    pieces->segment_bytes, pieces->depth, w));
     if (p0 < b0) b0 = p0;
     else b1 = p0 + width;
   }
@@ -91,14 +99,15 @@ static tnt_status_t doubling(tnt__transport_t *t, uint8_t *buf, const size_t *st
 
 tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
                                          size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
-                                         int extra, int v, const tnt__wait_ctx_t *w) {
+                                         int extra, int v, const tnt__ring_cfg_t *pieces,
+                                         const tnt__wait_ctx_t *w) {
   const size_t esz = tnt__dtype_size(dtype);
   size_t *starts = malloc(((size_t)p + 1) * sizeof *starts);
   if (starts == NULL) return TNT_ERR_NO_MEMORY;
   for (int i = 0; i <= p; ++i) starts[i] = block_start(count, esz, p, i);
   int b0, b1;
-  tnt_status_t st = halving(t, buf, tmp, starts, dtype, op, p, extra, v, &b0, &b1, w);
-  if (st == TNT_OK) st = doubling(t, buf, starts, esz, p, extra, v, b0, b1, w);
+  tnt_status_t st = halving(t, buf, tmp, starts, dtype, op, p, extra, v, &b0, &b1, pieces, w);
+  if (st == TNT_OK) st = doubling(t, buf, starts, esz, p, extra, v, b0, b1, pieces, w);
   free(starts);
   return st;
 }
@@ -107,7 +116,7 @@ static tnt_status_t rabenseifner_allreduce(tnt__comm_t *c, const void *sendbuf, 
                                            size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                            const tnt__wait_ctx_t *w) {
   return tnt__allreduce_folded(c->t, sendbuf, recvbuf, count, dtype, op,
-                               tnt__rabenseifner_exchanges, w);
+                               tnt__rabenseifner_exchanges, &c->ring, w);
 }
 
 /* The allreduce's fold and halving, with participant v's block made of the
@@ -144,7 +153,8 @@ static tnt_status_t rabenseifner_reduce_scatter(tnt__comm_t *c, void *buf, const
         out);
     goto out;
   }
-  TNT_CHECK_GOTO(halving(t, data, tmp, starts, dtype, op, p, extra, v, &b0, &b1, w), st, out);
+  TNT_CHECK_GOTO(halving(t, data, tmp, starts, dtype, op, p, extra, v, &b0, &b1, &c->ring, w), st,
+                 out);
   tnt__reduce_finish(data + starts[v] * esz, starts[v + 1] - starts[v], dtype, op, n);
   if (r < 2 * extra) {
     TNT_CHECK_GOTO(tnt__xsend(t, data + bounds[r - 1] * esz,

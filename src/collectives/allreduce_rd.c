@@ -40,7 +40,8 @@ tnt_status_t tnt__fold_in(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_
 
 tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, void *recvbuf,
                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                   tnt__participants_fn among, const tnt__wait_ctx_t *w) {
+                                   tnt__participants_fn among, const tnt__ring_cfg_t *pieces,
+                                   const tnt__wait_ctx_t *w) {
   const int n = t->size, r = t->rank;
   const size_t bytes = count * tnt__dtype_size(dtype);
   if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
@@ -60,7 +61,7 @@ tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, voi
     TNT_CHECK_GOTO(tnt__xrecv(t, recvbuf, bytes, r + 1, w), st, out);
     goto out;
   }
-  TNT_CHECK_GOTO(among(t, recvbuf, tmp, count, dtype, op, p, extra, v, w), st, out);
+  TNT_CHECK_GOTO(among(t, recvbuf, tmp, count, dtype, op, p, extra, v, pieces, w), st, out);
   tnt__reduce_finish(recvbuf, count, dtype, op, n);
   if (r < 2 * extra) TNT_CHECK_GOTO(tnt__xsend(t, recvbuf, bytes, r - 1, w), st, out);
 out:
@@ -68,10 +69,12 @@ out:
   return st;
 }
 
-/* Exchanges of the whole vector with the participants at distance 1, 2, 4... */
+/* Exchanges of the whole vector with the participants at distance 1, 2, 4...
+ * (small vectors: they travel whole). */
 tnt_status_t tnt__rd_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
                                tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
-                               const tnt__wait_ctx_t *w) {
+                               const tnt__ring_cfg_t *pieces, const tnt__wait_ctx_t *w) {
+  (void)pieces;
   const size_t bytes = count * tnt__dtype_size(dtype);
   for (int mask = 1; mask < p; mask <<= 1) {
     const int peer = tnt__participant_rank(v ^ mask, extra);
@@ -84,7 +87,8 @@ tnt_status_t tnt__rd_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, 
 static tnt_status_t rd_allreduce(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                  size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                  const tnt__wait_ctx_t *w) {
-  return tnt__allreduce_folded(c->t, sendbuf, recvbuf, count, dtype, op, tnt__rd_exchanges, w);
+  return tnt__allreduce_folded(c->t, sendbuf, recvbuf, count, dtype, op, tnt__rd_exchanges,
+                               &c->ring, w);
 }
 
 const tnt__algo_t tnt__allreduce_rd = {

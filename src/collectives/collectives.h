@@ -227,10 +227,14 @@ tnt_status_t tnt__shm_round_begin(tnt__comm_t *c, const tnt__wait_ctx_t *w, uint
 typedef tnt_status_t (*tnt__participants_fn)(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
                                              size_t count, tnt_dtype_t dtype, tnt_op_t op,
                                              int p, int extra, int v,
+                                             const tnt__ring_cfg_t *pieces,
                                              const tnt__wait_ctx_t *w);
+/* `pieces`: how the exchanges cut large transfers (the comm's ring
+ * segments, tnt__xsendrecv_pieces). */
 tnt_status_t tnt__allreduce_folded(tnt__transport_t *t, const void *sendbuf, void *recvbuf,
                                    size_t count, tnt_dtype_t dtype, tnt_op_t op,
-                                   tnt__participants_fn among, const tnt__wait_ctx_t *w);
+                                   tnt__participants_fn among, const tnt__ring_cfg_t *pieces,
+                                   const tnt__wait_ctx_t *w);
 int tnt__participant_rank(int v, int extra);
 /* The frame's first step on the `count` elements of buf (n = t->size > 1,
  * p and extra as above): an even rank of the first 2 * extra sends its
@@ -245,10 +249,11 @@ tnt_status_t tnt__fold_in(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_
  * the hierarchy runs them directly for its step across hosts. */
 tnt_status_t tnt__rd_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp, size_t count,
                                tnt_dtype_t dtype, tnt_op_t op, int p, int extra, int v,
-                               const tnt__wait_ctx_t *w);
+                               const tnt__ring_cfg_t *pieces, const tnt__wait_ctx_t *w);
 tnt_status_t tnt__rabenseifner_exchanges(tnt__transport_t *t, uint8_t *buf, uint8_t *tmp,
                                          size_t count, tnt_dtype_t dtype, tnt_op_t op, int p,
-                                         int extra, int v, const tnt__wait_ctx_t *w);
+                                         int extra, int v, const tnt__ring_cfg_t *pieces,
+                                         const tnt__wait_ctx_t *w);
 
 /* A position in a ring's sequence of transfers: step k and segment j of the
  * chunk of that step. Positions run in (k, j) order; k == steps is the end. */
