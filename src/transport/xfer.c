@@ -97,7 +97,10 @@ tnt_status_t tnt__xsendrecv_pieces(tnt__transport_t *t, const void *sbuf, size_t
       if (!done && first < 0) first = i;
     }
     if (pending == 0 && rnext >= rbytes && snext >= sbytes) return TNT_OK;
-    if (progressed) it = 0;
+    if (progressed) { /* post the next pieces at once */
+      it = 0;
+      continue;
+    }
     if (first >= 0 && (it & 63u) == 63u) {
       char what[48];
       snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[reqs[first].peer],
