@@ -9,33 +9,53 @@
 #include "util/log.h"
 #include "transport/transport.h"
 
+/* Tests every active request of reqs[0..n-1]: *pending of them are not
+ * done, the first at *first (-1: none), and *progressed tells whether one
+ * completed now. */
+static tnt_status_t test_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n, int *pending,
+                             int *first, int *progressed) {
+  *pending = 0, *first = -1, *progressed = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!reqs[i].active) continue;
+    int done = 0;
+    TNT_CHECK(t->ops->test(t, &reqs[i], &done));
+    *pending += !done;
+    *progressed |= done;
+    if (!done && *first < 0) *first = i;
+  }
+  return TNT_OK;
+}
+
+/* Every 64th pass of a wait without progress: the deadline, naming the peer
+ * of `req`, which is still waiting. */
+static tnt_status_t check_wait(tnt__transport_t *t, const tnt__xreq_t *req, unsigned it,
+                               const tnt__wait_ctx_t *w, int *warned) {
+  if ((it & 63u) != 63u) return TNT_OK;
+  char what[48];
+  snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[req->peer],
+           req->is_recv ? "receive" : "send");
+  return tnt__wait_check(w, warned, what);
+}
+
+static void cancel_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
+  }
+}
+
 tnt_status_t tnt__xwait_all(tnt__transport_t *t, tnt__xreq_t *reqs, int n,
                             const tnt__wait_ctx_t *w) {
   tnt_status_t st = TNT_OK;
   int warned = 0;
   for (unsigned it = 0;; ++it) {
-    int pending = 0, first = -1;
-    for (int i = 0; i < n; ++i) {
-      if (!reqs[i].active) continue;
-      int done = 0;
-      st = t->ops->test(t, &reqs[i], &done);
-      if (st < 0) goto fail;
-      pending += !done;
-      if (!done && first < 0) first = i;
-    }
+    int pending, first, progressed;
+    TNT_CHECK_GOTO(test_all(t, reqs, n, &pending, &first, &progressed), st, fail);
     if (pending == 0) return TNT_OK;
-    if ((it & 63u) == 63u) {
-      char what[48];
-      snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[reqs[first].peer],
-               reqs[first].is_recv ? "receive" : "send");
-      TNT_CHECK_GOTO(tnt__wait_check(w, &warned, what), st, fail);
-    }
+    TNT_CHECK_GOTO(check_wait(t, &reqs[first], it, w, &warned), st, fail);
     tnt__spin_pause(it);
   }
 fail:
-  for (int i = 0; i < n; ++i) {
-    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
-  }
+  cancel_all(t, reqs, n);
   return st;
 }
 
@@ -48,9 +68,7 @@ tnt_status_t tnt__xsendrecv(tnt__transport_t *t, const void *sbuf, size_t sbytes
   if (sbytes > 0) TNT_CHECK_GOTO(t->ops->isend(t, TNT__CH_COLL, sbuf, sbytes, dst, TNT__COLL_TAG, &reqs[1]), st, fail);
   return tnt__xwait_all(t, reqs, 2, w);
 fail:
-  for (int i = 0; i < 2; ++i) {
-    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
-  }
+  cancel_all(t, reqs, 2);
   return st;
 }
 
@@ -87,32 +105,18 @@ tnt_status_t tnt__xsendrecv_pieces(tnt__transport_t *t, const void *sbuf, size_t
     TNT_CHECK_GOTO(post_pieces(t, reqs + depth, depth, 0, (uint8_t *)(uintptr_t)sbuf, sbytes, dst,
                                seg, &snext),
                    st, fail);
-    int pending = 0, first = -1, progressed = 0;
-    for (int i = 0; i < 2 * depth; ++i) {
-      if (!reqs[i].active) continue;
-      int done = 0;
-      TNT_CHECK_GOTO(t->ops->test(t, &reqs[i], &done), st, fail);
-      pending += !done;
-      progressed |= done;
-      if (!done && first < 0) first = i;
-    }
+    int pending, first, progressed;
+    TNT_CHECK_GOTO(test_all(t, reqs, 2 * depth, &pending, &first, &progressed), st, fail);
     if (pending == 0 && rnext >= rbytes && snext >= sbytes) return TNT_OK;
     if (progressed) { /* post the next pieces at once */
       it = 0;
       continue;
     }
-    if (first >= 0 && (it & 63u) == 63u) {
-      char what[48];
-      snprintf(what, sizeof what, "rank %d (%s)", t->world_ranks[reqs[first].peer],
-               reqs[first].is_recv ? "receive" : "send");
-      TNT_CHECK_GOTO(tnt__wait_check(w, &warned, what), st, fail);
-    }
+    TNT_CHECK_GOTO(check_wait(t, &reqs[first], it, w, &warned), st, fail);
     tnt__spin_pause(it);
   }
 fail:
-  for (int i = 0; i < 2 * depth; ++i) {
-    if (reqs[i].active) t->ops->cancel(t, &reqs[i]);
-  }
+  cancel_all(t, reqs, 2 * depth);
   return st;
 }
 
