@@ -98,6 +98,10 @@ class _State:
         self.pipeline = None  # a pipeline.stage.Pipeline when pipelined
         self.zero_stage = 0
 
+    def data_parallel_ranks(self):
+        """The ranks that average each gradient: all, or a stage's replicas."""
+        return runtime.get_size() if self.pipeline is None else self.pipeline.num_replicas
+
 
 def _arguments(model=None, parallel_strategy=ParallelStrategy.DATA, num_micro_batches=None,
                num_stages=None, pipeline_schedule=None, *, zero_stage=0,
@@ -165,10 +169,6 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
     wrapped._tnt.zero_stage = zero_stage
     if pipelined and pipeline_stage.is_one_stage(wrapped, strategy, num_stages):
         pipelined = False
-    if pipelined and zero_stage:
-        raise runtime.TarantellaError(
-            f"zero_stage={zero_stage} shards data parallelism; a pipelined model takes "
-            "zero_stage=0 for now: drop zero_stage, or use ParallelStrategy.DATA")
     if pipelined:
         wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
                                                         num_stages, deferred, schedule)
@@ -218,7 +218,8 @@ class Model(keras.Model, metaclass=_ModelType):
 
     `zero_stage` 1 or 2 shards data parallelism: each rank keeps the
     optimizer's state for its part of the weights only (and at 2 its part
-    of the averaged gradients), with stage 0's results (zero.py)."""
+    of the averaged gradients), with stage 0's results (zero.py); under
+    ALL, among the replicas of its stages."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -310,8 +311,8 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def _tnt_compiled(self):
         self.jit_compile = False
-        if self._tnt.zero_stage and runtime.get_size() > 1:
-            zero.shard(self.optimizer, self._tnt.zero_stage)
+        if self._tnt.zero_stage and self._tnt.data_parallel_ranks() > 1:
+            zero.shard(self.optimizer, self._tnt.zero_stage, self._tnt.resources)
         else:
             optimizers.distribute(self.optimizer)
         self._tnt.broadcast_pending = True
@@ -414,6 +415,8 @@ class Model(keras.Model, metaclass=_ModelType):
             zero_checkpoint.check_together(self, saving_with)
             return None
         if self._tnt.pipeline is not None:
+            if zero_checkpoint.sharded(self):
+                return zero_checkpoint.StageParts(self, self._tnt.pipeline)
             return checkpoint.Stages(self, self._tnt.pipeline)
         if zero_checkpoint.writes_parts(self) if saving_with else zero_checkpoint.sharded(self):
             return zero_checkpoint.Parts(self)

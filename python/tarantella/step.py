@@ -35,6 +35,8 @@ class Resources:
     all ranks)."""
 
     def __init__(self, group=None, group_size=None):
+        self.group = group
+        self.group_size = group_size
         self.reducer = gradients.GradientReducer(group, group_size)
         self.count_var = tf.Variable(0.0, trainable=False, dtype=tf.float32,
                                      name="tnt_local_samples")
@@ -95,10 +97,11 @@ class Step:
         list, None allowed) already, as a DistributedGradientTape does."""
         return bool(grads) and all(g is None or id(g) in self._reduced for g in grads)
 
-    def allreduce(self, tensor, op="sum"):
-        """`tensor` reduced over all ranks with `op`, in the step's chain."""
+    def allreduce(self, tensor, op="sum", group=None):
+        """`tensor` reduced with `op` over `group` (a _core.create_group
+        handle; None: all ranks), in the step's chain."""
         with tf.control_dependencies(self.after()):
-            out = ops.allreduce(tensor, _core.world_handle(), op)
+            out = ops.allreduce(tensor, _core.world_handle() if group is None else group, op)
         self.record(out)
         return out
 

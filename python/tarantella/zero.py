@@ -28,6 +28,11 @@ parts, bucket by bucket, into the model's variables. An elementwise
 optimizer computes every element as it would on the whole tensor, so the
 weights are bitwise those of stage 0. A LossScaleOptimizer decides whether
 the gradients are finite from every rank's parts.
+
+A pipelined model (ParallelStrategy.ALL) shards within each stage's
+replica group: the ranks that run the same stages on other parts of the
+batch, which average its gradients at stage 0. Each rank keeps its part of
+its stages' variables.
 """
 import keras
 import numpy as np
@@ -63,14 +68,17 @@ def check_stage(zero_stage):
 
 class Shards:
     """This rank's parts of `variables` (a list of the model's variables)
-    and the fusion sets that move them, at `stage` 1 or 2."""
+    and the fusion sets that move them, at `stage` 1 or 2, among the ranks
+    of `group` (a _core.create_group handle of `size` ranks; None: all)."""
 
-    def __init__(self, variables, stage):
+    def __init__(self, variables, stage, group=None, size=None):
         self.stage = stage
+        self.group = group
+        self.size = runtime.get_size() if size is None else size
         self.variables = list(variables)
         self.signature = gradients.signature(self.variables)
         mode = "reduce_scatter" if stage == 2 else "allreduce"
-        self.reducer = gradients.GradientReducer(mode=mode)
+        self.reducer = gradients.GradientReducer(group, size, mode=mode)
         self.gather_set = self.reducer.fusion(self.signature, "allgather")
         self.ranges = [self.gather_set.part(i) for i in range(len(self.variables))]
         # The sample count's part, and its gathered whole: the fusion sets'
@@ -142,15 +150,16 @@ class ShardedOptimizer:
     built on this rank's parts of the variables (Shards)."""
 
     def build(self, variables):
-        shards = Shards(variables, self._tnt_zero_stage)
+        shards = Shards(variables, self._tnt_zero_stage, *self._tnt_zero_group)
         self._tnt_shards = shards
         super().build(shards.parts)
         whole = _mib(variables)
         part = shards.held_bytes() / 2**20
         log.logger.info(
-            "ZeRO stage %d: this rank holds %.1f MiB of weights, %.1f MiB of averaged gradients "
-            "and %.1f MiB of optimizer state (for its part of the weights, %.1f MiB)",
-            shards.stage, whole, whole if shards.stage == 1 else part, _mib(self.variables), part)
+            "ZeRO stage %d over %d ranks: this rank holds %.1f MiB of weights, %.1f MiB of "
+            "averaged gradients and %.1f MiB of optimizer state (for its part of the weights, "
+            "%.1f MiB)", shards.stage, shards.size, whole,
+            whole if shards.stage == 1 else part, _mib(self.variables), part)
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
@@ -172,7 +181,8 @@ class ShardedOptimizer:
     def check_finite(self, grads):
         """(LossScaleOptimizer) Whether every rank's parts are finite."""
         finite = tf.cast(super().check_finite(grads), tf.float32)
-        return step.active().allreduce(tf.reshape(finite, [1]), "min")[0] > 0
+        return step.active().allreduce(tf.reshape(finite, [1]), "min",
+                                       self._tnt_shards.group)[0] > 0
 
 
 class ShardedClipping:
@@ -188,7 +198,8 @@ class ShardedClipping:
                 not (self.global_clipnorm and self.global_clipnorm > 0):
             return super()._clip_gradients(grads)  # clipvalue is elementwise
         squares = tf.stack([tf.reduce_sum(tf.square(g)) for g in grads])
-        sums = tf.unstack(step.active().allreduce(squares), num=len(grads))
+        sums = tf.unstack(step.active().allreduce(squares, group=self._tnt_zero_group[0]),
+                          num=len(grads))
         if self.clipnorm and self.clipnorm > 0:
             out = []
             for g, l2sum in zip(grads, sums):  # as Keras's _clip_by_norm
@@ -206,9 +217,10 @@ def _mib(variables):
     return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
 
 
-def shard(optimizer, stage):
+def shard(optimizer, stage, resources):
     """Makes `optimizer` keep the state of this rank's parts only, at ZeRO
-    `stage` (1 or 2); returns it."""
+    `stage` (1 or 2), among the ranks that average the gradients of
+    `resources` (step.Resources); returns it."""
     if isinstance(optimizer, ShardedOptimizer):
         return optimizer  # compiled again with the same optimizer
     if optimizer.built:
@@ -220,6 +232,8 @@ def shard(optimizer, stage):
     updating = optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         updating = optimizer.inner_optimizer
+    for o in {id(optimizer): optimizer, id(updating): updating}.values():
+        o._tnt_zero_group = (resources.group, resources.group_size)
     subclass.add_mixin(updating, ShardedClipping)
     return subclass.add_mixin(optimizer, ShardedOptimizer)
 

@@ -21,6 +21,14 @@ it). No rank holds more of the state than its own parts and one piece.
 
 Loading reads the file on every rank (as Keras's load_weights does) and
 assigns each rank its range of every slot, read from the rows that hold it.
+
+StageParts does the same for a pipelined model (ParallelStrategy.ALL),
+whose stages' replicas share their stages' slots: a piece of a slot is put
+together among the replicas of its stage (the allgatherv within their
+group), then reaches the master as every value of its stage does
+(pipeline/checkpoint.py's Stages). The backup of a pipelined model writes
+a file per stage (backup/files.py): Parts of that stage, among its
+replicas.
 """
 import functools
 
@@ -58,21 +66,17 @@ def check_together(model, what):
             "run on every rank (ModelCheckpoint does)")
 
 
-class Parts(checkpoint.Whole):
-    """Where the values of the files of `model` (sharded(model)) are: every
-    rank holds the weights and the optimizer's own variables whole, and its
-    part of every slot (a slot moves: every rank sends its part of each
-    piece). Building it builds the optimizer, as fit would."""
+class Slots:
+    """This rank's parts of the slots of a sharded, built `optimizer` (a
+    moment, an accumulator: one value per element of a trainable variable),
+    and how a piece of a whole slot is put together from the parts of the
+    ranks that share them (Shards.group)."""
 
-    def __init__(self, model):
-        optimizer = model.optimizer
-        if not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        self.model, self.shards = model, optimizer._tnt_shards
-        self.kind = f"a model with zero_stage={self.shards.stage}"
+    def __init__(self, optimizer):
+        self.shards = shards = optimizer._tnt_shards
         with subclass.original_classes([optimizer]):
-            self.stand_in, layout = internals.optimizer_layout(optimizer, self.shards.variables)
-            _, own = internals.optimizer_layout(optimizer, self.shards.parts)
+            self.stand_in, layout = internals.optimizer_layout(optimizer, shards.variables)
+            _, own = internals.optimizer_layout(optimizer, shards.parts)
         if sorted(own, key=repr) != sorted(layout, key=repr) or \
                 len(own) != len(optimizer.variables):
             raise runtime.TarantellaError(
@@ -81,14 +85,14 @@ class Parts(checkpoint.Whole):
                 "whole from the parts: save with zero_stage=0, or use one of Keras's "
                 "elementwise optimizers")
         mine = dict(zip(own, optimizer.variables))
-        # This rank's variable for each variable of the whole model's
-        # optimizer, in its order; the slots among them, by model variable.
+        # This rank's variable for each variable of the optimizer of the
+        # whole variables, in its order; the slots among them, by variable.
         self.optimizer_variables = [mine[key] for key in layout]
         self.slot_of = {}
         for i, k in layout:
             if i is None:
                 continue
-            lo, hi = self.shards.ranges[i]
+            lo, hi = shards.ranges[i]
             if tuple(mine[(i, k)].shape) != (hi - lo,):
                 raise runtime.TarantellaError(
                     f"optimizer {type(optimizer).__name__} keeps state of shape "
@@ -98,49 +102,38 @@ class Parts(checkpoint.Whole):
             self.slot_of[id(mine[(i, k)])] = i
 
     @functools.cached_property
-    def plan(self):
-        return checkpoint.Plan(self.model, {},
-                               (self.stand_in, [(None, v) for v in self.optimizer_variables]))
-
-    @functools.cached_property
     def _every_range(self):
         """[rank, i] = (lo, hi) of every rank's part of variable i
-        (collective: every rank gets it with its first slot)."""
+        (collective: every rank of the group gets it with its first slot)."""
         mine = np.array(self.shards.ranges, dtype=np.int64).reshape(-1)
-        every = np.zeros(runtime.get_size() * mine.size, dtype=np.int64)
-        _core.allgather(mine, every)
-        return every.reshape(runtime.get_size(), -1, 2)
+        every = np.zeros(self.shards.size * mine.size, dtype=np.int64)
+        _core.allgather(mine, every, group=self.shards.group)
+        return every.reshape(self.shards.size, -1, 2)
 
-    def participates(self, all_devices):
-        return True
-
-    def moves(self, entry, all_devices):
-        return id(entry.variable) in self.slot_of
-
-    def shape(self, variable):
+    def whole_shape(self, variable):
+        """The shape of the variable whose slot `variable` holds a part of;
+        None for other variables."""
         i = self.slot_of.get(id(variable))
-        return super().shape(variable) if i is None else tuple(self.shards.variables[i].shape)
+        return None if i is None else tuple(self.shards.variables[i].shape)
 
-    def describe(self, entry, moved):
-        shape, dtype = super().describe(entry, moved)
-        return self.shape(entry.variable), dtype
-
-    def piece(self, entry, moved, shape, dtype, piece):
-        if not moved:
-            return super().piece(entry, moved, shape, dtype, piece)
-        i = self.slot_of[id(entry.variable)]
+    def piece(self, variable, shape, dtype, piece):
+        """Rows `piece` (a range of the first axis; None: a scalar) of the
+        whole slot whose part `variable` holds, of `shape`: every rank of
+        the group sends the elements of the piece in its part (an
+        allgatherv) and gets the piece. Collective."""
+        i = self.slot_of[id(variable)]
         row = int(np.prod(shape[1:], dtype=np.int64))
         a, b = (0, 1) if piece is None else (piece[0] * row, piece[1] * row)
         ranges = self._every_range[:, i]
         starts = np.maximum(ranges[:, 0], a)
         counts = np.maximum(np.minimum(ranges[:, 1], b) - starts, 0)
-        rank, size = runtime.get_rank(), dtype.itemsize
-        lo = self.shards.ranges[i][0]
-        mine = np.asarray(entry.variable.value[starts[rank] - lo:
-                                               starts[rank] - lo + counts[rank]])
+        lo, hi = self.shards.ranges[i]
+        start = max(lo, a)
+        mine = np.asarray(variable.value[start - lo:max(min(hi, b), start) - lo])
+        size = dtype.itemsize
         received = np.empty(int(counts.sum()) * size, dtype=np.uint8)
         _core.allgatherv(np.ascontiguousarray(mine).view(np.uint8), received,
-                         [int(c) * size for c in counts])
+                         [int(c) * size for c in counts], group=self.shards.group)
         out = np.empty((b - a) * size, dtype=np.uint8)
         at = 0
         for start, count in zip(starts, counts):
@@ -151,12 +144,14 @@ class Parts(checkpoint.Whole):
                                        (piece[1] - piece[0],) + shape[1:])
 
     def assign(self, variable, stored):
+        """Assigns `variable`, a slot's part, its range of the whole slot
+        `stored`, read from the rows that hold it; False for a variable
+        that is not a slot's part."""
         i = self.slot_of.get(id(variable))
         if i is None:
-            super().assign(variable, stored)
-            return
+            return False
         lo, hi = self.shards.ranges[i]
-        shape = self.shape(variable)
+        shape = self.whole_shape(variable)
         if shape:  # the rows that hold the part
             row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
             first = lo // row
@@ -165,3 +160,92 @@ class Parts(checkpoint.Whole):
         else:
             flat = np.asarray(stored[()]).reshape(-1)
         variable.assign(flat[lo:hi])
+        return True
+
+
+def _built(model):
+    """`model`'s optimizer, built as fit builds it (for a pipeline's
+    stages, for their variables)."""
+    optimizer = model.optimizer
+    if not optimizer.built:
+        pipeline = model._tnt.pipeline
+        optimizer.build(model.trainable_variables if pipeline is None else pipeline.trainable)
+    return optimizer
+
+
+class Parts(checkpoint.Whole):
+    """Where the values of the files of `model` (sharded(model)) are: every
+    rank holds the weights and the optimizer's own variables whole, and its
+    part of every slot (a slot moves: every rank sends its part of each
+    piece). Of a pipelined model, the values of this rank's stages, whose
+    replicas share the slots: the file of a stage's backup. Building it
+    builds the optimizer, as fit would."""
+
+    def __init__(self, model):
+        self.model, self.slots = model, Slots(_built(model))
+        self.kind = f"a model with zero_stage={self.slots.shards.stage}"
+
+    @property
+    def optimizer_variables(self):
+        return self.slots.optimizer_variables
+
+    @functools.cached_property
+    def plan(self):
+        return checkpoint.Plan(self.model, {}, (self.slots.stand_in,
+                                                [(None, v) for v in self.optimizer_variables]))
+
+    def participates(self, all_devices):
+        return True
+
+    def moves(self, entry, all_devices):
+        return id(entry.variable) in self.slots.slot_of
+
+    def shape(self, variable):
+        return self.slots.whole_shape(variable) or super().shape(variable)
+
+    def describe(self, entry, moved):
+        shape, dtype = super().describe(entry, moved)
+        return self.shape(entry.variable), dtype
+
+    def piece(self, entry, moved, shape, dtype, piece):
+        if not moved:
+            return super().piece(entry, moved, shape, dtype, piece)
+        return self.slots.piece(entry.variable, shape, dtype, piece)
+
+    def assign(self, variable, stored):
+        if not self.slots.assign(variable, stored):
+            super().assign(variable, stored)
+
+
+class StageParts(checkpoint.Stages):
+    """Where the values of the files of a pipelined `model` whose stages'
+    replicas share the optimizer's state (sharded(model)) are: as Stages
+    says, but a slot's piece is first put together from the parts of the
+    replicas of its stage, so every rank takes part in every write."""
+
+    def __init__(self, model, pipeline):
+        super().__init__(model, pipeline)
+        self.slots = Slots(model.optimizer)
+        self.kind = f"a pipelined model with zero_stage={self.slots.shards.stage}"
+        # The slots' entries, known on every rank: the optimizer's entries
+        # held by a stage (its own variables are held by every stage).
+        self.sliced = {id(e) for e in self.plan.entries[self.plan.model_entries:]
+                       if e.stage is not None}
+
+    def participates(self, all_devices):
+        return True
+
+    def moves(self, entry, all_devices):
+        return id(entry) in self.sliced or super().moves(entry, all_devices)
+
+    def shape(self, variable):
+        return self.slots.whole_shape(variable) or super().shape(variable)
+
+    def held_piece(self, entry, shape, dtype, piece):
+        if id(entry) in self.sliced:
+            return self.slots.piece(entry.variable, shape, dtype, piece)
+        return super().held_piece(entry, shape, dtype, piece)
+
+    def assign(self, variable, stored):
+        if not self.slots.assign(variable, stored):
+            super().assign(variable, stored)

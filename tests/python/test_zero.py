@@ -63,16 +63,18 @@ def assert_ranks_identical(results):
                 f"{key} differs between rank 0 and rank {r}"
 
 
-def assert_state_is_sharded(results, cases):
-    """The ranks' slots at stages 1 and 2 add up to stage 0's, which every
-    rank holds whole."""
-    for case in cases:
-        whole = int(results[0][f"{case}/z0/slot_bytes"])
-        for stage in (1, 2):
-            held = [int(res[f"{case}/z{stage}/slot_bytes"]) for res in results]
-            assert sum(held) == whole, f"{case}: stage {stage} slots {held}, stage 0 {whole}"
-            if whole:
-                assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
+def assert_state_is_sharded(results, cases, groups=None):
+    """The slots of the ranks of each group (default: all ranks) at stages
+    1 and 2 add up to stage 0's, which every rank of the group holds whole."""
+    for group in groups or [range(len(results))]:
+        for case in cases:
+            whole = int(results[group[0]][f"{case}/z0/slot_bytes"])
+            for stage in (1, 2):
+                held = [int(results[r][f"{case}/z{stage}/slot_bytes"]) for r in group]
+                assert sum(held) == whole, \
+                    f"{case}: ranks {list(group)}: stage {stage} slots {held}, stage 0 {whole}"
+                if whole:
+                    assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
 
 
 # A train_step of its own that applies its gradients with optimizer.apply,
@@ -149,6 +151,10 @@ def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
 
 
 def test_norm_clipping_equals_stage_zero_within_rounding(two_ranks):
+    assert_clipping_within_rounding(two_ranks, CLIPPING)
+
+
+def assert_clipping_within_rounding(results, cases):
     """A norm is the square root of a sum of n squares; stage 0 adds a
     tensor's squares in one order, stages 1 and 2 add each part's and then
     the parts'. All terms are positive, so either sum is within (n - 1) u
@@ -159,9 +165,32 @@ def test_norm_clipping_equals_stage_zero_within_rounding(two_ranks):
     at most lr * clip = 0.005 an element, Adam's about lr = 0.01), so after
     S steps the weights may differ by S (n - 1) u, twice that to allow for
     the differences' own effect on later gradients."""
-    results = two_ranks
     steps, n, u = 2 * 8, 12 * 16, 2.0 ** -24
-    for case in CLIPPING:
+    for case in cases:
         for stage in (1, 2):
             for got, want in zip(weights(results[0], case, stage), weights(results[0], case, 0)):
                 assert np.max(np.abs(got - want)) <= 2 * steps * (n - 1) * u, case
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["float32", "mixed"])
+def test_pipeline_replicas_shard_each_stage(tmp_path, python, mixed):
+    """ParallelStrategy.ALL on 2 stages x 2 replicas: each stage's two
+    replicas (ranks s and s + 2) shard its optimizer state, bitwise as stage
+    0 (the stage's gradients averaged over its replicas, as at stage 0).
+    float32: 1F1B on the Functional model, norm clipping on the Sequential
+    one (equal within rounding, as data-parallel). Mixed precision: ZB-H1 on
+    the Sequential model, whose loss scale decides from every replica's
+    parts."""
+    if mixed:
+        cases = ["adam", "sgd_momentum"]
+        results = train(tmp_path, python, 4, "--pipeline", "2", "--schedule", "zb-h1",
+                        "--model", "sequential", "--mixed", "--cases", ",".join(cases))
+    else:
+        cases = ["adam", "sgd_momentum", "rmsprop"]
+        clipping = [f"{c}:sequential" for c in CLIPPING]
+        results = train(tmp_path, python, 4, "--pipeline", "2",
+                        "--cases", ",".join(cases + clipping))
+        assert_clipping_within_rounding(results, clipping)
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+    assert_state_is_sharded(results, cases, groups=[(0, 2), (1, 3)])

@@ -17,7 +17,9 @@ stages); from a file written on 3 ranks at stage 2, one more epoch on 2
 ranks at stage 1 or 2 equals one at stage 0 from the same file; a
 BackupAndRestore backup restores the same way (a fit at stage 2
 interrupted by an exception, then resumed, ends as the uninterrupted run;
-a backup taken on 3 ranks resumes on 2 at stage 2 as at stage 0). See
+a backup taken on 3 ranks resumes on 2 at stage 2 as at stage 0). The
+same holds for a pipelined model (ParallelStrategy.ALL, 2 stages x 2
+replicas) whose stages' replicas share their state. See
 zero_checkpoint_worker.py.
 """
 import os
@@ -35,13 +37,26 @@ STEPS = 6  # an epoch: 120 samples in global batches of 20
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def directory(tmp_path_factory):
+    """The files and results of every run of the worker."""
     d = str(tmp_path_factory.mktemp("zero-checkpoints"))
     run(mpirun_command(3, sys.executable, WORKER, "save3", "--dir", d))
     run(mpirun_command(2, sys.executable, WORKER, "main", "--dir", d))
+    run(mpirun_command(4, sys.executable, WORKER, "hybrid", "--dir", d))
     run([sys.executable, WORKER, "keras", "--dir", d])
-    ranks = [dict(np.load(os.path.join(d, f"rank{r}.npz"))) for r in range(2)]
-    return dict(np.load(os.path.join(d, "keras.npz"))), ranks
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(directory):
+    ranks = [dict(np.load(os.path.join(directory, f"rank{r}.npz"))) for r in range(2)]
+    return dict(np.load(os.path.join(directory, "keras.npz"))), ranks
+
+
+@pytest.fixture(scope="module")
+def hybrid(directory):
+    """The 4 ranks' results of the pipelined model (2 stages x 2 replicas)."""
+    return [dict(np.load(os.path.join(directory, f"hybrid{r}.npz"))) for r in range(4)]
 
 
 def values(result, prefix):
@@ -61,7 +76,10 @@ def assert_bitwise(got, want, what):
 @pytest.mark.parametrize("name,stage_zero", [
     ("z2.keras", "z0.keras"), ("callback.keras", "z0.keras"),
     ("z2.weights.h5", "z0.weights.h5"), ("z2.weights.json", "z0.weights.h5"),
-    ("mixed-z2.keras", "mixed-z0.keras")])
+    ("mixed-z2.keras", "mixed-z0.keras"),
+    # A pipelined model's stages whose replicas share the state.
+    ("hz2.keras", "hz0.keras"), ("hz2.weights.h5", "hz0.weights.h5"),
+    ("hz2.weights.json", "hz0.weights.h5")])
 def test_plain_keras_loads_the_state_that_stage_zero_saves(runs, name, stage_zero):
     keras_, _ = runs
     for what in ("w", "opt"):
@@ -111,3 +129,20 @@ def test_a_save_from_the_master_alone_is_refused(runs):
     for result in ranks:
         message = str(result["alone"])
         assert "one rank alone" in message and "let the callback run on every rank" in message
+
+
+def test_a_pipeline_whose_replicas_share_the_state_resumes_bitwise(hybrid):
+    """ParallelStrategy.ALL, 2 stages x 2 replicas at stage 2: each stage's
+    slots are put together from its replicas' parts when saved, and cut
+    into them when loaded. One more epoch from save's .keras (of stage 2
+    and of stage 0), from save_weights' .weights.h5 (at stage 2) and
+    .weights.json (at stage 1), and the interrupted fit resumed from its
+    BackupAndRestore backup (a file per stage) all end as the
+    uninterrupted run at stage 2 and at stage 0, on every rank."""
+    for r, result in enumerate(hybrid):
+        assert_bitwise(values(result, "hz2"), values(result, "hz0"), f"rank {r}: hz2")
+        for resumed in ("hkeras-z2", "hkeras-z0", "hh5-z2", "hjson-z1"):
+            assert int(result[f"iterations-{resumed}"]) == STEPS
+        for resumed in ("hkeras-z2", "hkeras-z0", "hh5-z2", "hjson-z1", "hbackup-z2"):
+            assert_bitwise(values(result, resumed), values(result, "hz2"),
+                           f"rank {r}: {resumed} against the uninterrupted run")

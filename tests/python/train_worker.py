@@ -56,6 +56,25 @@ def make_model(seed, mixed=False):
     return keras.Model(inputs, outputs)
 
 
+def make_cut_model(seed, mixed=False, stages=2, kind="functional"):
+    """make_model's model cut into `stages` (2 or 3) pipeline stages: a
+    SplitLayer before its second (and third) Dense layer; a Sequential
+    model for `kind` "sequential"."""
+    import tarantella as tnt
+    layers = []
+    for i, layer in enumerate(make_model(seed, mixed).layers[1:]):
+        if 0 < i < stages:
+            layers.append(tnt.keras.layers.SplitLayer(name=f"cut{i}"))
+        layers.append(layer)
+    inputs = keras.Input(shape=(12,))
+    if kind == "sequential":
+        return keras.Sequential([inputs] + layers)
+    h = inputs
+    for layer in layers:
+        h = layer(h)
+    return keras.Model(inputs, h)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

@@ -10,6 +10,9 @@ epoch), always from the same weights, in the same order.
         step 8): its backup stays in D/backup3.
     zero_checkpoint_worker.py main --dir D    (2 ranks) writes D/main.npz
         (rank 0; every rank's final weights in D/rank<r>.npz too): see main().
+    zero_checkpoint_worker.py hybrid --dir D  (4 ranks) the same model cut in
+        2 stages, ParallelStrategy.ALL (2 replicas): writes D/hybrid.npz
+        (and D/hybrid<r>.npz): see hybrid_run().
     zero_checkpoint_worker.py keras --dir D   (one process, plain Keras)
         loads the files of main and writes their weights and optimizer
         variables to D/keras.npz.
@@ -34,6 +37,9 @@ SAMPLES, BATCH = 120, 20
 # Saved by main: the weights files and .keras files of stage 0 and 2.
 FILES = ("z0.keras", "z2.keras", "callback.keras", "z0.weights.h5", "z2.weights.h5",
          "z2.weights.json", "mixed-z0.keras", "mixed-z2.keras")
+# Saved by hybrid, of the model cut in 2 stages.
+HYBRID_FILES = ("hz0.keras", "hz2.keras", "hz0.weights.h5", "hz2.weights.h5",
+                "hz2.weights.json")
 
 
 def dataset():
@@ -56,6 +62,12 @@ def new_model(tnt, stage, seed=3, mixed=False):
     return compiled(tnt.Model(train_worker.make_model(seed, mixed), zero_stage=stage), mixed)
 
 
+def new_hybrid(tnt, stage, seed=3):
+    """The model cut in 2 stages, under ParallelStrategy.ALL."""
+    return compiled(tnt.Model(train_worker.make_cut_model(seed), zero_stage=stage,
+                              parallel_strategy=tnt.ParallelStrategy.ALL, num_micro_batches=2))
+
+
 def fit(model, epochs=1, callbacks=()):
     model.fit(dataset(), epochs=epochs, verbose=0, shuffle=False, callbacks=list(callbacks))
     return model
@@ -76,11 +88,11 @@ class Interrupt(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
-def interrupted_backup(tnt, stage, backup_dir):
+def interrupted_backup(tnt, stage, backup_dir, new=new_model):
     """A fit of 2 epochs with BackupAndRestore(save_freq=4) at `stage`,
     interrupted at epoch 1, batch 3: its last backup is of step 8."""
     try:
-        fit(new_model(tnt, stage), epochs=2, callbacks=[
+        fit(new(tnt, stage), epochs=2, callbacks=[
             keras.callbacks.BackupAndRestore(backup_dir, save_freq=4), Interrupt(1, 3)])
     except RuntimeError as e:
         assert "interrupted" in str(e), e
@@ -88,9 +100,9 @@ def interrupted_backup(tnt, stage, backup_dir):
         raise AssertionError("the fit was not interrupted")
 
 
-def resumed(tnt, stage, backup_dir):
+def resumed(tnt, stage, backup_dir, new=new_model):
     """The model after the interrupted fit resumed from `backup_dir`."""
-    return fit(new_model(tnt, stage, seed=5), epochs=2,
+    return fit(new(tnt, stage, seed=5), epochs=2,
                callbacks=[keras.callbacks.BackupAndRestore(backup_dir, save_freq=4)])
 
 
@@ -154,15 +166,51 @@ def main_run(tnt, path):
     return out
 
 
-def keras_run(path):
-    """Plain Keras loads each of FILES; returns their weights and optimizer
-    variables by file."""
+def hybrid_run(tnt, path):
+    """Runs on 4 ranks, 2 stages x 2 replicas; records (keys of hybrid.npz):
+    hz0, hz2: the weights after 2 epochs at stage 0 and 2, saved after the
+        first (HYBRID_FILES);
+    hkeras-z2, hkeras-z0: one epoch of models loaded at stage 2 from
+        hz2.keras and hz0.keras;
+    hh5-z2, hjson-z1: one epoch of new models (other initial weights) that
+        load_weights from hz2.weights.h5 at stage 2 and hz2.weights.json at 1;
+    hbackup-z2: an interrupted fit at stage 2, resumed at stage 2;
+    iterations-*: the optimizer's step count after loading."""
     out = {}
-    for name in FILES:
+    for stage in (0, 2):
+        model = fit(new_hybrid(tnt, stage))
+        model.save(path(f"hz{stage}.keras"))
+        model.save_weights(path(f"hz{stage}.weights.h5"))
+        if stage:
+            model.save_weights(path("hz2.weights.json"))
+        out.update(weights(fit(model), f"hz{stage}"))
+    for name in ("z2", "z0"):
+        model = tnt.models.load_model(path(f"h{name}.keras"), zero_stage=2, num_micro_batches=2,
+                                      parallel_strategy=tnt.ParallelStrategy.ALL)
+        out[f"iterations-hkeras-{name}"] = np.asarray(model.optimizer.iterations)
+        out.update(weights(fit(model), f"hkeras-{name}"))
+    for name, key, stage in (("hz2.weights.h5", "hh5-z2", 2), ("hz2.weights.json", "hjson-z1", 1)):
+        model = new_hybrid(tnt, stage, seed=5)
+        model.load_weights(path(name))
+        out[f"iterations-{key}"] = np.asarray(model.optimizer.iterations)
+        out.update(weights(fit(model), key))
+    interrupted_backup(tnt, 2, path("hbackup"), new_hybrid)
+    out.update(weights(resumed(tnt, 2, path("hbackup"), new_hybrid), "hbackup-z2"))
+    return out
+
+
+def keras_run(path):
+    """Plain Keras loads each of FILES and HYBRID_FILES; returns their
+    weights and optimizer variables by file."""
+    import tarantella  # noqa: F401  (registers SplitLayer: the hybrid files hold it)
+    out = {}
+    for name in FILES + HYBRID_FILES:
         if name.endswith(".keras"):
             model = keras.saving.load_model(path(name))
         else:
-            model = compiled(train_worker.make_model(5))
+            make = train_worker.make_cut_model if name.startswith("h") else \
+                train_worker.make_model
+            model = compiled(make(5))
             model.optimizer.build(model.trainable_variables)
             model.load_weights(path(name))
         out.update(weights(model, f"{name}/w"))
@@ -173,7 +221,7 @@ def keras_run(path):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["save3", "main", "keras"])
+    p.add_argument("mode", choices=["save3", "main", "hybrid", "keras"])
     p.add_argument("--dir", required=True)
     args = p.parse_args()
     path = lambda name: os.path.join(args.dir, name)  # noqa: E731
@@ -188,6 +236,10 @@ def main():
     if args.mode == "save3":
         fit(new_model(tnt, 2)).save(path("ckpt3.keras"))
         interrupted_backup(tnt, 2, path("backup3"))
+        return 0
+    if args.mode == "hybrid":
+        out = hybrid_run(tnt, path)
+        np.savez(path(f"hybrid{tnt.get_rank()}.npz"), **out)
         return 0
     out = main_run(tnt, path)
     if tnt.is_master_rank():

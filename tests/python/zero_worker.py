@@ -75,6 +75,9 @@ def main():
     p.add_argument("--mixed", action="store_true", help="mixed_float16 layers (loss scaling)")
     p.add_argument("--readers", action="store_true",
                    help="validation, a callback reading the weights, train_on_batch")
+    p.add_argument("--pipeline", type=int, default=0,
+                   help="K: the model cut into K stages, trained with ParallelStrategy.ALL")
+    p.add_argument("--schedule", default=None, help="pipeline_schedule (with --pipeline)")
     args = p.parse_args()
 
     tnt.init()
@@ -83,8 +86,16 @@ def main():
     for case in args.cases.split(","):
         name, _, model_name = case.partition(":")
         for stage in map(int, args.stages.split(",")):
-            build = MODELS[model_name or args.model]
-            model = tnt.Model(build(seed=3, mixed=args.mixed), zero_stage=stage)
+            model_name = model_name or args.model
+            if args.pipeline:
+                model = tnt.Model(train_worker.make_cut_model(3, args.mixed, args.pipeline,
+                                                                 model_name),
+                                  parallel_strategy=tnt.ParallelStrategy.ALL,
+                                  num_micro_batches=2, pipeline_schedule=args.schedule,
+                                  zero_stage=stage)
+            else:
+                model = tnt.Model(MODELS[model_name](seed=3, mixed=args.mixed),
+                                  zero_stage=stage)
             optimizer = train_worker.OPTIMIZERS[name]()
             if args.mixed:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

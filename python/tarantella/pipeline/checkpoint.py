@@ -127,6 +127,7 @@ class Plan:
                     self.entries.append(Entry(path, key, stage_of.get(id(value)), value))
                 else:
                     self.entries.append(Entry(path, key, None, value=np.asarray(value)))
+        self.model_entries = len(self.entries)  # the optimizer's follow
         if optimizer is None:
             return
         stand_in, sources = optimizer
@@ -226,7 +227,7 @@ class Stages(Whole):
         if not moved:
             return super().describe(entry, moved)
         v = entry.variable if self.holds(entry) else None
-        header = _broadcast(_header(tuple(v.shape), v.dtype) if v is not None else None,
+        header = _broadcast(_header(self.shape(v), v.dtype) if v is not None else None,
                             _HEADER * 8, self._root(entry),
                             self.pipeline.layout.pipeline_group).view(np.int64)
         return _from_header(header)
@@ -236,10 +237,14 @@ class Stages(Whole):
             return super().piece(entry, moved, shape, dtype, piece)
         count = 1 if piece is None else piece[1] - piece[0]
         nbytes = count * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        raw = _broadcast(super().piece(entry, moved, shape, dtype, piece)
+        raw = _broadcast(self.held_piece(entry, shape, dtype, piece)
                          if self.holds(entry) else None, nbytes, self._root(entry),
                          self.pipeline.layout.pipeline_group)
         return raw.view(dtype).reshape(shape if piece is None else (count,) + shape[1:])
+
+    def held_piece(self, entry, shape, dtype, piece):
+        """Rows `piece` of `entry`'s value, on a rank that holds it."""
+        return super().piece(entry, False, shape, dtype, piece)
 
 
 # ------------------------------------------------------------------ writing
