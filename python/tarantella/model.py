@@ -212,7 +212,7 @@ class Model(keras.Model, metaclass=_ModelType):
     stages; PIPELINING needs K ranks, ALL a multiple of K (replicas of the
     pipeline). `num_micro_batches` (default 2 K) splits each replica's share
     of a global batch; `pipeline_schedule` ("1f1b", "gpipe",
-    "interleaved"; default TNT_PIPELINE_SCHEDULE's) orders the stages'
+    "interleaved", "zb-h1", "zb-h2", "zbv"; default TNT_PIPELINE_SCHEDULE's) orders the stages'
     passes (pipeline/schedule.py). A model without cuts is one stage: under
     ALL it is trained data-parallel, under PIPELINING on one rank.
 

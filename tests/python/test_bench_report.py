@@ -113,7 +113,8 @@ def test_report_without_any_results(tmp_path):
 
 
 def test_report_pipeline_section(tmp_path):
-    bubble = [{"stages": k, "micro_batches": m, "micro_batch": 64, "global_batch": 64 * m,
+    bubble = [{"stages": k, "ranks": k, "chunks": 1, "micro_batches": m, "micro_batch": 64,
+               "global_batch": 64 * m,
                "oversubscribed": k == 3, "step_ms": 10.0 * q * (m + k - 1),
                "t_stage_ms": 10.0, "ideal_ms": 10.0 * (m + k - 1), "ratio_to_ideal": q,
                "fit_ratios": [q, q], "ratio_of_minima": q, "gpipe_bound": (k - 1) / (m + k - 1),
@@ -128,6 +129,10 @@ def test_report_pipeline_section(tmp_path):
                     "ideal_ms": 19.0, "ratio_to_ideal": 1.05,
                     "zero_bubble_bound": 1 / (3 * m + 1), "measured_idle_share": 0.05}
                    for s in ("zb-h1", "zb-h2") for m in (4, 8)]
+    zero_bubble += [{"schedule": "zbv", "stages": 4, "ranks": 2, "chunks": 2, "micro_batches": 8,
+                     "step_ms": 18.0, "t_stage_ms": 10.0, "t_stage_busy_ms": 12.0,
+                     "ideal_ms": 17.0, "ratio_to_ideal": 1.06, "zero_bubble_bound": 1 / 49,
+                     "measured_idle_share": 0.03}]
     write(tmp_path / "pipeline_bubble.jsonl", {"config": {"quick": True}, "results": bubble,
                                                "interleaved": interleaved,
                                                "zero_bubble": zero_bubble})
@@ -166,9 +171,12 @@ def test_report_pipeline_section(tmp_path):
     assert "NOT RUN" in row and "needs root" in row
     assert "## 6. Pipeline parallelism" in summary
     assert "| 2 | 2 | 8 | 30.00 | 10.00 | 12.00 | 25.00 | 1.200 | 0.059 | 0.100 |" in summary
-    # Each zero-bubble row beside 1F1B's on the same stages and M.
-    assert ("| zb-h1 | 2 | 8 | 20.00 | 10.00 | 12.00 | 19.00 | 1.050 | 0.040 | 0.050 | 0.200 "
-            "| 99.00 |") in summary
+    # Each zero-bubble row beside 1F1B's on the same ranks and M.
+    assert ("| zb-h1 | 2 | 1 | 8 | 20.00 | 10.00 | 12.00 | 19.00 | 1.050 | 0.040 | 0.050 "
+            "| 0.200 | 99.00 |") in summary
+    # ZBV's 4 stages on 2 ranks, beside 1F1B's on the same 2 ranks.
+    assert ("| zbv | 2 | 2 | 8 | 18.00 | 10.00 | 12.00 | 17.00 | 1.060 | 0.020 | 0.030 "
+            "| 0.200 | 99.00 |") in summary
 
 
 def test_report_data_share_section(tmp_path):

@@ -1,7 +1,8 @@
 """Checkpoints of a pipelined model that no rank gathers whole.
 
 A model built by a function trains one epoch on K stages (3, with 1F1B or
-ZB-H1; 4 on 2 ranks with the interleaved schedule; 4 in the long test) and
+ZB-H1; 4 on 2 ranks with the interleaved schedule and with ZBV; 4 in the
+long test) and
 saves a sharded
 checkpoint (a shard per stage), a .weights.h5 file and a .keras file, the
 master writing each from the stages' values streamed to it
@@ -43,8 +44,8 @@ STEPS = 4  # 96 samples in global batches of 24 (checkpoint_worker.py)
 
 def ranks(stages, schedule):
     """The ranks that run `stages` stages: one each, or two each when
-    interleaved."""
-    return stages // 2 if schedule == "interleaved" else stages
+    interleaved or in a V (ZBV)."""
+    return stages // 2 if schedule in ("interleaved", "zbv") else stages
 
 
 def round_trip(d, case, stages, resume_stages, schedule):
@@ -69,10 +70,10 @@ def runs(tmp_path_factory):
     return get
 
 
-# (model, stages saved, stages loaded, schedule of the save): interleaved,
-# 2 ranks hold 4 stages, two each, and still write a shard per stage.
+# (model, stages saved, stages loaded, schedule of the save): interleaved
+# and ZBV, 2 ranks hold 4 stages, two each, and still write a shard per stage.
 CASES = [("functional", 3, 2, "1f1b"), ("sequential", 3, 2, "zb-h1"),
-         ("sequential", 4, 2, "interleaved"),
+         ("sequential", 4, 2, "interleaved"), ("functional", 4, 2, "zbv"),
          pytest.param("functional", 4, 2, "1f1b", marks=pytest.mark.long)]
 
 

@@ -1,6 +1,6 @@
 """Pipeline schedules as data (tarantella/pipeline/schedule.py), without
 ranks: the action lists of GPipe, 1F1B, interleaved 1F1B and the
-zero-bubble ZB-H1 and ZB-H2, the checker that refuses lists that would
+zero-bubble ZB-H1, ZB-H2 and ZBV, the checker that refuses lists that would
 deadlock, misorder their passes or exceed their memory bound, the bubble
 each schedule allows, and how a stage's W waits for its place in the list."""
 import collections
@@ -115,6 +115,36 @@ def test_zero_bubble(name, k, m):
         assert share == pytest.approx((k - 1) / (3 * m + k - 1), abs=1e-12)
 
 
+@pytest.mark.parametrize("ranks,m", [(r, m) for r in (2, 3, 4) for m in range(1, 17)])
+def test_zbv(ranks, m):
+    """ZBV: rank r runs stages r and 2 R - 1 - r (a V); every F, B and W
+    once, each W after its B and a stage's W in micro-batch order; a rank
+    holds at most 1F1B's rank 0's activations (min(R, M) micro-batches of a
+    stage of two chunks: 2 min(R, M) chunk-micro-batches); the lists run to
+    their end in the simulator; with M >= R the bubble is (R - 1) / (6 M +
+    R - 1) of a step (F, B and W of equal cost), below ZB-H1's on the same
+    ranks at every M."""
+    k = 2 * ranks
+    schedule = S.training("zbv", k, ranks, m)
+    assert schedule.splits_backward
+    for r in range(ranks):
+        assert schedule.stages_of(r) == [r, k - 1 - r]
+        mine = passes(schedule, r, ("F", "B", "W"))
+        assert collections.Counter(mine) == collections.Counter(
+            (kind, s, i) for kind in "FBW" for s in (r, k - 1 - r) for i in range(m))
+        for s in (r, k - 1 - r):
+            for i in range(m):
+                assert mine.index(("B", s, i)) < mine.index(("W", s, i))
+            assert [i for kind, t, i in mine if kind == "W" and t == s] == list(range(m))
+        assert schedule.held(r) <= schedule.bound[r] == 2 * min(ranks, m)
+    position, _ = S._simulate(schedule)
+    assert position == [len(actions) for actions in schedule.actions]
+    share = S.idle_share(schedule)
+    assert share < S.idle_share(S.training("zb-h1", ranks, ranks, m))
+    if m >= ranks:
+        assert share == pytest.approx((ranks - 1) / (6 * m + ranks - 1), abs=1e-12)
+
+
 def test_zero_bubble_lists():
     """ZB-H1 on 2 stages and 4 micro-batches: stage 1 runs 1F1B's order with
     each W one micro-batch late; stage 0 fills its wait for the last
@@ -133,19 +163,19 @@ def test_zero_bubble_lists():
 def test_tags_are_unique_between_each_pair_of_ranks():
     """Two chunks of one rank send to the same rank: their tags differ;
     with one stage per rank they stay 2 i (+ 1 backward)."""
-    schedule = S.training("interleaved", 4, 2, 4)
-    seen = {}
-    for actions in schedule.actions:
-        for a in actions:
-            if a.kind.startswith("SEND"):
-                peer, tag = schedule.transfer(a)
-                key = (schedule.rank_of(a.stage), peer, tag)
-                assert key not in seen, (a, seen.get(key))
-                seen[key] = a
-                # The receive names the same transfer from the other side.
-                recv = Action("RECV" + a.kind[4:], a.stage + (1 if a.kind == "SEND_F" else -1),
-                              a.micro_batch)
-                assert schedule.transfer(recv) == (schedule.rank_of(a.stage), tag)
+    for schedule in (S.training("interleaved", 4, 2, 4), S.training("zbv", 6, 3, 4)):
+        seen = {}
+        for actions in schedule.actions:
+            for a in actions:
+                if a.kind.startswith("SEND"):
+                    peer, tag = schedule.transfer(a)
+                    key = (schedule.rank_of(a.stage), peer, tag)
+                    assert key not in seen, (a, seen.get(key))
+                    seen[key] = a
+                    # The receive names the same transfer from the other side.
+                    recv = Action("RECV" + a.kind[4:],
+                                  a.stage + (1 if a.kind == "SEND_F" else -1), a.micro_batch)
+                    assert schedule.transfer(recv) == (schedule.rank_of(a.stage), tag)
     one = S.training("1f1b", 3, 3, 5)
     assert [one.transfer(Action(kind, 1, i)) for i in range(5)
             for kind in ("SEND_F", "RECV_F", "SEND_B", "RECV_B")] == \
@@ -153,8 +183,14 @@ def test_tags_are_unique_between_each_pair_of_ranks():
 
 
 def test_inference():
-    schedule = S.inference(4, 2, 3)
-    assert passes(schedule, 0) == [("F", 0, i) for i in range(3)] + [("F", 2, i)
+    schedule = S.inference(S.training("interleaved", 4, 2, 4))
+    assert passes(schedule, 0) == [("F", 0, i) for i in range(4)] + [("F", 2, i)
+                                                                      for i in range(4)]
+    # The ranks of a V: stages 0 and 3 on rank 0, 1 and 2 on rank 1.
+    schedule = S.inference(S.training("zbv", 4, 2, 3))
+    assert passes(schedule, 0) == [("F", 0, i) for i in range(3)] + [("F", 3, i)
+                                                                      for i in range(3)]
+    assert passes(schedule, 1) == [("F", 1, i) for i in range(3)] + [("F", 2, i)
                                                                       for i in range(3)]
 
 
@@ -273,3 +309,5 @@ def test_bad_shapes_say_what_to_change():
         S.training("interleaved", 4, 2, 8194)
     with pytest.raises(ScheduleError, match="the zb-h1 schedule runs one stage per rank"):
         S.training("zb-h1", 4, 2, 4)
+    with pytest.raises(ScheduleError, match="num_stages=6 must be twice the 2 ranks"):
+        S.training("zbv", 6, 2, 4)

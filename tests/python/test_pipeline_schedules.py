@@ -7,8 +7,9 @@ micro-batches' weight gradients in the same order, from the same ops; the
 zero-bubble schedules compute them in W passes of their own, which the
 timeline names.
 
-Interleaved 1F1B runs 4 stages on 2 ranks (v = 2 chunks per rank: rank 0
-runs stages 0 and 2, rank 1 stages 1 and 3): every stage computes what it
+ZBV and interleaved 1F1B run 4 stages on 2 ranks (v = 2 chunks per rank:
+interleaved, rank 0 runs stages 0 and 2, rank 1 stages 1 and 3; ZBV, in a
+V, stages 0 and 3 and stages 1 and 2): every stage computes what it
 computes under 1F1B and sums its backward passes' gradients in the same
 (micro-batch) order, so the weights are bitwise those of 1F1B with the same
 4 stages on 4 ranks. So are the losses and metrics: the models have no
@@ -68,7 +69,7 @@ def test_the_argument_chooses_the_schedule_and_is_checked(tmp_path, python):
                env={"TNT_PIPELINE_SCHEDULE": "interleaved"})
     out = proc.stdout
     assert "CASE unknown: ERROR: pipeline_schedule='zigzag' is not a pipeline schedule: use " \
-        "one of '1f1b', 'gpipe', 'interleaved', 'zb-h1', 'zb-h2'" in out, out
+        "one of '1f1b', 'gpipe', 'interleaved', 'zb-h1', 'zb-h2', 'zbv'" in out, out
     assert "or leave it out for TNT_PIPELINE_SCHEDULE's (interleaved here)" in out, out
     assert "CASE replicas: ERROR: the interleaved pipeline schedule runs with " \
         "ParallelStrategy.PIPELINING" in out, out
@@ -92,8 +93,11 @@ CASES = ["mlp", "seq"]
 INTERLEAVED = [f"{case}-4-1-adam-interleaved" for case in CASES] + [
     "mlp-4-1-adam-interleaved+recompute"]
 ONE_STAGE_A_RANK = [f"{case}-4-1-adam-1f1b" for case in CASES] + ["mlp-4-1-adam-recompute"]
+# ZBV: the 4 stages on 2 ranks in a V, against 1F1B on 4.
+ZBV = [f"{case}-4-1-adam-zbv" for case in CASES]
 # (ranks, runs): every run of this module, one job per number of ranks.
-JOBS = [(2, [f"{case}-2-1-adam-{s}" for case in CASES for s in ONE_PER_RANK] + INTERLEAVED),
+JOBS = [(2, [f"{case}-2-1-adam-{s}" for case in CASES for s in ONE_PER_RANK] + INTERLEAVED
+         + ZBV),
         (3, [f"{case}-3-1-adam-{s}" for case in CASES for s in ONE_PER_RANK]),
         (4, ["mlp-2-2-adam-1f1b", "mlp-2-2-adam-zb-h1"] + ONE_STAGE_A_RANK)]
 
@@ -151,6 +155,20 @@ def test_interleaved_equals_1f1b_bitwise_and_serial(interleaved, reference, runs
     case = interleaved.split("-")[0]
     assert_matches_serial(runs[interleaved][0], serial_run(tmp_path_factory, case, 4, "adam"),
                           interleaved)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zbv_equals_1f1b_bitwise(case, runs):
+    """ZBV runs the 4 stages on 2 ranks in a V (rank 0: stages 0 and 3,
+    rank 1: stages 1 and 2, which hands the activations and gradients
+    between them to itself); every stage sums its W passes in micro-batch
+    order, as 1F1B's B passes on 4 ranks."""
+    one_f_one_b = runs[f"{case}-4-1-adam-1f1b"][0]
+    keys = [k for k in one_f_one_b if k.startswith("w")]
+    assert len(keys) == 8  # 4 dense layers: kernel and bias
+    assert_bitwise(runs[f"{case}-4-1-adam-zbv"], one_f_one_b,
+                   keys + ["loss", "metric", "val_loss", "evaluate", "predict"],
+                   f"{case}: zbv (2 ranks) against 1f1b (4 ranks)")
 
 
 def test_timeline_shows_the_interleaved_schedule(tmp_path, python):

@@ -236,19 +236,22 @@ def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
 
 
 @pytest.mark.ranks
-def test_an_interleaved_pipeline_backs_up_and_resumes_the_stages_of_each_rank(tmp_path):
-    """4 stages on 2 ranks (TNT_PIPELINE_SCHEDULE=interleaved): each rank
-    writes the weights and the optimizer state of its two stages to a file
-    of its own and restores it; killed in epoch 1, the resumed pipeline
-    ends with bitwise the weights of the uninterrupted one. Its backup does
-    not resume 1F1B on the same 2 ranks (2 stages there)."""
-    env = {"TNT_PIPELINE_SCHEDULE": "interleaved"}
+@pytest.mark.parametrize("schedule,stages", [("interleaved", ("0-2", "1-3")),
+                                             ("zbv", ("0-3", "1-2"))])
+def test_a_pipeline_of_two_stages_a_rank_backs_up_and_resumes_them(tmp_path, schedule, stages):
+    """4 stages on 2 ranks (TNT_PIPELINE_SCHEDULE=interleaved, or zbv's V):
+    each rank writes the weights and the optimizer state of its two stages
+    to a file of its own and restores it; killed in epoch 1, the resumed
+    pipeline ends with bitwise the weights of the uninterrupted one. Its
+    backup does not resume 1F1B on the same 2 ranks (2 stages there)."""
+    env = {"TNT_PIPELINE_SCHEDULE": schedule}
     _, expected = train(2, tmp_path / "uninterrupted", "--pipeline", "4", env=env)
     proc, got = train(2, tmp_path / "killed", "--pipeline", "4", "--kill-rank", "1",
                       "--kill-epoch", "1", "--kill-batch", "3", restarts=1, env=env)
     assert_restarted_once(proc, 1, 1, 3)
     assert sorted(os.listdir(tmp_path / "killed" / "backup")) == [
-        "epoch3-batch5.stage0-2.weights.npz", "epoch3-batch5.stage1-3.weights.npz",
+        f"epoch3-batch5.stage{stages[0]}.weights.npz",
+        f"epoch3-batch5.stage{stages[1]}.weights.npz",
         "epoch3-batch5.state.npz", "training_metadata.json"]
     assert_same_run(got, expected)
     cmd = mpirun_command(2, sys.executable, WORKER, str(tmp_path / "killed" / "backup"),
@@ -256,8 +259,9 @@ def test_an_interleaved_pipeline_backs_up_and_resumes_the_stages_of_each_rank(tm
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TNT_TIMEOUT_S="60"))
     assert proc.returncode == 1, proc.stderr[-4000:]
-    assert ("the backup was taken of a pipeline of 4 stages on 2 ranks (stages 0-2, 1-3), and "
-            "this is a pipeline of 2 stages") in proc.stdout + proc.stderr, proc.stderr[-4000:]
+    assert (f"the backup was taken of a pipeline of 4 stages on 2 ranks (stages {stages[0]}, "
+            f"{stages[1]}), and this is a pipeline of 2 stages") in proc.stdout + proc.stderr, \
+        proc.stderr[-4000:]
 
 
 @pytest.fixture

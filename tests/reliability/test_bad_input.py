@@ -218,7 +218,7 @@ CASES = [
     E("TNT_FUSION_ORDER", "random", "use list or readiness"),
     E("TNT_COMPRESSION", "fp8", "use none, fp16 or bf16"),
     E("TNT_OVERLAP", "sometimes", "use auto, on or off"),
-    E("TNT_PIPELINE_SCHEDULE", "zigzag", "use 1f1b, gpipe, interleaved, zb-h1 or zb-h2"),
+    E("TNT_PIPELINE_SCHEDULE", "zigzag", "use 1f1b, gpipe, interleaved, zb-h1, zb-h2 or zbv"),
     E("TNT_TF_OPS_LIBRARY", "/no/such/ops.so", "TNT_TF_OPS_LIBRARY=/no/such/ops.so: no such "
       "file; unset it", exit=1, args=("--no-gpu", "-n", "2", "--", "{tmp}/fit.py"),
       files=(("fit.py", INIT + FIT),), timeout=150),

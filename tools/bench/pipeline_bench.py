@@ -38,7 +38,8 @@ MICRO_BATCHES = (1, 2, 4, 8)
 INTERLEAVED_CHUNKS, INTERLEAVED_M = 2, (4, 8)
 MEM_INTERLEAVED_M = (2, 4, 8)  # the memory stage's (M a multiple of the 2 ranks)
 TRACED_M = (4, 8, 16, 32)  # the traced stage's (1F1B on the memory stage's model)
-# The zero-bubble schedules beside them, on 2 and 3 ranks.
+# The zero-bubble schedules beside them, on 2 and 3 ranks; ZBV on 2 ranks
+# of 2 chunks each.
 ZERO_BUBBLE, ZERO_BUBBLE_M = ("zb-h1", "zb-h2"), (4, 8)
 
 # Bubble: every stage is LAYERS dense layers of WIDTH units on micro-batches
@@ -349,13 +350,14 @@ def bubble_rows(k, chunks, fits, ms, schedule=None):
     against the ideal K t_alone / v + (v M - 1) t_busy / v (a chunk's pass
     takes 1 / v of a rank's share), which is GPipe's and 1F1B's with v = 1,
     and the schedule's bound (K - 1) / (v M + K - 1). A zero-bubble
-    `schedule`'s ideal is (K - 1) t_alone / 3 + M t_busy: the first
-    micro-batch's forward through K - 1 stages (a third of a pass: F, B and
-    W cost alike in dense layers), then a slot per micro-batch with every
-    stage computing; its bound is the schedule's idle share (schedule.py)."""
+    `schedule`'s ideal is (K - 1) t_alone / (3 v) + M t_busy: the first
+    micro-batch's forward through K - 1 ranks' first chunks (a third of a
+    chunk's pass: F, B and W cost alike in dense layers), then a slot per
+    micro-batch with every rank computing; its bound is the schedule's idle
+    share (schedule.py)."""
     from tarantella.pipeline import schedule as schedule_lib
     rows, v = [], chunks
-    zero_bubble = schedule in ZERO_BUBBLE
+    zero_bubble = schedule in ZERO_BUBBLE + ("zbv",)
     for m in ms:
         fs = [f for f in fits.get(str(m), []) if f["step_s"]]
         if not fs:
@@ -363,7 +365,7 @@ def bubble_rows(k, chunks, fits, ms, schedule=None):
         # Each fit against the stage times taken just before it.
         def ideal(alone, busy):
             if zero_bubble:
-                return (k - 1) * alone / 3 + m * busy
+                return (k - 1) * alone / (3 * v) + m * busy
             return (k * alone + (v * m - 1) * busy) / v
 
         def ratios(ideal_of):
@@ -374,7 +376,7 @@ def bubble_rows(k, chunks, fits, ms, schedule=None):
         ratio = statistics.median(fit_ratios)
         if zero_bubble:
             bound = ("zero_bubble_bound",
-                     schedule_lib.idle_share(schedule_lib.training(schedule, k, k, m)))
+                     schedule_lib.idle_share(schedule_lib.training(schedule, k * v, k, m)))
         else:
             bound = ("gpipe_bound" if v == 1 else "interleaved_bound", (k - 1) / (v * m + k - 1))
         rows.append({
@@ -430,7 +432,8 @@ def bubble(args):
         fits=reps, stage_reps=stage_reps, quick=bool(args.quick),
         schedule=pipeline_schedule(), optimizer="SGD", loss="mse",
         interleaved=f"K = 2 ranks of v = {INTERLEAVED_CHUNKS} chunks, M = {INTERLEAVED_M}",
-        zero_bubble=f"{', '.join(ZERO_BUBBLE)}, K = 2 and 3, M = {ZERO_BUBBLE_M}")
+        zero_bubble=f"{', '.join(ZERO_BUBBLE)}, K = 2 and 3, M = {ZERO_BUBBLE_M}; zbv, "
+                    f"K = 2 ranks of 2 chunks")
     results, interleaved, zero_bubble, problems = [], [], [], cfg["problems"]
     traces = traces_dir(os.path.dirname(os.path.abspath(args.json)))
     for k in (2, 3):
@@ -461,6 +464,11 @@ def bubble(args):
                 timeline_job(args, os.path.join(traces, "pipeline_timeline_zb-h1.json"),
                              schedule)
             zero_bubble += bubble_rows(k, 1, fits, ZERO_BUBBLE_M, schedule)
+    fits, tail = bubble_job(args, 2, 2, ZERO_BUBBLE_M, steps, reps, stage_reps, "zbv")
+    if fits is None:
+        problems["zbv"] = tail[-1500:]
+    else:
+        zero_bubble += bubble_rows(2, 2, fits, ZERO_BUBBLE_M, "zbv")
     write_results(args.json, "pipeline_bubble", {"config": finish_config(cfg), "results": results,
                                                  "interleaved": interleaved,
                                                  "zero_bubble": zero_bubble})

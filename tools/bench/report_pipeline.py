@@ -108,23 +108,26 @@ def _pipeline_bubble(results, stages, plt, targets):
               f"{r['measured_idle_share']:.3f}"] for r in inter]))
     zero = d.get("zero_bubble", [])
     if zero:
-        one_f_one_b = {(r["stages"], r["micro_batches"]): r for r in res}
-        out += ["", "Zero-bubble schedules (`pipeline_schedule=\"zb-h1\"`, `\"zb-h2\"`) on "
-                "the same stages: ideal = (K-1) t_alone / 3 + M t_busy (the first "
-                "micro-batch's forward through K-1 stages, a third of a pass as F, B and W "
-                "cost alike here, then a slot per micro-batch with every stage computing); "
+        one_f_one_b = {(r["ranks"], r["micro_batches"]): r for r in res}
+        out += ["", "Zero-bubble schedules (`pipeline_schedule=\"zb-h1\"`, `\"zb-h2\"`, "
+                "`\"zbv\"`) on the same layers: K ranks of v chunks (ZBV: 2 chunks in a V), "
+                "ideal = (K-1) t_alone / (3 v) + M t_busy (the first micro-batch's forward "
+                "through K-1 ranks' first chunks, a third of a chunk's pass as F, B and W "
+                "cost alike here, then a slot per micro-batch with every rank computing); "
                 "bound: the schedule's idle share with passes of equal cost; beside them "
-                "1F1B's measured idle share and step on the same stages and M.", ""]
+                "1F1B's measured idle share and step on the same ranks and M.", ""]
         rows = []
         for r in zero:
-            ref = one_f_one_b.get((r["stages"], r["micro_batches"]), {})
-            rows.append([r["schedule"], f"{r['stages']}{' *' if r.get('oversubscribed') else ''}",
+            ref = one_f_one_b.get((r["ranks"], r["micro_batches"]), {})
+            rows.append([r["schedule"], f"{r['ranks']}{' *' if r.get('oversubscribed') else ''}",
+                         r.get("chunks", 1),
                          r["micro_batches"], f2(r["step_ms"]), f2(r["t_stage_ms"]),
                          f2(r.get("t_stage_busy_ms")), f2(r["ideal_ms"]),
                          f"{r['ratio_to_ideal']:.3f}", f"{r['zero_bubble_bound']:.3f}",
                          f"{r['measured_idle_share']:.3f}",
                          f2(ref.get("measured_idle_share"), 3), f2(ref.get("step_ms"))])
-        out.append(table(["schedule", "stages K", "M", "step ms", "t_alone ms", "t_busy ms",
+        out.append(table(["schedule", "ranks K", "chunks v", "M", "step ms", "t_alone ms",
+                          "t_busy ms",
                           "ideal ms", "step / ideal", "bound", "idle share measured",
                           "1F1B idle share", "1F1B step ms"], rows))
     out += problem_lines(cfg)

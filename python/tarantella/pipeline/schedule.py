@@ -20,8 +20,8 @@ An action is (kind, stage, micro-batch), written like "2F0" or
           that splits the backward: the rest of the stage's backward, the
           gradients of its weights, added to the step's
 
-Stage s of a pipeline of R ranks runs on rank s mod R. With one stage per
-rank (R = K stages):
+Stage s of a pipeline of R ranks runs on rank s mod R (ZBV: see below).
+With one stage per rank (R = K stages):
 
 * GPipe: all M forwards, then all M backwards; a stage holds the
   activations of all M micro-batches.
@@ -61,6 +61,17 @@ step's forwards early: with passes of equal cost both idle (K - 1) /
 (3 M + K - 1) of a step, the least any schedule can (the last stage waits
 for the first micro-batch to cross the K - 1 others).
 
+ZBV (the paper's ZB-V) gives each of R ranks two chunks of K = 2 R
+stages in a V: rank r runs stages r and 2 R - 1 - r, so the first and
+last stages share rank 0 and stages R - 1 and R share rank R - 1, which
+hands its activations and gradients between them to itself. Its list comes
+from the same unit-time runs with every rank choosing among its two chunks:
+B of its oldest micro-batch whose output gradients have arrived (the
+second chunk's on a tie), F (the second chunk's first) while it holds
+fewer than 2 R chunk-micro-batches' activations, 1F1B's bound of rank 0 on
+every rank, else W. With passes of equal cost it idles (R - 1) /
+(6 M + R - 1) of a step, half of ZB-H1's bubble at 1F1B's memory.
+
 Every schedule runs the passes that add a stage's weight gradients (B, or
 W where the backward is split) in micro-batch order, so gradients
 accumulate in the same order and the weights are bitwise the same under
@@ -79,8 +90,9 @@ import enum
 from tarantella import runtime
 from tarantella import settings
 
-NAMES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2")
-ZERO_BUBBLE = ("zb-h1", "zb-h2")  # the schedules that split the backward
+NAMES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2", "zbv")
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zbv")  # the schedules that split the backward
+CHUNKED = ("interleaved", "zbv")  # the schedules that run several stages per rank
 MAX_TAG = 32767  # libtnt's transfer tags
 
 
@@ -128,7 +140,7 @@ class ScheduleError(runtime.TarantellaError):
 
 
 def name_from_settings():
-    """TNT_PIPELINE_SCHEDULE: 1f1b (the default), gpipe, interleaved, zb-h1 or zb-h2."""
+    """TNT_PIPELINE_SCHEDULE: 1f1b (the default), gpipe, interleaved, zb-h1, zb-h2 or zbv."""
     return settings.get("TNT_PIPELINE_SCHEDULE")
 
 
@@ -154,10 +166,11 @@ class Schedule:
     activations rank r may hold at once, from a forward until the last pass
     that needs them (W where the backward is split, else B);
     `in_flight[r]`: the most of them between their forward and B (the
-    bound when the backward is not split)."""
+    bound when the backward is not split); `placement[s]`: the rank of
+    stage s (default s mod R)."""
 
     def __init__(self, name, num_stages, num_ranks, num_micro_batches, actions, bound,
-                 in_flight=None):
+                 in_flight=None, placement=None):
         self.name = name
         self.num_stages = num_stages
         self.num_ranks = num_ranks
@@ -165,21 +178,22 @@ class Schedule:
         self.actions = actions
         self.bound = bound
         self.in_flight = in_flight or bound
+        self.placement = placement or [s % num_ranks for s in range(num_stages)]
         self.splits_backward = any(a.kind == Kind.BACKWARD_WEIGHT for r in actions for a in r)
 
     def rank_of(self, stage):
-        return stage % self.num_ranks
+        return self.placement[stage]
 
     def stages_of(self, rank):
         """The stages (chunks) that `rank` runs, in model order."""
-        return list(range(rank, self.num_stages, self.num_ranks))
+        return [s for s in range(self.num_stages) if self.placement[s] == rank]
 
     def transfer(self, action):
         """(peer rank, tag) of a SEND or RECV `action`. The tag names the
         micro-batch and direction, and the chunk of the stage that sends
-        the activations: unique per pair of ranks and step. Chunk c of
-        micro-batch i tags 2 (c M + i), + 1 for gradients; with one stage
-        per rank, 2 i (+ 1)."""
+        the activations (stage // R): unique per pair of ranks and step.
+        Chunk c of micro-batch i tags 2 (c M + i), + 1 for gradients; with
+        one stage per rank, 2 i (+ 1)."""
         downstream = action.kind in (Kind.SEND_ACTIVATIONS, Kind.RECV_GRADIENTS)
         toward = action.stage + (1 if downstream else -1)
         chunk = min(action.stage, toward) // self.num_ranks
@@ -254,6 +268,42 @@ def _zero_bubble_orders(num_stages, m, in_flight):
     return orders
 
 
+def _zbv_orders(num_ranks, m):
+    """[[(kind, stage, micro-batch)] of each rank] of the ZBV schedule: the
+    passes run in unit time on every rank at once, each rank choosing among
+    its two stages by the rules in this module's description."""
+    p, k = num_ranks, 2 * num_ranks
+    limit = 2 * p  # chunk-micro-batches' activations a rank holds, F to W
+    done = {kind: [0] * k for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT)}
+    f, b, w = (done[kind] for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+    orders = [[] for _ in range(p)]
+    while any(n < m for n in w):
+        chosen = []
+        for r in range(p):
+            stages = (k - 1 - r, r)  # the second chunk first
+            ready_b = [(b[s], n, s) for n, s in enumerate(stages)
+                       if b[s] < (f[s] if s == k - 1 else b[s + 1])]
+            ready_f = [s for s in stages if f[s] < (m if s == 0 else f[s - 1])]
+            ready_w = [(w[s], s) for s in stages if w[s] < b[s]]
+            if ready_b:
+                chosen.append((Kind.BACKWARD, min(ready_b)[2]))
+            elif ready_f and sum(f[s] - w[s] for s in stages) < limit:
+                chosen.append((Kind.FORWARD, ready_f[0]))
+            elif ready_w:
+                chosen.append((Kind.BACKWARD_WEIGHT, min(ready_w)[1]))
+            else:
+                chosen.append(None)
+        if not any(chosen):
+            raise ScheduleError(f"the zbv schedule of {p} ranks and {m} micro-batches cannot "
+                                "proceed (this is a bug in Tarantella's schedule)")
+        for r, pick in enumerate(chosen):
+            if pick is not None:
+                kind, s = pick
+                orders[r].append((kind, s, done[kind][s]))
+                done[kind][s] += 1
+    return orders
+
+
 def _interleaved_order(rank, num_ranks, chunks, m):
     """[(kind, stage, micro-batch)] of `rank` under interleaved 1F1B."""
     r, p, total = rank, num_ranks, chunks * m
@@ -279,9 +329,9 @@ def training(name, num_stages, num_ranks, num_micro_batches):
     k, p, m = num_stages, num_ranks, num_micro_batches
     if name not in NAMES:
         raise ScheduleError(f"unknown pipeline schedule {name!r}: use one of {', '.join(NAMES)}")
-    in_flight = None
+    in_flight = placement = None
     # The largest tag (Schedule.transfer), known before the lists are made.
-    chunks = k // p if name == "interleaved" else 1
+    chunks = k // p if name in CHUNKED else 1
     if 2 * max(chunks, 1) * m - 1 > MAX_TAG:
         raise ScheduleError(
             f"a transfer tag exceeds {MAX_TAG} ({max(chunks, 1)} chunk(s) per rank x "
@@ -301,6 +351,15 @@ def training(name, num_stages, num_ranks, num_micro_batches):
                         for kind, s, i in _interleaved_order(r, p, chunks, m)), [])
                    for r in range(p)]
         bound = [min(2 * (p - 1 - r) + (chunks - 1) * p + 1, chunks * m) for r in range(p)]
+    elif name == "zbv":
+        if k != 2 * p:
+            raise ScheduleError(
+                f"the zbv schedule runs two chunks of the model on each rank, in a V: "
+                f"num_stages={k} must be twice the {p} ranks of a pipeline")
+        placement = [s if s < p else k - 1 - s for s in range(k)]
+        actions = [sum((_passes(s, k, kind, i) for kind, s, i in order), [])
+                   for order in _zbv_orders(p, m)]
+        bound = [min(2 * p, 2 * m)] * p
     else:
         if k != p:
             raise ScheduleError(
@@ -318,19 +377,21 @@ def training(name, num_stages, num_ranks, num_micro_batches):
             orders = [_one_stage_order(name, s, k, m) for s in range(k)]
             bound = [m if name == "gpipe" else min(k - s, m) for s in range(k)]
         actions = [sum((_passes(s, k, kind, i) for kind, i in orders[s]), []) for s in range(k)]
-    schedule = Schedule(name, k, p, m, actions, bound, in_flight)
+    schedule = Schedule(name, k, p, m, actions, bound, in_flight, placement)
     check(schedule, training=True)
     return schedule
 
 
-def inference(num_stages, num_ranks, num_micro_batches):
-    """The checked Schedule of an evaluation step: forwards only, in
-    micro-batch order, each rank through its chunks in model order."""
-    k, p, m = num_stages, num_ranks, num_micro_batches
+def inference(training_schedule):
+    """The checked Schedule of an evaluation step of the stages and ranks
+    of `training_schedule`: forwards only, in micro-batch order, each rank
+    through its chunks in model order."""
+    k, p = training_schedule.num_stages, training_schedule.num_ranks
+    m, placement = training_schedule.num_micro_batches, training_schedule.placement
     actions = [[] for _ in range(p)]
     for s in range(k):  # stage by stage: rank r runs chunk c's forwards before chunk c + 1's
-        actions[s % p] += sum((_passes(s, k, Kind.FORWARD, i) for i in range(m)), [])
-    schedule = Schedule("inference", k, p, m, actions, [0] * p)
+        actions[placement[s]] += sum((_passes(s, k, Kind.FORWARD, i) for i in range(m)), [])
+    schedule = Schedule("inference", k, p, m, actions, [0] * p, placement=placement)
     check(schedule, training=False)
     return schedule
 

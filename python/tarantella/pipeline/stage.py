@@ -114,19 +114,19 @@ class Pipeline:
         self.schedule_name, chooser = schedule_lib.chosen(schedule)
         ranks = k
         try:
-            if self.schedule_name == "interleaved":
+            if self.schedule_name in schedule_lib.CHUNKED:
                 if ParallelStrategy.DATA in strategy:
                     raise schedule_lib.ScheduleError(
-                        "the interleaved pipeline schedule runs with ParallelStrategy."
-                        "PIPELINING (every rank holds num_stages / ranks chunks of the model): "
-                        "use PIPELINING, or the 1f1b schedule for replicas of a pipeline")
+                        f"the {self.schedule_name} pipeline schedule runs with "
+                        "ParallelStrategy.PIPELINING (every rank holds several chunks of the "
+                        "model): use PIPELINING, or the 1f1b schedule for replicas of a "
+                        "pipeline")
                 ranks = runtime.get_size()
             # Checked once here: a schedule that would deadlock or exceed its
             # memory bound fails before any rank starts it.
-            self.schedules = {
-                True: schedule_lib.training(self.schedule_name, k, ranks,
-                                            self.num_micro_batches),
-                False: schedule_lib.inference(k, ranks, self.num_micro_batches)}
+            training = schedule_lib.training(self.schedule_name, k, ranks,
+                                             self.num_micro_batches)
+            self.schedules = {True: training, False: schedule_lib.inference(training)}
         except schedule_lib.ScheduleError as e:
             raise schedule_lib.ScheduleError(f"{e} (the schedule is {chooser})") from None
         self.layout = Layout(strategy, k, ranks)
@@ -378,6 +378,7 @@ class _Step:
         self.timeline = _core.timeline_enabled()  # TNT_TIMELINE: spans of every F and B
         self.after = []
         self.received = {}  # (s, i) -> the stage's inputs
+        self.handed = {}    # tag -> tensors this rank sent to itself (_send)
         self.sending = {}   # (s, i) -> the stage's outputs (F) or input gradients (B)
         self.seeds = {}     # (s, i) -> the received gradients of the stage's outputs
         self.saved = {}     # (s, i) -> (tape, inputs, outputs, objective), until B
@@ -406,13 +407,31 @@ class _Step:
         return [o for o, spec in zip(tf.nest.flatten(outputs), out_specs)
                 if tf.as_dtype(spec[1]).is_floating]
 
+    def _send(self, action, tensors, specs):
+        """Sends `tensors` (of cut `specs`) for the SEND `action`; returns
+        what the next action waits for. To this rank itself (the turn of a
+        V schedule, whose two adjacent stages share a rank), the tensors are
+        handed to the matching receive."""
+        peer, tag = self.schedule.transfer(action)
+        if peer == self.pipeline.stage:
+            self.handed[tag] = [tf.cast(t, spec[1]) for t, spec in zip(tensors, specs)]
+            return list(self.handed[tag])
+        return [self.pipeline._send(t, spec[1], peer, tag) for t, spec in zip(tensors, specs)]
+
+    def _receive(self, action, specs):
+        """The tensors (of cut `specs`) that the RECV `action` receives."""
+        peer, tag = self.schedule.transfer(action)
+        if peer == self.pipeline.stage:
+            return self.handed.pop(tag)
+        out = [self.pipeline._recv(spec, self.sizes[action.micro_batch], peer, tag, self.after)
+               for spec in specs]
+        self.after = []
+        return out
+
     def recv_activations(self, action):
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
-        peer, tag = self.schedule.transfer(action)
-        inputs = [self.pipeline._recv(spec, self.sizes[i], peer, tag, self.after)
-                  for spec in in_specs]
-        self.after = []
+        inputs = self._receive(action, in_specs)
         self.received[(s, i)] = inputs[0] if len(inputs) == 1 else inputs
 
     def forward(self, action):
@@ -488,22 +507,16 @@ class _Step:
     def send_activations(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
-        peer, tag = self.schedule.transfer(action)
-        self.after = [self.pipeline._send(o, spec[1], peer, tag)
-                      for o, spec in zip(self.sending.pop((s, i)), out_specs)]
+        self.after = self._send(action, self.sending.pop((s, i)), out_specs)
 
     def recv_gradients(self, action):
         s, i = action.stage, action.micro_batch
         _, out_specs = self._specs(s)
         _, _, outputs, _ = self.saved[(s, i)]
-        peer, tag = self.schedule.transfer(action)
-        seeds = []
-        for o, spec in zip(tf.nest.flatten(outputs), out_specs):
-            if tf.as_dtype(spec[1]).is_floating:
-                seeds.append(tf.cast(self.pipeline._recv(spec, self.sizes[i], peer, tag,
-                                                         self.after), o.dtype))
-                self.after = []
-        self.seeds[(s, i)] = seeds
+        floating = [(o, spec) for o, spec in zip(tf.nest.flatten(outputs), out_specs)
+                    if tf.as_dtype(spec[1]).is_floating]
+        received = self._receive(action, [spec for _, spec in floating])
+        self.seeds[(s, i)] = [tf.cast(g, o.dtype) for g, (o, _) in zip(received, floating)]
 
     def backward(self, action):
         s, i = action.stage, action.micro_batch
@@ -635,9 +648,7 @@ class _Step:
         s, i = action.stage, action.micro_batch
         in_specs, _ = self._specs(s)
         back = [spec for spec in in_specs if tf.as_dtype(spec[1]).is_floating]
-        peer, tag = self.schedule.transfer(action)
-        self.after += [self.pipeline._send(g, spec[1], peer, tag)
-                       for g, spec in zip(self.sending.pop((s, i)), back)]
+        self.after += self._send(action, self.sending.pop((s, i)), back)
 
 
 def _regularization(stage_model):
