@@ -1,7 +1,7 @@
 """Checkpoints of a pipelined model that no rank gathers whole.
 
 A model built by a function trains one epoch on K stages (3, with 1F1B or
-ZB-H1; 4 on 2 ranks with the interleaved schedule and with ZBV; 4 in the
+ZB-H1; 2 with ZB-H2; 4 on 2 ranks with the interleaved schedule and with ZBV; 4 in the
 long test) and
 saves a sharded
 checkpoint (a shard per stage), a .weights.h5 file and a .keras file, the
@@ -73,6 +73,7 @@ def runs(tmp_path_factory):
 # (model, stages saved, stages loaded, schedule of the save): interleaved
 # and ZBV, 2 ranks hold 4 stages, two each, and still write a shard per stage.
 CASES = [("functional", 3, 2, "1f1b"), ("sequential", 3, 2, "zb-h1"),
+         ("functional", 2, 3, "zb-h2"),
          ("sequential", 4, 2, "interleaved"), ("functional", 4, 2, "zbv"),
          pytest.param("functional", 4, 2, "1f1b", marks=pytest.mark.long)]
 

@@ -203,19 +203,20 @@ def test_history_and_early_stopping_survive_a_restart(tmp_path):
 
 
 @pytest.mark.ranks
-def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path):
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_a_pipeline_backs_up_and_resumes_each_stage_on_its_own(tmp_path, schedule):
     """A model cut into 2 pipeline stages (2 ranks, 2 micro-batches; the
     dropout in stage 1): each stage's rank writes the weights and the
     optimizer state of its stage to a file of its own, and restores that
     file only. Rank 1 is killed in epoch 1 after the backup of step 8
     (epoch 1, batch 1): the resumed pipeline ends with bitwise the weights
-    of the uninterrupted pipelined run. The killed run's schedule is ZB-H1,
-    the uninterrupted one's 1F1B: a zero-bubble step computes 1F1B's
-    weights, across a restart too."""
+    of the uninterrupted pipelined run. The killed run's schedule is ZB-H1
+    or ZB-H2, the uninterrupted one's 1F1B: a zero-bubble step computes
+    1F1B's weights, across a restart too."""
     _, expected = train(2, tmp_path / "uninterrupted", "--pipeline")
     proc, got = train(2, tmp_path / "killed", "--pipeline", "--kill-rank", "1",
                       "--kill-epoch", "1", "--kill-batch", "3", restarts=1,
-                      env={"TNT_PIPELINE_SCHEDULE": "zb-h1"})
+                      env={"TNT_PIPELINE_SCHEDULE": schedule})
     assert_restarted_once(proc, 1, 1, 3)
     assert "resumes from the backup of epoch 1 batch 1" in proc.stdout
     # The last backup (step 24: epoch 3, batch 5), kept (delete_checkpoint=False).

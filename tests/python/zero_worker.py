@@ -57,7 +57,24 @@ def own_step(seed, mixed=False, averaged=False):
     return model
 
 
+def norm_dropout(seed, mixed=False):
+    """A model with a synchronized BatchNormalization layer, Dropout and an
+    unsynchronized BatchNormalization layer (moving statistics that are
+    not trained, random masks)."""
+    keras.utils.set_random_seed(seed)
+    dtype = "mixed_float16" if mixed else "float32"
+    inputs = keras.Input(shape=(12,))
+    h = keras.layers.Dense(16, activation="tanh", dtype=dtype)(inputs)
+    h = keras.layers.BatchNormalization(synchronized=True, dtype=dtype)(h)
+    h = keras.layers.Dropout(0.2, seed=seed)(h)
+    h = keras.layers.Dense(8, activation="relu", dtype=dtype)(h)
+    h = keras.layers.BatchNormalization(dtype=dtype)(h)
+    outputs = keras.layers.Dense(4, activation="softmax", dtype="float32")(h)
+    return keras.Model(inputs, outputs)
+
+
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
+          "norm_dropout": norm_dropout,
           "own_step": own_step,
           "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 
