@@ -46,6 +46,15 @@ from tarantella import step
 from tarantella import subclass
 
 STAGES = (0, 1, 2)
+# Keras's optimizers whose update computes every element from that
+# element's gradient and state alone (and the norms of clipnorm and
+# global_clipnorm, ShardedClipping): a part's update is that part of the
+# whole tensor's. Adafactor (factored moments, RMS of the update), Lamb
+# (norms of each variable) and Muon (orthogonalized matrices) read whole
+# tensors.
+ELEMENTWISE = (keras.optimizers.SGD, keras.optimizers.RMSprop, keras.optimizers.Adam,
+               keras.optimizers.Adadelta, keras.optimizers.Adagrad, keras.optimizers.Adamax,
+               keras.optimizers.Nadam, keras.optimizers.Ftrl, keras.optimizers.Lion)
 
 
 def check_stage(zero_stage):
@@ -228,10 +237,18 @@ def shard(optimizer, stage, resources):
             f"zero_stage={stage}: the optimizer was built (it has a state for the whole "
             "model) before the model was distributed: give tnt.Model a model compiled with a "
             "new optimizer, or compile the tnt.Model")
-    optimizer._tnt_zero_stage = stage
     updating = optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         updating = optimizer.inner_optimizer
+    if not isinstance(updating, ELEMENTWISE):
+        raise runtime.TarantellaError(
+            f"zero_stage={stage} updates each rank's part of every variable on its own, which "
+            "computes the update of the whole variable only for an optimizer that updates each "
+            f"element from its own gradient and state; {type(updating).__name__} is not one "
+            "of them (it reads whole tensors, or Tarantella does not know it): use "
+            "zero_stage=0 with it, or one of "
+            f"{', '.join(c.__name__ for c in ELEMENTWISE)} (AdamW among the Adams)")
+    optimizer._tnt_zero_stage = stage
     for o in {id(optimizer): optimizer, id(updating): updating}.values():
         o._tnt_zero_group = (resources.group, resources.group_size)
     subclass.add_mixin(updating, ShardedClipping)

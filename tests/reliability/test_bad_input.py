@@ -248,6 +248,10 @@ CASES = [
       "m = make_model(); m.compile(optimizer='adam', loss='mse'); "
       "m.optimizer.build(m.trainable_variables); tnt.Model(m, zero_stage=2)",
       "TarantellaError", "give tnt.Model a model compiled with a new optimizer"),
+    P("Python API", "zero_stage with an optimizer that reads whole tensors",
+      "tnt.Model(make_model(), zero_stage=2).compile("
+      "optimizer=keras.optimizers.Adafactor(), loss='mse')",
+      "TarantellaError", "Adafactor is not one of them (it reads whole tensors"),
     P("Python API", "DistributedGradientTape of a non-tape",
       "tnt.DistributedGradientTape(compiled())", "TypeError",
       "tnt.DistributedGradientTape wraps a tf.GradientTape; got Sequential"),
