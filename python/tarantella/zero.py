@@ -48,13 +48,14 @@ from tarantella import subclass
 STAGES = (0, 1, 2)
 # Keras's optimizers whose update computes every element from that
 # element's gradient and state alone (and the norms of clipnorm and
-# global_clipnorm, ShardedClipping): a part's update is that part of the
-# whole tensor's. Adafactor (factored moments, RMS of the update), Lamb
-# (norms of each variable) and Muon (orthogonalized matrices) read whole
-# tensors.
+# global_clipnorm, ShardedClipping), or, Lamb, from norms of whole
+# variables that come from the parts (ShardedLamb): a part's update is that
+# part of the whole tensor's. Adafactor (factored moments, RMS of the
+# update) and Muon (orthogonalized matrices) read whole tensors otherwise.
 ELEMENTWISE = (keras.optimizers.SGD, keras.optimizers.RMSprop, keras.optimizers.Adam,
                keras.optimizers.Adadelta, keras.optimizers.Adagrad, keras.optimizers.Adamax,
-               keras.optimizers.Nadam, keras.optimizers.Ftrl, keras.optimizers.Lion)
+               keras.optimizers.Nadam, keras.optimizers.Ftrl, keras.optimizers.Lion,
+               keras.optimizers.Lamb)
 
 
 def check_stage(zero_stage):
@@ -222,6 +223,44 @@ class ShardedClipping:
         return [g * scale for g in grads]
 
 
+class ShardedLamb:
+    """Placed in front of Lamb's class when it updates the parts: Lamb
+    scales each variable's update by the ratio of the variable's norm to
+    the update's, norms of whole tensors. They come from the sums of every
+    rank's parts' squares, all of them in one allreduce once every part's
+    update is known; the sums are added in another order than a whole
+    tensor's, so the weights equal stage 0's within rounding. The moments
+    are updated as keras.optimizers.Lamb.update_step updates them."""
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        self._tnt_updates = []  # (part, its update, learning rate), by update_step
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+        updates, self._tnt_updates = self._tnt_updates, []
+        squares = tf.stack([tf.reduce_sum(tf.square(t)) for part, update, _ in updates
+                            for t in (part, update)])
+        sums = step.active().allreduce(squares, group=self._tnt_zero_group[0])
+        for i, (part, update, lr) in enumerate(updates):
+            w_norm, g_norm = tf.sqrt(sums[2 * i]), tf.sqrt(sums[2 * i + 1])
+            ratio = tf.where(w_norm > 0, tf.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
+            self.assign_sub(part, ratio * lr * update)
+
+    def update_step(self, gradient, variable, learning_rate):
+        ops_ = keras.ops
+        lr = ops_.cast(learning_rate, variable.dtype)
+        gradient = ops_.cast(gradient, variable.dtype)
+        local_step = ops_.cast(self.iterations + 1, variable.dtype)
+        beta_1_power = ops_.power(ops_.cast(self.beta_1, variable.dtype), local_step)
+        beta_2_power = ops_.power(ops_.cast(self.beta_2, variable.dtype), local_step)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, ops_.multiply(ops_.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, ops_.multiply(ops_.subtract(ops_.square(gradient), v),
+                                         1 - self.beta_2))
+        m_t_hat = ops_.divide(m, (1.0 - beta_1_power))
+        v_sqrt = ops_.add(ops_.sqrt(ops_.divide(v, (1.0 - beta_2_power))), self.epsilon)
+        self._tnt_updates.append((variable, ops_.divide(m_t_hat, v_sqrt), lr))
+
+
 def _mib(variables):
     return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
 
@@ -244,11 +283,14 @@ def shard(optimizer, stage, resources):
         raise runtime.TarantellaError(
             f"zero_stage={stage} updates each rank's part of every variable on its own, which "
             "computes the update of the whole variable only for an optimizer that updates each "
-            f"element from its own gradient and state; {type(updating).__name__} is not one "
+            "element from its own gradient and state (or, as Lamb, from norms that the parts "
+            f"add up); {type(updating).__name__} is not one "
             "of them (it reads whole tensors, or Tarantella does not know it): use "
             "zero_stage=0 with it, or one of "
             f"{', '.join(c.__name__ for c in ELEMENTWISE)} (AdamW among the Adams)")
     optimizer._tnt_zero_stage = stage
+    if isinstance(updating, keras.optimizers.Lamb):
+        subclass.add_mixin(updating, ShardedLamb)
     for o in {id(optimizer): optimizer, id(updating): updating}.values():
         o._tnt_zero_group = (resources.group, resources.group_size)
     subclass.add_mixin(updating, ShardedClipping)

@@ -7,9 +7,10 @@ the allreduce, stage 2 receives it from a reduce-scatter that computes
 each block as the allreduce does); an elementwise optimizer then computes
 every element as on the whole tensor. So the weights and the losses of
 stages 1 and 2 equal stage 0's bit for bit, and stage 0 equals serial
-Keras within the tolerance of test_training.py. Clipping by norm reads
-whole tensors: its norms come from the parts' sums (see
-test_norm_clipping_equals_stage_zero_within_rounding).
+Keras within the tolerance of test_training.py. Clipping by norm and Lamb
+read whole tensors: their norms come from the parts' sums (see
+test_norm_clipping_equals_stage_zero_within_rounding and
+assert_lamb_within_rounding).
 """
 import json
 import os
@@ -104,11 +105,12 @@ def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):
     accumulated squares (Adagrad, RMSprop), a sign (Lion), FTRL's."""
     cases = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
     trace = str(tmp_path / "trace.json")
-    results = train(tmp_path, python, 3, "--model", "sequential", "--cases", ",".join(cases),
-                    env={"TNT_TIMELINE": trace})
+    results = train(tmp_path, python, 3, "--model", "sequential",
+                    "--cases", ",".join(cases + ["lamb"]), env={"TNT_TIMELINE": trace})
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
-    assert_state_is_sharded(results, cases)
+    assert_state_is_sharded(results, cases + ["lamb"])
+    assert_lamb_within_rounding(results[0])
     # The timeline names each bucket's collective: stage 0 allreduces
     # buckets, stage 1 allreduces and gathers them, stage 2 reduce-scatters
     # and gathers them.
@@ -133,6 +135,30 @@ def test_batch_norm_and_dropout_on_four_ranks_are_bitwise_as_stage_zero(tmp_path
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     assert_state_is_sharded(results, cases)
+
+
+def assert_lamb_within_rounding(result):
+    """Lamb scales a variable's update u by ratio = |w| / |u|, norms of
+    the whole variable, which stages 1 and 2 add up from the 3 ranks' parts
+    (the Sequential model's kernels of 192 and 128 elements are cut across
+    ranks here: from each part's own norms the weights differ by about
+    1e-2). A sum of n positive squares in any order is within (n - 1) u of
+    the exact one (u = 2**-24, n the largest variable's 192 elements), so
+    the two orders' sums within 2 (n - 1) u; a norm, their square root,
+    (n - 1) u; the ratio of two norms 2 (n - 1) u. An element moves by lr *
+    ratio * |u_i| <= lr * |w| a step, so a step's updates differ by at most
+    lr * |w| * 2 (n - 1) u. |w| grows by at most a factor (1 + lr) a step,
+    so before the last of S steps it was at most |w_S| / (1 - lr)**S. After
+    S = 16 steps (lr = 0.01) the weights may differ by S times a step's
+    bound, twice that to allow for the differences' own effect on later
+    gradients."""
+    steps, n, u, lr = 2 * 8, 12 * 16, 2.0 ** -24, 0.01
+    final = weights(result, "lamb", 0)
+    norm = max(float(np.linalg.norm(w)) for w in final) / (1 - lr) ** steps
+    bound = 2 * steps * lr * norm * 2 * (n - 1) * u
+    for stage in (1, 2):
+        for got, want in zip(weights(result, "lamb", stage), final):
+            assert np.max(np.abs(got - want)) <= bound, (stage, np.max(np.abs(got - want)), bound)
 
 
 def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):

@@ -73,6 +73,9 @@ def norm_dropout(seed, mixed=False):
     return keras.Model(inputs, outputs)
 
 
+# train_worker's, and Lamb, whose update reads each variable's norm.
+OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01))
+
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
           "norm_dropout": norm_dropout,
           "own_step": own_step,
@@ -82,7 +85,7 @@ MODELS = {"functional": train_worker.make_model, "sequential": sequential,
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--cases", default=",".join(train_worker.OPTIMIZERS),
+    p.add_argument("--cases", default=",".join(OPTIMIZERS),
                    help="OPTIMIZER[:MODEL], comma-separated")
     p.add_argument("--stages", default="0,1,2")
     p.add_argument("--model", default="functional", choices=sorted(MODELS))
@@ -113,7 +116,7 @@ def main():
             else:
                 model = tnt.Model(MODELS[model_name](seed=3, mixed=args.mixed),
                                   zero_stage=stage)
-            optimizer = train_worker.OPTIMIZERS[name]()
+            optimizer = OPTIMIZERS[name]()
             if args.mixed:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
