@@ -12,7 +12,8 @@
  * how fast a rank reduces (TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US,
  * TNT_REDUCE_GBPS; rd_max_bytes, ring_min_bytes, checked against libtnt's
  * algorithms simulated on fat-trees of 8 to 1024 hosts,
- * docs/research/scale-study.md). Where the model leaves
+ * docs/research/scale-study.md). The allgather across hosts is Bruck's
+ * algorithm for small totals and the ring for large ones (bruck_max_bytes). Where the model leaves
  * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
@@ -71,8 +72,8 @@ static const tnt__algo_t *const allreduce_algos[] = {
     &tnt__allreduce_hier, &tnt__allreduce_rabenseifner, NULL};
 static const tnt__algo_t *const broadcast_algos[] = {&tnt__broadcast_shm, &tnt__broadcast_tree,
                                                      NULL};
-static const tnt__algo_t *const allgatherv_algos[] = {&tnt__allgatherv_shm,
-                                                      &tnt__allgatherv_ring, NULL};
+static const tnt__algo_t *const allgatherv_algos[] = {
+    &tnt__allgatherv_shm, &tnt__allgatherv_ring, &tnt__allgatherv_bruck, NULL};
 
 static const tnt__algo_t *const *const tables[TNT__ALGO_TABLE_COUNT] = {
     allreduce_algos, broadcast_algos, allgatherv_algos};
@@ -178,10 +179,43 @@ static tnt__algo_choice_t across_hosts(int n) {
                               {rd_max, ring_from, SIZE_MAX}};
 }
 
+/*
+ * The allgather across hosts, by the gathered total S: the ring pays n - 1
+ * latencies, Bruck's algorithm ceil(log2 n) and a copy of S into place, for
+ * the same bytes on the link; it serves totals up to where the latencies it
+ * saves cost what the copy does (no size on 2 and 3 ranks, where the step
+ * counts are equal). A copy moves bytes at 1.5 times the reduction rate
+ * (TNT_REDUCE_GBPS), TNT__CACHED_REDUCE_SPEEDUP times faster in cache (see
+ * TNT__CACHED_BYTES); with copies free (the simulated clusters) it serves
+ * every size.
+ */
+static size_t bruck_max_bytes(int n) {
+  int steps = 0;
+  while ((1 << steps) < n) ++steps;
+  const double saved = (double)(n - 1 - steps) * latency_bytes();
+  if (saved <= 0.0) return 0;
+  const double copy_per_byte =
+      link_bytes_per_s() / (1.5 * tnt__setting_number(TNT__S_REDUCE_GBPS) * 1e9);
+  const double cached = saved / (copy_per_byte / TNT__CACHED_REDUCE_SPEEDUP);
+  if (cached <= TNT__CACHED_BYTES) return (size_t)cached;
+  const double memory = saved / copy_per_byte;
+  if (memory >= (double)(SIZE_MAX / 2)) return SIZE_MAX;
+  return memory > TNT__CACHED_BYTES ? (size_t)memory : (size_t)TNT__CACHED_BYTES;
+}
+
+static tnt__algo_choice_t allgather_across_hosts(int n) {
+  const size_t bruck_max = bruck_max_bytes(n);
+  if (bruck_max == 0) return tnt__algo_only(&tnt__allgatherv_ring);
+  if (bruck_max == SIZE_MAX) return tnt__algo_only(&tnt__allgatherv_bruck);
+  return (tnt__algo_choice_t){{&tnt__allgatherv_bruck, &tnt__allgatherv_ring},
+                              {bruck_max, SIZE_MAX}};
+}
+
 /* The choice by message size and group size. */
 static tnt__algo_choice_t by_size(const tnt__comm_t *c, tnt__coll_kind_t kind) {
   const tnt__algo_t *const *t = tables[kind];
   if (t[0]->usable(c)) return tnt__algo_only(t[0]); /* shared memory */
+  if (kind == TNT__COLL_ALLGATHERV) return allgather_across_hosts(c->size);
   if (kind != TNT__COLL_ALLREDUCE) return tnt__algo_only(t[1]);
   if (tnt__allreduce_hier.usable(c)) return tnt__algo_only(&tnt__allreduce_hier);
   return across_hosts(c->size);
