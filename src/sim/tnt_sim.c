@@ -21,7 +21,11 @@
  *       the same for libtnt's reduce-scatter (equal blocks: the allreduce's
  *       choice for the whole vector, or the algorithm forced by --algos)
  *       against MPI_Reduce_scatter_block; the lines add "collective"
- *   options: --collective allreduce|reduce_scatter (default allreduce),
+ *   tnt-sim --bench --collective allgather [--algos auto,ring,bruck] [--mpi] ...
+ *       libtnt's allgatherv of equal blocks (bytes: the gathered total)
+ *       against MPI_Allgather; the lines add "collective"
+ *   options: --collective allreduce|reduce_scatter|allgather (default
+ *            allreduce; allgather with --bench only),
  *            --copy-gbps G (memcpy GB/s of one rank, default 10; 0: copies
  *            and reductions are free; libtnt's choice is told the rate
  *            through TNT_REDUCE_GBPS),
@@ -41,9 +45,13 @@
 #include "sim.h"
 #include "sim_check.h"
 
+typedef enum { COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER } collective_t;
+static const char *const kCollectives[] = {"allreduce", "reduce_scatter", "allgather"};
+
 typedef struct args {
   int check, bench, mpi, iters, algos_given;
   int rs; /* --collective reduce_scatter */
+  collective_t coll;
   size_t min_bytes, max_bytes;
   char algos[128];
 } args_t;
@@ -88,11 +96,15 @@ static int parse_args(int argc, char **argv, args_t *a) {
     }
     else if (v != NULL && strcmp(o, "--collective") == 0) {
       const char *name = argv[++i];
-      a->rs = strcmp(name, "reduce_scatter") == 0;
-      if (!a->rs && strcmp(name, "allreduce") != 0) {
-        fprintf(stderr, "tnt-sim: --collective is allreduce or reduce_scatter, not '%s'\n", name);
+      int k = 0;
+      while (k < 3 && strcmp(name, kCollectives[k]) != 0) k++;
+      if (k == 3) {
+        fprintf(stderr, "tnt-sim: --collective is allreduce, reduce_scatter or allgather, not "
+                        "'%s'\n", name);
         return -1;
       }
+      a->coll = (collective_t)k;
+      a->rs = a->coll == COLL_REDUCE_SCATTER;
     }
     else if (v != NULL && strcmp(o, "--min") == 0) a->min_bytes = parse_bytes(argv[++i]);
     else if (v != NULL && strcmp(o, "--max") == 0) a->max_bytes = parse_bytes(argv[++i]);
@@ -105,6 +117,10 @@ static int parse_args(int argc, char **argv, args_t *a) {
   }
   if (a->check == a->bench) {
     fprintf(stderr, "tnt-sim: give exactly one of --check and --bench\n");
+    return -1;
+  }
+  if (a->check && a->coll == COLL_ALLGATHER) {
+    fprintf(stderr, "tnt-sim: --check takes --collective allreduce or reduce_scatter\n");
     return -1;
   }
   if (a->iters < 1 || a->min_bytes < 4 || a->max_bytes < a->min_bytes) {
@@ -158,6 +174,35 @@ static tnt_status_t run_reduce_scatter(tnt__comm_t *c, void *buf, void *recv, si
   tnt__wait_ctx_t w = {.deadline = INFINITY, .timeout = INFINITY, .warn_at = INFINITY,
                        .label = "simulated reduce-scatter"};
   return tnt__reduce_scatter(c, buf, recv, count, NULL, TNT_FLOAT32, TNT_SUM, &w, NULL);
+}
+
+/* libtnt's allgatherv of `bytes` in all into buf, in equal blocks: this
+ * rank's is its block of buf, as the fusion set gathers parts in place. */
+static tnt_status_t run_allgather(tnt__comm_t *c, uint8_t *buf, size_t bytes) {
+  tnt__wait_ctx_t w = {.deadline = INFINITY, .timeout = INFINITY, .warn_at = INFINITY,
+                       .label = "simulated allgather"};
+  const size_t n = (size_t)c->size, block = bytes / n;
+  size_t *counts = malloc(2 * n * sizeof *counts);
+  if (counts == NULL) return TNT_ERR_NO_MEMORY;
+  size_t *displs = counts + n;
+  for (size_t r = 0; r < n; r++) counts[r] = block, displs[r] = r * block;
+  const tnt__algo_t *a = tnt__algo_select(c, TNT__COLL_ALLGATHERV, bytes);
+  tnt_status_t st = a->fn.allgatherv(c, buf + (size_t)c->rank * block, buf, counts, displs, &w);
+  free(counts);
+  return st;
+}
+
+/* For --bench --collective allgather: forces the allgatherv algorithm
+ * `name` on c ("auto": libtnt's choice, `resolved`); 0 when c cannot run it. */
+static int choose_allgather(tnt__comm_t *c, const char *name, const tnt__algo_choice_t *resolved) {
+  if (strcmp(name, "auto") == 0) {
+    c->algos[TNT__COLL_ALLGATHERV] = *resolved;
+    return 1;
+  }
+  const tnt__algo_t *a = tnt__algo_find(TNT__COLL_ALLGATHERV, name);
+  if (a == NULL || !a->usable(c)) return 0;
+  c->algos[TNT__COLL_ALLGATHERV] = tnt__algo_only(a);
+  return 1;
 }
 
 /* Runs the reduce-scatter of `in` (n elements) and compares this rank's
@@ -271,9 +316,9 @@ static int check(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
  * start takes, even on 1024 hosts at 10 Gbit/s. */
 #define START_MARGIN_S 1e-3
 
-/* Seconds per collective (a->rs: reduce-scatter, else allreduce) of
- * `bytes`, of libtnt or (a->mpi) of MPI, in buf (recv: this rank's block of
- * a reduce-scatter): the mean over `iters` calls of the
+/* Seconds per collective (a->coll) of `bytes`, of libtnt or (a->mpi) of
+ * MPI, in buf (recv: this rank's block of a reduce-scatter; an allgather's
+ * bytes are the gathered total): the mean over `iters` calls of the
  * slowest rank's time, after one untimed call. Every call starts on every
  * rank at the same simulated instant: a barrier releases the ranks at
  * different times (how far apart depends on its algorithm, hence on the
@@ -299,8 +344,13 @@ static double time_one(tnt__comm_t *c, const args_t *a, float *buf, float *recv,
     if (a->mpi && a->rs) {
       MPI_Reduce_scatter_block(buf, recv, (int)(count / (size_t)c->size), MPI_FLOAT, MPI_SUM,
                                MPI_COMM_WORLD);
+    } else if (a->mpi && a->coll == COLL_ALLGATHER) {
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)(count / (size_t)c->size),
+                    MPI_FLOAT, MPI_COMM_WORLD);
     } else if (a->mpi) {
       MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (a->coll == COLL_ALLGATHER) {
+      st = run_allgather(c, (uint8_t *)buf, bytes);
     } else {
       st = a->rs ? run_reduce_scatter(c, buf, recv, count) : run_allreduce(c, buf, buf, count);
     }
@@ -316,10 +366,14 @@ static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
   /* One buffer for every rank (and one for the reduce-scatter's blocks): a
    * timing run moves no data (sim.h), and SMPI's shared allocation keeps
    * MPI's buffers from costing memory per rank. MPI_Reduce_scatter_block
-   * takes equal blocks: every size must split into them. */
+   * and MPI_Allgather take equal blocks: every size must split into them. */
   static float *buf, *recv;
   const size_t block_unit = sizeof(float) * (size_t)c->size;
-  for (size_t bytes = a->min_bytes; a->rs && bytes <= a->max_bytes; bytes *= 2) {
+  const tnt__algo_choice_t gather_resolved = c->algos[TNT__COLL_ALLGATHERV];
+  const int blocks = a->coll != COLL_ALLREDUCE;
+  const tnt__coll_kind_t kind = a->coll == COLL_ALLGATHER ? TNT__COLL_ALLGATHERV
+                                                            : TNT__COLL_ALLREDUCE;
+  for (size_t bytes = a->min_bytes; blocks && bytes <= a->max_bytes; bytes *= 2) {
     if (bytes % block_unit != 0) {
       if (c->rank == 0) {
         fprintf(stderr, "tnt-sim: %zu bytes do not split into %d equal float32 blocks\n",
@@ -337,23 +391,28 @@ static int bench(tnt__comm_t *c, const args_t *a, const tnt__algo_choice_t *reso
   snprintf(list, sizeof list, "%s", a->mpi ? "mpi" : a->algos);
   for (char *save = NULL, *name = strtok_r(list, ",", &save); name != NULL;
        name = strtok_r(NULL, ",", &save)) {
-    if (!a->mpi && !sim_check_choose(c, name, resolved)) continue;
+    if (!a->mpi && !(a->coll == COLL_ALLGATHER ? choose_allgather(c, name, &gather_resolved)
+                                               : sim_check_choose(c, name, resolved))) {
+      continue;
+    }
     for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
-      const char *used = a->mpi ? (a->rs ? "MPI_Reduce_scatter_block" : "MPI_Allreduce")
-                                : tnt__algo_select(c, TNT__COLL_ALLREDUCE, bytes)->name;
+      static const char *const kMpiNames[] = {"MPI_Allreduce", "MPI_Reduce_scatter_block",
+                                              "MPI_Allgather"};
+      const char *used = a->mpi ? kMpiNames[a->coll] : tnt__algo_select(c, kind, bytes)->name;
       double s = time_one(c, a, buf, recv, bytes);
       if (s < 0) return 1;
       if (c->rank == 0) {
         /* busbw: what each rank's link must carry per second for the
          * bandwidth-optimal algorithm, the NCCL-tests convention: an
-         * allreduce sends 2(n-1)/n of the bytes, a reduce-scatter
-         * (n-1)/n. */
-        double busbw = (double)bytes / s * (a->rs ? 1.0 : 2.0) * (c->size - 1) / c->size / 1e9;
+         * allreduce sends 2(n-1)/n of the bytes, a reduce-scatter and an
+         * allgather (n-1)/n. */
+        double busbw = (double)bytes / s * (blocks ? 1.0 : 2.0) * (c->size - 1) / c->size / 1e9;
+        char field[64] = "";
+        if (blocks) snprintf(field, sizeof field, "\"collective\": \"%s\", ", kCollectives[a->coll]);
         printf("{\"impl\": \"%s\", \"choice\": \"%s\", \"algorithm\": \"%s\", %s\"ranks\": %d, "
                "\"hosts\": %d, \"bytes\": %zu, \"us\": %.3f, \"busbw\": %.6f}\n",
-               a->mpi ? "mpi" : "tnt", a->mpi ? "mpi" : name, used,
-               a->rs ? "\"collective\": \"reduce_scatter\", " : "", c->size, c->num_hosts,
-               bytes, s * 1e6, busbw);
+               a->mpi ? "mpi" : "tnt", a->mpi ? "mpi" : name, used, field, c->size,
+               c->num_hosts, bytes, s * 1e6, busbw);
         fflush(stdout);
       }
     }

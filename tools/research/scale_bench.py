@@ -6,7 +6,8 @@
   --scale     libtnt's choice against SMPI's MPI_Allreduce (Open MPI and
               MPICH selectors) on fat-trees of 8 to 1024 hosts;
               with --collective reduce_scatter, libtnt's reduce-scatter
-              against SMPI's MPI_Reduce_scatter_block
+              against SMPI's MPI_Reduce_scatter_block; with --collective
+              allgather, libtnt's allgather against MPI_Allgather
   --check     every algorithm's sum checked on each layout
 
   python3 tools/research/scale_bench.py --validate --out bench/results/scale_validation.jsonl
@@ -271,9 +272,11 @@ def main():
     p.add_argument("--run-timeout", type=float, default=None,
                    help="wall seconds per simulation; the sizes done by then are kept")
     p.add_argument("--out", required=True)
-    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce",
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter", "allgather"),
+                   default="allreduce",
                    help="with --scale: the collective timed (reduce_scatter: against "
-                        "MPI_Reduce_scatter_block)")
+                        "MPI_Reduce_scatter_block; allgather: against MPI_Allgather, the "
+                        "bytes gathered in all)")
     p.add_argument("--impls", default="tnt,mpi_ompi,mpi_mpich",
                    help="with --scale: which of tnt, mpi_ompi, mpi_mpich to simulate")
     p.add_argument("--append", action="store_true",
