@@ -192,7 +192,7 @@ class ShardedOptimizer:
         """(LossScaleOptimizer) Whether every rank's parts are finite."""
         finite = tf.cast(super().check_finite(grads), tf.float32)
         return step.active().allreduce(tf.reshape(finite, [1]), "min",
-                                       self._tnt_shards.group)[0] > 0
+                                       self._tnt_zero_group[0])[0] > 0
 
 
 class ShardedClipping:

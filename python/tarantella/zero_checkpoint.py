@@ -173,7 +173,21 @@ def _built(model):
     return optimizer
 
 
-class Parts(checkpoint.Whole):
+class _SlotSource:
+    """What a source (pipeline/checkpoint.py) whose slots are in parts
+    (`slots`, Slots) reads files with: the whole slot's shape, and this
+    rank's part of it."""
+
+    def shape(self, variable):
+        whole = self.slots.whole_shape(variable)  # () for a scalar's slot
+        return super().shape(variable) if whole is None else whole
+
+    def assign(self, variable, stored):
+        if not self.slots.assign(variable, stored):
+            super().assign(variable, stored)
+
+
+class Parts(_SlotSource, checkpoint.Whole):
     """Where the values of the files of `model` (sharded(model)) are: every
     rank holds the weights and the optimizer's own variables whole, and its
     part of every slot (a slot moves: every rank sends its part of each
@@ -200,9 +214,6 @@ class Parts(checkpoint.Whole):
     def moves(self, entry, all_devices):
         return id(entry.variable) in self.slots.slot_of
 
-    def shape(self, variable):
-        return self.slots.whole_shape(variable) or super().shape(variable)
-
     def describe(self, entry, moved):
         shape, dtype = super().describe(entry, moved)
         return self.shape(entry.variable), dtype
@@ -212,12 +223,8 @@ class Parts(checkpoint.Whole):
             return super().piece(entry, moved, shape, dtype, piece)
         return self.slots.piece(entry.variable, shape, dtype, piece)
 
-    def assign(self, variable, stored):
-        if not self.slots.assign(variable, stored):
-            super().assign(variable, stored)
 
-
-class StageParts(checkpoint.Stages):
+class StageParts(_SlotSource, checkpoint.Stages):
     """Where the values of the files of a pipelined `model` whose stages'
     replicas share the optimizer's state (sharded(model)) are: as Stages
     says, but a slot's piece is first put together from the parts of the
@@ -238,14 +245,7 @@ class StageParts(checkpoint.Stages):
     def moves(self, entry, all_devices):
         return id(entry) in self.sliced or super().moves(entry, all_devices)
 
-    def shape(self, variable):
-        return self.slots.whole_shape(variable) or super().shape(variable)
-
     def held_piece(self, entry, shape, dtype, piece):
         if id(entry) in self.sliced:
             return self.slots.piece(entry.variable, shape, dtype, piece)
         return super().held_piece(entry, shape, dtype, piece)
-
-    def assign(self, variable, stored):
-        if not self.slots.assign(variable, stored):
-            super().assign(variable, stored)
