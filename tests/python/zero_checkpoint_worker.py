@@ -110,6 +110,22 @@ def weights(model, prefix):
     return {f"{prefix}/{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
 
 
+def one_more_epoch(out, key, model):
+    """Records the optimizer's step count of `model`, loaded from a file,
+    and its weights after one more epoch, under `key`."""
+    out[f"iterations-{key}"] = np.asarray(model.optimizer.iterations)
+    out.update(weights(fit(model), key))
+
+
+def from_weights_files(out, path, cases, new):
+    """one_more_epoch of a new model (`new(stage)`, other initial weights)
+    that loads the weights file `name`, for each (name, key, stage)."""
+    for name, key, stage in cases:
+        model = new(stage)
+        model.load_weights(path(name))
+        one_more_epoch(out, key, model)
+
+
 def main_run(tnt, path):
     """Runs on 2 ranks; records (keys of main.npz):
     z0, z2: the weights after 2 epochs at stage 0 and 2, saved after the first;
@@ -142,15 +158,12 @@ def main_run(tnt, path):
         mixed = fit(new_model(tnt, stage, mixed=True))
         mixed.save(path(f"mixed-z{stage}.keras"))
 
-    for name, stage in (("z2", 2), ("z0", 2)):
-        model = tnt.models.load_model(path(f"{name}.keras"), zero_stage=stage)
-        out[f"iterations-keras-{name}"] = np.asarray(model.optimizer.iterations)
-        out.update(weights(fit(model), f"keras-{name}"))
-    for name, key, stage in (("z2.weights.h5", "h5-z1", 1), ("z2.weights.json", "json-z2", 2)):
-        model = new_model(tnt, stage, seed=5)
-        model.load_weights(path(name))
-        out[f"iterations-{key}"] = np.asarray(model.optimizer.iterations)
-        out.update(weights(fit(model), key))
+    for name in ("z2", "z0"):
+        one_more_epoch(out, f"keras-{name}",
+                       tnt.models.load_model(path(f"{name}.keras"), zero_stage=2))
+    from_weights_files(out, path, (("z2.weights.h5", "h5-z1", 1),
+                                   ("z2.weights.json", "json-z2", 2)),
+                       lambda stage: new_model(tnt, stage, seed=5))
     for stage in (0, 1, 2):
         model = tnt.models.load_model(path("ckpt3.keras"), zero_stage=stage)
         out.update(weights(fit(model), f"from3-z{stage}"))
@@ -185,15 +198,12 @@ def hybrid_run(tnt, path):
             model.save_weights(path("hz2.weights.json"))
         out.update(weights(fit(model), f"hz{stage}"))
     for name in ("z2", "z0"):
-        model = tnt.models.load_model(path(f"h{name}.keras"), zero_stage=2, num_micro_batches=2,
-                                      parallel_strategy=tnt.ParallelStrategy.ALL)
-        out[f"iterations-hkeras-{name}"] = np.asarray(model.optimizer.iterations)
-        out.update(weights(fit(model), f"hkeras-{name}"))
-    for name, key, stage in (("hz2.weights.h5", "hh5-z2", 2), ("hz2.weights.json", "hjson-z1", 1)):
-        model = new_hybrid(tnt, stage, seed=5)
-        model.load_weights(path(name))
-        out[f"iterations-{key}"] = np.asarray(model.optimizer.iterations)
-        out.update(weights(fit(model), key))
+        one_more_epoch(out, f"hkeras-{name}", tnt.models.load_model(
+            path(f"h{name}.keras"), zero_stage=2, num_micro_batches=2,
+            parallel_strategy=tnt.ParallelStrategy.ALL))
+    from_weights_files(out, path, (("hz2.weights.h5", "hh5-z2", 2),
+                                   ("hz2.weights.json", "hjson-z1", 1)),
+                       lambda stage: new_hybrid(tnt, stage, seed=5))
     interrupted_backup(tnt, 2, path("hbackup"), new_hybrid)
     out.update(weights(resumed(tnt, 2, path("hbackup"), new_hybrid), "hbackup-z2"))
     return out

@@ -236,72 +236,69 @@ def _one_stage_order(name, stage, num_stages, m):
     return order + [(Kind.BACKWARD, i) for i in range(m - warmup, m)]
 
 
-def _zero_bubble_orders(num_stages, m, in_flight):
-    """[[(kind, micro-batch)] of each stage] of a zero-bubble schedule: the
-    passes run in unit time on every stage at once, each stage choosing
-    what it runs by the rules in this module's description; `in_flight[s]`:
-    stage s's bound on micro-batches between F and B."""
-    k = num_stages
-    done = {kind: [0] * k for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT)}
+def _unit_time_orders(num_stages, m, units, choose, name):
+    """The lists of a schedule whose passes run in unit time: every unit
+    (a rank, running the stages in units[u]) picks at once, from what was
+    done before (a pass ends within the unit of time that runs it),
+    choose(u, f, b, w) -> (kind, stage) or None (it waits), where f, b and w
+    count each stage's F, B and W passes so far, until every W ran.
+    Returns [[(kind, stage, micro-batch)] of each unit]."""
+    done = {kind: [0] * num_stages
+            for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT)}
     f, b, w = (done[kind] for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
-    orders = [[] for _ in range(k)]
+    orders = [[] for _ in units]
     while any(n < m for n in w):
-        # What each stage runs in this unit of time, from what was done
-        # before it: a pass ends within the unit that runs it.
-        chosen = []
-        for s in range(k):
-            arrived_b = f[s] if s == k - 1 else b[s + 1]  # output gradients of 0 .. n - 1
-            arrived_f = m if s == 0 else f[s - 1]
-            if b[s] < arrived_b:
-                chosen.append(Kind.BACKWARD)
-            elif f[s] < arrived_f and f[s] - b[s] < in_flight[s] and \
-                    f[s] - w[s] < in_flight[s] + k - 1:
-                chosen.append(Kind.FORWARD)
-            elif w[s] < b[s]:
-                chosen.append(Kind.BACKWARD_WEIGHT)
-            else:
-                chosen.append(None)
-        for s, kind in enumerate(chosen):
-            if kind is not None:
-                orders[s].append((kind, done[kind][s]))
+        chosen = [choose(u, f, b, w) for u in range(len(units))]
+        if not any(chosen):
+            raise ScheduleError(f"the {name} schedule of {num_stages} stages and {m} "
+                                "micro-batches cannot proceed (a bug in Tarantella's schedule)")
+        for u, pick in enumerate(chosen):
+            if pick is not None:
+                kind, s = pick
+                orders[u].append((kind, s, done[kind][s]))
                 done[kind][s] += 1
     return orders
+
+
+def _zero_bubble_orders(num_stages, m, in_flight, name):
+    """[[(kind, micro-batch)] of each stage] of ZB-H1 or ZB-H2, one stage
+    per rank, by the rules in this module's description; `in_flight[s]`:
+    stage s's bound on micro-batches between F and B."""
+    k = num_stages
+
+    def choose(s, f, b, w):
+        arrived_b = f[s] if s == k - 1 else b[s + 1]  # output gradients of 0 .. n - 1
+        arrived_f = m if s == 0 else f[s - 1]
+        if b[s] < arrived_b:
+            return Kind.BACKWARD, s
+        if f[s] < arrived_f and f[s] - b[s] < in_flight[s] and \
+                f[s] - w[s] < in_flight[s] + k - 1:
+            return Kind.FORWARD, s
+        return (Kind.BACKWARD_WEIGHT, s) if w[s] < b[s] else None
+    orders = _unit_time_orders(k, m, [[s] for s in range(k)], choose, name)
+    return [[(kind, i) for kind, _, i in order] for order in orders]
 
 
 def _zbv_orders(num_ranks, m):
-    """[[(kind, stage, micro-batch)] of each rank] of the ZBV schedule: the
-    passes run in unit time on every rank at once, each rank choosing among
-    its two stages by the rules in this module's description."""
+    """[[(kind, stage, micro-batch)] of each rank] of the ZBV schedule,
+    each rank choosing among its two stages by the rules in this module's
+    description."""
     p, k = num_ranks, 2 * num_ranks
     limit = 2 * p  # chunk-micro-batches' activations a rank holds, F to W
-    done = {kind: [0] * k for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT)}
-    f, b, w = (done[kind] for kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
-    orders = [[] for _ in range(p)]
-    while any(n < m for n in w):
-        chosen = []
-        for r in range(p):
-            stages = (k - 1 - r, r)  # the second chunk first
-            ready_b = [(b[s], n, s) for n, s in enumerate(stages)
-                       if b[s] < (f[s] if s == k - 1 else b[s + 1])]
-            ready_f = [s for s in stages if f[s] < (m if s == 0 else f[s - 1])]
-            ready_w = [(w[s], s) for s in stages if w[s] < b[s]]
-            if ready_b:
-                chosen.append((Kind.BACKWARD, min(ready_b)[2]))
-            elif ready_f and sum(f[s] - w[s] for s in stages) < limit:
-                chosen.append((Kind.FORWARD, ready_f[0]))
-            elif ready_w:
-                chosen.append((Kind.BACKWARD_WEIGHT, min(ready_w)[1]))
-            else:
-                chosen.append(None)
-        if not any(chosen):
-            raise ScheduleError(f"the zbv schedule of {p} ranks and {m} micro-batches cannot "
-                                "proceed (this is a bug in Tarantella's schedule)")
-        for r, pick in enumerate(chosen):
-            if pick is not None:
-                kind, s = pick
-                orders[r].append((kind, s, done[kind][s]))
-                done[kind][s] += 1
-    return orders
+    units = [(k - 1 - r, r) for r in range(p)]  # the second chunk first
+
+    def choose(r, f, b, w):
+        stages = units[r]
+        ready_b = [(b[s], n, s) for n, s in enumerate(stages)
+                   if b[s] < (f[s] if s == k - 1 else b[s + 1])]
+        if ready_b:
+            return Kind.BACKWARD, min(ready_b)[2]
+        ready_f = [s for s in stages if f[s] < (m if s == 0 else f[s - 1])]
+        if ready_f and sum(f[s] - w[s] for s in stages) < limit:
+            return Kind.FORWARD, ready_f[0]
+        ready_w = [(w[s], s) for s in stages if w[s] < b[s]]
+        return (Kind.BACKWARD_WEIGHT, min(ready_w)[1]) if ready_w else None
+    return _unit_time_orders(k, m, units, choose, "zbv")
 
 
 def _interleaved_order(rank, num_ranks, chunks, m):
@@ -371,7 +368,7 @@ def training(name, num_stages, num_ranks, num_micro_batches):
             # K - 1 more micro-batches wait for their W.
             in_flight = [min(k - s if name == "zb-h1" else 2 * (k - s) - 1, m)
                          for s in range(k)]
-            orders = _zero_bubble_orders(k, m, in_flight)
+            orders = _zero_bubble_orders(k, m, in_flight, name)
             bound = [min(n + k - 1, m) for n in in_flight]
         else:
             orders = [_one_stage_order(name, s, k, m) for s in range(k)]
