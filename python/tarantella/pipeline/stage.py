@@ -419,10 +419,13 @@ class _Step:
         return [self.pipeline._send(t, spec[1], peer, tag) for t, spec in zip(tensors, specs)]
 
     def _receive(self, action, specs):
-        """The tensors (of cut `specs`) that the RECV `action` receives."""
+        """The tensors (of cut `specs`) that the RECV `action` receives
+        (none for no specs: then the next action waits for what it did)."""
         peer, tag = self.schedule.transfer(action)
         if peer == self.pipeline.stage:
             return self.handed.pop(tag)
+        if not specs:
+            return []
         out = [self.pipeline._recv(spec, self.sizes[action.micro_batch], peer, tag, self.after)
                for spec in specs]
         self.after = []
