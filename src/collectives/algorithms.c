@@ -12,8 +12,9 @@
  * how fast a rank reduces (TNT_NETWORK_GBIT, TNT_NETWORK_LATENCY_US,
  * TNT_REDUCE_GBPS; rd_max_bytes, ring_min_bytes, checked against libtnt's
  * algorithms simulated on fat-trees of 8 to 1024 hosts,
- * docs/research/scale-study.md). The allgather across hosts is Bruck's
- * algorithm for small totals and the ring for large ones (bruck_max_bytes). Where the model leaves
+ * docs/research/scale-study.md). The allgather across hosts is recursive
+ * doubling (a power of two of ranks) or Bruck's algorithm for small totals
+ * and the ring for large ones (bruck_max_bytes). Where the model leaves
  * Rabenseifner's no sizes of its own (2, 3 and 5 ranks) the ring
  * follows recursive doubling directly. The settings TNT_ALLREDUCE_ALGORITHM,
  * TNT_BROADCAST_ALGORITHM and TNT_ALLGATHER_ALGORITHM force one.
@@ -73,7 +74,8 @@ static const tnt__algo_t *const allreduce_algos[] = {
 static const tnt__algo_t *const broadcast_algos[] = {&tnt__broadcast_shm, &tnt__broadcast_tree,
                                                      NULL};
 static const tnt__algo_t *const allgatherv_algos[] = {
-    &tnt__allgatherv_shm, &tnt__allgatherv_ring, &tnt__allgatherv_bruck, NULL};
+    &tnt__allgatherv_shm, &tnt__allgatherv_ring, &tnt__allgatherv_bruck, &tnt__allgatherv_rd,
+    NULL};
 
 static const tnt__algo_t *const *const tables[TNT__ALGO_TABLE_COUNT] = {
     allreduce_algos, broadcast_algos, allgatherv_algos};
@@ -203,12 +205,15 @@ static size_t bruck_max_bytes(int n) {
   return memory > TNT__CACHED_BYTES ? (size_t)memory : (size_t)TNT__CACHED_BYTES;
 }
 
+/* On a power of two, recursive doubling takes Bruck's place: as many
+ * steps, exchanges between pairs of ranks (faster on the simulated
+ * fat-trees), and no copy for blocks in rank order. */
 static tnt__algo_choice_t allgather_across_hosts(int n) {
   const size_t bruck_max = bruck_max_bytes(n);
+  const tnt__algo_t *few_steps = (n & (n - 1)) == 0 ? &tnt__allgatherv_rd : &tnt__allgatherv_bruck;
   if (bruck_max == 0) return tnt__algo_only(&tnt__allgatherv_ring);
-  if (bruck_max == SIZE_MAX) return tnt__algo_only(&tnt__allgatherv_bruck);
-  return (tnt__algo_choice_t){{&tnt__allgatherv_bruck, &tnt__allgatherv_ring},
-                              {bruck_max, SIZE_MAX}};
+  if (bruck_max == SIZE_MAX) return tnt__algo_only(few_steps);
+  return (tnt__algo_choice_t){{few_steps, &tnt__allgatherv_ring}, {bruck_max, SIZE_MAX}};
 }
 
 /* The choice by message size and group size. */

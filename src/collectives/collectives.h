@@ -141,6 +141,7 @@ extern const tnt__algo_t tnt__broadcast_shm;   /* broadcast_shm.c */
 extern const tnt__algo_t tnt__allgatherv_ring; /* allgatherv_ring.c */
 extern const tnt__algo_t tnt__allgatherv_shm;  /* allgatherv_shm.c */
 extern const tnt__algo_t tnt__allgatherv_bruck; /* allgatherv_bruck.c */
+extern const tnt__algo_t tnt__allgatherv_rd;    /* allgatherv_rd.c */
 
 /*
  * What a collective call is, in the terms every member must agree on.

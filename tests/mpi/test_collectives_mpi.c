@@ -342,7 +342,7 @@ static void broadcast_once(tnt_group_t *g, bufs_t *b, size_t count, tnt_dtype_t 
  */
 static const char *const kBcastAlgos[] = {"auto", "tree", "shm"};
 static void test_broadcast_roots(tnt_group_t *world, bufs_t *b, const char *algo);
-static const char *const kGatherAlgos[] = {"auto", "ring", "shm", "bruck"};
+static const char *const kGatherAlgos[] = {"auto", "ring", "shm", "bruck", "rd"};
 
 static void test_broadcast(tnt_group_t *world, bufs_t *b) {
   for (int a = 0; a < 3; a++) {

@@ -202,7 +202,7 @@ static const size_t kCounts[] = {0, 1, 3, 31, 1024, 1031, 4099, 10007};
 
 static const char *const kAllreduceAlgos[] = {"shm", "rd", "ring", "mpi", "hier", "rabenseifner"};
 static const char *const kBroadcastAlgos[] = {"shm", "tree"};
-static const char *const kAllgathervAlgos[] = {"shm", "ring", "bruck"};
+static const char *const kAllgathervAlgos[] = {"shm", "ring", "bruck", "rd"};
 
 /* ----------------------------------------------------------- allreduce */
 
