@@ -69,6 +69,7 @@ from tarantella import subclass
 from tarantella import timeline
 from tarantella import zero
 from tarantella import zero_checkpoint
+from tarantella import zero_weights
 from tarantella.backup import position
 from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
@@ -97,6 +98,7 @@ class _State:
         self.saves_of_this_rank = False
         self.pipeline = None  # a pipeline.stage.Pipeline when pipelined
         self.zero_stage = 0
+        self.deferred = ()  # variables a build function made, not allocated yet (zero_stage=3)
 
     def data_parallel_ranks(self):
         """The ranks that average each gradient: all, or a stage's replicas."""
@@ -169,10 +171,20 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
     wrapped._tnt.zero_stage = zero_stage
     if pipelined and pipeline_stage.is_one_stage(wrapped, strategy, num_stages):
         pipelined = False
+    if pipelined and zero_stage == 3:
+        raise runtime.TarantellaError(
+            "zero_stage=3 shards the weights of a data-parallel model; a pipelined model "
+            "already holds each stage's weights on that stage's ranks only: use zero_stage=1 or "
+            "2 with ParallelStrategy.ALL (the optimizer's state of each stage is then shared "
+            "among its replicas), or ParallelStrategy.DATA with zero_stage=3")
     if pipelined:
         wrapped._tnt.pipeline = pipeline_stage.Pipeline(wrapped, strategy, num_micro_batches,
                                                         num_stages, deferred, schedule)
         wrapped._tnt.resources = wrapped._tnt.pipeline.resources()
+    elif zero_stage == 3 and runtime.get_size() > 1:
+        # Allocated a variable at a time when the optimizer takes its parts.
+        wrapped._tnt.deferred = deferred
+        batch_norm.synchronize(wrapped)
     else:
         stage_weights.allocate_all(deferred)
         batch_norm.synchronize(wrapped)
@@ -264,6 +276,9 @@ class Model(keras.Model, metaclass=_ModelType):
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.train_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
+            if zero_weights.holds_parts(self):
+                return metrics.global_logs(self, zero_weights.train_step(self, data, current),
+                                           current)
             # Every optimizer the model holds averages its gradients, also
             # those a train_step of the model's own applies.
             optimizers.distribute_held_by(self)
@@ -274,12 +289,21 @@ class Model(keras.Model, metaclass=_ModelType):
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.test_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
-            return metrics.global_logs(self, super().test_step(data), current)
+            if zero_weights.holds_parts(self):
+                logs = zero_weights.run_gathered(self, current,
+                                                 lambda: super(Model, self).test_step(data))
+            else:
+                logs = super().test_step(data)
+            return metrics.global_logs(self, logs, current)
 
     def predict_step(self, data):
         if self._tnt.pipeline is not None:
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.predict_step(self, data)
+        if zero_weights.holds_parts(self):
+            with step.model_step(self._tnt.resources, data) as current:
+                return zero_weights.run_gathered(self, current,
+                                                 lambda: super(Model, self).predict_step(data))
         return super().predict_step(data)
 
     def get_metrics_result(self):
@@ -311,6 +335,13 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def _tnt_compiled(self):
         self.jit_compile = False
+        if self._tnt.zero_stage == 3 and runtime.get_size() > 1 and \
+                subclass.base_class(self).train_step is not keras.Model.train_step:
+            raise runtime.TarantellaError(
+                f"zero_stage=3 keeps the weights in parts, which the steps of fit, evaluate "
+                f"and predict gather; {subclass.base_class(self).__name__} has a train_step of "
+                "its own, which would read the weights themselves: use zero_stage=2 with it (the "
+                "weights whole on every rank, the gradients and the optimizer's state sharded)")
         if self._tnt.zero_stage and self._tnt.data_parallel_ranks() > 1:
             zero.shard(self.optimizer, self._tnt.zero_stage, self._tnt.resources)
         else:
@@ -337,8 +368,8 @@ class Model(keras.Model, metaclass=_ModelType):
                 "every rank must build the same model")
         if self._tnt.pipeline is not None:
             self._tnt.pipeline.broadcast_stage()
-        else:
-            runtime.broadcast_values(weights)
+        else:  # (at zero_stage=3 the weights in parts are not the model's)
+            runtime.broadcast_values([w for w in weights if internals.is_allocated(w)])
 
     def _tnt_prepare(self, dataset):
         """Builds the model if needed, broadcasts the weights once, and
@@ -350,15 +381,30 @@ class Model(keras.Model, metaclass=_ModelType):
             self(x)
         if self._tnt.broadcast_pending:
             self._tnt_broadcast_weights()
+        self._tnt_hold()
         if self._tnt.pipeline is None:
             batch_norm.average_moving_statistics(self)
         else:
             self._tnt.pipeline.build_state(self, dataset)
 
+    def _tnt_hold(self):
+        """At zero_stage=3 on several ranks, makes the optimizer's parts
+        hold the trainable weights (building the optimizer: zero.Shards.hold);
+        a model not compiled keeps them whole. Collective."""
+        if self._tnt.zero_stage != 3 or not self.built or zero_weights.holds_parts(self):
+            return
+        if zero_checkpoint.sharded(self):
+            self.optimizer.build(self.trainable_variables)
+        stage_weights.allocate_all(self._tnt.deferred)
+        self._tnt.deferred = ()
+
     def get_weights(self):
-        """The weights of the whole model (collective when pipelined: every
-        rank gathers the stages, holding the whole model's weights twice
-        while it runs, once as NumPy arrays it returns)."""
+        """The weights of the whole model (collective when pipelined or at
+        zero_stage=3: every rank gathers the stages or the parts, holding the
+        whole model's weights as the NumPy arrays it returns)."""
+        self._tnt_hold()
+        if zero_weights.holds_parts(self):
+            return zero_checkpoint.get_weights(self)
         if self._tnt.pipeline is not None:
             with self._tnt.pipeline.whole():
                 return super().get_weights()
@@ -367,7 +413,17 @@ class Model(keras.Model, metaclass=_ModelType):
     def set_weights(self, weights):
         """Sets the weights on every rank to the master's `weights`
         (collective: call it on every rank; pipelined, every rank keeps its
-        stage's part)."""
+        stage's part; at zero_stage=3, its part of every weight)."""
+        self._tnt_hold()
+        if zero_weights.holds_parts(self):
+            if len(weights) != len(self.weights) or any(
+                    tuple(np.shape(w)) != tuple(v.shape) for w, v in zip(weights, self.weights)):
+                raise ValueError(
+                    f"set_weights was given {len(weights)} arrays of shapes "
+                    f"{[tuple(np.shape(w)) for w in weights]}; the model's weights are "
+                    f"{[tuple(v.shape) for v in self.weights]}")
+            zero_checkpoint.set_weights(self, weights)
+            return
         if self._tnt.pipeline is not None:
             with self._tnt.pipeline.whole(fill=False):
                 super().set_weights(weights)

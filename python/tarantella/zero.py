@@ -1,5 +1,5 @@
-"""Sharded data parallelism: ZeRO stages 1 and 2 (``tnt.Model(...,
-zero_stage=1 or 2)``).
+"""Sharded data parallelism: ZeRO stages 1, 2 and 3 (``tnt.Model(...,
+zero_stage=1, 2 or 3)``).
 
 Plain data parallelism keeps the whole optimizer state on every rank. With
 a stage above 0, each rank keeps the optimizer state of its part of every
@@ -29,6 +29,13 @@ optimizer computes every element as it would on the whole tensor, so the
 weights are bitwise those of stage 0. A LossScaleOptimizer decides whether
 the gradients are finite from every rank's parts.
 
+Stage 3 keeps the weights in parts too: the parts are the only copy of
+the trainable weights (the model's own variables hold no value; Shards.hold
+frees them, a variable at a time), and a step gathers the whole weights
+into tensors that the model runs on (zero_weights.py) instead of gathering
+them into the model's variables after the update. The arithmetic of the
+passes, the reduce-scatter and the update is stage 2's: bitwise stage 0.
+
 A pipelined model (ParallelStrategy.ALL) shards within each stage's
 replica group: the ranks that run the same stages on other parts of the
 batch, which average its gradients at stage 0. Each rank keeps its part of
@@ -38,6 +45,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tarantella import _keras_internals as internals
 from tarantella import gradients
 from tarantella import log
 from tarantella import ops
@@ -45,7 +53,7 @@ from tarantella import runtime
 from tarantella import step
 from tarantella import subclass
 
-STAGES = (0, 1, 2)
+STAGES = (0, 1, 2, 3)
 # Keras's optimizers whose update computes every element from that
 # element's gradient and state alone (and the norms of clipnorm and
 # global_clipnorm, ShardedClipping), or, Lamb, from norms of whole
@@ -63,8 +71,8 @@ def check_stage(zero_stage):
     if isinstance(zero_stage, bool) or zero_stage not in STAGES:
         raise runtime.TarantellaError(
             f"zero_stage={zero_stage!r} is not a ZeRO stage Tarantella has: use 0 (plain data "
-            "parallelism), 1 (optimizer state sharded) or 2 (gradients and optimizer state "
-            "sharded)")
+            "parallelism), 1 (optimizer state sharded), 2 (gradients and optimizer state "
+            "sharded) or 3 (weights, gradients and optimizer state sharded)")
     if zero_stage and runtime.threshold_kb() == "auto":
         raise runtime.TarantellaError(
             f"zero_stage={zero_stage} needs a fixed fusion plan, but TNT_FUSION_THRESHOLD_KB is "
@@ -78,7 +86,7 @@ def check_stage(zero_stage):
 
 class Shards:
     """This rank's parts of `variables` (a list of the model's variables)
-    and the fusion sets that move them, at `stage` 1 or 2, among the ranks
+    and the fusion sets that move them, at `stage` 1, 2 or 3, among the ranks
     of `group` (a _core.create_group handle of `size` ranks; None: all)."""
 
     def __init__(self, variables, stage, group=None, size=None):
@@ -87,7 +95,7 @@ class Shards:
         self.size = runtime.get_size() if size is None else size
         self.variables = list(variables)
         self.signature = gradients.signature(self.variables)
-        mode = "reduce_scatter" if stage == 2 else "allreduce"
+        mode = "allreduce" if stage == 1 else "reduce_scatter"
         self.reducer = gradients.GradientReducer(group, size, mode=mode)
         self.gather_set = self.reducer.fusion(self.signature, "allgather")
         self.ranges = [self.gather_set.part(i) for i in range(len(self.variables))]
@@ -132,8 +140,38 @@ class Shards:
         return [p.assign(tf.reshape(v.value, [-1])[lo:hi])
                 for p, v, (lo, hi) in zip(self.parts, self.variables, self.ranges)]
 
+    def hold(self):
+        """(Stage 3, eagerly) Makes the parts the only copy of the weights:
+        one variable at a time, allocates it if it has no value yet (a model
+        built by a function), takes the master's value, copies this rank's
+        part and frees the variable, which keeps a guard (NotHeld). No rank
+        holds more than its parts and one whole variable. Collective."""
+        for v, p, (lo, hi) in zip(self.variables, self.parts, self.ranges):
+            if not internals.is_allocated(v):
+                internals.allocate(v)
+            runtime.broadcast_values([v], group=self.group)
+            p.assign(tf.reshape(v.value, [-1])[lo:hi])
+            internals.unallocate(v, NotHeld(v.path))
+
     def gather(self, current):
         """Gathers the updated parts into the model's variables."""
+        count, wholes = self._gather(current, [v.value for v in self.variables])
+        assigned = [self.count_whole.assign(count)]
+        assigned += [v.assign(w) for v, w in zip(self.variables, wholes)]
+        current.record(assigned)
+        return assigned
+
+    def gathered(self, current):
+        """(Stage 3) The whole weights gathered from the parts: tensors, in
+        the order of the variables."""
+        likes = [tf.raw_ops.Empty(shape=v.shape, dtype=v.dtype) for v in self.variables]
+        count, wholes = self._gather(current, likes)
+        current.record(wholes + [self.count_whole.assign(count)])
+        return wholes
+
+    def _gather(self, current, likes):
+        """The gathered sample count and the gathered parts (each shaped
+        like its tensor of `likes`), in the step's chain."""
         h = self.gather_set.handle
         count_id = gradients.count_id(self.signature)
 
@@ -144,15 +182,31 @@ class Shards:
             tokens = {count_id: start(count_id, self.count_part.value())}
             for i, _, _ in self.signature:
                 tokens[i] = start(i, self.parts[i].value)
-        assigned = []
+        wholes = [None] * len(self.variables)
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
-            done = ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1)
-            assigned.append(self.count_whole.assign(done))
+            count = ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1)
             for i, numel, _ in self.signature:
-                v = self.variables[i]
-                assigned.append(v.assign(ops.fusion_finish(tokens[i], v.value, h, i, numel)))
-        current.record(assigned)
-        return assigned
+                wholes[i] = ops.fusion_finish(tokens[i], likes[i], h, i, numel)
+        return count, wholes
+
+
+class NotHeld:
+    """The initializer of a model's variable at zero_stage=3, whose value is
+    in the ranks' parts: Keras reads it when the variable's value is read
+    outside a step (see pipeline/weights.py's _NotHeld)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, shape, dtype=None):
+        if internals.in_shape_inference():
+            return tf.zeros(shape, dtype)
+        raise runtime.TarantellaError(
+            f"the weight {self.path} is held in parts, one on each rank (zero_stage=3), so it "
+            "has no value of its own on this rank: train, evaluate and predict with the "
+            "model's fit, evaluate and predict (their steps gather the weights), read the "
+            "weights with model.get_weights() (collective: every rank gathers them), or use "
+            "zero_stage=2, which keeps the whole weights on every rank")
 
 
 class ShardedOptimizer:
@@ -165,10 +219,12 @@ class ShardedOptimizer:
         super().build(shards.parts)
         whole = _mib(variables)
         part = shards.held_bytes() / 2**20
+        if shards.stage == 3:
+            shards.hold()
         log.logger.info(
             "ZeRO stage %d over %d ranks: this rank holds %.1f MiB of weights, %.1f MiB of "
             "averaged gradients and %.1f MiB of optimizer state (for its part of the weights, "
-            "%.1f MiB)", shards.stage, shards.size, whole,
+            "%.1f MiB)", shards.stage, shards.size, part if shards.stage == 3 else whole,
             whole if shards.stage == 1 else part, _mib(self.variables), part)
 
     def apply(self, grads, trainable_variables=None):
@@ -183,8 +239,11 @@ class ShardedOptimizer:
                 "of the model together")
         current = step.active()
         parts = shards.reduce(list(grads), current)
+        pairs = [(g, p) for g, p in zip(parts, shards.parts) if g is not None]
+        if shards.stage == 3:  # the parts are the weights; the next step gathers them
+            super().apply([g for g, _ in pairs], [p for _, p in pairs])
+            return
         with tf.control_dependencies(shards.copy_in()):
-            pairs = [(g, p) for g, p in zip(parts, shards.parts) if g is not None]
             super().apply([g for g, _ in pairs], [p for _, p in pairs])
         shards.gather(current)
 

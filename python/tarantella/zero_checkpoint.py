@@ -22,6 +22,10 @@ it). No rank holds more of the state than its own parts and one piece.
 Loading reads the file on every rank (as Keras's load_weights does) and
 assigns each rank its range of every slot, read from the rows that hold it.
 
+At zero_stage 3 the trainable weights are in parts too (the model's
+variables hold no value): they move and load as the slots do, so the
+files are those of the other stages.
+
 StageParts does the same for a pipelined model (ParallelStrategy.ALL),
 whose stages' replicas share their stages' slots: a piece of a slot is put
 together among the replicas of its stage (the allgatherv within their
@@ -68,9 +72,11 @@ def check_together(model, what):
 
 class Slots:
     """This rank's parts of the slots of a sharded, built `optimizer` (a
-    moment, an accumulator: one value per element of a trainable variable),
-    and how a piece of a whole slot is put together from the parts of the
-    ranks that share them (Shards.group)."""
+    moment, an accumulator: one value per element of a trainable variable)
+    and, at stage 3, of the trainable weights, and how a piece of a whole
+    slot or weight is put together from the parts of the ranks that share
+    them (Shards.group). A weight is named by the model's variable, a slot
+    by the optimizer's variable of its part."""
 
     def __init__(self, optimizer):
         self.shards = shards = optimizer._tnt_shards
@@ -100,6 +106,11 @@ class Slots:
                     "value per element: it cannot be written whole from the parts; save with "
                     "zero_stage=0, or use one of Keras's elementwise optimizers")
             self.slot_of[id(mine[(i, k)])] = i
+        self.part_of = {}  # id(a model's variable) -> its part (stage 3)
+        if shards.stage == 3:
+            for i, (v, part) in enumerate(zip(shards.variables, shards.parts)):
+                self.slot_of[id(v)] = i
+                self.part_of[id(v)] = part
 
     @functools.cached_property
     def _every_range(self):
@@ -129,7 +140,8 @@ class Slots:
         counts = np.maximum(np.minimum(ranges[:, 1], b) - starts, 0)
         lo, hi = self.shards.ranges[i]
         start = max(lo, a)
-        mine = np.asarray(variable.value[start - lo:max(min(hi, b), start) - lo])
+        part = self.part_of.get(id(variable), variable)
+        mine = np.asarray(part.value[start - lo:max(min(hi, b), start) - lo])
         size = dtype.itemsize
         received = np.empty(int(counts.sum()) * size, dtype=np.uint8)
         _core.allgatherv(np.ascontiguousarray(mine).view(np.uint8), received,
@@ -159,8 +171,33 @@ class Slots:
             lo, hi = lo - first * row, hi - first * row
         else:
             flat = np.asarray(stored[()]).reshape(-1)
-        variable.assign(flat[lo:hi])
+        self.part_of.get(id(variable), variable).assign(flat[lo:hi])
         return True
+
+    def whole(self, variable):
+        """The whole value of `variable` (a weight or a slot's part) as an
+        array. Collective."""
+        shape = self.whole_shape(variable)
+        return self.piece(variable, shape, np.dtype(variable.dtype),
+                          (0, shape[0]) if shape else None)
+
+
+def get_weights(model):
+    """The weights of `model` at zero_stage=3 as arrays, those in parts
+    gathered (collective)."""
+    slots = Slots(model.optimizer)
+    return [slots.whole(v) if id(v) in slots.part_of else np.asarray(v.value)
+            for v in model.weights]
+
+
+def set_weights(model, weights):
+    """Gives `model` at zero_stage=3 the master's `weights` (arrays, in
+    the order of model.weights), each rank its part of those in parts."""
+    weights = runtime.broadcast_arrays(weights)
+    slots = Slots(model.optimizer)
+    for v, w in zip(model.weights, weights):
+        if not slots.assign(v, w):
+            v.assign(w)
 
 
 def _built(model):

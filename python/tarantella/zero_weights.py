@@ -1,0 +1,86 @@
+"""The steps of a model at ZeRO stage 3 (zero.py), whose weights are in
+the ranks' parts: fit, evaluate and predict run Keras's own passes on the
+whole weights, gathered at the start of each step.
+
+A step gathers the parts into tensors (Shards.gathered) and runs the model
+inside a ``keras.StatelessScope`` that maps each trainable variable to its
+gathered tensor: Keras's ``Variable.value`` reads the scope's value, so the
+model computes on the gathered weights as it would on its variables (the
+way ``stateless_call`` runs a model). The training step takes the gradients
+with respect to those tensors, reduce-scatters them and updates the parts,
+as stage 2 does; the arithmetic is stage 0's, so the results are bitwise.
+
+A stateless scope also keeps every assignment made inside it (moving
+statistics of BatchNormalization, the state of a Dropout's seed
+generator, metrics); _Recording notes which variables were assigned and
+assigns them their last values once the passes are done.
+
+Stage 3 runs the steps of Keras's Model; a model whose class has its own
+train_step, or a custom loop, is refused when the model is compiled (its
+code would read the variables, which hold no value).
+"""
+import keras
+import tensorflow as tf
+
+from tarantella import _keras_internals as internals
+
+
+class _Recording(keras.StatelessScope):
+    """A StatelessScope over `mapping` ([(variable, value)]) that assigns,
+    in apply(), every variable assigned within it its last value."""
+
+    def __init__(self, mapping):
+        super().__init__(state_mapping=mapping, initialize_variables=False)
+        self.assigned = {}
+
+    def add_update(self, update):
+        super().add_update(update)
+        self.assigned[id(update[0])] = update[0]
+
+    def apply(self):
+        for v in self.assigned.values():
+            v.assign(self.get_current_value(v))
+
+
+def _shards(model):
+    return model.optimizer._tnt_shards
+
+
+def holds_parts(model):
+    """Whether `model`'s weights are in the ranks' parts (stage 3, the
+    optimizer built)."""
+    shards = getattr(getattr(model, "optimizer", None), "_tnt_shards", None)
+    return shards is not None and shards.stage == 3
+
+
+def _batch_size(x):
+    return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+
+
+def train_step(model, data, current):
+    """Keras's training step on the gathered weights; the update of the
+    parts as stage 2's."""
+    shards = _shards(model)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    wholes = shards.gathered(current)
+    with tf.GradientTape() as tape:
+        tape.watch(wholes)
+        with _Recording(list(zip(shards.variables, wholes))) as scope:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                      training=True)
+        scope.apply()
+        internals.loss_tracker(model).update_state(loss, sample_weight=_batch_size(x))
+        loss = model.optimizer.scale_loss(loss)
+    grads = tape.gradient(loss, wholes)
+    model.optimizer.apply(grads, shards.variables)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def run_gathered(model, current, run):
+    """`run()` (Keras's test or predict step) on the gathered weights."""
+    shards = _shards(model)
+    with _Recording(list(zip(shards.variables, shards.gathered(current)))) as scope:
+        out = run()
+    scope.apply()
+    return out
