@@ -1,12 +1,13 @@
-"""Sharded data parallelism (tnt.Model(..., zero_stage=1 or 2)) against
-plain data parallelism on the same ranks.
+"""Sharded data parallelism (tnt.Model(..., zero_stage=1, 2 or 3))
+against plain data parallelism on the same ranks.
 
-At stages 1 and 2 each rank updates its part of every variable with the
+At stages 1 to 3 each rank updates its part of every variable with the
 part's gradient, which is bitwise the allreduce's (stage 1 keeps it from
-the allreduce, stage 2 receives it from a reduce-scatter that computes
-each block as the allreduce does); an elementwise optimizer then computes
-every element as on the whole tensor. So the weights and the losses of
-stages 1 and 2 equal stage 0's bit for bit, and stage 0 equals serial
+the allreduce, stages 2 and 3 receive it from a reduce-scatter that
+computes each block as the allreduce does); an elementwise optimizer then
+computes every element as on the whole tensor. Stage 3's passes run on
+weights gathered from the parts, the same values. So the weights and the
+losses of stages 1 to 3 equal stage 0's bit for bit, and stage 0 equals serial
 Keras within the tolerance of test_training.py. Clipping by norm and Lamb
 read whole tensors: their norms come from the parts' sums (see
 test_norm_clipping_equals_stage_zero_within_rounding and
@@ -40,9 +41,14 @@ def weights(result, case, stage):
     return [result[k] for k in sorted(result, key=lambda k: (len(k), k)) if k.startswith(prefix)]
 
 
+def sharded_stages(result, case):
+    """The stages above 0 that `case` was trained at."""
+    return sorted({int(k.split("/")[1][1:]) for k in result if k.startswith(f"{case}/z")} - {0})
+
+
 def assert_bitwise_as_stage_zero(results, cases):
     for case in cases:
-        for stage in (1, 2):
+        for stage in sharded_stages(results[0], case):
             for r, result in enumerate(results):
                 for what in ("loss", "accuracy"):
                     assert np.array_equal(result[f"{case}/z{stage}/{what}"],
@@ -57,7 +63,7 @@ def assert_bitwise_as_stage_zero(results, cases):
 
 def assert_ranks_identical(results):
     for key in results[0]:
-        if key.endswith("slot_bytes"):
+        if key.endswith(("slot_bytes", "trainable_bytes")):
             continue
         for r, result in enumerate(results[1:], start=1):
             assert np.array_equal(result[key], results[0][key]), \
@@ -66,16 +72,22 @@ def assert_ranks_identical(results):
 
 def assert_state_is_sharded(results, cases, groups=None):
     """The slots of the ranks of each group (default: all ranks) at stages
-    1 and 2 add up to stage 0's, which every rank of the group holds whole."""
+    1 to 3 add up to stage 0's, which every rank of the group holds whole;
+    so do the trainable weights at stage 3 (the model's variables hold no
+    value there, the parts do), which stages 1 and 2 hold whole."""
     for group in groups or [range(len(results))]:
         for case in cases:
-            whole = int(results[group[0]][f"{case}/z0/slot_bytes"])
-            for stage in (1, 2):
-                held = [int(results[r][f"{case}/z{stage}/slot_bytes"]) for r in group]
-                assert sum(held) == whole, \
-                    f"{case}: ranks {list(group)}: stage {stage} slots {held}, stage 0 {whole}"
-                if whole:
-                    assert max(held) < whole, f"{case}: a rank holds every slot: {held}"
+            for what in ("slot_bytes", "trainable_bytes"):
+                whole = int(results[group[0]][f"{case}/z0/{what}"])
+                for stage in sharded_stages(results[group[0]], case):
+                    held = [int(results[r][f"{case}/z{stage}/{what}"]) for r in group]
+                    if what == "trainable_bytes" and stage < 3:
+                        assert held == [whole] * len(held), (case, stage, held, whole)
+                        continue
+                    assert sum(held) == whole, \
+                        f"{case}: ranks {list(group)}: stage {stage} {what} {held}, stage 0 {whole}"
+                    if whole:
+                        assert max(held) < whole, f"{case}: a rank holds every {what}: {held}"
 
 
 # A train_step of its own that applies its gradients with optimizer.apply,
@@ -139,7 +151,7 @@ def test_batch_norm_and_dropout_on_four_ranks_are_bitwise_as_stage_zero(tmp_path
 
 def assert_lamb_within_rounding(result):
     """Lamb scales a variable's update u by ratio = |w| / |u|, norms of
-    the whole variable, which stages 1 and 2 add up from the 3 ranks' parts
+    the whole variable, which stages 1 to 3 add up from the 3 ranks' parts
     (the Sequential model's kernels of 192 and 128 elements are cut across
     ranks here: from each part's own norms the weights differ by about
     1e-2). A sum of n positive squares in any order is within (n - 1) u of
@@ -156,7 +168,7 @@ def assert_lamb_within_rounding(result):
     final = weights(result, "lamb", 0)
     norm = max(float(np.linalg.norm(w)) for w in final) / (1 - lr) ** steps
     bound = 2 * steps * lr * norm * 2 * (n - 1) * u
-    for stage in (1, 2):
+    for stage in sharded_stages(result, "lamb"):
         for got, want in zip(weights(result, "lamb", stage), final):
             assert np.max(np.abs(got - want)) <= bound, (stage, np.max(np.abs(got - want)), bound)
 
@@ -175,7 +187,7 @@ def test_every_reader_of_the_weights_sees_stage_zeros(tmp_path, python):
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     for case in cases:
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             for what in ("val_loss", "batch_sums"):
                 assert np.array_equal(results[0][f"{case}/z{stage}/{what}"],
                                       results[0][f"{case}/z0/{what}"]), (case, stage, what)
@@ -195,7 +207,7 @@ def test_norm_clipping_equals_stage_zero_within_rounding(two_ranks):
 
 def assert_clipping_within_rounding(results, cases):
     """A norm is the square root of a sum of n squares; stage 0 adds a
-    tensor's squares in one order, stages 1 and 2 add each part's and then
+    tensor's squares in one order, stages 1 to 3 add each part's and then
     the parts'. All terms are positive, so either sum is within (n - 1) u
     of the exact one (u = 2**-24, float32; n the elements of the largest
     variable, 12 x 16) and the two within 2 (n - 1) u of each other; the
@@ -206,7 +218,7 @@ def assert_clipping_within_rounding(results, cases):
     the differences' own effect on later gradients."""
     steps, n, u = 2 * 8, 12 * 16, 2.0 ** -24
     for case in cases:
-        for stage in (1, 2):
+        for stage in sharded_stages(results[0], case):
             for got, want in zip(weights(results[0], case, stage), weights(results[0], case, 0)):
                 assert np.max(np.abs(got - want)) <= 2 * steps * (n - 1) * u, case
 
