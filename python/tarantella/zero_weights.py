@@ -84,3 +84,12 @@ def run_gathered(model, current, run):
         out = run()
     scope.apply()
     return out
+
+
+def stand_in_outputs(model, x):
+    """Zeros shaped as `model`'s outputs on `x` (eager), computed without
+    reading a weight: what builds the compiled metrics where their values
+    do not matter."""
+    spec = model.compute_output_spec(x, training=False)
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+

@@ -1,23 +1,25 @@
-"""Checkpoints of models whose optimizer state is sharded (zero_stage 1, 2).
+"""Checkpoints of models whose optimizer state is sharded (zero_stage 1 to
+3; at stage 3 the weights too).
 
-The files hold the optimizer's state whole, as plain data parallelism
-writes it: every rank streams its parts of each slot to the master, in
+The files hold the optimizer's state (and the weights) whole, as plain
+data parallelism writes it: every rank streams its parts of each slot (and
+at stage 3 of each weight) to the master, in
 pieces (of 64 bytes here, which cut across the ranks' parts), and the
 master writes the file. So plain Keras loads save's, save_weights' and
-ModelCheckpoint's files of a stage-2 run and gets the weights and the
+ModelCheckpoint's files of a stage-2 or stage-3 run and gets the weights and the
 optimizer variables that a stage-0 run saves, bit for bit (also under
 mixed precision, whose LossScaleOptimizer holds an inner optimizer).
 
 Loading gives each rank its part of every slot, whatever the stage and the
-number of ranks of the run that wrote the file. Stages 1 and 2 compute
+number of ranks of the run that wrote the file. Stages 1 to 3 compute
 what stage 0 computes bit for bit (test_zero.py), so every comparison
 below is bitwise: one more epoch from a checkpoint equals one more epoch
 of the uninterrupted run (2 ranks: save, load_model, load_weights at other
 stages); from a file written on 3 ranks at stage 2, one more epoch on 2
-ranks at stage 1 or 2 equals one at stage 0 from the same file; a
-BackupAndRestore backup restores the same way (a fit at stage 2
+ranks at stage 1, 2 or 3 equals one at stage 0 from the same file; a
+BackupAndRestore backup restores the same way (a fit at stage 2 or 3
 interrupted by an exception, then resumed, ends as the uninterrupted run;
-a backup taken on 3 ranks resumes on 2 at stage 2 as at stage 0). The
+a backup taken on 3 ranks resumes on 2 at stages 2 and 3 as at stage 0). The
 same holds for a pipelined model (ParallelStrategy.ALL, 2 stages x 2
 replicas) whose stages' replicas share their state. See
 zero_checkpoint_worker.py.
@@ -74,9 +76,13 @@ def assert_bitwise(got, want, what):
 
 
 @pytest.mark.parametrize("name,stage_zero", [
-    ("z2.keras", "z0.keras"), ("callback.keras", "z0.keras"),
+    ("z2.keras", "z0.keras"), ("callback-z2.keras", "z0.keras"),
     ("z2.weights.h5", "z0.weights.h5"), ("z2.weights.json", "z0.weights.h5"),
     ("mixed-z2.keras", "mixed-z0.keras"),
+    # Stage 3, whose weights are in parts too.
+    ("z3.keras", "z0.keras"), ("callback-z3.keras", "z0.keras"),
+    ("z3.weights.h5", "z0.weights.h5"), ("z3.weights.json", "z0.weights.h5"),
+    ("mixed-z3.keras", "mixed-z0.keras"),
     # A pipelined model's stages whose replicas share the state.
     ("hz2.keras", "hz0.keras"), ("hz2.weights.h5", "hz0.weights.h5"),
     ("hz2.weights.json", "hz0.weights.h5")])
@@ -93,21 +99,23 @@ def test_plain_keras_loads_the_state_that_stage_zero_saves(runs, name, stage_zer
     assert all(np.any(v != 0) for v in optimizer[-12:]), f"{name}: an empty slot"
 
 
-@pytest.mark.parametrize("resumed", ["keras-z2", "keras-z0", "h5-z1", "json-z2"])
+@pytest.mark.parametrize("resumed", ["keras-z2", "keras-z0", "h5-z1", "json-z2", "keras3-z3",
+                                     "keras3-z0", "keras0-z3", "h5-z3", "json-z3"])
 def test_one_more_epoch_from_a_checkpoint_is_that_of_the_uninterrupted_run(runs, resumed):
     """keras-z2 and keras-z0: load_model at stage 2 from stage 2's and
-    stage 0's .keras; h5-z1 and json-z2: load_weights into a model of other
-    initial weights, at stage 1 from .weights.h5 and at stage 2 from
-    .weights.json; then one epoch."""
+    stage 0's .keras (keras3-*: at stage 3; keras0-z3: stage 3's file at
+    stage 0); h5-z1 and json-z2: load_weights into a model of other initial
+    weights, at stage 1 from .weights.h5 and at stage 2 from .weights.json
+    (h5-z3, json-z3: stage 3's files at stage 3); then one epoch."""
     _, ranks = runs
     for r, result in enumerate(ranks):
         assert int(result[f"iterations-{resumed}"]) == STEPS
-        for uninterrupted in ("z2", "z0"):
+        for uninterrupted in ("z2", "z3", "z0"):
             assert_bitwise(values(result, resumed), values(result, uninterrupted),
                            f"rank {r}: {resumed} against {uninterrupted}")
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_checkpoint_of_3_ranks_resumes_on_2_at_every_stage(runs, stage):
     _, ranks = runs
     for r, result in enumerate(ranks):
@@ -118,10 +126,11 @@ def test_a_checkpoint_of_3_ranks_resumes_on_2_at_every_stage(runs, stage):
 def test_backup_and_restore_resumes_an_interrupted_fit_bitwise(runs):
     _, ranks = runs
     for r, result in enumerate(ranks):
-        assert_bitwise(values(result, "backup-z2"), values(result, "z2"),
-                       f"rank {r}: resumed at stage 2")
-        assert_bitwise(values(result, "backup3-z2"), values(result, "backup3-z0"),
-                       f"rank {r}: a backup of 3 ranks resumed on 2 at stage 2")
+        for stage in (2, 3):
+            assert_bitwise(values(result, f"backup-z{stage}"), values(result, f"z{stage}"),
+                           f"rank {r}: resumed at stage {stage}")
+            assert_bitwise(values(result, f"backup3-z{stage}"), values(result, "backup3-z0"),
+                           f"rank {r}: a backup of 3 ranks resumed on 2 at stage {stage}")
 
 
 def test_a_save_from_the_master_alone_is_refused(runs):

@@ -34,9 +34,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 SAMPLES, BATCH = 120, 20
-# Saved by main: the weights files and .keras files of stage 0 and 2.
-FILES = ("z0.keras", "z2.keras", "callback.keras", "z0.weights.h5", "z2.weights.h5",
-         "z2.weights.json", "mixed-z0.keras", "mixed-z2.keras")
+# Saved by main: the weights files and .keras files of stages 0, 2 and 3.
+FILES = ("z0.keras", "z2.keras", "z3.keras", "callback-z2.keras", "callback-z3.keras",
+         "z0.weights.h5", "z2.weights.h5", "z3.weights.h5", "z2.weights.json",
+         "z3.weights.json", "mixed-z0.keras", "mixed-z2.keras", "mixed-z3.keras")
 # Saved by hybrid, of the model cut in 2 stages.
 HYBRID_FILES = ("hz0.keras", "hz2.keras", "hz0.weights.h5", "hz2.weights.h5",
                 "hz2.weights.json")
@@ -128,27 +129,33 @@ def from_weights_files(out, path, cases, new):
 
 def main_run(tnt, path):
     """Runs on 2 ranks; records (keys of main.npz):
-    z0, z2: the weights after 2 epochs at stage 0 and 2, saved after the first;
+    z0, z2, z3: the weights after 2 epochs at stages 0, 2 and 3, saved after
+        the first;
     keras-z2, keras-z0: one epoch of models loaded (tnt.models.load_model) at
-        stage 2 from z2.keras and from z0.keras;
-    h5-z1, json-z2: one epoch of new models (other initial weights) that
-        load_weights from z2.weights.h5 at stage 1 and z2.weights.json at 2;
-    from3-z0, from3-z1, from3-z2: one epoch from ckpt3.keras (3 ranks,
-        stage 2) at stages 0, 1 and 2;
-    backup-z2: the interrupted fit at stage 2, resumed at stage 2;
-    backup3-z0, backup3-z2: save3's interrupted fit (3 ranks) resumed at
-        stages 0 and 2;
+        stage 2 from z2.keras and from z0.keras; keras3-z3, keras3-z0: at
+        stage 3 from z3.keras and z0.keras; keras0-z3: at stage 0 from z3.keras;
+    h5-z1, json-z2, h5-z3, json-z3: one epoch of new models (other initial
+        weights) that load_weights from z2.weights.h5 at stage 1,
+        z2.weights.json at 2, z3.weights.h5 and z3.weights.json at 3;
+    from3-z0, from3-z1, from3-z2, from3-z3: one epoch from ckpt3.keras (3
+        ranks, stage 2) at stages 0 to 3;
+    backup-z2, backup-z3: the interrupted fit at stage 2 (3), resumed at
+        stage 2 (3);
+    backup3-z0, backup3-z2, backup3-z3: save3's interrupted fit (3 ranks)
+        resumed at stages 0, 2 and 3;
     iterations-*: the optimizer's step count after loading;
     alone: the error of a save at stage 2 from one rank alone."""
     out = {}
-    for stage in (0, 2):
+    for stage in (0, 2, 3):
         model = new_model(tnt, stage)
-        callbacks = [keras.callbacks.ModelCheckpoint(path("callback.keras"))] if stage else []
+        callbacks = [keras.callbacks.ModelCheckpoint(path(f"callback-z{stage}.keras"))] \
+            if stage else []
         fit(model, callbacks=callbacks)
         model.save(path(f"z{stage}.keras"))
         model.save_weights(path(f"z{stage}.weights.h5"))
         if stage:
-            model.save_weights(path("z2.weights.json"))
+            model.save_weights(path(f"z{stage}.weights.json"))
+        if stage == 2:
             try:  # as a callback that runs on the master only would save
                 with model._tnt_saves_of_this_rank():
                     model.save(path("alone.keras"))
@@ -158,19 +165,24 @@ def main_run(tnt, path):
         mixed = fit(new_model(tnt, stage, mixed=True))
         mixed.save(path(f"mixed-z{stage}.keras"))
 
-    for name in ("z2", "z0"):
-        one_more_epoch(out, f"keras-{name}",
-                       tnt.models.load_model(path(f"{name}.keras"), zero_stage=2))
+    for name, key, stage in (("z2", "keras-z2", 2), ("z0", "keras-z0", 2),
+                             ("z3", "keras3-z3", 3), ("z0", "keras3-z0", 3),
+                             ("z3", "keras0-z3", 0)):
+        one_more_epoch(out, key,
+                       tnt.models.load_model(path(f"{name}.keras"), zero_stage=stage))
     from_weights_files(out, path, (("z2.weights.h5", "h5-z1", 1),
-                                   ("z2.weights.json", "json-z2", 2)),
+                                   ("z2.weights.json", "json-z2", 2),
+                                   ("z3.weights.h5", "h5-z3", 3),
+                                   ("z3.weights.json", "json-z3", 3)),
                        lambda stage: new_model(tnt, stage, seed=5))
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         model = tnt.models.load_model(path("ckpt3.keras"), zero_stage=stage)
         out.update(weights(fit(model), f"from3-z{stage}"))
 
-    interrupted_backup(tnt, 2, path("backup"))
-    out.update(weights(resumed(tnt, 2, path("backup")), "backup-z2"))
-    for stage in (0, 2):
+    for stage in (2, 3):
+        interrupted_backup(tnt, stage, path(f"backup-z{stage}"))
+        out.update(weights(resumed(tnt, stage, path(f"backup-z{stage}")), f"backup-z{stage}"))
+    for stage in (0, 2, 3):
         copy = path(f"backup3-z{stage}")
         if tnt.is_master_rank():
             shutil.copytree(path("backup3"), copy)

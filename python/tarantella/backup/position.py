@@ -13,6 +13,7 @@ import weakref
 import keras
 
 from tarantella import data
+from tarantella import zero_weights
 from tarantella.backup import files
 from tarantella.backup import state
 from tarantella.data import _tf_data_internals as tfdi
@@ -126,8 +127,10 @@ class _Skip:
     function back, and returns the metrics' results, as a real step would.
     Keras builds the compiled metrics in the first step; they are built here
     on the last skipped batch (an inference pass, which draws no random
-    numbers and changes no layer state), reset, then given their values; a
-    pipeline built them before fit, and no rank can run its whole model."""
+    numbers and changes no layer state; at zero_stage=3, whose ranks hold
+    parts of the weights, zeros of the outputs' shapes), reset, then given
+    their values; a pipeline built them before fit, and no rank can run its
+    whole model."""
 
     def __init__(self, model, batches, metrics_table):
         self.model = model
@@ -144,7 +147,9 @@ class _Skip:
         if files.pipeline_of(self.model) is None:
             # A pipeline built its metrics before fit (stage.build_state).
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            self.model.compute_metrics(x, y, self.model(x, training=False), sample_weight)
+            y_pred = zero_weights.stand_in_outputs(self.model, x) if \
+                zero_weights.holds_parts(self.model) else self.model(x, training=False)
+            self.model.compute_metrics(x, y, y_pred, sample_weight)
         self.model.reset_metrics()
         # On another number of ranks the metrics start afresh (callbacks.py says so).
         state.assign(list(self.model.metrics_variables), self.metrics_table)
