@@ -242,8 +242,22 @@ CASES = [
     P("Python API", "ranks build different models",
       "compiled(8 if tnt.get_rank() == 0 else 9).fit(ds.batch(8), verbose=0)",
       "TarantellaError", "ranks [1] have models whose weight shapes differ"),
-    P("Python API", "tnt.Model(m, zero_stage=3)", "tnt.Model(make_model(), zero_stage=3)",
-      "TarantellaError", "use 0 (plain data parallelism), 1 (optimizer state sharded) or 2"),
+    P("Python API", "tnt.Model(m, zero_stage=4)", "tnt.Model(make_model(), zero_stage=4)",
+      "TarantellaError", "use 0 (plain data parallelism), 1 (optimizer state sharded), 2"),
+    P("Python API", "zero_stage=3 with a pipeline",
+      "tnt.Model(make_model(), parallel_strategy=tnt.ParallelStrategy.PIPELINING, "
+      "num_stages=2, zero_stage=3)",
+      "TarantellaError", "use zero_stage=1 or 2 with ParallelStrategy.ALL"),
+    P("Python API", "zero_stage=3 with a train_step of its own",
+      "M = type('M', (keras.Sequential,), "
+      "{'train_step': lambda self, d: {}, '__module__': 'own'}); "
+      "tnt.Model(M(make_model().layers), zero_stage=3).compile(optimizer='sgd', loss='mse')",
+      "TarantellaError", "has a train_step of its own, which would read the weights"),
+    P("Python API", "a weight read outside a step at zero_stage=3",
+      "m = tnt.Model(make_model(), zero_stage=3); "
+      "m.compile(optimizer='sgd', loss='sparse_categorical_crossentropy'); "
+      "m.fit(ds.batch(8), verbose=0); m(x)",
+      "TarantellaError", "is held in parts, one on each rank (zero_stage=3)"),
     P("Python API", "zero_stage after the optimizer was built",
       "m = make_model(); m.compile(optimizer='adam', loss='mse'); "
       "m.optimizer.build(m.trainable_variables); tnt.Model(m, zero_stage=2)",
