@@ -395,7 +395,11 @@ class Model(keras.Model, metaclass=_ModelType):
             return
         if zero_checkpoint.sharded(self):
             self.optimizer.build(self.trainable_variables)
-        stage_weights.allocate_all(self._tnt.deferred)
+        held = {id(v) for v in self.optimizer._tnt_shards.variables} \
+            if zero_weights.holds_parts(self) else set()
+        rest = [v for v in self._tnt.deferred if id(v) not in held]
+        stage_weights.allocate_all(rest)
+        runtime.broadcast_values(rest)
         self._tnt.deferred = ()
 
     def get_weights(self):

@@ -149,6 +149,22 @@ def test_batch_norm_and_dropout_on_four_ranks_are_bitwise_as_stage_zero(tmp_path
     assert_state_is_sharded(results, cases)
 
 
+def test_a_build_function_at_stage_3_never_allocates_the_whole_model(tmp_path, python):
+    """Given a function that builds the model, stage 3 allocates its weights
+    one variable at a time (the master's value broadcast, this rank's part
+    kept, the variable freed): no rank holds more than the largest variable
+    at once, where stage 0 allocates the whole model; the training is
+    stage 0's, bit for bit."""
+    results = train(tmp_path, python, 2, "--build-fn", "--stages", "0,3", "--cases", "adam")
+    assert_bitwise_as_stage_zero(results, ["adam"])
+    assert_state_is_sharded(results, ["adam"])
+    final = weights(results[0], "adam", 0)
+    whole, largest = sum(w.nbytes for w in final), max(w.nbytes for w in final)
+    for r, result in enumerate(results):
+        assert int(result["adam/z0/allocated_peak"]) == whole, r
+        assert int(result["adam/z3/allocated_peak"]) == largest < whole, r
+
+
 def assert_lamb_within_rounding(result):
     """Lamb scales a variable's update u by ratio = |w| / |u|, norms of
     the whole variable, which stages 1 to 3 add up from the 3 ranks' parts

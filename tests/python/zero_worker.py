@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
+from tarantella import _keras_internals as internals  # noqa: E402
 from tarantella.pipeline.weights import allocated_bytes  # noqa: E402
 
 
@@ -84,6 +85,26 @@ MODELS = {"functional": train_worker.make_model, "sequential": sequential,
           "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 
 
+class AllocationPeak:
+    """Until close(), the most bytes that the variables Tarantella allocates
+    (those a build function made, which hold no value until then) hold at
+    once, taken after each allocation."""
+
+    def __init__(self):
+        self.seen, self.peak = {}, 0
+        self.original = internals.allocate
+        internals.allocate = self._allocate
+
+    def _allocate(self, variable, initializer=None):
+        self.original(variable, initializer)
+        self.seen[id(variable)] = variable
+        self.peak = max(self.peak, allocated_bytes(self.seen.values()))
+
+    def close(self):
+        internals.allocate = self.original
+        return self.peak
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -100,6 +121,9 @@ def main():
     p.add_argument("--pipeline", type=int, default=0,
                    help="K: the model cut into K stages, trained with ParallelStrategy.ALL")
     p.add_argument("--schedule", default=None, help="pipeline_schedule (with --pipeline)")
+    p.add_argument("--build-fn", action="store_true",
+                   help="tnt.Model(a function that builds the model): record the most "
+                        "trainable bytes allocated at once while it was built and distributed")
     args = p.parse_args()
 
     tnt.init()
@@ -116,6 +140,10 @@ def main():
                                                                  model_name),
                                   parallel_strategy=tnt.ParallelStrategy.ALL,
                                   num_micro_batches=2, pipeline_schedule=args.schedule,
+                                  zero_stage=stage)
+            elif args.build_fn:
+                peak = AllocationPeak()
+                model = tnt.Model(lambda: MODELS[model_name](seed=3, mixed=args.mixed),
                                   zero_stage=stage)
             else:
                 model = tnt.Model(MODELS[model_name](seed=3, mixed=args.mixed),
@@ -140,6 +168,8 @@ def main():
                 model.train_on_batch(x[:args.batch], y[:args.batch])
             else:
                 history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False)
+            if args.build_fn:
+                results[f"{key}/allocated_peak"] = np.array(peak.close())
             results[f"{key}/loss"] = np.array(history.history["loss"], dtype=np.float64)
             results[f"{key}/accuracy"] = np.array(history.history["accuracy"], dtype=np.float64)
             for i, w in enumerate(model.get_weights()):

@@ -1,5 +1,5 @@
 """The report's section on zero_bench.py: what a rank holds at ZeRO stages
-0, 1 and 2, and what sharding lets train under a memory limit (zero.jsonl,
+0 to 3, and what sharding lets train under a memory limit (zero.jsonl,
 zero_capacity.jsonl).
 """
 from report_base import (Target, detail, f2, limit, meets, open_section, problem_lines,
@@ -14,8 +14,9 @@ CAPACITY_TARGET = "ZeRO capacity: under a per-rank limit below stage 0's own ari
 
 
 def memory_target_name(optimizer, stage):
+    gathered = " + gathered block" if stage == 3 else ""
     return (f"ZeRO stage {stage}, {OPTIMIZER_NAMES[optimizer]}: peak per rank <= "
-            f"{limit('zero_memory')} x theory + fusion buffers, N = 1, 2, 4")
+            f"{limit('zero_memory')} x theory + fusion buffers{gathered}, N = 1, 2, 4")
 
 
 def section(results, stages, targets):
@@ -27,14 +28,20 @@ def section(results, stages, targets):
     return out
 
 
+def _beside(row):
+    """What the targets allow beside the theory: the fusion buffers, and at
+    stage 3 the largest block of weights gathered at once."""
+    return row["fusion_buffers_mib"] + row.get("gathered_block_mib", 0)
+
+
 def allowed_mib(row):
-    return limit("zero_memory") * row["theory_mib"] + row["fusion_buffers_mib"]
+    return limit("zero_memory") * row["theory_mib"] + _beside(row)
 
 
 def over_theory(row):
-    """The peak beyond the fusion buffers, in theories: what the target
-    compares with its threshold."""
-    return (row["peak_above_base_mib"] - row["fusion_buffers_mib"]) / row["theory_mib"]
+    """The peak beyond the fusion buffers (and the gathered block), in
+    theories: what the target compares with its threshold."""
+    return (row["peak_above_base_mib"] - _beside(row)) / row["theory_mib"]
 
 
 def _n(row):
@@ -42,7 +49,7 @@ def _n(row):
 
 
 def _memory(results, stages, targets):
-    cases = [(o, s) for o in OPTIMIZER_NAMES for s in (0, 1, 2)]
+    cases = [(o, s) for o in OPTIMIZER_NAMES for s in (0, 1, 2, 3)]
     required = f"<= {limit('zero_memory')}x"
     out, d = open_section(results, stages, targets, "zero.jsonl", ["zero_memory", "zero"],
                           "### Memory per rank: held bytes and peak against the theory",
@@ -92,11 +99,13 @@ def _memory(results, stages, targets):
                f"buckets in flight, the optimizer's temporaries). {METHOD}")
     out.append("")
     out.append(table(
-        ["optimizer", "N", "stage", "state built", "theory", "fusion", "allowed", "weights",
-         "gradient buffers", "optimizer state", "weight parts", "held", "first step left",
-         "step's own", "peak", "margin", "(peak - fusion) / theory"],
+        ["optimizer", "N", "stage", "state built", "theory", "fusion", "gathered", "allowed",
+         "weights", "gradient buffers", "optimizer state", "weight parts", "held",
+         "first step left", "step's own", "peak", "margin",
+         "(peak - fusion - gathered) / theory"],
         [[OPTIMIZER_NAMES[r["optimizer"]], _n(r), r["zero_stage"], r.get("variant", "-"),
-          f2(r["theory_mib"], 0), f2(r["fusion_buffers_mib"], 0), f2(allowed_mib(r), 0),
+          f2(r["theory_mib"], 0), f2(r["fusion_buffers_mib"], 0),
+          f2(r.get("gathered_block_mib", 0), 0), f2(allowed_mib(r), 0),
           f2(r["held_weights_mib"], 0), f2(r["held_gradient_buffers_mib"], 0),
           f2(r["held_optimizer_state_mib"], 0), f2(r["held_weight_parts_mib"], 0),
           f2(r["held_total_mib"], 0), f2(r["kept_beyond_held_mib"], 0),
@@ -189,10 +198,10 @@ def _capacity(results, stages, targets):
     return out
 
 
-def _worst_case(name, required, cases, ratios):
-    """The throughput target `name` judged on the worst of `ratios` ({case:
-    a stage's throughput over stage 0's}); not run while a case of `cases`
-    has none."""
+def _worst_case(name, required, key, cases, ratios):
+    """The throughput target `name` (bench/targets.toml's `key`) judged on
+    the worst of `ratios` ({case: a stage's throughput over stage 0's}); not
+    run while a case of `cases` has none."""
     t = Target(name, required, family="zero")
     missing = [c for c in cases if c not in ratios]
     if missing or not cases:
@@ -200,23 +209,31 @@ def _worst_case(name, required, cases, ratios):
     else:
         worst = min(ratios, key=ratios.get)
         t.measured = f"{ratios[worst]:.2f}x ({worst})"
-        t.ok = meets("zero_throughput", ratios[worst])
+        t.ok = meets(key, ratios[worst])
         t.note = ", ".join(f"{c} {v:.2f}x" for c, v in sorted(ratios.items()))
     return t
 
 
-def throughput_goals(where):
-    """(name, required) of the stage 1 and 2 throughput targets on `where`."""
-    required = f">= {limit('zero_throughput')}x"
-    return [(f"ZeRO stage {s}: throughput {required} stage 0's (each model, {where})", required)
-            for s in (1, 2)]
+# The throughput target of each sharded stage (bench/targets.toml).
+THROUGHPUT_TARGET = {1: "zero_throughput", 2: "zero_throughput", 3: "zero3_throughput"}
+
+
+def throughput_goals(where, stages=(1, 2, 3)):
+    """(name, required, target key) of the throughput targets of `stages`
+    on `where`."""
+    goals = []
+    for s in stages:
+        required = f">= {limit(THROUGHPUT_TARGET[s])}x"
+        goals.append((f"ZeRO stage {s}: throughput {required} stage 0's (each model, {where})",
+                      required, THROUGHPUT_TARGET[s]))
+    return goals
 
 
 def _throughput(results, stages, targets):
     goals = throughput_goals("2 ranks")
     out, d = open_section(results, stages, targets, "zero_throughput.jsonl",
                           ["zero_throughput", "zero"],
-                          "### Throughput against stage 0", goals)
+                          "### Throughput against stage 0", [g[:2] for g in goals])
     if d is None:
         return out
     rows = {(r["model"], r["framework"]): r for r in d.get("results", [])}
@@ -224,13 +241,13 @@ def _throughput(results, stages, targets):
     ratios = {}
     for model in models:
         base = rows.get((model, "tarantella"))
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             mine = rows.get((model, f"tarantella-zero{stage}"))
             if base and mine:
                 ratios[model, stage] = (mine["median_samples_per_s"]
                                         / base["median_samples_per_s"])
-    for (name, required), stage in zip(goals, (1, 2)):
-        targets.append(_worst_case(name, required, models,
+    for (name, required, key), stage in zip(goals, (1, 2, 3)):
+        targets.append(_worst_case(name, required, key, models,
                                    {m: r for (m, s), r in ratios.items() if s == stage}))
     out.append("tools/bench/train_compare.py's models (LeNet-5 on Fashion-MNIST, the "
                "Transformer encoder, a dense stack of 4 layers of 1024 units) on 2 ranks of "
@@ -238,26 +255,29 @@ def _throughput(results, stages, targets):
                f"the timed section, every run's ranks checked to agree. {METHOD}")
     out.append("")
     out.append(table(["model", "parameters", "stage 0 samples/s", "stage 1", "stage 2",
-                      "stage 1 / 0", "stage 2 / 0"],
+                      "stage 3", "stage 1 / 0", "stage 2 / 0", "stage 3 / 0"],
                      [[m, rows.get((m, "tarantella"), {}).get("params", "-")]
                       + [f2(rows.get((m, fw), {}).get("median_samples_per_s"), 1)
-                         for fw in ("tarantella", "tarantella-zero1", "tarantella-zero2")]
-                      + [f2(ratios.get((m, s)), 2) for s in (1, 2)] for m in models]))
+                         for fw in ("tarantella", "tarantella-zero1", "tarantella-zero2",
+                                    "tarantella-zero3")]
+                      + [f2(ratios.get((m, s)), 2) for s in (1, 2, 3)] for m in models]))
     out.append("")
     return out
 
 
 def _sim_throughput(results, stages, targets):
-    goals = throughput_goals("2 simulated hosts")
+    goals = throughput_goals("2 simulated hosts", (1, 2))
     out, d = open_section(results, stages, targets, "sim_cluster_zero.jsonl",
                           ["sim_cluster_zero"],
-                          "### Throughput against stage 0 on 2 simulated hosts", goals)
+                          "### Throughput against stage 0 on 2 simulated hosts",
+                          [g[:2] for g in goals])
     if d is None:
         return out
     rows = d.get("results", [])
-    for (name, required), stage in zip(goals, (1, 2)):
+    for (name, required, target), stage in zip(goals, (1, 2)):
         key = f"stage{stage}_over_stage0"
-        targets.append(_worst_case(name, required, [f"{r['model']} {r['link']}" for r in rows],
+        targets.append(_worst_case(name, required, target,
+                                   [f"{r['model']} {r['link']}" for r in rows],
                                    {f"{r['model']} {r['link']}": r[key] for r in rows
                                     if r.get(key)}))
     out.append("The same models on 2 hosts of one rank each (network namespaces, links shaped "

@@ -400,7 +400,7 @@ if wanted zero; then
     "$PYTHON" "$ROOT/tools/bench/zero_bench.py" capacity "${args[@]}" \
     --json "$OUT/zero_capacity.jsonl"
   args=(--ranks 2 --models lenet5,transformer,dense --out "$OUT/zero_throughput.jsonl"
-        --frameworks tarantella,tarantella-zero1,tarantella-zero2)
+        --frameworks tarantella,tarantella-zero1,tarantella-zero2,tarantella-zero3)
   [[ $QUICK == 1 ]] && args+=(--quick)
   run_stage zero_throughput "$(limit 1800 600)" "$OUT/zero_throughput.jsonl" \
     "$PYTHON" "$ROOT/tools/bench/train_compare.py" "${args[@]}"

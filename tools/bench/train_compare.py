@@ -11,7 +11,7 @@ The method: docs/research/benchmarks.md.
     python3 tools/bench/train_compare.py --quick           # 2 ranks only, fewer steps
     python3 tools/bench/train_compare.py --models lenet5 --ranks 2 --frameworks tarantella,mwms
     python3 tools/bench/train_compare.py --models lenet5,transformer,dense --ranks 2 \
-        --frameworks tarantella,tarantella-zero1,tarantella-zero2    # ZeRO against stage 0
+        --frameworks tarantella,tarantella-zero1,tarantella-zero2,tarantella-zero3  # ZeRO
 """
 import argparse
 import concurrent.futures
@@ -35,7 +35,8 @@ SCRIPT = os.path.abspath(__file__)
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MODELS = ("lenet5", "resnet", "transformer")
 # tarantella-zeroS: tnt.Model(..., zero_stage=S).
-FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2", "mwms", "horovod")
+FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2", "tarantella-zero3", "mwms",
+              "horovod")
 DENSE_LAYERS, DENSE_WIDTH = 4, 1024
 SEQ_LEN, VOCAB, D_MODEL, HEADS, FF, LAYERS = 64, 2000, 128, 4, 256, 2
 NUM_CLASSES = 10
@@ -263,10 +264,11 @@ def worker(args):
     fit_began = time.perf_counter()
     model.fit(ds, epochs=1, steps_per_epoch=steps_per_epoch, verbose=0,
               callbacks=extra + [_timer_callback(K, args.warmup, stamps, cpu)])
-    # Every rank's trainable weights, summed per variable: the driver checks
-    # that the ranks agree, i.e. that gradients really were averaged.
+    # Every rank's weights, summed per variable: the driver checks that the
+    # ranks agree, i.e. that gradients really were averaged (get_weights:
+    # at zero_stage=3 the ranks hold parts, which it gathers).
     import numpy as np
-    sums = [float(np.sum(np.asarray(v, dtype=np.float64))) for v in model.trainable_weights]
+    sums = [float(np.sum(np.asarray(w, dtype=np.float64))) for w in model.get_weights()]
     with open(f"{args.result}.rank{rank}", "w") as f:
         json.dump(sums, f)
     if rank == 0:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Sharded data parallelism: what a rank holds at ZeRO stages 0, 1 and 2
+"""Sharded data parallelism: what a rank holds at ZeRO stages 0 to 3
 (the method behind each figure: docs/research/benchmarks.md).
 
-  memory    Adam and SGD with momentum, N = 1, 2, 4 ranks, stages 0, 1, 2 on
+  memory    Adam and SGD with momentum, N = 1, 2, 4 ranks, stages 0 to 3 on
             a dense model of W bytes of weights: each rank's bytes held
             (weights, averaged-gradient buffers, optimizer state) and its
             peak RSS above its base, against the theory and the fusion buffers
@@ -28,7 +28,7 @@ from pipeline_bench import (FREED_MEMORY_LEAVES, PeakData, dense_stack, load_ran
                             step_timer, tf_setup)
 
 MIB = 1 << 20
-STAGES, RANKS, OPTIMIZERS = (0, 1, 2), (1, 2, 4), ("adam", "momentum")
+STAGES, RANKS, OPTIMIZERS = (0, 1, 2, 3), (1, 2, 4), ("adam", "momentum")
 # Bytes of optimizer state a float32 parameter has: Adam's two moments,
 # SGD's momentum.
 SLOT_BYTES = {"adam": 8, "momentum": 4}
@@ -60,11 +60,12 @@ def weights_bytes(layers, width):
 def theory_bytes(optimizer, stage, ranks, params):
     """What the theory says a rank holds, float32: weights (4 bytes a
     parameter), averaged gradients (4) and optimizer state (SLOT_BYTES);
-    stage 1 keeps 1/N of the state, stage 2 also 1/N of the gradients.
-    Adam: 16, 8 + 8/N, 4 + 12/N bytes a parameter; SGD with momentum: 12,
-    8 + 4/N, 4 + 8/N."""
+    stage 1 keeps 1/N of the state, stage 2 also 1/N of the gradients,
+    stage 3 also 1/N of the weights. Adam: 16, 8 + 8/N, 4 + 12/N, 16/N
+    bytes a parameter; SGD with momentum: 12, 8 + 4/N, 4 + 8/N, 12/N."""
     slots = SLOT_BYTES[optimizer]
-    per = {0: 8 + slots, 1: 8 + slots / ranks, 2: 4 + (4 + slots) / ranks}[stage]
+    per = {0: 8 + slots, 1: 8 + slots / ranks, 2: 4 + (4 + slots) / ranks,
+           3: (8 + slots) / ranks}[stage]
     return per * params
 
 
@@ -77,10 +78,20 @@ def fusion_bytes(stage, ranks, params):
     for every start): 4 P more. Stage 2 keeps its parts of the
     reduce-scatter's buckets (4 P / N); their whole vectors exist from a
     bucket's first start to its first finish, all at once (4 P), and are
-    freed before the gather's buckets (4 P) exist."""
+    freed before the gather's buckets (4 P) exist. Stage 3 as stage 2 (its
+    gather runs at the start of the step, the reduce-scatter at its end)."""
     if ranks == 1:
         return 0
-    return {0: 4 * params, 1: 8 * params, 2: 4 * params / ranks + 4 * params}[stage]
+    return {0: 4 * params, 1: 8 * params, 2: 4 * params / ranks + 4 * params,
+            3: 4 * params / ranks + 4 * params}[stage]
+
+
+def gathered_bytes(stage, ranks, params):
+    """The largest block of weights a stage-3 rank gathers at once: its
+    step gathers the whole model (4 P) before the forward pass and holds
+    it until the backward pass is done; 0 at the other stages and on one
+    rank."""
+    return 4 * params if stage == 3 and ranks > 1 else 0
 
 
 def capacity_need_w(stage, ranks):
@@ -115,12 +126,14 @@ def nbytes(variables):
 
 def held_bytes(model):
     """What the rank holds, through the variables and the fusion sets: the
-    model's weights, the optimizer's variables, the parts of the weights
-    that it updates (stages 1 and 2), the averaged gradients' buffers that
+    model's weights (those with a value: at stage 3 the trainable ones are
+    in the parts), the optimizer's variables, the parts of the weights
+    that it updates (stages 1 to 3), the averaged gradients' buffers that
     the fusion sets keep (the allreduce's buckets, the reduce-scatter's
     parts), and the largest set's vector while in flight (reduce-scatter
     and allgather sets allocate it per round)."""
     import numpy as np
+    from tarantella.pipeline.weights import allocated_bytes
     optimizer = model.optimizer
     shards = getattr(optimizer, "_tnt_shards", None)
     reducer = shards.reducer if shards is not None else model._tnt.resources.reducer
@@ -138,7 +151,8 @@ def held_bytes(model):
             kept += sum((hi - lo) * size for i, size in sizes.items()
                         for lo, hi in [fusion.part(i)])
     parts = shards.parts if shards is not None else []
-    return {"weights": nbytes(model.weights), "optimizer_state": nbytes(optimizer.variables),
+    return {"weights": allocated_bytes(model.weights),
+            "optimizer_state": nbytes(optimizer.variables),
             "weight_parts": nbytes(parts), "gradient_buffers": kept,
             "fusion_in_flight": in_flight}
 
@@ -182,7 +196,9 @@ def worker(args):
     try:
         reset_peak_rss()
         with PeakData() as peak:
-            model = tnt.Model(dense_model(keras, args.layers, args.width),
+            # Built by tnt.Model (a build function): at stage 3 no rank
+            # allocates the whole model.
+            model = tnt.Model(lambda: dense_model(keras, args.layers, args.width),
                               zero_stage=args.zero_stage)
             model.compile(optimizer=make_optimizer(keras, args.optimizer), loss="mse")
             if args.variant == BUILT_FIRST:
@@ -257,6 +273,7 @@ def memory_row(optimizer, ranks, stage, variant, params, docs):
             "oversubscribed": ranks > os.cpu_count(), "rank_of_peak": worst["rank"],
             "theory_mib": round(theory_bytes(optimizer, stage, ranks, params) / MIB, 1),
             "fusion_buffers_mib": round(fusion_bytes(stage, ranks, params) / MIB, 1),
+            "gathered_block_mib": round(gathered_bytes(stage, ranks, params) / MIB, 1),
             **{k: v for k, v in worst.items()
                if k.startswith(("held_", "peak_", "kept_", "step_", "rss_after"))}}
 
