@@ -41,8 +41,9 @@ and freed again, only while its weights are read (get_weights); predict
 runs through the stages, and BackupAndRestore backs each stage up on its
 own.
 
-With ``zero_stage`` 1 or 2 each rank keeps its part of the optimizer's
-state only (zero.py); ``save``, ``save_weights``, ModelCheckpoint and
+With ``zero_stage`` 1, 2 or 3 each rank keeps its part of the optimizer's
+state only (zero.py), at 3 of the weights too, which its steps gather
+(zero_weights.py); ``save``, ``save_weights``, ModelCheckpoint and
 BackupAndRestore stream the parts to the master, which writes the state
 whole, and loading gives each rank its part (zero_checkpoint.py).
 """
@@ -228,10 +229,11 @@ class Model(keras.Model, metaclass=_ModelType):
     passes (pipeline/schedule.py). A model without cuts is one stage: under
     ALL it is trained data-parallel, under PIPELINING on one rank.
 
-    `zero_stage` 1 or 2 shards data parallelism: each rank keeps the
-    optimizer's state for its part of the weights only (and at 2 its part
-    of the averaged gradients), with stage 0's results (zero.py); under
-    ALL, among the replicas of its stages."""
+    `zero_stage` 1, 2 or 3 shards data parallelism: each rank keeps the
+    optimizer's state for its part of the weights only (at 2 also its part
+    of the averaged gradients, at 3 also its part of the weights), with
+    stage 0's results (zero.py); under ALL (stages 1 and 2), among the
+    replicas of its stages."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

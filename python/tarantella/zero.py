@@ -15,9 +15,9 @@ variable's elements, empty on some ranks. The parts are a fixed function of
 the variables' sizes, the fusion threshold and the number of ranks.
 
 Stage 1 averages the gradients as stage 0 does (an allreduce) and keeps the
-parts; stage 2 reduce-scatters them: each rank receives its blocks only,
+parts; stages 2 and 3 reduce-scatter them: each rank receives its blocks only,
 computed as the allreduce computes them, so the parts' gradients are
-bitwise those of stage 0 at both stages.
+bitwise those of stage 0 at every stage.
 
 The update. The optimizer is built on part variables (1-D, one for each of
 the model's variables, of its part's size) instead of the model's own, so
@@ -326,7 +326,7 @@ def _mib(variables):
 
 def shard(optimizer, stage, resources):
     """Makes `optimizer` keep the state of this rank's parts only, at ZeRO
-    `stage` (1 or 2), among the ranks that average the gradients of
+    `stage` (1, 2 or 3), among the ranks that average the gradients of
     `resources` (step.Resources); returns it."""
     if isinstance(optimizer, ShardedOptimizer):
         return optimizer  # compiled again with the same optimizer
