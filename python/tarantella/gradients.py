@@ -70,7 +70,7 @@ class GradientReducer:
     """Fusion sets by gradient signature, created while tracing (or at once
     by fusion()), over `group` (a _core.create_group handle of `size` ranks;
     None: all ranks). `mode` "allreduce" gives every rank the averaged
-    gradients; "reduce_scatter" gives each rank its part of them (zero.py),
+    gradients; "reduce_scatter" gives each rank its part of them (zero/shards.py),
     "allgather" makes sets that gather parts. The sample count is the first
     tensor of every set, so that sets of one signature have one plan, and so
     the same parts, whatever their mode."""

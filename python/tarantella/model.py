@@ -42,10 +42,10 @@ runs through the stages, and BackupAndRestore backs each stage up on its
 own.
 
 With ``zero_stage`` 1, 2 or 3 each rank keeps its part of the optimizer's
-state only (zero.py), at 3 of the weights too, which its steps gather
-(zero_weights.py); ``save``, ``save_weights``, ModelCheckpoint and
+state only (zero/shards.py), at 3 of the weights too, which its steps gather
+(zero/steps.py); ``save``, ``save_weights``, ModelCheckpoint and
 BackupAndRestore stream the parts to the master, which writes the state
-whole, and loading gives each rank its part (zero_checkpoint.py).
+whole, and loading gives each rank its part (zero/checkpoint.py).
 """
 import contextlib
 import copy
@@ -68,9 +68,9 @@ from tarantella import saving
 from tarantella import step
 from tarantella import subclass
 from tarantella import timeline
-from tarantella import zero
-from tarantella import zero_checkpoint
-from tarantella import zero_weights
+from tarantella.zero import shards as zero_shards
+from tarantella.zero import checkpoint as zero_checkpoint
+from tarantella.zero import steps as zero_steps
 from tarantella.backup import position
 from tarantella.pipeline import checkpoint
 from tarantella.pipeline import stage as pipeline_stage
@@ -165,7 +165,7 @@ def distributed(model, strategy=ParallelStrategy.DATA, num_micro_batches=None,
             raise runtime.TarantellaError(
                 f"{name} applies to pipelined models only: pass "
                 "parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL, or drop it")
-    zero.check_stage(zero_stage)
+    zero_shards.check_stage(zero_stage)
     base = subclass.base_class(model)
     wrapped = internals.twin(model, subclass.mixin_class(Model, base))
     wrapped._tnt = _State()
@@ -232,7 +232,7 @@ class Model(keras.Model, metaclass=_ModelType):
     `zero_stage` 1, 2 or 3 shards data parallelism: each rank keeps the
     optimizer's state for its part of the weights only (at 2 also its part
     of the averaged gradients, at 3 also its part of the weights), with
-    stage 0's results (zero.py); under ALL (stages 1 and 2), among the
+    stage 0's results (zero/shards.py); under ALL (stages 1 and 2), among the
     replicas of its stages."""
 
     @classmethod
@@ -278,8 +278,8 @@ class Model(keras.Model, metaclass=_ModelType):
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.train_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
-            if zero_weights.holds_parts(self):
-                return metrics.global_logs(self, zero_weights.train_step(self, data, current),
+            if zero_steps.holds_parts(self):
+                return metrics.global_logs(self, zero_steps.train_step(self, data, current),
                                            current)
             # Every optimizer the model holds averages its gradients, also
             # those a train_step of the model's own applies.
@@ -291,8 +291,8 @@ class Model(keras.Model, metaclass=_ModelType):
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.test_step(self, data)
         with step.model_step(self._tnt.resources, data) as current:
-            if zero_weights.holds_parts(self):
-                logs = zero_weights.run_gathered(self, current,
+            if zero_steps.holds_parts(self):
+                logs = zero_steps.run_gathered(self, current,
                                                  lambda: super(Model, self).test_step(data))
             else:
                 logs = super().test_step(data)
@@ -302,9 +302,9 @@ class Model(keras.Model, metaclass=_ModelType):
         if self._tnt.pipeline is not None:
             with step.model_step(self._tnt.resources, data):
                 return self._tnt.pipeline.predict_step(self, data)
-        if zero_weights.holds_parts(self):
+        if zero_steps.holds_parts(self):
             with step.model_step(self._tnt.resources, data) as current:
-                return zero_weights.run_gathered(self, current,
+                return zero_steps.run_gathered(self, current,
                                                  lambda: super(Model, self).predict_step(data))
         return super().predict_step(data)
 
@@ -345,7 +345,7 @@ class Model(keras.Model, metaclass=_ModelType):
                 "its own, which would read the weights themselves: use zero_stage=2 with it (the "
                 "weights whole on every rank, the gradients and the optimizer's state sharded)")
         if self._tnt.zero_stage and self._tnt.data_parallel_ranks() > 1:
-            zero.shard(self.optimizer, self._tnt.zero_stage, self._tnt.resources)
+            zero_shards.shard(self.optimizer, self._tnt.zero_stage, self._tnt.resources)
         else:
             optimizers.distribute(self.optimizer)
         self._tnt.broadcast_pending = True
@@ -391,14 +391,14 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def _tnt_hold(self):
         """At zero_stage=3 on several ranks, makes the optimizer's parts
-        hold the trainable weights (building the optimizer: zero.Shards.hold);
+        hold the trainable weights (building the optimizer: zero_shards.Shards.hold);
         a model not compiled keeps them whole. Collective."""
-        if self._tnt.zero_stage != 3 or not self.built or zero_weights.holds_parts(self):
+        if self._tnt.zero_stage != 3 or not self.built or zero_steps.holds_parts(self):
             return
         if zero_checkpoint.sharded(self):
             self.optimizer.build(self.trainable_variables)
         held = {id(v) for v in self.optimizer._tnt_shards.variables} \
-            if zero_weights.holds_parts(self) else set()
+            if zero_steps.holds_parts(self) else set()
         rest = [v for v in self._tnt.deferred if id(v) not in held]
         stage_weights.allocate_all(rest)
         runtime.broadcast_values(rest)
@@ -409,7 +409,7 @@ class Model(keras.Model, metaclass=_ModelType):
         zero_stage=3: every rank gathers the stages or the parts, holding the
         whole model's weights as the NumPy arrays it returns)."""
         self._tnt_hold()
-        if zero_weights.holds_parts(self):
+        if zero_steps.holds_parts(self):
             return zero_checkpoint.get_weights(self)
         if self._tnt.pipeline is not None:
             with self._tnt.pipeline.whole():
@@ -421,7 +421,7 @@ class Model(keras.Model, metaclass=_ModelType):
         (collective: call it on every rank; pipelined, every rank keeps its
         stage's part; at zero_stage=3, its part of every weight)."""
         self._tnt_hold()
-        if zero_weights.holds_parts(self):
+        if zero_steps.holds_parts(self):
             if len(weights) != len(self.weights) or any(
                     tuple(np.shape(w)) != tuple(v.shape) for w, v in zip(weights, self.weights)):
                 raise ValueError(
@@ -496,7 +496,7 @@ class Model(keras.Model, metaclass=_ModelType):
         loads; collective. Pipelined, or with a sharded optimizer state
         (zero_stage), the master writes a .keras file from the stages'
         values or the state's parts, streamed to it (pipeline/checkpoint.py,
-        zero_checkpoint.py)."""
+        zero/checkpoint.py)."""
         source = self._tnt_source("save")
         if source is not None:
             _no_options("save", kwargs, source)

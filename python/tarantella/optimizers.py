@@ -18,7 +18,7 @@ import keras
 
 from tarantella import step
 from tarantella import subclass
-from tarantella import zero
+from tarantella.zero import shards as zero_shards
 
 
 class DistributedOptimizer:
@@ -37,7 +37,7 @@ def distribute(optimizer):
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"tnt.distribute_optimizer takes a keras.optimizers.Optimizer; got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, zero.ShardedOptimizer):
+    if isinstance(optimizer, zero_shards.ShardedOptimizer):
         return optimizer  # it reduces its gradients itself
     return subclass.add_mixin(optimizer, DistributedOptimizer)
 

@@ -10,7 +10,7 @@ file only; no rank ever holds the whole model for a backup. A model whose
 optimizer state is sharded (zero_stage) is backed up as plain data
 parallelism would be, its optimizer's state whole: the master writes the
 file while every rank streams its parts of the state to it, a piece at a
-time (stream_weights, zero_checkpoint.py), and every rank restores its
+time (stream_weights, zero/checkpoint.py), and every rank restores its
 parts from it, on any number of ranks and at any stage.
 """
 import contextlib
@@ -22,7 +22,7 @@ import numpy as np
 
 from tarantella import runtime
 from tarantella import saving
-from tarantella import zero_checkpoint
+from tarantella.zero import checkpoint as zero_checkpoint
 from tarantella.pipeline import checkpoint
 
 # The metadata's names of a backup's files.

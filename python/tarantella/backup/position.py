@@ -13,7 +13,7 @@ import weakref
 import keras
 
 from tarantella import data
-from tarantella import zero_weights
+from tarantella.zero import steps as zero_steps
 from tarantella.backup import files
 from tarantella.backup import state
 from tarantella.data import _tf_data_internals as tfdi
@@ -147,8 +147,8 @@ class _Skip:
         if files.pipeline_of(self.model) is None:
             # A pipeline built its metrics before fit (stage.build_state).
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            y_pred = zero_weights.stand_in_outputs(self.model, x) if \
-                zero_weights.holds_parts(self.model) else self.model(x, training=False)
+            y_pred = zero_steps.stand_in_outputs(self.model, x) if \
+                zero_steps.holds_parts(self.model) else self.model(x, training=False)
             self.model.compute_metrics(x, y, y_pred, sample_weight)
         self.model.reset_metrics()
         # On another number of ranks the metrics start afresh (callbacks.py says so).

@@ -1,7 +1,7 @@
 """Files of a model whose values are spread over the ranks, written and
 read piece by piece: those of a pipelined model (each stage holds its
 own weights and optimizer state; here) and those of a model whose
-optimizer state is sharded (zero_checkpoint.py).
+optimizer state is sharded (zero/checkpoint.py).
 
 Such a model is saved in Keras's own layouts, so that plain Keras
 loads it: a ``.weights.h5`` file, a ``.keras`` archive (its config, its

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tarantella import _keras_internals as internals
 from tarantella import optimizers
 from tarantella import subclass
-from tarantella import zero
+from tarantella.zero import shards as zero_shards
 
 # Per traced graph, the last Adam update (_adam_in_order): the next waits for it.
 _last_update = weakref.WeakKeyDictionary()
@@ -46,10 +46,10 @@ def update_in_place(optimizer):
     """Makes `optimizer` distributed (optimizers.distribute), and makes it
     update its variables without temporaries (see above): SGD, with or
     without momentum, through a fused kernel, Adam one part after the
-    other. Doing it twice changes nothing. A sharded optimizer (zero.py)
+    other. Doing it twice changes nothing. A sharded optimizer (zero/shards.py)
     reduces its gradients itself and updates parts, 1/N of the stage: it
     updates as Keras does."""
-    if isinstance(optimizer, zero.ShardedOptimizer):
+    if isinstance(optimizer, zero_shards.ShardedOptimizer):
         return
     optimizers.distribute(optimizer)
     if not isinstance(optimizer, InPlaceUpdate):

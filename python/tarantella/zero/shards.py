@@ -32,7 +32,7 @@ the gradients are finite from every rank's parts.
 Stage 3 keeps the weights in parts too: the parts are the only copy of
 the trainable weights (the model's own variables hold no value; Shards.hold
 frees them, a variable at a time), and a step gathers the whole weights
-into tensors that the model runs on (zero_weights.py) instead of gathering
+into tensors that the model runs on (steps.py) instead of gathering
 them into the model's variables after the update. The arithmetic of the
 passes, the reduce-scatter and the update is stage 2's: bitwise stage 0.
 

@@ -1,4 +1,4 @@
-"""The steps of a model at ZeRO stage 3 (zero.py), whose weights are in
+"""The steps of a model at ZeRO stage 3 (shards.py), whose weights are in
 the ranks' parts: fit, evaluate and predict run Keras's own passes on the
 whole weights, gathered at the start of each step.
 

@@ -1,4 +1,4 @@
-"""Files of a model whose optimizer state is sharded (zero.py): written
+"""Files of a model whose optimizer state is sharded (shards.py): written
 whole, as plain data parallelism writes them, and read into parts.
 
 At zero_stage 1 or 2 every rank holds the whole weights, but of each slot
@@ -42,14 +42,14 @@ from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import runtime
 from tarantella import subclass
-from tarantella import zero
+from tarantella.zero import shards as zero_shards
 from tarantella.pipeline import checkpoint
 
 
 def sharded(model):
     """Whether `model`'s optimizer keeps its state in parts (zero_stage > 0
     on several ranks), built or not."""
-    return isinstance(getattr(model, "optimizer", None), zero.ShardedOptimizer)
+    return isinstance(getattr(model, "optimizer", None), zero_shards.ShardedOptimizer)
 
 
 def writes_parts(model):
