@@ -3,8 +3,8 @@ namespaces, as in test_cluster.py) of one rank each loses a host in
 mid-fit; the launcher restarts it on the host that remains, and
 BackupAndRestore(save_freq=4) resumes fit there, on one rank, at the batch
 after its last backup, with the same global batch; also with the optimizer
-state sharded on the two ranks (zero_stage=2), which the backup holds
-whole. Needs root; skipped otherwise.
+state sharded on the two ranks (zero_stage=2; at 3 the weights too), which
+the backup holds whole. Needs root; skipped otherwise.
 
 The tolerance. The resumed run computes what the uninterrupted run computes
 except for the order of one sum: on two ranks each rank averages the
@@ -60,7 +60,7 @@ def final_weights(out):
         return [w[k] for k in sorted(w.files, key=lambda k: int(k.split("_")[1]))]
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_job_shrinks_to_the_remaining_host_and_resumes(launcher, marked, zero_stage):
     marker, d = marked
     args = [sys.executable, WORKER, "--plain", "--save-freq", "4", "--zero-stage",
