@@ -473,25 +473,30 @@ def test_report_capacity_run_under_a_limit_of_its_own(tmp_path):
 def test_report_zero_on_simulated_hosts(tmp_path):
     """Each stage's throughput over stage 0's on 2 simulated hosts is judged
     on its worst model and link; a model without a result is not a pass."""
-    def row(link, model, s0, s1, s2):
+    def row(link, model, s0, s1, s2, s3):
         out = {"link": link, "model": model, "tarantella_step_ms": s0,
-               "tarantella-zero1_step_ms": s1, "tarantella-zero2_step_ms": s2}
-        for stage, ms in ((1, s1), (2, s2)):
+               "tarantella-zero1_step_ms": s1, "tarantella-zero2_step_ms": s2,
+               "tarantella-zero3_step_ms": s3}
+        for stage, ms in ((1, s1), (2, s2), (3, s3)):
             if s0 and ms:
                 out[f"stage{stage}_over_stage0"] = round(s0 / ms, 3)
         return out
     write(tmp_path / "sim_cluster_zero.jsonl", {
         "config": {"global_batch": 64},
-        "results": [row("1gbit_0.1ms", "dense", 100.0, 125.0, 98.0),
-                    row("10gbit_0.1ms", "dense", 40.0, 39.0, 38.0)]})
+        "results": [row("1gbit_0.1ms", "dense", 100.0, 125.0, 98.0, 115.0),
+                    row("10gbit_0.1ms", "dense", 40.0, 39.0, 38.0, 50.0)]})
     summary = report(tmp_path)
     one = target_row(summary, "ZeRO stage 1: throughput >= 1.0x stage 0's (each model, 2 sim")
     assert "| 0.80x (dense 1gbit_0.1ms) | **MISS** |" in one, one
     two = target_row(summary, "ZeRO stage 2: throughput >= 1.0x stage 0's (each model, 2 sim")
     assert "| 1.02x (dense 1gbit_0.1ms) | PASS |" in two, two
-    assert "| 1gbit_0.1ms | dense | 100.0 | 125.0 | 98.0 | 0.80 | 1.02 |" in summary
+    # stage 3's own threshold: 0.87x passes 0.85, 0.80x misses it
+    three = target_row(summary, "ZeRO stage 3: throughput >= 0.85x stage 0's (each model, 2 s")
+    assert "| 0.80x (dense 10gbit_0.1ms) | **MISS** |" in three, three
+    assert "| 1gbit_0.1ms | dense | 100.0 | 125.0 | 98.0 | 115.0 | 0.80 | 1.02 | 0.87 |" \
+        in summary
     write(tmp_path / "sim_cluster_zero.jsonl", {
-        "config": {}, "results": [row("1gbit_0.1ms", "lenet5", 10.0, None, 9.0)]})
+        "config": {}, "results": [row("1gbit_0.1ms", "lenet5", 10.0, None, 9.0, 9.5)]})
     one = target_row(report(tmp_path), "ZeRO stage 1: throughput >= 1.0x stage 0's (each "
                                        "model, 2 sim")
     assert "NOT RUN" in one and "no result for lenet5 1gbit_0.1ms" in one, one

@@ -266,7 +266,7 @@ def _throughput(results, stages, targets):
 
 
 def _sim_throughput(results, stages, targets):
-    goals = throughput_goals("2 simulated hosts", (1, 2))
+    goals = throughput_goals("2 simulated hosts")
     out, d = open_section(results, stages, targets, "sim_cluster_zero.jsonl",
                           ["sim_cluster_zero"],
                           "### Throughput against stage 0 on 2 simulated hosts",
@@ -274,7 +274,7 @@ def _sim_throughput(results, stages, targets):
     if d is None:
         return out
     rows = d.get("results", [])
-    for (name, required, target), stage in zip(goals, (1, 2)):
+    for (name, required, target), stage in zip(goals, (1, 2, 3)):
         key = f"stage{stage}_over_stage0"
         targets.append(_worst_case(name, required, target,
                                    [f"{r['model']} {r['link']}" for r in rows],
@@ -285,12 +285,14 @@ def _sim_throughput(results, stages, targets):
                f"{d.get('config', {}).get('global_batch', '?')}; throughput over stage 0's = "
                f"stage 0's median step / the stage's. {METHOD}")
     out.append("")
-    out.append(table(["link", "model", "stage 0 ms", "stage 1 ms", "stage 2 ms", "stage 1 / 0",
-                      "stage 2 / 0"],
+    out.append(table(["link", "model", "stage 0 ms", "stage 1 ms", "stage 2 ms", "stage 3 ms",
+                      "stage 1 / 0", "stage 2 / 0", "stage 3 / 0"],
                      [[r["link"], r["model"]]
                       + [f2(r.get(f"{fw}_step_ms"), 1) for fw in
-                         ("tarantella", "tarantella-zero1", "tarantella-zero2")]
-                      + [f2(r.get(f"stage{s}_over_stage0"), 2) for s in (1, 2)] for r in rows]))
+                         ("tarantella", "tarantella-zero1", "tarantella-zero2",
+                          "tarantella-zero3")]
+                      + [f2(r.get(f"stage{s}_over_stage0"), 2) for s in (1, 2, 3)]
+                      for r in rows]))
     out += problem_lines(d.get("config", {}))
     out.append("")
     return out

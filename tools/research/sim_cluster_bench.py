@@ -566,10 +566,10 @@ def framework_run(cluster, work, framework, model, steps, timeout):
 
 # The models of train_compare.py that every mode here trains.
 MODELS = ("lenet5", "resnet", "transformer")
-# --zero: ZeRO stages 1 and 2 against stage 0 (train_compare.py's
+# --zero: ZeRO stages 1 to 3 against stage 0 (train_compare.py's
 # frameworks), on its CNN, its Transformer and its dense stack.
 ZERO_MODELS = ("lenet5", "transformer", "dense")
-ZERO_FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2")
+ZERO_FRAMEWORKS = ("tarantella", "tarantella-zero1", "tarantella-zero2", "tarantella-zero3")
 
 
 def compare_driver(args, frameworks, models, **described):
@@ -628,13 +628,13 @@ def frameworks_driver(args):
 
 
 def zero_driver(args):
-    """ZeRO stages 1 and 2 against stage 0 on 2 simulated hosts: the
+    """ZeRO stages 1 to 3 against stage 0 on 2 simulated hosts: the
     throughput of each stage over stage 0's (stage 0's step / the stage's)."""
     config, results = compare_driver(
         args, ZERO_FRAMEWORKS, ZERO_MODELS, optimizer="SGD with momentum (train_compare.py)")
     for row in results:
         base = row["tarantella_step_ms"]
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             mine = row[f"tarantella-zero{stage}_step_ms"]
             if base and mine:
                 row[f"stage{stage}_over_stage0"] = round(base / mine, 3)
