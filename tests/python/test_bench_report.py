@@ -470,6 +470,24 @@ def test_report_capacity_run_under_a_limit_of_its_own(tmp_path):
     assert "| no | **MISS** |" in row and "under the base + 0.4x fails (MemoryError" in row, row
 
 
+def test_report_zero_throughput_on_two_ranks(tmp_path):
+    """Stages 1 and 2 are judged against 1.0x stage 0's throughput, stage 3
+    against its own 0.85x, each on its worst model."""
+    def rows(model, *rates):
+        return [{"model": model, "framework": fw, "median_samples_per_s": rate, "params": 10}
+                for fw, rate in zip(("tarantella", "tarantella-zero1", "tarantella-zero2",
+                                     "tarantella-zero3"), rates)]
+    write(tmp_path / "zero_throughput.jsonl", {
+        "config": {}, "results": rows("lenet5", 100.0, 101.0, 99.0, 86.0)
+        + rows("dense", 100.0, 102.0, 103.0, 90.0)})
+    summary = report(tmp_path)
+    two = target_row(summary, "ZeRO stage 2: throughput >= 1.0x stage 0's (each model, 2 ranks)")
+    assert "| 0.99x (lenet5) | **MISS** |" in two, two
+    three = target_row(summary, "ZeRO stage 3: throughput >= 0.85x stage 0's (each model, 2 r")
+    assert "| 0.86x (lenet5) | PASS |" in three, three
+    assert "| lenet5 | 10 | 100.0 | 101.0 | 99.0 | 86.0 | 1.01 | 0.99 | 0.86 |" in summary
+
+
 def test_report_zero_on_simulated_hosts(tmp_path):
     """Each stage's throughput over stage 0's on 2 simulated hosts is judged
     on its worst model and link; a model without a result is not a pass."""
