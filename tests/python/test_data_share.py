@@ -101,7 +101,7 @@ def check_equal_today(build, size, data_share, shared=True, samples=None):
 
 @pytest.mark.parametrize("size", [1, 2, 3])
 @pytest.mark.parametrize("samples,batch,drop", [(40, 7, False), (40, 7, True), (42, 6, False),
-                                                 (43, 8, False), (9, 9, False)])
+                                                 (43, 8, False), (9, 9, False), (5, 8, False)])
 def test_shared_rows_equal_the_whole_pipeline(size, samples, batch, drop, data_share):
     def build(counter):
         return pairs(samples).map(counter).batch(batch, drop_remainder=drop).prefetch(2)

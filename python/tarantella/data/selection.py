@@ -66,7 +66,7 @@ def _positions(part, size, batch_size, drop, count):
     if last and not drop:
         tail = batches.micro_batch_sizes(last, size)
         width = max(sizes[part], tail[part])
-        places = np.pad(places, [(0, 1), (0, width - sizes[part])], mode="edge")
+        places = np.pad(places, [(0, 1), (0, width - sizes[part])])  # the new row set below
         begin = full * batch_size + sum(tail[:part])
         places[-1] = begin
         places[-1, :tail[part]] += np.arange(tail[part])
