@@ -391,18 +391,20 @@ class Model(keras.Model, metaclass=_ModelType):
 
     def _tnt_hold(self):
         """At zero_stage=3 on several ranks, makes the optimizer's parts
-        hold the trainable weights (building the optimizer: zero_shards.Shards.hold);
-        a model not compiled keeps them whole. Collective."""
-        if self._tnt.zero_stage != 3 or not self.built or zero_steps.holds_parts(self):
+        hold the trainable weights (building the optimizer, whose Shards.hold
+        takes them) and allocates what a build function left unallocated;
+        a model not compiled keeps its weights whole. Collective."""
+        if self._tnt.zero_stage != 3 or not self.built:
             return
-        if zero_checkpoint.sharded(self):
+        if zero_checkpoint.sharded(self) and not self.optimizer.built:
             self.optimizer.build(self.trainable_variables)
-        held = {id(v) for v in self.optimizer._tnt_shards.variables} \
-            if zero_steps.holds_parts(self) else set()
-        rest = [v for v in self._tnt.deferred if id(v) not in held]
-        stage_weights.allocate_all(rest)
-        runtime.broadcast_values(rest)
-        self._tnt.deferred = ()
+        if self._tnt.deferred:
+            held = {id(v) for v in self.optimizer._tnt_shards.variables} \
+                if zero_steps.holds_parts(self) else set()
+            rest = [v for v in self._tnt.deferred if id(v) not in held]
+            stage_weights.allocate_all(rest)
+            runtime.broadcast_values(rest)
+            self._tnt.deferred = ()
 
     def get_weights(self):
         """The weights of the whole model (collective when pipelined or at
@@ -452,6 +454,12 @@ class Model(keras.Model, metaclass=_ModelType):
             # (a legacy .h5 file holds the weights only, which Keras reads)
             source = self._tnt_source() if self._tnt.pipeline is not None or \
                 path.endswith(_OPTIMIZER_FILES) else None
+            if source is None and zero_steps.holds_parts(self):
+                raise runtime.TarantellaError(
+                    f"{path}: at zero_stage=3 the weights are read into the ranks' parts from "
+                    "a .keras, .weights.h5 or .weights.json file; this one is of the legacy "
+                    "HDF5 format, which Keras reads into the variables themselves: convert it "
+                    "(load it into a plain Keras model and save_weights('x.weights.h5'))")
             if source is not None:
                 # Each rank reads its own values (of its stage, or its parts) only.
                 _no_options("load_weights",  # Keras's (filepath, skip_mismatch, ...)
@@ -476,6 +484,7 @@ class Model(keras.Model, metaclass=_ModelType):
         if saving_with is not None and self._tnt.saves_of_this_rank:
             zero_checkpoint.check_together(self, saving_with)
             return None
+        self._tnt_hold()  # (zero_stage=3: the file's weights go to the parts)
         if self._tnt.pipeline is not None:
             if zero_checkpoint.sharded(self):
                 return zero_checkpoint.StageParts(self, self._tnt.pipeline)

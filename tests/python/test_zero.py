@@ -195,16 +195,17 @@ def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):
 
 def test_every_reader_of_the_weights_sees_stage_zeros(tmp_path, python):
     """Fit's validation, a callback reading the weights after every batch,
-    train_on_batch after a fit, and the final weights see stage 0's values,
-    bit for bit: every step's updated parts are gathered before anything
-    reads the weights."""
+    train_on_batch after a fit, a predict of fewer samples than a batch and
+    the final weights see stage 0's values, bit for bit: every step's
+    updated parts are gathered before anything reads the weights (at stage
+    3, by the steps that read them)."""
     cases = ["sgd_momentum", "adam"]
     results = train(tmp_path, python, 2, "--readers", "--cases", ",".join(cases))
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     for case in cases:
         for stage in (1, 2, 3):
-            for what in ("val_loss", "batch_sums"):
+            for what in ("val_loss", "batch_sums", "predict"):
                 assert np.array_equal(results[0][f"{case}/z{stage}/{what}"],
                                       results[0][f"{case}/z0/{what}"]), (case, stage, what)
         assert len(results[0][f"{case}/z0/batch_sums"]) == 8  # 150 samples, batches of 20

@@ -10,7 +10,7 @@ OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
 
 --readers: the fit also validates (its val_loss recorded), a second fit of
 one epoch has a callback that reads the weights after every batch (their
-sums recorded), and one train_on_batch follows.
+sums recorded), one train_on_batch follows, then a predict of 10 samples.
 """
 import argparse
 import os
@@ -166,6 +166,8 @@ def main():
                 history = model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[reader])
                 results[f"{key}/batch_sums"] = np.array(sums)
                 model.train_on_batch(x[:args.batch], y[:args.batch])
+                # Fewer samples than a batch: 5 a rank.
+                results[f"{key}/predict"] = model.predict(x[:10], verbose=0)
             else:
                 history = model.fit(ds, epochs=args.epochs, verbose=0, shuffle=False)
             if args.build_fn:
