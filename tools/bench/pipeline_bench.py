@@ -5,6 +5,9 @@
   bubble       step time of 2 and 3 stages (and interleaved 1F1B, ZB-H1 and
                ZB-H2) against M micro-batches, beside its ideal and the
                schedule's bound
+  schedules    every schedule (1F1B, GPipe, interleaved, ZB-H1, ZB-H2, ZBV) on 2
+               ranks at M = 2, 4, 8, 16: step, ideal, idle share and bound
+               (a table for information, not a stage of make bench)
   memory       each rank's peak RSS for GPipe, 1F1B and interleaved against M
   traced       1F1B's traced step against M: its tracing time, its memory and
                its ops
@@ -13,6 +16,7 @@
                hosts at 1 Gbit/s (root)
 
     python3 tools/bench/pipeline_bench.py bubble --json pipeline_bubble.jsonl [--quick]
+    python3 tools/bench/pipeline_bench.py schedules --json pipeline_schedules.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py memory --json pipeline_memory.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py traced --json pipeline_traced.jsonl [--quick]
     python3 tools/bench/pipeline_bench.py capacity --json pipeline_capacity.jsonl [--quick]
@@ -473,6 +477,40 @@ def bubble(args):
                                                  "interleaved": interleaved,
                                                  "zero_bubble": zero_bubble})
     return 0 if results else 1
+
+
+# Every schedule, with the chunks a rank runs.
+SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1),
+             ("zbv", 2))
+SCHEDULES_M = (2, 4, 8, 16)
+
+
+def schedules(args):
+    """The bubble worker for every schedule of SCHEDULES on 2 ranks at
+    SCHEDULES_M micro-batches: one row per schedule and M (bubble_rows),
+    printed as a table."""
+    steps, reps, stage_reps = (10, 3, 15) if args.quick else (20, 5, 30)
+    cfg = new_config(width=BUBBLE_WIDTH, layers_per_stage=BUBBLE_LAYERS,
+                     micro_batch=BUBBLE_MICRO, micro_batches=list(SCHEDULES_M), ranks=2,
+                     steps_per_fit=steps, fits=reps, stage_reps=stage_reps,
+                     quick=bool(args.quick))
+    rows = []
+    for schedule, chunks in SCHEDULES:
+        fits, tail = bubble_job(args, 2, chunks, SCHEDULES_M, steps, reps, stage_reps, schedule)
+        if fits is None:
+            cfg["problems"][schedule] = tail[-1500:]
+            continue
+        zero_bubble = schedule if schedule in ZERO_BUBBLE + ("zbv",) else None
+        for r in bubble_rows(2, chunks, fits, SCHEDULES_M, zero_bubble):
+            r["schedule"] = schedule
+            bound = next(r[k] for k in ("zero_bubble_bound", "gpipe_bound", "interleaved_bound")
+                         if k in r)
+            print(f"{schedule:12s} M = {r['micro_batches']:2d}: step {r['step_ms']:7.1f} ms, "
+                  f"ideal {r['ideal_ms']:7.1f} ms ({r['ratio_to_ideal']:.2f}x), idle share "
+                  f"{r['measured_idle_share']:.3f}, bound {bound:.3f}", flush=True)
+            rows.append(r)
+    write_results(args.json, "pipeline_schedules", {"config": finish_config(cfg), "results": rows})
+    return 0 if rows else 1
 
 
 # ------------------------------------------------------------------ memory
@@ -1025,7 +1063,8 @@ def sim_cluster(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", nargs="?",
-                   choices=["bubble", "memory", "traced", "capacity", "sim_cluster"])
+                   choices=["bubble", "schedules", "memory", "traced", "capacity",
+                            "sim_cluster"])
     p.add_argument("--json", help="write the results file here")
     p.add_argument("--quick", action="store_true", help="fewer steps and fits")
     p.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"))
@@ -1054,11 +1093,12 @@ def main():
          "sim_cluster": sim_worker}[args.worker](args)
         return 0
     if not args.mode or not args.json:
-        p.error("give a mode (bubble, memory, traced, capacity, sim_cluster) and --json PATH")
+        p.error("give a mode (bubble, schedules, memory, traced, capacity, sim_cluster) and "
+                "--json PATH")
     bench_results.stop_on_signals()
     try:
-        return {"bubble": bubble, "memory": memory, "traced": traced, "capacity": capacity,
-                "sim_cluster": sim_cluster}[args.mode](args)
+        return {"bubble": bubble, "schedules": schedules, "memory": memory, "traced": traced,
+                "capacity": capacity, "sim_cluster": sim_cluster}[args.mode](args)
     finally:
         if args.mode == "sim_cluster":
             scb = bench_results.module_of("tools/research", "sim_cluster_bench")
