@@ -115,6 +115,16 @@ def test_one_more_epoch_from_a_checkpoint_is_that_of_the_uninterrupted_run(runs,
                            f"rank {r}: {resumed} against {uninterrupted}")
 
 
+def test_stage_3_loads_batch_normalization_beside_the_parts(runs):
+    """load_model at stage 3 allocates the non-trainable variables (moving
+    statistics) a variable at a time and loads them, and the parts: one
+    more epoch equals the saved model's."""
+    _, ranks = runs
+    for r, result in enumerate(ranks):
+        assert int(result["iterations-norm-loaded"]) == STEPS
+        assert_bitwise(values(result, "norm-loaded"), values(result, "norm"), f"rank {r}")
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_checkpoint_of_3_ranks_resumes_on_2_at_every_stage(runs, stage):
     _, ranks = runs

@@ -69,6 +69,15 @@ def new_hybrid(tnt, stage, seed=3):
                               parallel_strategy=tnt.ParallelStrategy.ALL, num_micro_batches=2))
 
 
+def norm_model(seed):
+    """train_worker's inputs through a dense layer, BatchNormalization and a
+    softmax layer."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((12,))
+    h = keras.layers.BatchNormalization()(keras.layers.Dense(16)(inputs))
+    return keras.Model(inputs, keras.layers.Dense(4, activation="softmax")(h))
+
+
 def fit(model, epochs=1, callbacks=()):
     model.fit(dataset(), epochs=epochs, verbose=0, shuffle=False, callbacks=list(callbacks))
     return model
@@ -139,6 +148,9 @@ def main_run(tnt, path):
         z2.weights.json at 2, z3.weights.h5 and z3.weights.json at 3;
     from3-z0, from3-z1, from3-z2, from3-z3: one epoch from ckpt3.keras (3
         ranks, stage 2) at stages 0 to 3;
+    norm, norm-loaded: a model with BatchNormalization at stage 3, one more
+        epoch after it was saved, and one epoch of the model load_model read
+        from its file at stage 3;
     backup-z2, backup-z3: the interrupted fit at stage 2 (3), resumed at
         stage 2 (3);
     backup3-z0, backup3-z2, backup3-z3: save3's interrupted fit (3 ranks)
@@ -178,6 +190,13 @@ def main_run(tnt, path):
     for stage in (0, 1, 2, 3):
         model = tnt.models.load_model(path("ckpt3.keras"), zero_stage=stage)
         out.update(weights(fit(model), f"from3-z{stage}"))
+
+    # BatchNormalization's statistics, loaded at stage 3 beside the parts.
+    model = fit(compiled(tnt.Model(norm_model(3), zero_stage=3)))
+    model.save(path("norm-z3.keras"))
+    one_more_epoch(out, "norm-loaded", tnt.models.load_model(path("norm-z3.keras"),
+                                                             zero_stage=3))
+    out.update(weights(fit(model), "norm"))
 
     for stage in (2, 3):
         interrupted_backup(tnt, stage, path(f"backup-z{stage}"))
