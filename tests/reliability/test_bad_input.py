@@ -253,6 +253,11 @@ CASES = [
       "{'train_step': lambda self, d: {}, '__module__': 'own'}); "
       "tnt.Model(M(make_model().layers), zero_stage=3).compile(optimizer='sgd', loss='mse')",
       "TarantellaError", "has a train_step of its own, which would read the weights"),
+    P("Python API", "a custom loop at zero_stage=3",
+      "m = tnt.Model(make_model(), zero_stage=3); m.compile(optimizer='sgd', loss='mse'); "
+      "m.optimizer.apply([tf.zeros_like(v) for v in m.trainable_variables], "
+      "m.trainable_variables)",
+      "TarantellaError", "at stage 3 the model trains through its fit only"),
     P("Python API", "a weight read outside a step at zero_stage=3",
       "m = tnt.Model(make_model(), zero_stage=3); "
       "m.compile(optimizer='sgd', loss='sparse_categorical_crossentropy'); "

@@ -229,6 +229,13 @@ class ShardedOptimizer:
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
+            if self._tnt_zero_stage == 3:
+                raise runtime.TarantellaError(
+                    "zero_stage=3: the optimizer was given gradients before fit, evaluate or "
+                    "predict cut the weights into the ranks' parts; at stage 3 the model "
+                    "trains through its fit only (a custom training loop reads the weights, "
+                    "which its variables do not hold at stage 3): use zero_stage=2 for a "
+                    "custom loop")
             self.build(list(trainable_variables))
         shards = self._tnt_shards
         if trainable_variables is not None and \

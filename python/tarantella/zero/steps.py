@@ -15,9 +15,10 @@ statistics of BatchNormalization, the state of a Dropout's seed
 generator, metrics); _Recording notes which variables were assigned and
 assigns them their last values once the passes are done.
 
-Stage 3 runs the steps of Keras's Model; a model whose class has its own
-train_step, or a custom loop, is refused when the model is compiled (its
-code would read the variables, which hold no value).
+Stage 3 runs the steps of Keras's Model. Code that would read the
+variables, which hold no value, is refused: a model whose class has its own
+train_step when it is compiled, a custom loop when its optimizer is given
+gradients before fit has cut the weights into parts.
 """
 import keras
 import tensorflow as tf
