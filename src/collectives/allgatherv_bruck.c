@@ -29,10 +29,8 @@ static tnt_status_t bruck_allgatherv(tnt__comm_t *c, const void *sendbuf, void *
   const int n = t->size, r = t->rank;
   uint8_t *out = recvbuf;
   /* at[j]: where block (r + j) mod n starts in the rotated buffer; at[n]: its size. */
-  size_t *at = malloc((size_t)(n + 1) * sizeof *at);
+  size_t *at = tnt__blocks_at(counts, n, r);
   if (at == NULL) return TNT_ERR_NO_MEMORY;
-  at[0] = 0;
-  for (int j = 0; j < n; ++j) at[j + 1] = at[j] + counts[(r + j) % n];
   uint8_t *rot = malloc(at[n] > 0 ? at[n] : 1);
   if (rot == NULL) {
     free(at);
@@ -47,10 +45,7 @@ static tnt_status_t bruck_allgatherv(tnt__comm_t *c, const void *sendbuf, void *
                                c->ring.depth, w);
     if (st != TNT_OK) goto out;
   }
-  for (int j = 0; j < n; ++j) {
-    const int b = (r + j) % n;
-    memmove(out + displs[b], rot + at[j], counts[b]);
-  }
+  tnt__blocks_to_place(out, displs, rot, at, counts, n, r);
 out:
   free(rot);
   free(at);

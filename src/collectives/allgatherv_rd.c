@@ -25,12 +25,10 @@ static tnt_status_t rd_allgatherv(tnt__comm_t *c, const void *sendbuf, void *rec
   const int n = t->size, r = t->rank;
   uint8_t *out = recvbuf;
   /* at[i]: where block i starts in rank order; at[n]: the total. */
-  size_t *at = malloc((size_t)(n + 1) * sizeof *at);
+  size_t *at = tnt__blocks_at(counts, n, 0);
   if (at == NULL) return TNT_ERR_NO_MEMORY;
-  at[0] = 0;
   int in_place = 1;
   for (int i = 0; i < n; ++i) {
-    at[i + 1] = at[i] + counts[i];
     if (displs[i] != displs[0] + at[i]) in_place = 0;
   }
   uint8_t *buf = in_place ? out + displs[0] : malloc(at[n] > 0 ? at[n] : 1);
@@ -47,9 +45,7 @@ static tnt_status_t rd_allgatherv(tnt__comm_t *c, const void *sendbuf, void *rec
                                c->ring.segment_bytes, c->ring.depth, w);
     if (st != TNT_OK) goto out;
   }
-  if (!in_place) {
-    for (int i = 0; i < n; ++i) memcpy(out + displs[i], buf + at[i], counts[i]);
-  }
+  if (!in_place) tnt__blocks_to_place(out, displs, buf, at, counts, n, 0);
 out:
   if (!in_place) free(buf);
   free(at);

@@ -107,6 +107,14 @@ typedef tnt_status_t (*tnt__broadcast_fn)(tnt__comm_t *c, void *buf, size_t byte
 typedef tnt_status_t (*tnt__allgatherv_fn)(tnt__comm_t *c, const void *sendbuf, void *recvbuf,
                                            const size_t *counts, const size_t *displs,
                                            const tnt__wait_ctx_t *w);
+/* The blocks of an allgatherv gathered into a buffer of the algorithm's
+ * own, one after another from block `first` on (allgatherv_blocks.c):
+ * at[j] is where block (first + j) mod n starts, at[n] the total (a new
+ * array, NULL when out of memory); tnt__blocks_to_place copies each block
+ * from the buffer to recvbuf + displs[block]. */
+size_t *tnt__blocks_at(const size_t *counts, int n, int first);
+void tnt__blocks_to_place(uint8_t *out, const size_t *displs, const uint8_t *buf,
+                          const size_t *at, const size_t *counts, int n, int first);
 /* The reduce-scatter phase of an allreduce algorithm, in place: `buf`
  * holds this rank's `bounds[n]` elements (n = c->size), and on return
  * elements [bounds[r], bounds[r + 1]) of it hold block r of the reduction
