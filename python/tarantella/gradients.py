@@ -61,6 +61,23 @@ def signature(tensors):
     return tuple(out)
 
 
+def shaped(grads, likes):
+    """`grads` (a list, None allowed) as dense tensors of the static shapes
+    of `likes` (their variables, or the tensors they are the gradients of).
+    A variable read both by a lookup and whole (a tied embedding) has as
+    gradient the sum of an IndexedSlices and a tensor, whose static shape
+    TensorFlow leaves partly unknown."""
+    out = []
+    for g, like in zip(grads, likes):
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        if g is not None and not g.shape.is_fully_defined() and \
+                tf.TensorShape(like.shape).is_fully_defined():
+            g = tf.ensure_shape(g, like.shape)
+        out.append(g)
+    return out
+
+
 def count_id(signature):
     """The id of the sample count in the fusion set of `signature`."""
     return max((i for i, _, _ in signature), default=-1) + 1
@@ -105,20 +122,20 @@ class GradientReducer:
         return fusion
 
     def reduce(self, grads, local_count, after=(), count_sink=None, parts_like=None):
-        """Averages `grads` (list, None allowed) across ranks, weighted by
-        `local_count` samples (a float32 scalar read from a variable). No
-        gradient enters its bucket before the tensors `after` exist. Runs at
-        trace time; returns new tensors. In mode "reduce_scatter" these are
-        the gradients' parts (1-D), the sum of the counts comes from an
-        allreduce before the first bucket, the count's own part goes to the
-        variable `count_sink` (TensorFlow drops a finish whose value nothing
-        uses), and `parts_like[i]`, a tensor shaped like gradient i's part,
-        gives its finish the part's shape."""
+        """Averages `grads` (dense tensors of static shapes, see shaped();
+        None allowed) across ranks, weighted by `local_count` samples (a
+        float32 scalar read from a variable). No gradient enters its bucket
+        before the tensors `after` exist. Runs at trace time; returns new
+        tensors. In mode "reduce_scatter" these are the gradients' parts
+        (1-D), the sum of the counts comes from an allreduce before the
+        first bucket, the count's own part goes to the variable
+        `count_sink` (TensorFlow drops a finish whose value nothing uses),
+        and `parts_like[i]`, a tensor shaped like gradient i's part, gives
+        its finish the part's shape."""
         if (runtime.get_size() if self._size is None else self._size) == 1 and \
                 self._mode == "allreduce":
             return list(grads)
-        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                 for g in grads]
+        dense = list(grads)
         sig = signature(dense)
         fusion = self.fusion(sig)
         h = fusion.handle

@@ -62,7 +62,8 @@ class DistributedGradientTape:
         if self.num_samples is not None:
             current.set_count(self.num_samples)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        return tf.nest.pack_sequence_as(grads, current.reduce_gradients(flat))
+        likes = tf.nest.flatten(sources, expand_composites=False)
+        return tf.nest.pack_sequence_as(grads, current.reduce_gradients(flat, likes))
 
 
 def broadcast_variables(variables, root=runtime.MASTER_RANK):

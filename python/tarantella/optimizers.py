@@ -25,7 +25,9 @@ class DistributedOptimizer:
     """Placed in front of an optimizer's class by distribute()."""
 
     def apply(self, grads, trainable_variables=None):
-        grads = step.active().reduce_gradients(list(grads))
+        grads = list(grads)
+        likes = grads if trainable_variables is None else list(trainable_variables)
+        grads = step.active().reduce_gradients(grads, likes)
         return super().apply(grads, trainable_variables)
 
 

@@ -81,12 +81,14 @@ class Step:
 
     # ------------------------------------------------------------ collectives
 
-    def reduce_gradients(self, grads):
-        """`grads` (a list, None allowed) averaged over the global batch
-        (see gradients.py); gradients this step averaged already pass."""
+    def reduce_gradients(self, grads, likes):
+        """`grads` (a list, None allowed) of `likes` (their variables or
+        source tensors) averaged over the global batch (see gradients.py);
+        gradients this step averaged already pass."""
         grads = list(grads)
         if self.averaged(grads):
             return grads
+        grads = gradients.shaped(grads, likes)
         out = self.resources.reducer.reduce(grads, self.local_count, self.after())
         self.record(out)
         self._reduced.update(id(g) for g in out if g is not None)

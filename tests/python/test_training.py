@@ -73,6 +73,18 @@ def test_training_equals_serial(nranks, serial, tmp_path_factory):
     assert_matches_serial(results[0], serial, tol=1e-4)
 
 
+def test_sequence_model_equals_serial(tmp_path, python):
+    # Gradients with no static shape of their own (a tied embedding's, a
+    # Dense kernel's on 3-D inputs) are averaged in their variables' shapes.
+    cases = ["--model", "sequence", "--cases", "sgd_momentum,adam"]
+    run([sys.executable, WORKER, "--serial", "--out", str(tmp_path / "serial"), *cases])
+    run(mpirun_command(2, python, WORKER, "--out", str(tmp_path / "ranks"), *cases),
+        timeout=900)
+    results = load(str(tmp_path / "ranks"), 2)
+    assert_ranks_identical(results)
+    assert_matches_serial(results[0], load(str(tmp_path / "serial"), 1)[0], tol=1e-4)
+
+
 def test_two_runs_are_bitwise_identical(tmp_path, tmp_path_factory):
     outs = [trained(tmp_path_factory, 3)[0], train(str(tmp_path), 3)[0]]
     for key in outs[0]:

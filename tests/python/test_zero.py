@@ -95,6 +95,8 @@ def assert_state_is_sharded(results, cases, groups=None):
 # the optimizer then only cuts into parts).
 OWN_STEP = [f"{optimizer}:{model}" for model in ("own_step", "own_step_tape")
             for optimizer in ("sgd_momentum", "adam")]
+# Gradients with no static shape of their own (train_worker's sequence model).
+SEQUENCE = ["adam:sequence"]
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +104,13 @@ def two_ranks(tmp_path_factory):
     """The functional model with every optimizer, clipping included, and the
     models of their own train_step: one 2-rank job."""
     return train(tmp_path_factory.mktemp("two-ranks"), sys.executable, 2,
-                 "--cases", ",".join(ELEMENTWISE + CLIPPING + OWN_STEP))
+                 "--cases", ",".join(ELEMENTWISE + CLIPPING + OWN_STEP + SEQUENCE))
 
 
 def test_elementwise_optimizers_are_bitwise_as_stage_zero(two_ranks):
     assert_ranks_identical(two_ranks)
-    assert_bitwise_as_stage_zero(two_ranks, ELEMENTWISE)
-    assert_state_is_sharded(two_ranks, ELEMENTWISE)
+    assert_bitwise_as_stage_zero(two_ranks, ELEMENTWISE + SEQUENCE)
+    assert_state_is_sharded(two_ranks, ELEMENTWISE + SEQUENCE)
 
 
 def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):

@@ -56,6 +56,45 @@ def make_model(seed, mixed=False):
     return keras.Model(inputs, outputs)
 
 
+class Tokens(keras.layers.Layer):
+    """Each feature as a token of a vocabulary of 6 (its rounded value)."""
+
+    def call(self, x):
+        return keras.ops.cast(keras.ops.clip(keras.ops.round(x) + 3, 0, 5), "int32")
+
+
+class TiedHead(keras.layers.Layer):
+    """Logits over the vocabulary from the embedding matrix of `embedding`
+    (tied input and output embeddings, as language models have)."""
+
+    def __init__(self, embedding, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, h):
+        return keras.ops.matmul(h, keras.ops.transpose(self.embedding.embeddings))
+
+
+def make_sequence_model(seed, mixed=False):
+    """A language model's layers on a sequence of 12 tokens: an embedding
+    read by its lookup and by the head (its gradient is the sum of an
+    IndexedSlices and a tensor), Dense layers on 3-D inputs (the gradient
+    of a batched matmul's kernel has no static shape when the batch has
+    none)."""
+    if mixed:
+        raise ValueError("the sequence model is float32 only")
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input(shape=(12,))
+    embedding = keras.layers.Embedding(6, 4)
+    h = keras.layers.Dense(4, activation="tanh")(embedding(Tokens()(inputs)))
+    h = keras.layers.Flatten()(TiedHead(embedding)(h))
+    outputs = keras.layers.Dense(4, activation="softmax")(h)
+    return keras.Model(inputs, outputs)
+
+
+MODELS = {"functional": make_model, "sequence": make_sequence_model}
+
+
 def make_cut_model(seed, mixed=False, stages=2, kind="functional"):
     """make_model's model cut into `stages` (2 or 3) pipeline stages: a
     SplitLayer before its second (and third) Dense layer; a Sequential
@@ -80,6 +119,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--serial", action="store_true")
     p.add_argument("--cases", default=",".join(OPTIMIZERS))
+    p.add_argument("--model", default="functional", choices=sorted(MODELS))
     p.add_argument("--samples", type=int, default=150)
     p.add_argument("--batch", type=int, default=20)
     p.add_argument("--epochs", type=int, default=2)
@@ -95,7 +135,7 @@ def main():
     x, y = make_data(args.samples)
     results = {}
     for case in args.cases.split(","):
-        model = make_model(seed=3, mixed=args.mixed)
+        model = MODELS[args.model](seed=3, mixed=args.mixed)
         if not args.serial:
             model = tnt.Model(model)
         model.compile(optimizer=OPTIMIZERS[case](), loss="sparse_categorical_crossentropy",

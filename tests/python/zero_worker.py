@@ -80,7 +80,7 @@ def norm_dropout(seed, mixed=False):
 OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01))
 
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
-          "norm_dropout": norm_dropout,
+          "norm_dropout": norm_dropout, "sequence": train_worker.make_sequence_model,
           "own_step": own_step,
           "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 

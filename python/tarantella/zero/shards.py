@@ -127,7 +127,7 @@ class Shards:
             return [None if g is None else tf.reshape(tf.convert_to_tensor(g), [-1])[lo:hi]
                     for g, (lo, hi) in zip(grads, self.ranges)]
         dense = [tf.zeros(v.shape, v.dtype) if g is None else g
-                 for g, v in zip(grads, self.variables)]
+                 for g, v in zip(gradients.shaped(grads, self.variables), self.variables)]
         out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part,
                                   [p.value for p in self.parts])
         current.record(out)
