@@ -48,6 +48,7 @@ import tensorflow as tf
 
 from tarantella import _core
 from tarantella import _keras_internals as internals
+from tarantella import gradients
 from tarantella import log
 from tarantella import ops
 from tarantella import runtime
@@ -662,9 +663,8 @@ def _regularization(stage_model):
 
 def _dense(grads, sources):
     """Gradients as dense tensors, zeros where a source had none."""
-    return [tf.zeros(v.shape, dtype=v.dtype) if g is None else
-            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-            for g, v in zip(grads, sources)]
+    return [tf.zeros(v.shape, dtype=v.dtype) if g is None else g
+            for g, v in zip(gradients.shaped(grads, sources), sources)]
 
 
 def _weight_only_roots(graph, first, weight_grads, input_grads):
