@@ -109,7 +109,10 @@ class GradientReducer:
             kb = runtime.threshold_kb()
             tune = kb == "auto"
             threshold = 0 if tune else int(kb * 1024)
-            wire = runtime.compression()
+            # TNT_COMPRESSION is the gradients' wire dtype: weights gathered
+            # from their parts travel whole (a set's parts do not depend on
+            # its wire dtype).
+            wire = None if mode == "allgather" else runtime.compression()
             overlap = runtime.overlap()
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
                                   tune_threshold=tune, order=runtime.fusion_order(),

@@ -220,6 +220,16 @@ def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
     assert_bitwise_as_stage_zero(results, cases)
 
 
+def test_compressed_gradients_are_bitwise_as_stage_zero(tmp_path, python):
+    # TNT_COMPRESSION narrows the gradients on the wire, at every stage
+    # alike; the weights gathered from the parts travel whole.
+    cases = ["sgd_momentum", "adam"]
+    results = train(tmp_path, python, 2, "--cases", ",".join(cases),
+                    env={"TNT_COMPRESSION": "bf16"})
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+
+
 def test_norm_clipping_equals_stage_zero_within_rounding(two_ranks):
     assert_clipping_within_rounding(two_ranks, CLIPPING)
 
