@@ -6,8 +6,8 @@
 # host; the loopback (a rank's messages to a rank of its own host) at
 # memory speed with 0.1 us.
 #   gen_platform.sh --hosts H --gbit G --lat-us L
-# Trees: up to 32 hosts one switch; 64 and 256 hosts leaves of 16 hosts
-# with 16 uplinks each; 1024 hosts three levels (16 x 8 x 8). A route
+# Trees: up to 32 hosts one switch; 64, 256 and 512 hosts leaves of 16
+# hosts with 16 uplinks each; 1024 hosts three levels (16 x 8 x 8). A route
 # crosses 2 links within a leaf, 4 between leaves, 6 across the top.
 set -eu
 hosts= gbit= lat=
@@ -26,12 +26,12 @@ if [ -z "$hosts" ] || [ -z "$gbit" ] || [ -z "$lat" ]; then
 fi
 if [ "$hosts" -le 32 ]; then
   topo="1;$hosts;1;1"
-elif [ "$hosts" -eq 64 ] || [ "$hosts" -eq 256 ]; then
+elif [ "$hosts" -eq 64 ] || [ "$hosts" -eq 256 ] || [ "$hosts" -eq 512 ]; then
   topo="2;16,$((hosts / 16));1,16;1,1"
 elif [ "$hosts" -eq 1024 ]; then
   topo="3;16,8,8;1,16,8;1,1,1"
 else
-  echo "gen_platform.sh: trees for at most 32 hosts, or 64, 256, 1024" >&2
+  echo "gen_platform.sh: trees for at most 32 hosts, or 64, 256, 512, 1024" >&2
   exit 2
 fi
 cat <<XML

@@ -520,6 +520,31 @@ def test_report_zero_on_simulated_hosts(tmp_path):
     assert "NOT RUN" in one and "no result for lenet5 1gbit_0.1ms" in one, one
 
 
+def test_report_zero_at_scale(tmp_path):
+    """The projection's targets judge the worst device at their hosts and
+    link, and name the faster link's figure beside it."""
+    def row(model, device, gbit, hosts, stage, e):
+        return {"model": model, "device": device, "gbit": gbit, "hosts": hosts,
+                "zero_stage": stage, "compression": "none", "compute_ms": 100.0,
+                "step_ms": 100.0 / e, "E": e}
+    rows = [row("resnet50", "V100", 100.0, 512, 0, 0.95),
+            row("resnet50", "A100", 100.0, 512, 0, 0.88),
+            row("resnet50", "A100", 400.0, 512, 0, 0.97),
+            row("gpt1.3b", "V100", 100.0, 256, 2, 0.86),
+            row("gpt1.3b", "V100", 100.0, 256, 0, 0.9),
+            dict(row("gpt1.3b", "V100", 100.0, 256, 0, 0.95), compression="bf16"),
+            dict(row("gpt1.3b", "V100", 100.0, 256, 2, 0.99), compression="bf16")]
+    write(tmp_path / "scale_zero_projection.jsonl", {"config": {"bucket_bytes": 25 * 2**20},
+                                                     "results": rows})
+    summary = report(tmp_path)
+    resnet = target_row(summary, "at scale: resnet50 zero_stage 0, projected E(512), 100 Gbit/s")
+    assert "| 0.880 | **MISS** | A100; at 400 Gbit/s 0.970 |" in resnet, resnet
+    gpt = target_row(summary, "at scale: gpt1.3b zero_stage 2, projected E(256), 100 Gbit/s")
+    assert "| 0.860 | PASS |" in gpt, gpt
+    assert "| gpt1.3b | V100 | 100 | 256 | 100.0 | 111.1 | 0.900 | - | 0.860 | - | 0.950 | 0.990 |" \
+        in summary
+
+
 def zero_memory_row(optimizer, ranks, stage, theory, fusion, peak, variant="built by fit"):
     return {"optimizer": optimizer, "ranks": ranks, "zero_stage": stage, "variant": variant,
             "oversubscribed": ranks > 2, "rank_of_peak": 0, "theory_mib": theory,

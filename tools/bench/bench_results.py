@@ -124,7 +124,7 @@ CASE_FIELDS = frozenset((
     "framework", "keras", "fusion", "overlap", "variant", "compression", "impl", "choice",
     "stages", "stage", "chunks", "micro_batches", "schedule", "mode", "compute_speedup",
     "threshold_kb", "optimizer", "weight_gradients", "run", "rank", "job", "share", "round",
-    "trial", "epoch", "bucket", "zero_stage"))
+    "trial", "epoch", "bucket", "zero_stage", "variable", "device"))
 # The unit of a metric: the first word of its name that is one of these
 # (samples_per_s: samples/s); none for ratios, counts and names.
 UNITS = {"ms": "ms", "us": "us", "s": "s", "seconds": "s", "mib": "MiB", "bytes": "B",

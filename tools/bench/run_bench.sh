@@ -356,6 +356,23 @@ if wanted scale; then
       "$PYTHON" "$ROOT/tools/research/project_scale.py" --project \
       --timelines "$OUT/scale_timelines.jsonl" --scale "$OUT/scale.jsonl" \
       --measured-steps "$steps" --measured-allreduce "$measured" --out "$OUT/scale_projection.jsonl"
+    # Plain and sharded data parallelism of ResNet-50 and a 1.3 B GPT at a
+    # device's step time (tools/research/project_zero.py): libtnt's three
+    # collectives on 8 to 1024 hosts at 100 and 400 Gbit/s, up to 16 MiB.
+    zhosts=8,64,256,512,1024
+    [[ $QUICK == 1 ]] && zhosts=8,64
+    for c in allreduce reduce_scatter allgather; do
+      run_stage "scale_zero_$c" "$(limit 3600 600)" "$OUT/scale_zero_$c.jsonl" \
+        "$PYTHON" "$ROOT/tools/research/scale_bench.py" --scale --impls tnt --collective "$c" \
+        --hosts "$zhosts" --per-host 1 --gbit 100,400 --max 16M --build "$build" \
+        --run-timeout 1800 --out "$OUT/scale_zero_$c.jsonl"
+    done
+    run_stage scale_zero_timelines "$(limit 1800 900)" "$OUT/scale_zero_timelines.jsonl" \
+      "$PYTHON" "$ROOT/tools/research/project_zero.py" --measure \
+      --out "$OUT/scale_zero_timelines.jsonl"
+    run_stage scale_zero_projection 60 "$OUT/scale_zero_projection.jsonl" \
+      "$PYTHON" "$ROOT/tools/research/project_zero.py" --project --results "$OUT" \
+      --out "$OUT/scale_zero_projection.jsonl"
   fi
 fi
 
