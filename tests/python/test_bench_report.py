@@ -541,8 +541,8 @@ def test_report_zero_at_scale(tmp_path):
     assert "| 0.880 | **MISS** | A100; at 400 Gbit/s 0.970 |" in resnet, resnet
     gpt = target_row(summary, "at scale: gpt1.3b zero_stage 2, projected E(256), 100 Gbit/s")
     assert "| 0.860 | PASS |" in gpt, gpt
-    assert "| gpt1.3b | V100 | 100 | 256 | 100.0 | 111.1 | 0.900 | - | 0.860 | - | 0.950 | 0.990 |" \
-        in summary
+    assert ("| gpt1.3b | V100 | 100 | 256 | 100.0 | 111.1 | 0.900 | - | 0.860 | - | 0.950 | "
+            "0.990 | - |") in summary
 
 
 def zero_memory_row(optimizer, ranks, stage, theory, fusion, peak, variant="built by fit"):

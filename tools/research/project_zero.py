@@ -28,9 +28,11 @@ and gathers the updated parts after the update; stage 2 reduce-scatters
 during the backward pass and gathers after the update; stage 3 gathers the
 whole weights before the forward pass and reduce-scatters during the
 backward pass. Neither gather overlaps compute (a layer-at-a-time gather
-would overlap the forward pass). E(N) = compute / step. Each case also
-with the gradients in 16 bits (TNT_COMPRESSION=bf16: half their bytes;
-the gathered weights travel whole).
+would overlap the forward pass: E_gather_behind_forward is the bound of
+one that hides behind the compute until the first gradient is ready).
+E(N) = compute / step. Each case also with the gradients in 16 bits
+(TNT_COMPRESSION=bf16: half their bytes; the gathered weights travel
+whole).
 
     for c in allreduce reduce_scatter allgather; do
       python3 tools/research/scale_bench.py --scale --impls tnt --collective $c \
@@ -280,11 +282,12 @@ def curves(document, gbit):
     return {h: Curve(p) for h, p in pts.items() if len(p) >= 2}
 
 
-def stage_step(stage, prof, allreduce, reduce_scatter, allgather, narrowing=1):
+def stage_step(stage, prof, allreduce, reduce_scatter, allgather, narrowing=1, hidden=0.0):
     """A rank's step (ms) at `stage`, from the profile's buckets and the
     collectives' curves; the gradients' bytes divided by `narrowing` (2:
-    TNT_COMPRESSION's 16 bits), the gathered weights' whole."""
-    gather = sum(allgather.ms(b["bytes"]) for b in prof["buckets"])
+    TNT_COMPRESSION's 16 bits), the gathered weights' whole, `hidden` ms of
+    the gather behind compute."""
+    gather = max(0.0, sum(allgather.ms(b["bytes"]) for b in prof["buckets"]) - hidden)
     if stage == 0:
         return step_ms(prof, allreduce, share=narrowing)
     if stage == 1:
@@ -304,6 +307,7 @@ def project(args):
             bk = buckets(variables, compute)
             prof = {"compute_ms": compute, "buckets": bk,
                     "tail_ms": compute - max(b["ready_ms"] for b in bk)}
+            forward = min(b["ready_ms"] for b in bk)
             for gbit in GBITS:
                 c = {k: curves(v, gbit) for k, v in coll.items()}
                 hosts = sorted(set(c["allreduce"]) & set(c["reduce_scatter"])
@@ -311,13 +315,18 @@ def project(args):
                 for n in hosts:
                     for stage in STAGES:
                         for compression, narrowing in COMPRESSIONS.items():
-                            s = stage_step(stage, prof, c["allreduce"][n],
-                                           c["reduce_scatter"][n], c["allgather"][n], narrowing)
+                            curves_n = (c["allreduce"][n], c["reduce_scatter"][n],
+                                        c["allgather"][n])
+                            s = stage_step(stage, prof, *curves_n, narrowing)
+                            # The bound of a gather that overlaps the forward
+                            # pass (until the first gradient is ready).
+                            bound = stage_step(stage, prof, *curves_n, narrowing, forward)
                             rows.append({"model": model, "device": device, "gbit": gbit,
                                          "hosts": n, "zero_stage": stage,
                                          "compression": compression,
                                          "compute_ms": round(compute, 3),
-                                         "step_ms": round(s, 3), "E": round(compute / s, 4)})
+                                         "step_ms": round(s, 3), "E": round(compute / s, 4),
+                                         "E_gather_behind_forward": round(compute / bound, 4)})
                             print(json.dumps(rows[-1]), flush=True)
     config = {"inputs": sorted(INPUTS.values()),
               "bucket_bytes": BUCKET_BYTES,
