@@ -125,10 +125,13 @@ void tnt__request_unref(tnt_request_t *req) {
   pthread_cond_destroy(&req->cv);
   free(req->work.counts);
   free(req->work.displs);
+  free(req->work.owned);
   free(req);
 }
 
 static void request_complete(tnt_request_t *req, tnt_status_t st) {
+  free(req->work.owned); /* no longer needed, though the request may live on */
+  req->work.owned = NULL;
   if (st < 0 && st != TNT_ERR_FAILED) tnt__engine_fail(req->engine, st, req->work.label);
   pthread_mutex_lock(&req->mu);
   atomic_store_explicit(&req->status, st, memory_order_release);
@@ -547,9 +550,11 @@ tnt_status_t tnt__engine_reduce_scatter(tnt__engine_t *e, tnt__comm_t *comm, con
   tnt_status_t st = tnt__engine_work(e, comm, &work, &r);
   if (st < 0) {
     free(bounds);
+    if (sendbuf == NULL) free(scratch);
     return st;
   }
   r->work.displs = bounds;
+  if (sendbuf == NULL) r->work.owned = scratch;
   return tnt__engine_post(e, r, req);
 }
 

@@ -45,6 +45,7 @@ struct tnt__work {
   int peer;                /* the other side of a point-to-point transfer */
   int tag;                 /* point-to-point only */
   size_t *counts, *displs; /* bytes, for allgatherv; displs: a reduce-scatter's block bounds */
+  void *owned;             /* a buffer the work took over: freed once it has run */
   tnt__coll_sig_t sig;     /* collectives: what every member must agree on */
   tnt__xreq_t xreq;        /* point-to-point: the posted transfer */
   double deadline;         /* point-to-point: when the posted transfer fails */
@@ -141,7 +142,9 @@ tnt_status_t tnt__engine_allreduce(tnt__engine_t *e, tnt__comm_t *comm, const vo
 /*
  * A reduce-scatter (tnt__reduce_scatter) of `count` elements on `comm` into
  * recvbuf, posted as tnt__engine_post does. The input is either `scratch`,
- * which it overwrites (sendbuf NULL), or `sendbuf`, which it copies into a
+ * which it takes over, overwrites and frees once it has run, or at once on
+ * failure (sendbuf NULL; a fusion bucket's whole vector, which then lives
+ * no longer than its reduce-scatter), or `sendbuf`, which it copies into a
  * scratch vector of its own when it runs (scratch NULL). `bounds`: the
  * comm->size + 1 element offsets of the blocks, taken over by the call
  * (freed with the request, or at once on failure), or NULL for the

@@ -269,10 +269,15 @@ static tnt_status_t submit_bucket(tnt_fusion_t *f, size_t b) {
   const tnt__bucket_plan_t *bp = &f->plan.buckets[b];
   const size_t esz = tnt__dtype_size(bk->wire);
   switch (f->opt.mode) {
-    case TNT_FUSION_MODE_REDUCE_SCATTER:
+    case TNT_FUSION_MODE_REDUCE_SCATTER: {
       TNT_CHECK(tnt__engine_check(f->engine));
-      return tnt__engine_reduce_scatter(f->engine, f->comm, NULL, bk->buf, bk->part, bp->count,
+      /* The engine frees the whole vector once it is reduced: buckets in
+       * flight hold it, reduced ones their part only. */
+      uint8_t *whole = bk->buf;
+      bk->buf = NULL;
+      return tnt__engine_reduce_scatter(f->engine, f->comm, NULL, whole, bk->part, bp->count,
                                         NULL, bk->wire, f->opt.op, bk->label, (long)b, &bk->req);
+    }
     case TNT_FUSION_MODE_ALLGATHER: {
       TNT_CHECK(tnt__engine_check(f->engine));
       const int n = f->comm->size;
@@ -497,19 +502,16 @@ tnt_status_t tnt__fusion_finish(tnt_fusion_t *f, size_t i, void *out, double div
 
   TNT_CHECK(tnt__request_wait(req, TNT__MAX(0.0, deadline - tnt__now())));
   const size_t esz = tnt__dtype_size(bk->wire);
-  /* The whole tensor, or in the reduce-scatter mode its part, whose
-   * bucket no longer needs its whole vector. */
-  const uint8_t *part = bk->buf + f->plan.offset_of[i] * esz;
+  /* The whole tensor, or in the reduce-scatter mode its part. */
+  const uint8_t *part;
   size_t count = t->count;
   if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
     size_t lo, hi;
     tnt__fusion_part(f, i, &lo, &hi);
     count = hi - lo;
     part = bk->part + (f->plan.offset_of[i] + lo - bk->lo) * esz;
-    pthread_mutex_lock(&f->mu);
-    free(bk->buf);
-    bk->buf = NULL;
-    pthread_mutex_unlock(&f->mu);
+  } else {
+    part = bk->buf + f->plan.offset_of[i] * esz;
   }
   if (divisor != 1.0) {
     tnt__copy_scaled(out, t->dtype, part, bk->wire, count, divisor, 1);

@@ -55,8 +55,9 @@ enum { TNT__FUSION_IDLE = 0, TNT__FUSION_STARTED = 1, TNT__FUSION_FINISHED = 2 }
 typedef struct tnt__bucket {
   /* The whole vector: for the set's life in TNT_FUSION_MODE_ALLREDUCE; in
    * the other modes from the round's first start to the end of its
-   * reduce-scatter (freed by the first finish after it) or to the round's
-   * last finish (allgather), NULL in between. */
+   * reduce-scatter (the engine takes it over when the bucket is submitted
+   * and frees it once it has run) or to the round's last finish
+   * (allgather), NULL in between. */
   uint8_t *buf;
   uint8_t *part; /* TNT_FUSION_MODE_REDUCE_SCATTER: elements [lo, hi), reduced */
   size_t lo, hi; /* this rank's part of the bucket, in elements */

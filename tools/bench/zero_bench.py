@@ -77,9 +77,11 @@ def fusion_bytes(stage, ranks, params):
     exist while the gather runs, all at once (every finish of a set waits
     for every start): 4 P more. Stage 2 keeps its parts of the
     reduce-scatter's buckets (4 P / N); their whole vectors exist from a
-    bucket's first start to its first finish, all at once (4 P), and are
-    freed before the gather's buckets (4 P) exist. Stage 3 as stage 2 (its
-    gather runs at the start of the step, the reduce-scatter at its end)."""
+    bucket's first start to the end of its reduce-scatter, at most all at
+    once (4 P: when the buckets wait for the network, or TNT_OVERLAP=off),
+    and are freed before the gather's buckets (4 P) exist. Stage 3 as stage
+    2 (its gather runs at the start of the step, the reduce-scatter at its
+    end)."""
     if ranks == 1:
         return 0
     return {0: 4 * params, 1: 8 * params, 2: 4 * params / ranks + 4 * params,
@@ -100,7 +102,7 @@ def capacity_need_w(stage, ranks):
     gradients and the two moments, 4 W (and the fusion buckets, W more,
     allocated whole). Stage 2: the weights (W); the parts the optimizer
     updates, the reduce-scatter's parts and the parts' two moments (4 W /
-    N); the reduce-scatter's buckets in flight (W, all at once); the zeros
+    N); the reduce-scatter's buckets waiting or in flight (at most W); the zeros
     each part's finish is shaped like (W / N). TensorFlow's step (its
     graph, the temporaries of the update) comes on top."""
     return 4.0 if stage == 0 else 2 + 5 / ranks
