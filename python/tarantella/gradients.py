@@ -64,9 +64,10 @@ def signature(tensors):
 def shaped(grads, likes):
     """`grads` (a list, None allowed) as dense tensors of the static shapes
     of `likes` (their variables, or the tensors they are the gradients of).
-    A variable read both by a lookup and whole (a tied embedding) has as
-    gradient the sum of an IndexedSlices and a tensor, whose static shape
-    TensorFlow leaves partly unknown."""
+    TensorFlow leaves a gradient's static shape partly unknown where it
+    comes from dynamic shapes: a Dense kernel's on 3-D inputs whose batch
+    has no static size (a batched matmul's gradient), a tied embedding's
+    (an IndexedSlices plus a tensor)."""
     out = []
     for g, like in zip(grads, likes):
         if isinstance(g, tf.IndexedSlices):
