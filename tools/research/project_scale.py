@@ -159,12 +159,13 @@ def step_ms(prof, curve, stretch=1.0, share=1):
     return max(compute, done + prof["tail_ms"] * stretch)
 
 
-def curves(scale):
-    """{hosts: Curve} of libtnt's choice (auto), one rank per host, 100 Gbit/s."""
+def curves(scale, gbit=GBIT):
+    """{hosts: Curve} of libtnt's choice (auto), one rank per host, `gbit`
+    Gbit/s."""
     pts = {}
     for r in scale["results"]:
         if (r["impl"] == "tnt" and r.get("choice") == "auto" and r["per_host"] == 1
-                and r["gbit"] == GBIT):
+                and r["gbit"] == gbit):
             pts.setdefault(r["hosts"], []).append((r["bytes"], r["us"]))
     return {h: Curve(p) for h, p in pts.items() if len(p) >= 2}
 

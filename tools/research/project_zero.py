@@ -71,7 +71,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 sys.path.insert(0, HERE)
 from bench_results import read_results, write_results  # noqa: E402
-from project_scale import Curve, step_ms  # noqa: E402
+from project_scale import curves, step_ms  # noqa: E402
 from step_timeline import load_trace, spans, union_ms  # noqa: E402
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -270,16 +270,6 @@ def buckets(variables, compute_ms):
         if open_["bytes"] >= BUCKET_BYTES:
             open_ = None
     return out
-
-
-def curves(document, gbit):
-    """{hosts: Curve} of libtnt's choice at `gbit`, one rank a host."""
-    pts = {}
-    for r in document["results"]:
-        if r["impl"] == "tnt" and r.get("choice") == "auto" and r["per_host"] == 1 \
-                and r["gbit"] == gbit:
-            pts.setdefault(r["hosts"], []).append((r["bytes"], r["us"]))
-    return {h: Curve(p) for h, p in pts.items() if len(p) >= 2}
 
 
 def stage_step(stage, prof, allreduce, reduce_scatter, allgather, narrowing=1, hidden=0.0):
