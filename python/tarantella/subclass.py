@@ -43,9 +43,14 @@ def base_class(obj):
 def original_classes(objects):
     """Gives every object of `objects` its original class for the duration
     (for writers that record the exact class of what they write)."""
-    changed = [(o, type(o)) for o in objects if base_class(o) is not type(o)]
-    for o, _ in changed:
-        o.__class__ = base_class(o)
+    def original(cls):  # below every mixin the object was given
+        while "_tnt_base" in vars(cls):
+            cls = cls._tnt_base
+        return cls
+
+    changed = [(o, type(o)) for o in objects if original(type(o)) is not type(o)]
+    for o, cls in changed:
+        o.__class__ = original(cls)
     try:
         yield
     finally:

@@ -8,10 +8,10 @@ computes each block as the allreduce does); an elementwise optimizer then
 computes every element as on the whole tensor. Stage 3's passes run on
 weights gathered from the parts, the same values. So the weights and the
 losses of stages 1 to 3 equal stage 0's bit for bit, and stage 0 equals serial
-Keras within the tolerance of test_training.py. Clipping by norm and Lamb
-read whole tensors: their norms come from the parts' sums (see
-test_norm_clipping_equals_stage_zero_within_rounding and
-assert_lamb_within_rounding).
+Keras within the tolerance of test_training.py. Clipping by norm, Lamb
+and Adafactor read whole tensors: their norms and means come from the
+parts' sums (see test_norm_clipping_equals_stage_zero_within_rounding,
+assert_lamb_within_rounding and assert_adafactor_within_rounding).
 """
 import json
 import os
@@ -63,7 +63,7 @@ def assert_bitwise_as_stage_zero(results, cases):
 
 def assert_ranks_identical(results):
     for key in results[0]:
-        if key.endswith(("slot_bytes", "trainable_bytes")):
+        if key.endswith(("slot_bytes", "trainable_bytes", "replicated_bytes")):
             continue
         for r, result in enumerate(results[1:], start=1):
             assert np.array_equal(result[key], results[0][key]), \
@@ -84,7 +84,11 @@ def assert_state_is_sharded(results, cases, groups=None):
                     if what == "trainable_bytes" and stage < 3:
                         assert held == [whole] * len(held), (case, stage, held, whole)
                         continue
-                    assert sum(held) == whole, \
+                    # State that every rank holds whole counts once.
+                    replicated = [int(results[r][f"{case}/z{stage}/replicated_bytes"])
+                                  if what == "slot_bytes" else 0 for r in group]
+                    assert len(set(replicated)) == 1, (case, stage, replicated)
+                    assert sum(held) - (len(held) - 1) * replicated[0] == whole, \
                         f"{case}: ranks {list(group)}: stage {stage} {what} {held}, stage 0 {whole}"
                     if whole:
                         assert max(held) < whole, f"{case}: a rank holds every {what}: {held}"
@@ -120,11 +124,13 @@ def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):
     cases = ["sgd_momentum", "adam", "adagrad", "rmsprop", "lion", "ftrl"]
     trace = str(tmp_path / "trace.json")
     results = train(tmp_path, python, 3, "--model", "sequential",
-                    "--cases", ",".join(cases + ["lamb"]), env={"TNT_TIMELINE": trace})
+                    "--cases", ",".join(cases + ["lamb", "adafactor"]),
+                    env={"TNT_TIMELINE": trace})
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
-    assert_state_is_sharded(results, cases + ["lamb"])
+    assert_state_is_sharded(results, cases + ["lamb", "adafactor"])
     assert_lamb_within_rounding(results[0])
+    assert_adafactor_within_rounding(results[0])
     # The timeline names each bucket's collective: stage 0 allreduces
     # buckets, stage 1 allreduces and gathers them, stage 2 reduce-scatters
     # and gathers them.
@@ -191,6 +197,37 @@ def assert_lamb_within_rounding(result):
             assert np.max(np.abs(got - want)) <= bound, (stage, np.max(np.abs(got - want)), bound)
 
 
+def assert_adafactor_within_rounding(result):
+    """Adafactor reads sums over whole variables, which stages 1 to 3 add
+    up from the 3 ranks' parts in another order than stage 0's: its
+    factored moments r and c (means of squared gradients over a kernel's
+    rows and columns), the root mean squares of the variable and of the
+    update. Each is a sum of at most n positive terms (n = 192, the
+    largest variable), so the two orders agree within 2 (n - 1) u (u =
+    2**-24). Relatively: r and c within 2 (n - 1) u (a moving average of
+    such means stays within it), v = r / mean(r) x c within 6 (n - 1) u,
+    u_t = g / sqrt(v) within 3 (n - 1) u, its root mean square within
+    (2 (n - 1) u + 6 (n - 1) u) / 2 = 4 (n - 1) u, u_t clipped by it within
+    7 (n - 1) u, and the step alpha_t = lr x max(eps_2, rms(w)), whose root
+    mean square is within (n - 1) u, brings the update to 8 (n - 1) u. An
+    update's element is at most lr x max(eps_2, |w|_max) x sqrt(n) (the
+    clipped u_t has a root mean square of at most clip_threshold = 1), so
+    |w|_max shrinks by at most a factor (1 - lr sqrt(n)) a step and before
+    the last of S steps was at most |w_S|_max / (1 - lr sqrt(n))**S. After
+    S = 16 steps the weights may differ by S times 8 (n - 1) u times the
+    largest update, twice that to allow for the differences' own effect on
+    later gradients. (Each part's own sums instead would move the weights
+    by about 2e-2.)"""
+    steps, n, u, lr, eps_2 = 2 * 8, 12 * 16, 2.0 ** -24, 0.01, 1e-3
+    final = weights(result, "adafactor", 0)
+    largest = max(eps_2, max(float(np.max(np.abs(w))) for w in final)
+                  / (1 - lr * np.sqrt(n)) ** steps)
+    bound = 2 * steps * 8 * (n - 1) * u * lr * largest * np.sqrt(n)
+    for stage in sharded_stages(result, "adafactor"):
+        for got, want in zip(weights(result, "adafactor", stage), final):
+            assert np.max(np.abs(got - want)) <= bound, (stage, np.max(np.abs(got - want)), bound)
+
+
 def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):
     assert_bitwise_as_stage_zero(two_ranks, OWN_STEP)
 
@@ -214,10 +251,16 @@ def test_every_reader_of_the_weights_sees_stage_zeros(tmp_path, python):
 
 
 def test_mixed_precision_is_bitwise_as_stage_zero(tmp_path, python):
+    # Lamb's and Adafactor's allreduces run in the LossScaleOptimizer's
+    # branch of finite gradients, beside the step's other collectives.
     cases = ["sgd_momentum", "adam"]
-    results = train(tmp_path, python, 2, "--mixed", "--cases", ",".join(cases))
+    results = train(tmp_path, python, 2, "--mixed",
+                    "--cases", ",".join(cases + ["lamb", "adafactor"]))
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
+    assert_state_is_sharded(results, cases + ["lamb", "adafactor"])
+    assert_lamb_within_rounding(results[0])
+    assert_adafactor_within_rounding(results[0])
 
 
 def test_compressed_gradients_are_bitwise_as_stage_zero(tmp_path, python):
@@ -269,8 +312,10 @@ def test_pipeline_replicas_shard_each_stage(tmp_path, python, mixed):
         cases = ["adam", "sgd_momentum", "rmsprop"]
         clipping = [f"{c}:sequential" for c in CLIPPING]
         results = train(tmp_path, python, 4, "--pipeline", "2",
-                        "--cases", ",".join(cases + clipping))
+                        "--cases", ",".join(cases + clipping + ["adafactor"]))
         assert_clipping_within_rounding(results, clipping)
+        assert_adafactor_within_rounding(results[0])
+        assert_state_is_sharded(results, ["adafactor"], groups=[(0, 2), (1, 3)])
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     assert_state_is_sharded(results, cases, groups=[(0, 2), (1, 3)])

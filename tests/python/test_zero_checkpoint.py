@@ -143,6 +143,34 @@ def test_backup_and_restore_resumes_an_interrupted_fit_bitwise(runs):
                            f"rank {r}: a backup of 3 ranks resumed on 2 at stage {stage}")
 
 
+def test_adafactor_writes_its_whole_moments_and_its_parts(directory, runs):
+    """Adafactor at stage 2 on 3 ranks: every rank holds the factored
+    moments of a kernel (a mean per row and per column) whole, and its part
+    of every other slot. Plain Keras reads from the saved file each rank's
+    whole moments and the parts put together, bit for bit; one more epoch
+    of the model load_model reads at stage 2 equals that of the
+    uninterrupted run."""
+    keras_, _ = runs
+    ranks = [dict(np.load(os.path.join(directory, f"adafactor{r}.npz"))) for r in range(3)]
+    saved = values(keras_, "af-z2.keras/opt")
+    states = [values(result, "af-state") for result in ranks]
+    assert saved and all(len(state) == len(saved) for state in states)
+    kinds = set()
+    for i, whole in enumerate(saved):
+        held = [state[i] for state in states]
+        if all(h.shape == whole.shape for h in held):  # whole on every rank
+            kinds.add("whole" if whole.ndim else "scalar")
+            for r, h in enumerate(held):
+                assert np.array_equal(h, whole), f"variable {i}: rank {r}'s differs from the file"
+        else:
+            kinds.add("parts")
+            assert np.array_equal(np.concatenate(held), whole.reshape(-1)), f"variable {i}"
+    assert kinds == {"scalar", "whole", "parts"}, kinds
+    for r, result in enumerate(ranks):
+        assert int(result["iterations-af-loaded"]) == STEPS
+        assert_bitwise(values(result, "af-loaded"), values(result, "af-z2"), f"rank {r}")
+
+
 def test_a_save_from_the_master_alone_is_refused(runs):
     _, ranks = runs
     for result in ranks:

@@ -7,15 +7,16 @@ epoch), always from the same weights, in the same order.
     zero_checkpoint_worker.py save3 --dir D   (3 ranks) one epoch at stage 2,
         saved to D/ckpt3.keras; then a fit with BackupAndRestore(save_freq=4)
         at stage 2, interrupted at epoch 1, batch 3 (after the backup of
-        step 8): its backup stays in D/backup3.
+        step 8): its backup stays in D/backup3; then Adafactor's run, D/af-z2.keras
+        and D/adafactor<r>.npz (see adafactor_run()).
     zero_checkpoint_worker.py main --dir D    (2 ranks) writes D/main.npz
         (rank 0; every rank's final weights in D/rank<r>.npz too): see main().
     zero_checkpoint_worker.py hybrid --dir D  (4 ranks) the same model cut in
         2 stages, ParallelStrategy.ALL (2 replicas): writes D/hybrid.npz
         (and D/hybrid<r>.npz): see hybrid_run().
     zero_checkpoint_worker.py keras --dir D   (one process, plain Keras)
-        loads the files of main and writes their weights and optimizer
-        variables to D/keras.npz.
+        loads the files of main, hybrid and Adafactor's run and writes their
+        weights and optimizer variables to D/keras.npz.
 
 Values travel in pieces of at most 64 bytes here (16 MiB by default), so
 that a slot goes to the master in several pieces, most of them cut across
@@ -210,6 +211,24 @@ def main_run(tnt, path):
     return out
 
 
+def adafactor_run(tnt, path):
+    """Adafactor at stage 2, whose factored moments every rank holds whole
+    (the rest of its state in parts); records (keys of adafactor<r>.npz):
+    af-state/<i>: this rank's optimizer variables after one epoch, when the
+        model was saved to af-z2.keras;
+    af-z2: the weights after one more epoch;
+    af-loaded: the weights after one epoch of the model that load_model read
+        from af-z2.keras at stage 2; iterations-af-loaded its step count."""
+    model = tnt.Model(train_worker.make_model(3), zero_stage=2)
+    model.compile(optimizer=keras.optimizers.Adafactor(0.01),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    fit(model).save(path("af-z2.keras"))
+    out = {f"af-state/{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)}
+    out.update(weights(fit(model), "af-z2"))
+    one_more_epoch(out, "af-loaded", tnt.models.load_model(path("af-z2.keras"), zero_stage=2))
+    return out
+
+
 def hybrid_run(tnt, path):
     """Runs on 4 ranks, 2 stages x 2 replicas; records (keys of hybrid.npz):
     hz0, hz2: the weights after 2 epochs at stage 0 and 2, saved after the
@@ -245,7 +264,7 @@ def keras_run(path):
     weights and optimizer variables by file."""
     import tarantella  # noqa: F401  (registers SplitLayer: the hybrid files hold it)
     out = {}
-    for name in FILES + HYBRID_FILES:
+    for name in FILES + HYBRID_FILES + ("af-z2.keras",):
         if name.endswith(".keras"):
             model = keras.saving.load_model(path(name))
         else:
@@ -277,6 +296,7 @@ def main():
     if args.mode == "save3":
         fit(new_model(tnt, 2)).save(path("ckpt3.keras"))
         interrupted_backup(tnt, 2, path("backup3"))
+        np.savez(path(f"adafactor{tnt.get_rank()}.npz"), **adafactor_run(tnt, path))
         return 0
     if args.mode == "hybrid":
         out = hybrid_run(tnt, path)

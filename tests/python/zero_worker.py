@@ -77,7 +77,8 @@ def norm_dropout(seed, mixed=False):
 
 
 # train_worker's, and Lamb, whose update reads each variable's norm.
-OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01))
+OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01),
+                  adafactor=lambda: keras.optimizers.Adafactor(0.01))
 
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
           "norm_dropout": norm_dropout, "sequence": train_worker.make_sequence_model,
@@ -179,6 +180,12 @@ def main():
             slots = [v for v in model.optimizer.variables if len(v.shape)]
             results[f"{key}/slot_bytes"] = np.array(sum(
                 int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in slots))
+            # Of them, the state every rank holds whole (Adafactor's factored moments).
+            replicated = getattr(getattr(model.optimizer, "inner_optimizer", model.optimizer),
+                                 "_tnt_replicated", set())
+            results[f"{key}/replicated_bytes"] = np.array(sum(
+                int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in slots
+                if id(v) in replicated))
             # The bytes of trainable weights this rank holds: its variables'
             # values, and at stage 3 its parts (which hold them instead).
             shards = getattr(model.optimizer, "_tnt_shards", None)

@@ -80,9 +80,13 @@ class Slots:
 
     def __init__(self, optimizer):
         self.shards = shards = optimizer._tnt_shards
+        updating = getattr(optimizer, "inner_optimizer", optimizer)
         with subclass.original_classes([optimizer]):
             self.stand_in, layout = internals.optimizer_layout(optimizer, shards.variables)
-            _, own = internals.optimizer_layout(optimizer, shards.parts)
+            # ShardedAdafactor makes its state as over the whole variables
+            # (the factored moments whole, the rest per part).
+            own = layout if isinstance(updating, zero_shards.ShardedAdafactor) else \
+                internals.optimizer_layout(optimizer, shards.parts)[1]
         if sorted(own, key=repr) != sorted(layout, key=repr) or \
                 len(own) != len(optimizer.variables):
             raise runtime.TarantellaError(
@@ -94,9 +98,12 @@ class Slots:
         # This rank's variable for each variable of the optimizer of the
         # whole variables, in its order; the slots among them, by variable.
         self.optimizer_variables = [mine[key] for key in layout]
+        # State that every rank holds whole (ShardedAdafactor's factored
+        # moments) is written and read as the optimizer's own variables.
+        replicated = getattr(updating, "_tnt_replicated", set())
         self.slot_of = {}
         for i, k in layout:
-            if i is None:
+            if i is None or id(mine[(i, k)]) in replicated:
                 continue
             lo, hi = shards.ranges[i]
             if tuple(mine[(i, k)].shape) != (hi - lo,):

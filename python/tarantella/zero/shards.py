@@ -56,14 +56,15 @@ from tarantella import subclass
 STAGES = (0, 1, 2, 3)
 # Keras's optimizers whose update computes every element from that
 # element's gradient and state alone (and the norms of clipnorm and
-# global_clipnorm, ShardedClipping), or, Lamb, from norms of whole
-# variables that come from the parts (ShardedLamb): a part's update is that
-# part of the whole tensor's. Adafactor (factored moments, RMS of the
-# update) and Muon (orthogonalized matrices) read whole tensors otherwise.
+# global_clipnorm, ShardedClipping), or from sums over whole variables that
+# come from the parts (Lamb's norms, ShardedLamb; Adafactor's factored
+# moments and root mean squares, ShardedAdafactor): a part's update is that
+# part of the whole tensor's. Muon (orthogonalized matrices) reads whole
+# tensors otherwise.
 ELEMENTWISE = (keras.optimizers.SGD, keras.optimizers.RMSprop, keras.optimizers.Adam,
                keras.optimizers.Adadelta, keras.optimizers.Adagrad, keras.optimizers.Adamax,
                keras.optimizers.Nadam, keras.optimizers.Ftrl, keras.optimizers.Lion,
-               keras.optimizers.Lamb)
+               keras.optimizers.Lamb, keras.optimizers.Adafactor)
 
 
 def check_stage(zero_stage):
@@ -216,6 +217,9 @@ class ShardedOptimizer:
     def build(self, variables):
         shards = Shards(variables, self._tnt_zero_stage, *self._tnt_zero_group)
         self._tnt_shards = shards
+        # The optimizer that updates the parts (a LossScaleOptimizer's inner
+        # one) knows them too: ShardedAdafactor reads their whole shapes.
+        getattr(self, "inner_optimizer", self)._tnt_shards = shards
         super().build(shards.parts)
         whole = _mib(variables)
         part = shards.held_bytes() / 2**20
@@ -249,10 +253,16 @@ class ShardedOptimizer:
         pairs = [(g, p) for g, p in zip(parts, shards.parts) if g is not None]
         if shards.stage == 3:  # the parts are the weights; the next step gathers them
             super().apply([g for g, _ in pairs], [p for _, p in pairs])
-            return
-        with tf.control_dependencies(shards.copy_in()):
-            super().apply([g for g, _ in pairs], [p for _, p in pairs])
-        shards.gather(current)
+        else:
+            with tf.control_dependencies(shards.copy_in()):
+                super().apply([g for g, _ in pairs], [p for _, p in pairs])
+        # The update's collectives (Lamb's and Adafactor's sums) may run in
+        # a branch of a LossScaleOptimizer's tf.cond, which the step's chain
+        # cannot name: the step's next collective waits for the updated
+        # parts, which are read after the branch.
+        current.record([tf.identity(p.value) for p in shards.parts])
+        if shards.stage < 3:
+            shards.gather(current)
 
     def check_finite(self, grads):
         """(LossScaleOptimizer) Whether every rank's parts are finite."""
@@ -327,6 +337,104 @@ class ShardedLamb:
         self._tnt_updates.append((variable, ops_.divide(m_t_hat, v_sqrt), lr))
 
 
+class ShardedAdafactor:
+    """Placed in front of Adafactor's class when it updates the parts.
+    Adafactor keeps, for a variable of two or more dimensions, the means of
+    its squared gradients over the last axis (r) and over the one before (c)
+    instead of one second moment per element, and scales the update by the
+    root mean squares of the whole variable and of the whole update. A part
+    is a range of the variable's elements that cuts rows, so every rank adds
+    up its part's squares by row and by column, one allreduce gives the
+    whole sums (with the variable's sum of squares), and every rank keeps r
+    and c whole: the same values on every rank, a row and a column of the
+    variable in size (Slots writes them as the optimizer's own variables).
+    The estimate v of the second moments is then computed for the part's
+    elements, and one more allreduce gives the update's sum of squares. The
+    sums are added in another order than a whole tensor's: the weights
+    equal stage 0's within rounding. The arithmetic is
+    keras.optimizers.Adafactor.update_step's."""
+
+    def build(self, var_list):
+        if self.built:
+            return
+        keras.optimizers.Optimizer.build(self, var_list)
+        shards = self._tnt_shards
+        self._tnt_wholes = {id(p): (tuple(v.shape), lo, hi) for p, v, (lo, hi) in
+                            zip(shards.parts, shards.variables, shards.ranges)}
+        self._r, self._c, self._v = [], [], []
+        self._tnt_replicated = set()  # ids of r and c: whole, alike on every rank
+        for part in var_list:
+            shape = self._tnt_wholes[id(part)][0]
+            for factors, factor_shape in ((self._r, shape[:-1]),
+                                          (self._c, shape[:-2] + shape[-1:])):
+                if len(shape) < 2:  # not factored: a placeholder, as Adafactor's own
+                    factors.append(keras.Variable(0, name=part.name, trainable=False))
+                else:
+                    factors.append(self.add_variable(shape=factor_shape, dtype=part.dtype,
+                                                     name=part.name))
+                self._tnt_replicated.add(id(factors[-1]))
+            self._v.append(self.add_variable_from_reference(reference_variable=part,
+                                                            name="velocity"))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        group = self._tnt_zero_group[0]
+        squares = [tf.square(tf.cast(g, p.dtype)) + tf.cast(self.epsilon_1, p.dtype)
+                   for g, p in zip(grads, trainable_variables)]
+        # The parts' sums by row and by column of the factored variables,
+        # and of each variable's squares, added up over the ranks at once.
+        local, places = [], []
+        for part, square in zip(trainable_variables, squares):
+            shape, lo, hi = self._tnt_wholes[id(part)]
+            places.append(len(local))
+            if len(shape) >= 2:
+                rows, cols = shape[-2], shape[-1]
+                at = tf.range(lo, hi, dtype=tf.int64)
+                local.append(tf.math.unsorted_segment_sum(
+                    square, at // cols, int(np.prod(shape[:-1], dtype=np.int64))))
+                local.append(tf.math.unsorted_segment_sum(
+                    square, at // (rows * cols) * cols + at % cols,
+                    int(np.prod(shape[:-2], dtype=np.int64)) * cols))
+            local.append(tf.reshape(tf.reduce_sum(tf.square(part)), [1]))
+        sizes = [int(t.shape[0]) for t in local]
+        summed = tf.split(step.active().allreduce(tf.concat(local, 0), group=group), sizes)
+        ops_ = keras.ops
+        local_step = ops_.cast(self.iterations + 1, tf.float32)
+        lr = ops_.cast(learning_rate, tf.float32)
+        if not callable(self._learning_rate) and self.relative_step:
+            lr = ops_.minimum(lr, 1 / ops_.sqrt(local_step))
+        rho_t = ops_.minimum(lr, 1 / ops_.sqrt(local_step))
+        beta_2_t = ops_.subtract(1, ops_.power(local_step, self.beta_2_decay))
+        updates, u_squares = [], []
+        for part, grad, square, at in zip(trainable_variables, grads, squares, places):
+            shape, lo, hi = self._tnt_wholes[id(part)]
+            size = int(np.prod(shape, dtype=np.int64))
+            index = self._get_variable_index(part)
+            v = self._v[index]
+            if len(shape) >= 2:
+                rows, cols = shape[-2], shape[-1]
+                r, c = self._r[index], self._c[index]
+                row_means = tf.reshape(summed[at] / cols, shape[:-1])
+                col_means = tf.reshape(summed[at + 1] / rows, shape[:-2] + shape[-1:])
+                self.assign(r, beta_2_t * r + (1 - beta_2_t) * row_means)
+                self.assign(c, beta_2_t * c + (1 - beta_2_t) * col_means)
+                ratio = tf.reshape(r / ops_.mean(r, axis=-1, keepdims=True), [-1])
+                flat = tf.range(lo, hi, dtype=tf.int64)
+                self.assign(v, tf.gather(ratio, flat // cols) *
+                            tf.gather(tf.reshape(c, [-1]), flat // (rows * cols) * cols
+                                      + flat % cols))
+            else:
+                self.assign(v, beta_2_t * v + (1 - beta_2_t) * square)
+            u_t = tf.cast(grad, part.dtype) / ops_.sqrt(v)
+            rms_w = ops_.sqrt(summed[at + (2 if len(shape) >= 2 else 0)][0] / size)
+            alpha_t = ops_.maximum(self.epsilon_2, rms_w) * rho_t
+            updates.append((part, u_t, alpha_t, size))
+            u_squares.append(tf.reduce_sum(tf.square(u_t)))
+        u_sums = step.active().allreduce(tf.stack(u_squares), group=group) if updates else []
+        for (part, u_t, alpha_t, size), u_sum in zip(updates, tf.unstack(u_sums)):
+            u_hat = u_t / ops_.maximum(1.0, ops_.sqrt(u_sum / size) / self.clip_threshold)
+            self.assign_sub(part, alpha_t * u_hat)
+
+
 def _mib(variables):
     return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
 
@@ -349,14 +457,16 @@ def shard(optimizer, stage, resources):
         raise runtime.TarantellaError(
             f"zero_stage={stage} updates each rank's part of every variable on its own, which "
             "computes the update of the whole variable only for an optimizer that updates each "
-            "element from its own gradient and state (or, as Lamb, from norms that the parts "
-            f"add up); {type(updating).__name__} is not one "
+            "element from its own gradient and state (or, as Lamb and Adafactor, from sums that "
+            f"the parts add up); {type(updating).__name__} is not one "
             "of them (it reads whole tensors, or Tarantella does not know it): use "
             "zero_stage=0 with it, or one of "
             f"{', '.join(c.__name__ for c in ELEMENTWISE)} (AdamW among the Adams)")
     optimizer._tnt_zero_stage = stage
     if isinstance(updating, keras.optimizers.Lamb):
         subclass.add_mixin(updating, ShardedLamb)
+    if isinstance(updating, keras.optimizers.Adafactor):
+        subclass.add_mixin(updating, ShardedAdafactor)
     for o in {id(optimizer): optimizer, id(updating): updating}.values():
         o._tnt_zero_group = (resources.group, resources.group_size)
     subclass.add_mixin(updating, ShardedClipping)
