@@ -149,6 +149,8 @@ def main_run(tnt, path):
         z2.weights.json at 2, z3.weights.h5 and z3.weights.json at 3;
     from3-z0, from3-z1, from3-z2, from3-z3: one epoch from ckpt3.keras (3
         ranks, stage 2) at stages 0 to 3;
+    af-from3-z0, af-from3-z2: one epoch from af-z2.keras (3 ranks, stage 2,
+        Adafactor) at stages 0 and 2;
     norm, norm-loaded: a model with BatchNormalization at stage 3, one more
         epoch after it was saved, and one epoch of the model load_model read
         from its file at stage 3;
@@ -191,6 +193,9 @@ def main_run(tnt, path):
     for stage in (0, 1, 2, 3):
         model = tnt.models.load_model(path("ckpt3.keras"), zero_stage=stage)
         out.update(weights(fit(model), f"from3-z{stage}"))
+    for stage in (0, 2):  # Adafactor's moments, whole and in parts, on fewer ranks
+        model = tnt.models.load_model(path("af-z2.keras"), zero_stage=stage)
+        out.update(weights(fit(model), f"af-from3-z{stage}"))
 
     # BatchNormalization's statistics, loaded at stage 3 beside the parts.
     model = fit(compiled(tnt.Model(norm_model(3), zero_stage=3)))
