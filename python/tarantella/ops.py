@@ -55,6 +55,14 @@ def broadcast(tensor, group, root=0):
     return library().tnt_broadcast(tensor, group=group, root=root)
 
 
+def allgatherv(part, group, counts):
+    """Every rank's `part` (a vector of counts[r] elements on rank r of
+    `group`), in rank order: a vector of sum(counts) elements."""
+    out = library().tnt_allgatherv(part, group=group, counts=[int(c) for c in counts])
+    out.set_shape([sum(int(c) for c in counts)])
+    return out
+
+
 def pipe_send(tensor, group, peer, tag):
     """Posts `tensor` to rank `peer` of `group`; returns a token at once."""
     return library().tnt_pipe_send(tensor, group=group, peer=peer, tag=tag)

@@ -82,6 +82,12 @@ static void unknown_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
 }
 
 /* TntStamp: (tensor, a scalar). */
+static void vector_of_unknown_size(TF_ShapeInferenceContext *ctx, TF_Status *status) {
+  TF_ShapeHandle *vector = TF_ShapeInferenceContextVectorFromSize(ctx, -1);
+  TF_ShapeInferenceContextSetOutput(ctx, 0, vector, status);
+  TF_DeleteShapeHandle(vector);
+}
+
 static void stamp_shape(TF_ShapeInferenceContext *ctx, TF_Status *status) {
   shape_of_input(ctx, 0, status);
   if (TF_GetCode(status) == TF_OK) scalar_output(ctx, 1, status);
@@ -140,6 +146,11 @@ void tnt_tf__register_op_defs(TF_Status *status) {
   define("TntAllreduce", tensor_in, tensor_out, allreduce_attrs, same_shape_as_tensor, status);
   if (TF_GetCode(status) != TF_OK) return;
   define("TntBroadcast", tensor_in, tensor_out, broadcast_attrs, same_shape_as_tensor, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  static const char *const allgatherv_attrs[] = {TNT_TF_TYPE_ATTR, "group: int",
+                                                 "counts: list(int)", NULL};
+  define("TntAllgatherv", tensor_in, tensor_out, allgatherv_attrs, vector_of_unknown_size,
+         status);
   if (TF_GetCode(status) != TF_OK) return;
 
   static const char *const none[] = {NULL};

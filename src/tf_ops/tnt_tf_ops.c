@@ -223,6 +223,14 @@ typedef struct collective_kernel {
   int64_t root; /* TntBroadcast */
 } collective_kernel_t;
 
+/* TntAllgatherv: the elements each rank of the group contributes. */
+typedef struct allgatherv_kernel {
+  int64_t group;
+  tnt_dtype_t dtype;
+  int32_t nranks;
+  size_t *counts, *displs; /* [nranks] each, one allocation */
+} allgatherv_kernel_t;
+
 /* Ends a create function: on failure, tells TensorFlow and frees `kernel`. */
 static void *created(TF_OpKernelConstruction *ctx, void *kernel, TF_Status *status) {
   if (TF_GetCode(status) != TF_OK) {
@@ -264,6 +272,49 @@ static void *broadcast_create(TF_OpKernelConstruction *ctx) {
     TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
   } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "group", &k->group, status)) {
     get_int(ctx, "root", &k->root, status);
+  }
+  return created(ctx, k, status);
+}
+
+static void allgatherv_delete(void *kernel) {
+  allgatherv_kernel_t *k = kernel;
+  if (k != NULL) free(k->counts);
+  free(k);
+}
+
+static void *allgatherv_create(TF_OpKernelConstruction *ctx) {
+  TF_Status *status = TF_NewStatus();
+  allgatherv_kernel_t *k = calloc(1, sizeof *k);
+  int32_t n = 0, total = 0;
+  if (k == NULL) {
+    TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+  } else if (get_dtype(ctx, &k->dtype, status) && get_int(ctx, "group", &k->group, status)) {
+    TF_OpKernelConstruction_GetAttrSize(ctx, "counts", &n, &total, status);
+  }
+  int64_t *counts = NULL;
+  if (TF_GetCode(status) == TF_OK) {
+    counts = malloc((size_t)(n > 0 ? n : 1) * sizeof *counts);
+    k->counts = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *k->counts);
+    if (counts == NULL || k->counts == NULL) {
+      TF_SetStatus(status, TF_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+      TF_OpKernelConstruction_GetAttrInt64List(ctx, "counts", counts, n, status);
+    }
+  }
+  if (TF_GetCode(status) == TF_OK) {
+    k->nranks = n;
+    k->displs = k->counts + n;
+    size_t at = 0;
+    for (int32_t r = 0; r < n; ++r) {
+      k->counts[r] = (size_t)counts[r];
+      k->displs[r] = at;
+      at += (size_t)counts[r];
+    }
+  }
+  free(counts);
+  if (TF_GetCode(status) != TF_OK && k != NULL) {
+    free(k->counts);
+    k->counts = NULL;
   }
   return created(ctx, k, status);
 }
@@ -859,6 +910,40 @@ static void span_compute(void *kernel, TF_OpKernelContext *ctx) {
   TF_DeleteStatus(status);
 }
 
+/* TntAllgatherv: this rank's part (a vector of counts[rank] elements) ->
+ * every rank's part, in rank order (a vector of sum(counts) elements). */
+static void allgatherv_compute(void *kernel, TF_OpKernelContext *ctx) {
+  static const char op[] = "TntAllgatherv";
+  const allgatherv_kernel_t *k = kernel;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *in = NULL, *out = NULL;
+  tnt_group_t *g = NULL;
+  TF_GetInput(ctx, 0, &in, status);
+  if (!ok(ctx, status)) goto out;
+  if ((g = find_group(ctx, op, k->group)) == NULL) goto out;
+  const int rank = tnt_group_rank(g);
+  if (k->nranks != tnt_group_size(g)) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: counts has %d entries, but group %lld has %d ranks", op,
+         (int)k->nranks, (long long)k->group, tnt_group_size(g));
+    goto out;
+  }
+  if ((size_t)TF_TensorElementCount(in) != k->counts[rank]) {
+    fail(ctx, TF_INVALID_ARGUMENT, "%s: rank %d contributes %lld elements, but counts says %zu",
+         op, rank, (long long)TF_TensorElementCount(in), k->counts[rank]);
+    goto out;
+  }
+  const int64_t total = (int64_t)(k->displs[k->nranks - 1] + k->counts[k->nranks - 1]);
+  out = TF_AllocateOutput(ctx, 0, TF_ExpectedOutputDataType(ctx, 0), &total, 1,
+                          (size_t)total * tnt_dtype_size(k->dtype), status);
+  if (!ok(ctx, status)) goto out;
+  tnt_status_t st = tnt_allgatherv(g, TF_TensorData(in), k->counts[rank], TF_TensorData(out),
+                                   k->counts, k->displs, k->dtype);
+  if (st < 0) fail_tnt(ctx, g, op, st);
+out:
+  delete_tensors(in, out, NULL);
+  TF_DeleteStatus(status);
+}
+
 /* ---------------------------------------------------------- registration */
 
 /*
@@ -874,22 +959,25 @@ __attribute__((constructor)) static void register_ops(void) {
     const char *op;
     void *(*create)(TF_OpKernelConstruction *);
     void (*compute)(void *, TF_OpKernelContext *);
+    void (*destroy)(void *);
   } kernels[] = {
-      {"TntFusionStart", fusion_create, fusion_start_compute},
-      {"TntFusionFinish", fusion_create, fusion_finish_compute},
-      {"TntAllreduce", allreduce_create, allreduce_compute},
-      {"TntBroadcast", broadcast_create, broadcast_compute},
-      {"TntPipeSend", pipe_create, pipe_send_compute},
-      {"TntPipeRecv", pipe_create, pipe_recv_compute},
-      {"TntPipeFlush", pipe_flush_create, pipe_flush_compute},
-      {"TntStamp", span_create, stamp_compute},
-      {"TntSpan", span_create, span_compute},
+      {"TntFusionStart", fusion_create, fusion_start_compute, free},
+      {"TntFusionFinish", fusion_create, fusion_finish_compute, free},
+      {"TntAllreduce", allreduce_create, allreduce_compute, free},
+      {"TntBroadcast", broadcast_create, broadcast_compute, free},
+      {"TntAllgatherv", allgatherv_create, allgatherv_compute, allgatherv_delete},
+      {"TntPipeSend", pipe_create, pipe_send_compute, free},
+      {"TntPipeRecv", pipe_create, pipe_recv_compute, free},
+      {"TntPipeFlush", pipe_flush_create, pipe_flush_compute, free},
+      {"TntStamp", span_create, stamp_compute, free},
+      {"TntSpan", span_create, span_compute, free},
   };
   TF_Status *status = TF_NewStatus();
   tnt_tf__register_op_defs(status);
   for (size_t i = 0; TF_GetCode(status) == TF_OK && i < sizeof kernels / sizeof *kernels; ++i) {
     TF_KernelBuilder *b =
-        TF_NewKernelBuilder(kernels[i].op, "CPU", kernels[i].create, kernels[i].compute, free);
+        TF_NewKernelBuilder(kernels[i].op, "CPU", kernels[i].create, kernels[i].compute,
+                            kernels[i].destroy);
     TF_RegisterKernelBuilder(kernels[i].op, b, status);
   }
   if (TF_GetCode(status) != TF_OK) {

@@ -319,16 +319,33 @@ def check_errors(t):
                  lambda: wrong_count(a))
     expect_error(tf.errors.InvalidArgumentError, f"root={t.size} is not a rank",
                  lambda: t.ops.tnt_broadcast(a, group=t.group, root=t.size))
+    counts = [4] * t.size
+    expect_error(tf.errors.InvalidArgumentError,
+                 f"rank {t.rank} contributes 3 elements, but counts says 4",
+                 lambda: t.ops.tnt_allgatherv(b, group=t.group, counts=counts))
+    expect_error(tf.errors.InvalidArgumentError,
+                 f"counts has {t.size + 1} entries, but group {t.group} has {t.size} ranks",
+                 lambda: t.ops.tnt_allgatherv(a, group=t.group, counts=counts + [4]))
 
 
 def check_collectives(t):
-    """TntAllreduce with every op and TntBroadcast from the last rank, for
-    every dtype, eagerly and in a tf.function, at any number of ranks."""
+    """TntAllreduce with every op, TntBroadcast from the last rank and
+    TntAllgatherv of parts of unequal sizes (rank r gives 2 r + 1 elements,
+    the last rank none), for every dtype, eagerly and in a tf.function, at
+    any number of ranks."""
     ops = list(TNT_OPS)
     root = t.size - 1
+    counts = [2 * r + 1 for r in range(t.size - 1)] + [0]
     for dtype in DTYPES:
         x = rank_values([3, 4], dtype, t.rank)
         before = x.numpy().copy()
+        parts = [tf.reshape(rank_values([3, 4], dtype, r), [-1])[:counts[r]]
+                 for r in range(t.size)]
+        for gathered in (t.ops.tnt_allgatherv(parts[t.rank], group=t.group, counts=counts),
+                         tf.function(lambda p: t.ops.tnt_allgatherv(p, group=t.group,
+                                                                    counts=counts),
+                                     jit_compile=False)(parts[t.rank])):
+            assert_equal(gathered, tf.concat(parts, 0), f"allgatherv of {dtype.name}")
         for op in ops:
             out = t.ops.tnt_allreduce(x, group=t.group, op=op)
             assert out.dtype == dtype and out.shape == x.shape

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.skipif(
     reason=f"the op library is not built ({OPS_PATH or 'no tarantella package'}): install "
            "the package or set TNT_TF_OPS_LIBRARY to build/src/tf_ops/libtnt_tf_ops.so")
 
-OP_NAMES = ["TntFusionStart", "TntFusionFinish", "TntAllreduce", "TntBroadcast"]
+OP_NAMES = ["TntFusionStart", "TntFusionFinish", "TntAllreduce", "TntBroadcast",
+            "TntAllgatherv"]
 NO_SUCH_HANDLE = 987654321
 
 
@@ -85,6 +86,7 @@ def test_ops_are_registered_and_stateless(ops):
         ops.tnt_fusion_finish(token, x, 1.0, fusion=1, tensor_id=0, count=4)
         ops.tnt_allreduce(x, group=1, op="sum")
         ops.tnt_broadcast(x, group=1, root=0)
+        ops.tnt_allgatherv(x, group=1, counts=[4])
     defs = {op.type: op.op_def for op in graph.get_operations() if op.type.startswith("Tnt")}
     assert sorted(defs) == sorted(OP_NAMES)
     # Stateful ops would be chained in program order inside a tf.function,
@@ -99,11 +101,13 @@ def test_shape_inference(ops):
         out = ops.tnt_fusion_finish(token, x, 1.0, fusion=1, tensor_id=0, count=6)
         reduced = ops.tnt_allreduce(x, group=1, op="average")
         broadcast = ops.tnt_broadcast(x, group=1, root=0)
-        return token, out, reduced, broadcast
+        gathered = ops.tnt_allgatherv(tf.reshape(x, [-1]), group=1, counts=[6])
+        return token, out, reduced, broadcast, gathered
 
-    token, out, reduced, broadcast = graph.get_concrete_function(
+    token, out, reduced, broadcast, gathered = graph.get_concrete_function(
         tf.TensorSpec([None, 3], tf.float64)).structured_outputs
     assert token.shape.rank == 0 and token.dtype == tf.int64
+    assert gathered.shape.as_list() == [None] and gathered.dtype == tf.float64
     for t in (out, reduced, broadcast):
         assert t.shape.as_list() == [None, 3] and t.dtype == tf.float64
 

@@ -173,6 +173,28 @@ def test_a_build_function_at_stage_3_never_allocates_the_whole_model(tmp_path, p
         assert int(result["adam/z3/allocated_peak"]) == largest < whole, r
 
 
+def test_stage_3_infers_a_layer_at_a_time(tmp_path, python):
+    """predict and evaluate at stage 3 gather a layer's weights when the
+    passes first read them, each gather waiting for the readers of the
+    weights two gathers before: 16 dense layers of 512 units (L = 1 MiB
+    each, W = 16 L), 2 ranks. The results are stage 0's bit for bit, and
+    the memory they take above the process's is at most a layer being
+    gathered (this rank's part L / 2, the gathered vector L and the whole
+    weights L), the two before it (2 L) and the batch's activations (32 x
+    512 floats, 64 KiB, a few at once): under 5 L, where gathering the whole
+    model at once took more than W (its weights and the gather's
+    buckets). Bound: W / 2, 8 L."""
+    env = {"MALLOC_MMAP_THRESHOLD_": "1048576", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    results = train(tmp_path, python, 2, "--inference-memory", env=env)
+    for r, result in enumerate(results):
+        whole = int(result["weights_kib"])
+        for what in ("predict", "evaluate"):
+            assert np.array_equal(result[f"z3/{what}"], result[f"z0/{what}"]), (r, what)
+            peak = int(result[f"z3/{what}_peak_kib"])
+            assert peak <= whole / 2, \
+                f"rank {r}: {what} took {peak} KiB above its base, W = {whole} KiB"
+
+
 def assert_lamb_within_rounding(result):
     """Lamb scales a variable's update u by ratio = |w| / |u|, norms of
     the whole variable, which stages 1 to 3 add up from the 3 ranks' parts

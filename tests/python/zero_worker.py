@@ -11,6 +11,9 @@ OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
 --readers: the fit also validates (its val_loss recorded), a second fit of
 one epoch has a callback that reads the weights after every batch (their
 sums recorded), one train_on_batch follows, then a predict of 10 samples.
+
+--inference-memory: only inference_memory() (what predict and evaluate
+hold at stages 0 and 3).
 """
 import argparse
 import os
@@ -106,6 +109,44 @@ class AllocationPeak:
         return self.peak
 
 
+def rss_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def inference_memory(out, layers=16, width=512):
+    """--inference-memory: a model of `layers` dense layers of `width` units
+    (built by a function) at stages 0 and 3; records per stage its
+    predictions and evaluation loss, and the most memory (RSS) that
+    predict and evaluate took above the process's before them, after a
+    first call of each traced them. Run with MALLOC_MMAP_THRESHOLD_ low,
+    so that freed buffers leave the RSS."""
+    def build():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((width,))
+        h = inputs
+        for _ in range(layers):
+            h = keras.layers.Dense(width, activation="tanh")(h)
+        return keras.Model(inputs, h)
+
+    x = np.random.default_rng(0).normal(size=(64, width)).astype(np.float32)
+    for stage in (0, 3):
+        model = tnt.Model(build, zero_stage=stage)
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        model.fit(x, x, batch_size=32, epochs=1, verbose=0)
+        runs = {"predict": lambda: model.predict(x, batch_size=32, verbose=0),
+                "evaluate": lambda: np.array(model.evaluate(x, x, batch_size=32, verbose=0))}
+        for what, call in runs.items():
+            out[f"z{stage}/{what}"] = call()  # traced
+            base = rss_kib("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # VmHWM := VmRSS
+            for _ in range(3):
+                call()
+            out[f"z{stage}/{what}_peak_kib"] = np.array(rss_kib("VmHWM") - base)
+    out["weights_kib"] = np.array(layers * (width * width + width) * 4 // 1024)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -125,12 +166,17 @@ def main():
     p.add_argument("--build-fn", action="store_true",
                    help="tnt.Model(a function that builds the model): record the most "
                         "trainable bytes allocated at once while it was built and distributed")
+    p.add_argument("--inference-memory", action="store_true",
+                   help="only inference_memory(): predict and evaluate at stages 0 and 3")
     args = p.parse_args()
 
     tnt.init()
     x, y = train_worker.make_data(args.samples)
     results = {}
-    for case in args.cases.split(","):
+    if args.inference_memory:
+        inference_memory(results)
+        args.cases = ""
+    for case in filter(None, args.cases.split(",")):
         name, _, model_name = case.partition(":")
         for stage in map(int, args.stages.split(",")):
             model_name = model_name or args.model

@@ -119,15 +119,6 @@ class Slots:
                 self.slot_of[id(v)] = i
                 self.part_of[id(v)] = part
 
-    @functools.cached_property
-    def _every_range(self):
-        """[rank, i] = (lo, hi) of every rank's part of variable i
-        (collective: every rank of the group gets it with its first slot)."""
-        mine = np.array(self.shards.ranges, dtype=np.int64).reshape(-1)
-        every = np.zeros(self.shards.size * mine.size, dtype=np.int64)
-        _core.allgather(mine, every, group=self.shards.group)
-        return every.reshape(self.shards.size, -1, 2)
-
     def whole_shape(self, variable):
         """The shape of the variable whose slot `variable` holds a part of;
         None for other variables."""
@@ -142,7 +133,7 @@ class Slots:
         i = self.slot_of[id(variable)]
         row = int(np.prod(shape[1:], dtype=np.int64))
         a, b = (0, 1) if piece is None else (piece[0] * row, piece[1] * row)
-        ranges = self._every_range[:, i]
+        ranges = self.shards.every_range()[:, i]
         starts = np.maximum(ranges[:, 0], a)
         counts = np.maximum(np.minimum(ranges[:, 1], b) - starts, 0)
         lo, hi = self.shards.ranges[i]

@@ -45,6 +45,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tarantella import _core
 from tarantella import _keras_internals as internals
 from tarantella import gradients
 from tarantella import log
@@ -115,6 +116,17 @@ class Shards:
                            name=v.name)
             for v, (lo, hi) in zip(self.variables, self.ranges)]
 
+    def every_range(self):
+        """[rank, i] = (lo, hi) of every rank's part of variable i.
+        Collective the first time (every rank of the group calls it then:
+        hold() does at stage 3, Slots with its first slot otherwise)."""
+        if getattr(self, "_every_range", None) is None:
+            mine = np.array(self.ranges, dtype=np.int64).reshape(-1)
+            every = np.zeros(self.size * mine.size, dtype=np.int64)
+            _core.allgather(mine, every, group=self.group)
+            self._every_range = every.reshape(self.size, -1, 2)
+        return self._every_range
+
     def held_bytes(self):
         """Bytes of the parts, this rank's."""
         return sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in self.parts)
@@ -153,6 +165,7 @@ class Shards:
             runtime.broadcast_values([v], group=self.group)
             p.assign(tf.reshape(v.value, [-1])[lo:hi])
             internals.unallocate(v, NotHeld(v.path))
+        self.every_range()  # for gather_some, whose steps cannot run collectives eagerly
 
     def gather(self, current):
         """Gathers the updated parts into the model's variables."""
@@ -169,6 +182,28 @@ class Shards:
         count, wholes = self._gather(current, likes)
         current.record(wholes + [self.count_whole.assign(count)])
         return wholes
+
+    def gather_some(self, indices, current, after=()):
+        """(Stage 3) The whole values of the variables `indices` (of one
+        dtype), gathered from every rank's parts in one allgatherv after
+        the step's last collective and the ops `after`: tensors, in the
+        order of `indices`. Every rank's part of a variable is a range of
+        its elements, the ranks' ranges in rank order (see the top)."""
+        every = self.every_range()
+        sizes = every[:, indices, 1] - every[:, indices, 0]  # [rank, variable]
+        counts = sizes.sum(axis=1)
+        parts = [self.parts[i].value for i in indices]
+        with tf.control_dependencies(current.after() + list(after)):
+            mine = tf.concat(parts, 0) if len(parts) > 1 else tf.identity(parts[0])
+            flat = ops.allgatherv(mine, _core.world_handle() if self.group is None
+                                  else self.group, counts)
+        current.record(flat)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[:, None] + \
+            np.concatenate([np.zeros((self.size, 1), np.int64), np.cumsum(sizes, axis=1)[:, :-1]],
+                           axis=1)
+        return [tf.reshape(tf.concat([flat[starts[r, j]:starts[r, j] + sizes[r, j]]
+                                      for r in range(self.size)], 0), self.variables[i].shape)
+                for j, i in enumerate(indices)]
 
     def _gather(self, current, likes):
         """The gathered sample count and the gathered parts (each shaped

@@ -78,10 +78,64 @@ def train_step(model, data, current):
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
+class _Gathering(_Recording):
+    """A _Recording scope in which a trainable weight is gathered from the
+    parts when the passes first read it, with the other weights of its
+    layer (`groups`: lists of indices into shards.variables), in one
+    allgatherv. The gathers follow one another in the order of the reads;
+    each waits for the ops that read the weights gathered two gathers
+    before, so that a layer's weights arrive while the previous layer
+    computes and at most about two layers' weights are whole at once (a
+    weight is freed once its last reader has run)."""
+
+    def __init__(self, shards, groups, current):
+        super().__init__([])
+        self.shards, self.current = shards, current
+        self.group_of = {id(shards.variables[i]): g for g, group in enumerate(groups)
+                         for i in group}
+        self.groups = groups
+        self.gathered = []  # the whole weights of each gather so far
+
+    def get_current_value(self, variable):
+        value = super().get_current_value(variable)
+        g = self.group_of.get(id(variable))
+        if value is not None or g is None:
+            return value
+        earlier = self.gathered[-2] if len(self.gathered) >= 2 else []
+        after = [] if tf.executing_eagerly() else [op for t in earlier for op in t.consumers()]
+        indices = self.groups[g]
+        wholes = self.shards.gather_some(indices, self.current, after)
+        for i, whole in zip(indices, wholes):
+            self.state_mapping[id(self.shards.variables[i])] = whole
+        self.gathered.append(wholes)
+        return self.state_mapping[id(variable)]
+
+
+def layer_groups(model, shards):
+    """The indices into shards.variables of each top-level layer's weights
+    (of one dtype), in the order of model.layers; a weight of no layer is
+    a group of its own."""
+    index = {id(v): i for i, v in enumerate(shards.variables)}
+    groups, seen = [], set()
+    for layer in model.layers:
+        by_dtype = {}
+        for v in layer.trainable_variables:
+            i = index.get(id(v))
+            if i is not None and i not in seen:
+                seen.add(i)
+                by_dtype.setdefault(v.dtype, []).append(i)
+        groups += list(by_dtype.values())
+    return groups + [[i] for i in range(len(shards.variables)) if i not in seen]
+
+
 def run_gathered(model, current, run):
-    """`run()` (Keras's test or predict step) on the gathered weights."""
+    """`run()` (Keras's test or predict step) on weights gathered a layer
+    at a time, as the passes read them (_Gathering)."""
     shards = _shards(model)
-    with _Recording(list(zip(shards.variables, shards.gathered(current)))) as scope:
+    groups = getattr(shards, "layer_groups", None)
+    if groups is None:
+        groups = shards.layer_groups = layer_groups(model, shards)
+    with _Gathering(shards, groups, current) as scope:
         out = run()
     scope.apply()
     return out
