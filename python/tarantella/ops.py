@@ -8,6 +8,7 @@ from tarantella import settings
 _library = None
 
 
+@tf.autograph.experimental.do_not_convert  # first called inside a traced function at times
 def library():
     """The loaded op library (``libtnt_tf_ops.so`` next to this package)."""
     global _library
