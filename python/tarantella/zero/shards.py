@@ -32,8 +32,9 @@ the gradients are finite from every rank's parts.
 Stage 3 keeps the weights in parts too: the parts are the only copy of
 the trainable weights (the model's own variables hold no value; Shards.hold
 frees them, a variable at a time), and a step gathers the whole weights
-into tensors that the model runs on (steps.py) instead of gathering
-them into the model's variables after the update. The arithmetic of the
+into tensors that the model runs on, a layer at a time as it reads them
+(gather_some, steps.py), instead of gathering them into the model's
+variables after the update. The arithmetic of the
 passes, the reduce-scatter and the update is stage 2's: bitwise stage 0.
 
 A pipelined model (ParallelStrategy.ALL) shards within each stage's
@@ -111,9 +112,11 @@ class Shards:
         self.count_whole = tf.Variable(tf.zeros([1]), trainable=False)
         # Zeros: copy_in gives them the model's values before every update (a
         # slice of the weight would keep the weight's whole buffer alive).
+        # Never cast: stage 3 gathers them inside a layer's mixed-precision
+        # call, whose reads of the whole weights are cast instead.
         self.parts = [
             keras.Variable(initializer="zeros", shape=(hi - lo,), dtype=v.dtype, trainable=False,
-                           name=v.name)
+                           autocast=False, name=v.name)
             for v, (lo, hi) in zip(self.variables, self.ranges)]
 
     def every_range(self):
@@ -168,20 +171,26 @@ class Shards:
         self.every_range()  # for gather_some, whose steps cannot run collectives eagerly
 
     def gather(self, current):
-        """Gathers the updated parts into the model's variables."""
-        count, wholes = self._gather(current, [v.value for v in self.variables])
-        assigned = [self.count_whole.assign(count)]
-        assigned += [v.assign(w) for v, w in zip(self.variables, wholes)]
+        """Gathers the updated parts into the model's variables (stages 1
+        and 2), in the step's chain."""
+        h = self.gather_set.handle
+        count_id = gradients.count_id(self.signature)
+
+        def start(i, part):
+            return ops.fusion_start(part, h, i, int(part.shape[0]))
+
+        with tf.control_dependencies(current.after()):
+            tokens = {count_id: start(count_id, self.count_part.value())}
+            for i, _, _ in self.signature:
+                tokens[i] = start(i, self.parts[i].value)
+        with tf.control_dependencies([tf.group(list(tokens.values()))]):
+            assigned = [self.count_whole.assign(
+                ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1))]
+            for i, numel, _ in self.signature:
+                v = self.variables[i]
+                assigned.append(v.assign(ops.fusion_finish(tokens[i], v.value, h, i, numel)))
         current.record(assigned)
         return assigned
-
-    def gathered(self, current):
-        """(Stage 3) The whole weights gathered from the parts: tensors, in
-        the order of the variables."""
-        likes = [tf.raw_ops.Empty(shape=v.shape, dtype=v.dtype) for v in self.variables]
-        count, wholes = self._gather(current, likes)
-        current.record(wholes + [self.count_whole.assign(count)])
-        return wholes
 
     def gather_some(self, indices, current, after=()):
         """(Stage 3) The whole values of the variables `indices` (of one
@@ -204,27 +213,6 @@ class Shards:
         return [tf.reshape(tf.concat([flat[starts[r, j]:starts[r, j] + sizes[r, j]]
                                       for r in range(self.size)], 0), self.variables[i].shape)
                 for j, i in enumerate(indices)]
-
-    def _gather(self, current, likes):
-        """The gathered sample count and the gathered parts (each shaped
-        like its tensor of `likes`), in the step's chain."""
-        h = self.gather_set.handle
-        count_id = gradients.count_id(self.signature)
-
-        def start(i, part):
-            return ops.fusion_start(part, h, i, int(part.shape[0]))
-
-        with tf.control_dependencies(current.after()):
-            tokens = {count_id: start(count_id, self.count_part.value())}
-            for i, _, _ in self.signature:
-                tokens[i] = start(i, self.parts[i].value)
-        wholes = [None] * len(self.variables)
-        with tf.control_dependencies([tf.group(list(tokens.values()))]):
-            count = ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1)
-            for i, numel, _ in self.signature:
-                wholes[i] = ops.fusion_finish(tokens[i], likes[i], h, i, numel)
-        return count, wholes
-
 
 class NotHeld:
     """The initializer of a model's variable at zero_stage=3, whose value is

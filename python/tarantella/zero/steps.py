@@ -1,14 +1,15 @@
 """The steps of a model at ZeRO stage 3 (shards.py), whose weights are in
 the ranks' parts: fit, evaluate and predict run Keras's own passes on the
-whole weights, gathered at the start of each step.
+whole weights, gathered a layer at a time as the passes read them.
 
-A step gathers the parts into tensors (Shards.gathered) and runs the model
-inside a ``keras.StatelessScope`` that maps each trainable variable to its
-gathered tensor: Keras's ``Variable.value`` reads the scope's value, so the
-model computes on the gathered weights as it would on its variables (the
-way ``stateless_call`` runs a model). The training step takes the gradients
-with respect to those tensors, reduce-scatters them and updates the parts,
-as stage 2 does; the arithmetic is stage 0's, so the results are bitwise.
+A step runs the model inside a ``keras.StatelessScope`` that maps each
+trainable variable to a tensor gathered from the parts when the model first
+reads it (_Gathering; Shards.gather_some): Keras's ``Variable.value`` reads
+the scope's value, so the model computes on the gathered weights as it
+would on its variables (the way ``stateless_call`` runs a model). The
+training step takes the gradients with respect to those tensors,
+reduce-scatters them and updates the parts, as stage 2 does; the
+arithmetic is stage 0's, so the results are bitwise.
 
 A stateless scope also keeps every assignment made inside it (moving
 statistics of BatchNormalization, the state of a Dropout's seed
@@ -59,21 +60,24 @@ def _batch_size(x):
 
 
 def train_step(model, data, current):
-    """Keras's training step on the gathered weights; the update of the
-    parts as stage 2's."""
+    """Keras's training step on weights gathered a layer at a time as the
+    forward pass reads them (_Gathering; the tape keeps them for the
+    backward pass); the update of the parts as stage 2's."""
     shards = _shards(model)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    wholes = shards.gathered(current)
     with tf.GradientTape() as tape:
-        tape.watch(wholes)
-        with _Recording(list(zip(shards.variables, wholes))) as scope:
+        with _Gathering(shards, _layer_groups(model, shards), current, tape) as scope:
             y_pred = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                       training=True)
         scope.apply()
         internals.loss_tracker(model).update_state(loss, sample_weight=_batch_size(x))
         loss = model.optimizer.scale_loss(loss)
-    grads = tape.gradient(loss, wholes)
+    # A weight the passes did not read has no gradient (as at stage 0).
+    wholes = [scope.state_mapping.get(id(v)) for v in shards.variables]
+    read = [w for w in wholes if w is not None]
+    got = iter(tape.gradient(loss, read))
+    grads = [None if w is None else next(got) for w in wholes]
     model.optimizer.apply(grads, shards.variables)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -85,12 +89,13 @@ class _Gathering(_Recording):
     allgatherv. The gathers follow one another in the order of the reads;
     each waits for the ops that read the weights gathered two gathers
     before, so that a layer's weights arrive while the previous layer
-    computes and at most about two layers' weights are whole at once (a
-    weight is freed once its last reader has run)."""
+    computes. A weight is freed once its last reader has run: in evaluate
+    and predict at most about two layers' weights are whole at once; in
+    training `tape` watches them and keeps them for the backward pass."""
 
-    def __init__(self, shards, groups, current):
+    def __init__(self, shards, groups, current, tape=None):
         super().__init__([])
-        self.shards, self.current = shards, current
+        self.shards, self.current, self.tape = shards, current, tape
         self.group_of = {id(shards.variables[i]): g for g, group in enumerate(groups)
                          for i in group}
         self.groups = groups
@@ -105,6 +110,8 @@ class _Gathering(_Recording):
         after = [] if tf.executing_eagerly() else [op for t in earlier for op in t.consumers()]
         indices = self.groups[g]
         wholes = self.shards.gather_some(indices, self.current, after)
+        if self.tape is not None:
+            self.tape.watch(wholes)
         for i, whole in zip(indices, wholes):
             self.state_mapping[id(self.shards.variables[i])] = whole
         self.gathered.append(wholes)
@@ -128,14 +135,18 @@ def layer_groups(model, shards):
     return groups + [[i] for i in range(len(shards.variables)) if i not in seen]
 
 
+def _layer_groups(model, shards):
+    groups = getattr(shards, "layer_groups", None)
+    if groups is None:
+        groups = shards.layer_groups = layer_groups(model, shards)
+    return groups
+
+
 def run_gathered(model, current, run):
     """`run()` (Keras's test or predict step) on weights gathered a layer
     at a time, as the passes read them (_Gathering)."""
     shards = _shards(model)
-    groups = getattr(shards, "layer_groups", None)
-    if groups is None:
-        groups = shards.layer_groups = layer_groups(model, shards)
-    with _Gathering(shards, groups, current) as scope:
+    with _Gathering(shards, _layer_groups(model, shards), current) as scope:
         out = run()
     scope.apply()
     return out
