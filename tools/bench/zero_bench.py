@@ -79,9 +79,9 @@ def fusion_bytes(stage, ranks, params):
     reduce-scatter's buckets (4 P / N); their whole vectors exist from a
     bucket's first start to the end of its reduce-scatter, at most all at
     once (4 P: when the buckets wait for the network, or TNT_OVERLAP=off),
-    and are freed before the gather's buckets (4 P) exist. Stage 3 as stage
-    2 (its gather runs at the start of the step, the reduce-scatter at its
-    end)."""
+    and are freed before the gather's buckets (4 P) exist. Stage 3 holds
+    the reduce-scatter's as stage 2 does; it gathers a layer at a time,
+    outside the fusion sets (gathered_bytes)."""
     if ranks == 1:
         return 0
     return {0: 4 * params, 1: 8 * params, 2: 4 * params / ranks + 4 * params,
@@ -89,10 +89,10 @@ def fusion_bytes(stage, ranks, params):
 
 
 def gathered_bytes(stage, ranks, params):
-    """The largest block of weights a stage-3 rank gathers at once: its
-    step gathers the whole model (4 P) before the forward pass and holds
-    it until the backward pass is done; 0 at the other stages and on one
-    rank."""
+    """The most weights a stage-3 rank holds gathered at once: its step
+    gathers a layer at a time as the forward pass reads them, and the
+    backward pass needs every layer's, so the whole model (4 P) is there
+    when the forward pass ends; 0 at the other stages and on one rank."""
     return 4 * params if stage == 3 and ranks > 1 else 0
 
 
