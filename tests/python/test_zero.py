@@ -99,8 +99,10 @@ def assert_state_is_sharded(results, cases, groups=None):
 # the optimizer then only cuts into parts).
 OWN_STEP = [f"{optimizer}:{model}" for model in ("own_step", "own_step_tape")
             for optimizer in ("sgd_momentum", "adam")]
-# Gradients with no static shape of their own (train_worker's sequence model).
-SEQUENCE = ["adam:sequence"]
+# Gradients with no static shape of their own (train_worker's sequence
+# model), and weights first read inside a loop and a cond (at stage 3
+# gathered in the step, before them).
+SEQUENCE = ["adam:sequence", "adam:looped"]
 
 
 @pytest.fixture(scope="module")

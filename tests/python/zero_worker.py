@@ -79,12 +79,36 @@ def norm_dropout(seed, mixed=False):
     return keras.Model(inputs, outputs)
 
 
+class Looped(keras.layers.Layer):
+    """A square weight applied 3 times in a loop, and once more in a
+    branch of a cond: its value is first read inside the loop's body."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], shape[-1]), initializer="glorot_uniform")
+
+    def call(self, x):
+        h = keras.ops.fori_loop(0, 3, lambda i, h: keras.ops.tanh(h @ self.w), x)
+        return keras.ops.cond(keras.ops.sum(h) > 0, lambda: h @ self.w, lambda: h)
+
+
+def looped(seed, mixed=False):
+    """train_worker's inputs through a dense layer, two Looped layers and a
+    softmax layer."""
+    keras.utils.set_random_seed(seed)
+    dtype = "mixed_float16" if mixed else "float32"
+    inputs = keras.Input(shape=(12,))
+    h = Looped(dtype=dtype)(keras.layers.Dense(8, dtype=dtype)(inputs))
+    outputs = keras.layers.Dense(4, activation="softmax", dtype="float32")(Looped(dtype=dtype)(h))
+    return keras.Model(inputs, outputs)
+
+
 # train_worker's, and Lamb, whose update reads each variable's norm.
 OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01),
                   adafactor=lambda: keras.optimizers.Adafactor(0.01))
 
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
           "norm_dropout": norm_dropout, "sequence": train_worker.make_sequence_model,
+          "looped": looped,
           "own_step": own_step,
           "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 

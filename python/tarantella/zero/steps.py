@@ -96,6 +96,10 @@ class _Gathering(_Recording):
     def __init__(self, shards, groups, current, tape=None):
         super().__init__([])
         self.shards, self.current, self.tape = shards, current, tape
+        # The step's graph: a weight first read inside a loop's body or a
+        # branch of a cond is gathered in the step, once, in the chain of
+        # its collectives, and captured by the body or branch.
+        self.graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         self.group_of = {id(shards.variables[i]): g for g, group in enumerate(groups)
                          for i in group}
         self.groups = groups
@@ -107,9 +111,13 @@ class _Gathering(_Recording):
         if value is not None or g is None:
             return value
         earlier = self.gathered[-2] if len(self.gathered) >= 2 else []
-        after = [] if tf.executing_eagerly() else [op for t in earlier for op in t.consumers()]
         indices = self.groups[g]
-        wholes = self.shards.gather_some(indices, self.current, after)
+        if self.graph is None:
+            wholes = self.shards.gather_some(indices, self.current)
+        else:
+            with self.graph.as_default():
+                after = [op for t in earlier for op in t.consumers() if op.graph is self.graph]
+                wholes = self.shards.gather_some(indices, self.current, after)
         if self.tape is not None:
             self.tape.watch(wholes)
         for i, whole in zip(indices, wholes):
