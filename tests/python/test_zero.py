@@ -242,14 +242,20 @@ def assert_adafactor_within_rounding(result):
     largest update, twice that to allow for the differences' own effect on
     later gradients. (Each part's own sums instead would move the weights
     by about 2e-2.)"""
-    steps, n, u, lr, eps_2 = 2 * 8, 12 * 16, 2.0 ** -24, 0.01, 1e-3
     final = weights(result, "adafactor", 0)
-    largest = max(eps_2, max(float(np.max(np.abs(w))) for w in final)
-                  / (1 - lr * np.sqrt(n)) ** steps)
-    bound = 2 * steps * 8 * (n - 1) * u * lr * largest * np.sqrt(n)
+    bound = adafactor_bound(final, steps=2 * 8)
     for stage in sharded_stages(result, "adafactor"):
         for got, want in zip(weights(result, "adafactor", stage), final):
             assert np.max(np.abs(got - want)) <= bound, (stage, np.max(np.abs(got - want)), bound)
+
+
+def adafactor_bound(final, steps, n=12 * 16, lr=0.01, eps_2=1e-3, u=2.0 ** -24):
+    """How far Adafactor's weights at stages 1 to 3 may be from stage 0's
+    `final` weights after `steps` steps (assert_adafactor_within_rounding
+    derives it; n: the largest variable's elements)."""
+    largest = max(eps_2, max(float(np.max(np.abs(w))) for w in final)
+                  / (1 - lr * np.sqrt(n)) ** steps)
+    return 2 * steps * 8 * (n - 1) * u * lr * largest * np.sqrt(n)
 
 
 def test_a_train_step_of_its_own_is_bitwise_as_stage_zero(two_ranks):

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, mpirun_command, run
+from test_zero import adafactor_bound
 
 pytestmark = pytest.mark.ranks
 
@@ -175,8 +176,7 @@ def test_adafactor_writes_its_whole_moments_and_its_parts(directory, runs):
     for r, result in enumerate(two):
         want = values(result, "af-from3-z0")
         got = values(result, "af-from3-z2")
-        largest = max(float(np.max(np.abs(w))) for w in want) / (1 - 0.01 * np.sqrt(192)) ** 6
-        bound = 2 * 6 * 8 * 191 * 2.0 ** -24 * 0.01 * largest * np.sqrt(192)
+        bound = adafactor_bound(want, steps=STEPS)
         assert len(got) == len(want) == 6, r
         for g, w in zip(got, want):
             assert np.max(np.abs(g - w)) <= bound, (r, np.max(np.abs(g - w)), bound)

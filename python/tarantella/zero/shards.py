@@ -98,6 +98,7 @@ class Shards:
         self.size = runtime.get_size() if size is None else size
         self.variables = list(variables)
         self.signature = gradients.signature(self.variables)
+        self._every_range = None  # every_range()
         mode = "allreduce" if stage == 1 else "reduce_scatter"
         self.reducer = gradients.GradientReducer(group, size, mode=mode)
         self.gather_set = self.reducer.fusion(self.signature, "allgather")
@@ -123,7 +124,7 @@ class Shards:
         """[rank, i] = (lo, hi) of every rank's part of variable i.
         Collective the first time (every rank of the group calls it then:
         hold() does at stage 3, Slots with its first slot otherwise)."""
-        if getattr(self, "_every_range", None) is None:
+        if self._every_range is None:
             mine = np.array(self.ranges, dtype=np.int64).reshape(-1)
             every = np.zeros(self.size * mine.size, dtype=np.int64)
             _core.allgather(mine, every, group=self.group)
