@@ -85,6 +85,11 @@ _USED = (
     # tf.control_dependencies, which applies to ops as they are made,
     # cannot (hold_back).
     ("Operation._add_control_inputs", tf.Operation, "_add_control_inputs"),
+    # At ZeRO stage 3 the backward pass reads a layer's weights from a
+    # second gather, so that the forward pass's copy is freed after the
+    # forward pass; the tape made the backward ops on the first copy
+    # (rewire).
+    ("Operation._update_input", tf.Operation, "_update_input"),
 )
 
 
@@ -94,6 +99,11 @@ def hold_back(roots, after):
     if ops:
         for op in roots:
             op._add_control_inputs(ops)
+
+
+def rewire(op, index, tensor):
+    """Makes the graph op `op` read `tensor` as its input `index`."""
+    op._update_input(index, tensor)
 
 
 # The keyword with which Keras's fit calls evaluate for validation, on data

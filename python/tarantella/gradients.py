@@ -125,7 +125,8 @@ class GradientReducer:
             self._sets[(mode, signature)] = fusion
         return fusion
 
-    def reduce(self, grads, local_count, after=(), count_sink=None, parts_like=None):
+    def reduce(self, grads, local_count, after=(), count_sink=None, parts_like=None,
+               waves=None):
         """Averages `grads` (dense tensors of static shapes, see shaped();
         None allowed) across ranks, weighted by `local_count` samples (a
         float32 scalar read from a variable). No gradient enters its bucket
@@ -135,7 +136,16 @@ class GradientReducer:
         first bucket, the count's own part goes to the variable
         `count_sink` (TensorFlow drops a finish whose value nothing uses),
         and `parts_like[i]`, a tensor shaped like gradient i's part, gives
-        its finish the part's shape."""
+        its finish the part's shape.
+
+        `waves` (stage 3's backward pass gathers weights between the
+        gradients' starts) orders the starts: [(indices, gather)], each
+        gradient's index in one wave, in order; `gather`, None or a function
+        of the ops it must follow that runs a collective and returns its
+        tensors, runs after the starts of the waves before, and the starts
+        of its wave wait for it. A fusion bucket is submitted by its last
+        member's start, so every rank then submits the buckets and the
+        gathers in one order."""
         if (runtime.get_size() if self._size is None else self._size) == 1 and \
                 self._mode == "allreduce":
             return list(grads)
@@ -152,8 +162,15 @@ class GradientReducer:
                 total = ops.allreduce(n, self._group or _core.world_handle())[0]
         with tf.control_dependencies([total] if scattered else []):
             tokens = {cid: ops.fusion_start(n, h, cid, 1)}
-            for i, numel, _ in sig:
-                tokens[i] = ops.fusion_start(dense[i], h, i, numel, scale=n[0])
+        numels = {i: numel for i, numel, _ in sig}
+        started, gate = [tokens[cid]], ([total] if scattered else [])
+        for indices, gather in waves or [([i for i, _, _ in sig], None)]:
+            if gather is not None:
+                gate = gather(started)
+            with tf.control_dependencies(gate):
+                for i in indices:
+                    tokens[i] = ops.fusion_start(dense[i], h, i, numels[i], scale=n[0])
+            started += [tokens[i] for i in indices]
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             if scattered:
                 count_sink.assign(ops.fusion_finish(tokens[cid], count_sink.value(), h, cid,

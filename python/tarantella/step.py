@@ -51,6 +51,9 @@ class Step:
         self.metrics_global = False  # get_metrics_result made the logs global
         self._last = None  # the step's latest collective
         self._reduced = set()  # ids of gradients this step has averaged
+        # (ZeRO stage 3) the order of the gradients' starts and of the
+        # backward pass's gathers: GradientReducer.reduce's `waves`.
+        self.gradient_waves = None
         self.set_count(count)
 
     def set_count(self, count):
@@ -72,6 +75,10 @@ class Step:
         if getattr(last, "graph", None) is not tf.compat.v1.get_default_graph():
             return []
         return [last]
+
+    def latest(self):
+        """The step's latest collective (an op), or None."""
+        return self._last
 
     def record(self, tensors):
         """Makes `tensors` (the outputs of a collective) the step's latest."""

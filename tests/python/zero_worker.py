@@ -12,8 +12,8 @@ OUT/rank<r>.npz, keys "<case>/z<stage>/<what>".
 one epoch has a callback that reads the weights after every batch (their
 sums recorded), one train_on_batch follows, then a predict of 10 samples.
 
---inference-memory: only inference_memory() (what predict and evaluate
-hold at stages 0 and 3).
+--pass-memory: only pass_memory() (what predict, evaluate and fit's
+steps hold at stages 0 and 3).
 """
 import argparse
 import os
@@ -102,13 +102,40 @@ def looped(seed, mixed=False):
     return keras.Model(inputs, outputs)
 
 
+class EinsumHead(train_worker.TiedHead):
+    """TiedHead whose backward pass reads the embedding matrix itself (not
+    a transpose of it, made in the forward pass)."""
+
+    def call(self, h):
+        return keras.ops.einsum("...d,vd->...v", h, self.embedding.embeddings)
+
+
+def tied_far(seed, mixed=False):
+    """train_worker's sequence model with three Dense layers between the
+    embedding's lookup and the head that reads the embedding again: the
+    head's backward pass feeds the gradients of the layers between, so
+    stage 3's backward pass cannot wait for them to gather the embedding
+    again (zero/steps.py's _Regathering keeps its first gather)."""
+    if mixed:
+        raise ValueError("the sequence model is float32 only")
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input(shape=(12,))
+    embedding = keras.layers.Embedding(6, 4)
+    h = embedding(train_worker.Tokens()(inputs))
+    for _ in range(3):
+        h = keras.layers.Dense(4, activation="tanh")(h)
+    h = keras.layers.Flatten()(EinsumHead(embedding)(h))
+    outputs = keras.layers.Dense(4, activation="softmax")(h)
+    return keras.Model(inputs, outputs)
+
+
 # train_worker's, and Lamb, whose update reads each variable's norm.
 OPTIMIZERS = dict(train_worker.OPTIMIZERS, lamb=lambda: keras.optimizers.Lamb(0.01),
                   adafactor=lambda: keras.optimizers.Adafactor(0.01))
 
 MODELS = {"functional": train_worker.make_model, "sequential": sequential,
           "norm_dropout": norm_dropout, "sequence": train_worker.make_sequence_model,
-          "looped": looped,
+          "looped": looped, "tied_far": tied_far,
           "own_step": own_step,
           "own_step_tape": lambda seed, mixed=False: own_step(seed, mixed, averaged=True)}
 
@@ -133,18 +160,39 @@ class AllocationPeak:
         return self.peak
 
 
-def rss_kib(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+def tensor_bytes():
+    """What TensorFlow's allocator holds for tensors now (run with
+    TF_CPU_ALLOCATOR_USE_BFC=true: the CPU allocator that keeps
+    statistics); resets the statistics' peak to it."""
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    return tf.config.experimental.get_memory_info("CPU:0")["current"]
 
 
-def inference_memory(out, layers=16, width=512):
-    """--inference-memory: a model of `layers` dense layers of `width` units
+def tensor_peak_kib(base):
+    """The most TensorFlow's allocator held for tensors above `base` (bytes)
+    since tensor_bytes()."""
+    return (tf.config.experimental.get_memory_info("CPU:0")["peak"] - base) // 1024
+
+
+class StepPeak(keras.callbacks.Callback):
+    """The most memory the training steps after the first took for tensors
+    above what the first left (peak_kib)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 0 and not hasattr(self, "base"):
+            self.base = tensor_bytes()
+
+    def on_train_end(self, logs=None):
+        self.peak_kib = tensor_peak_kib(self.base)
+
+
+def pass_memory(out, layers=16, width=512):
+    """--pass-memory: a model of `layers` dense layers of `width` units
     (built by a function) at stages 0 and 3; records per stage its
-    predictions and evaluation loss, and the most memory (RSS) that
-    predict and evaluate took above the process's before them, after a
-    first call of each traced them. Run with MALLOC_MMAP_THRESHOLD_ low,
-    so that freed buffers leave the RSS."""
+    predictions, evaluation loss and training loss, and the most memory
+    that predict and evaluate (after a first call of each traced them) and
+    fit's steps after its first took for tensors above what was held
+    before them."""
     def build():
         keras.utils.set_random_seed(1)
         inputs = keras.Input((width,))
@@ -162,12 +210,14 @@ def inference_memory(out, layers=16, width=512):
                 "evaluate": lambda: np.array(model.evaluate(x, x, batch_size=32, verbose=0))}
         for what, call in runs.items():
             out[f"z{stage}/{what}"] = call()  # traced
-            base = rss_kib("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # VmHWM := VmRSS
+            base = tensor_bytes()
             for _ in range(3):
                 call()
-            out[f"z{stage}/{what}_peak_kib"] = np.array(rss_kib("VmHWM") - base)
+            out[f"z{stage}/{what}_peak_kib"] = np.array(tensor_peak_kib(base))
+        steps, many = StepPeak(), np.tile(x, (4, 1))
+        out[f"z{stage}/fit"] = np.array(model.fit(many, many, batch_size=32, epochs=1,
+                                                  verbose=0, callbacks=[steps]).history["loss"])
+        out[f"z{stage}/fit_peak_kib"] = np.array(steps.peak_kib)
     out["weights_kib"] = np.array(layers * (width * width + width) * 4 // 1024)
 
 
@@ -190,15 +240,15 @@ def main():
     p.add_argument("--build-fn", action="store_true",
                    help="tnt.Model(a function that builds the model): record the most "
                         "trainable bytes allocated at once while it was built and distributed")
-    p.add_argument("--inference-memory", action="store_true",
-                   help="only inference_memory(): predict and evaluate at stages 0 and 3")
+    p.add_argument("--pass-memory", action="store_true",
+                   help="only pass_memory(): predict, evaluate and fit at stages 0 and 3")
     args = p.parse_args()
 
     tnt.init()
     x, y = train_worker.make_data(args.samples)
     results = {}
-    if args.inference_memory:
-        inference_memory(results)
+    if args.pass_memory:
+        pass_memory(results)
         args.cases = ""
     for case in filter(None, args.cases.split(",")):
         name, _, model_name = case.partition(":")

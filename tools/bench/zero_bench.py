@@ -88,12 +88,14 @@ def fusion_bytes(stage, ranks, params):
             3: 4 * params / ranks + 4 * params}[stage]
 
 
-def gathered_bytes(stage, ranks, params):
-    """The most weights a stage-3 rank holds gathered at once: its step
-    gathers a layer at a time as the forward pass reads them, and the
-    backward pass needs every layer's, so the whole model (4 P) is there
-    when the forward pass ends; 0 at the other stages and on one rank."""
-    return 4 * params if stage == 3 and ranks > 1 else 0
+def gathered_bytes(stage, ranks, params, layers):
+    """The most weights a stage-3 rank holds gathered at once, of `layers`
+    layers of equal size: three layers' (4 P / layers each). The forward
+    pass gathers a layer while the one before it computes and frees the
+    one before that; the backward pass gathers a layer again while the
+    layer after it computes its backward pass, and the last layer keeps
+    its forward pass's gather. 0 at the other stages and on one rank."""
+    return 4 * params * min(3, layers) / layers if stage == 3 and ranks > 1 else 0
 
 
 def capacity_need_w(stage, ranks):
@@ -275,7 +277,7 @@ def memory_row(optimizer, ranks, stage, variant, params, docs):
             "oversubscribed": ranks > os.cpu_count(), "rank_of_peak": worst["rank"],
             "theory_mib": round(theory_bytes(optimizer, stage, ranks, params) / MIB, 1),
             "fusion_buffers_mib": round(fusion_bytes(stage, ranks, params) / MIB, 1),
-            "gathered_block_mib": round(gathered_bytes(stage, ranks, params) / MIB, 1),
+            "gathered_block_mib": round(gathered_bytes(stage, ranks, params, MEM_LAYERS) / MIB, 1),
             **{k: v for k, v in worst.items()
                if k.startswith(("held_", "peak_", "kept_", "step_", "rss_after"))}}
 

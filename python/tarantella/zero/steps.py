@@ -21,6 +21,8 @@ variables, which hold no value, is refused: a model whose class has its own
 train_step when it is compiled, a custom loop when its optimizer is given
 gradients before fit has cut the weights into parts.
 """
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -76,8 +78,10 @@ def train_step(model, data, current):
     # A weight the passes did not read has no gradient (as at stage 0).
     wholes = [scope.state_mapping.get(id(v)) for v in shards.variables]
     read = [w for w in wholes if w is not None]
+    regathering = _Regathering(scope, current)
     got = iter(tape.gradient(loss, read))
     grads = [None if w is None else next(got) for w in wholes]
+    current.gradient_waves = regathering.waves(grads)
     model.optimizer.apply(grads, shards.variables)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -103,6 +107,7 @@ class _Gathering(_Recording):
         self.group_of = {id(shards.variables[i]): g for g, group in enumerate(groups)
                          for i in group}
         self.groups = groups
+        self.order = []  # the indices of each gather so far
         self.gathered = []  # the whole weights of each gather so far
 
     def get_current_value(self, variable):
@@ -122,8 +127,108 @@ class _Gathering(_Recording):
             self.tape.watch(wholes)
         for i, whole in zip(indices, wholes):
             self.state_mapping[id(self.shards.variables[i])] = whole
+        self.order.append(indices)
         self.gathered.append(wholes)
         return self.state_mapping[id(variable)]
+
+
+class _Regathering:
+    """The gathers of a training step's backward pass. The tape makes a
+    layer's backward ops read the weights that the forward pass gathered,
+    which would keep every layer's weights whole until its backward ops
+    have run. Instead, each layer's backward ops read a second gather of
+    its weights (the same values: the parts change only after the step's
+    gradients), issued while the layer after it computes its backward
+    pass; the forward pass's copy is freed once the forward pass has read
+    it. The layer gathered last keeps its copy (its backward pass follows
+    its forward pass).
+
+    The gathers and the starts of the gradients' reduce-scatters take one
+    order on every rank (GradientReducer.reduce's waves): layer by layer in
+    the reverse order of the forward gathers, layer k + 1's gather after
+    the starts of the gradients of the layers before k and before those of
+    layer k. A layer whose backward ops feed the gradients of a layer
+    before it (a weight that the model reads twice, far apart, as a tied
+    embedding) keeps its copy: its gather would wait for itself. So does
+    every layer when the backward pass has collectives of its own (a
+    synchronized BatchNormalization's): they are chained after one
+    another, and the gradients' reduce-scatters after them."""
+
+    def __init__(self, scope, current):
+        self.scope, self.current = scope, current
+        self.latest = current.latest()
+        graph = scope.graph
+        self.first = None if graph is None else len(graph.get_operations())
+
+    def waves(self, grads):
+        """The waves of `grads` (made by the tape since __init__), or None
+        (executed eagerly, one layer gathered, or collectives in the
+        backward pass)."""
+        layers = list(zip(self.scope.order, self.scope.gathered))[::-1]
+        if self.first is None or len(layers) < 2 or self.current.latest() is not self.latest:
+            return None
+        backward = set(self.scope.graph.get_operations()[self.first:])
+        read = {i for indices, _ in layers for i in indices}
+        waves, needed = [], set()  # backward ops that the gradients so far need
+        for k, (indices, _) in enumerate(layers):
+            gather = None
+            if k + 1 < len(layers):
+                uses = _uses(layers[k + 1][1], backward)
+                if uses and not any(op in needed for op, _, _, _ in uses):
+                    gather = functools.partial(self._gather, layers[k + 1][0], uses)
+            if k == 0:
+                indices = indices + [i for i in range(len(grads)) if i not in read]
+            waves.append((indices, gather))
+            _ancestors([grads[i] for i in indices], backward, needed)
+        return waves
+
+    def _gather(self, indices, uses, after):
+        """Gathers the weights `indices` after the ops `after` and makes
+        their backward ops `uses` (_uses) read them."""
+        wholes = self.scope.shards.gather_some(indices, self.current, after)
+        converted = {}
+        for op, index, j, via in uses:
+            whole = wholes[j]
+            if via is not None:
+                if via not in converted:
+                    converted[via] = tf.identity(whole) if via.type == "Identity" else \
+                        tf.cast(whole, via.outputs[0].dtype)
+                whole = converted[via]
+            internals.rewire(op, index, whole)
+        return wholes
+
+
+def _uses(wholes, backward):
+    """Where the ops `backward` read the tensors `wholes`, directly or
+    through a Cast or Identity of the forward pass (a mixed-precision
+    layer's reads): [(op, input index, index into wholes, the Cast or
+    Identity op or None)]."""
+    uses = []
+
+    def readers(tensor, j, via):
+        for op in tensor.consumers():
+            if op in backward:
+                uses.extend((op, index, j, via) for index, t in enumerate(op.inputs)
+                            if t.op is tensor.op and t.value_index == tensor.value_index)
+            elif via is None and op.type in ("Cast", "Identity"):
+                readers(op.outputs[0], j, op)
+
+    for j, whole in enumerate(wholes):
+        readers(whole, j, None)
+    return uses
+
+
+def _ancestors(tensors, within, found):
+    """Adds to `found` the ops of `within` that `tensors` (None allowed)
+    depend on."""
+    stack = [t.op for t in tf.nest.flatten(tensors, expand_composites=True) if t is not None]
+    while stack:
+        op = stack.pop()
+        if op in found or op not in within:
+            continue
+        found.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
 
 
 def layer_groups(model, shards):
