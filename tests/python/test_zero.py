@@ -189,7 +189,13 @@ def test_stage_3_holds_a_few_layers_whole(tmp_path, python):
     the batch's activations are 32 x 512 floats, 64 KiB a layer: under 8 L.
     Bound: W / 2, 8 L. Gathering the whole model took more than W, and so
     did keeping the forward pass's gathers for the backward pass (18 L); at
-    stage 0 a step holds the averaged gradients, W."""
+    stage 0 a step holds the averaged gradients, W.
+
+    Between steps a rank's tensors at stage 3 are its part of the weights,
+    W / 2, and what Keras keeps beside the weights at stage 0 too (measured
+    there: its tensors less W); bound: that and L (when the parts were
+    copied out of the whole weights as slices, they kept the whole
+    weights' buffers: W more)."""
     env = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ENABLE_ONEDNN_OPTS": "0"}
     results = train(tmp_path, python, 2, "--pass-memory", env=env)
     for r, result in enumerate(results):
@@ -200,6 +206,10 @@ def test_stage_3_holds_a_few_layers_whole(tmp_path, python):
             assert peak <= whole / 2, \
                 f"rank {r}: {what} took {peak} KiB for tensors, W = {whole} KiB"
         assert int(result["z0/fit_peak_kib"]) >= whole, "stage 0 holds the gradients"
+        beside = int(result["z0/held_kib"]) - whole
+        held = int(result["z3/held_kib"])
+        assert held <= whole / 2 + beside + whole / 16, \
+            f"rank {r}: {held} KiB of tensors between steps, W = {whole} KiB"
 
 
 def assert_lamb_within_rounding(result):

@@ -16,6 +16,7 @@ sums recorded), one train_on_batch follows, then a predict of 10 samples.
 steps hold at stages 0 and 3).
 """
 import argparse
+import gc
 import os
 import sys
 
@@ -189,7 +190,8 @@ class StepPeak(keras.callbacks.Callback):
 def pass_memory(out, layers=16, width=512):
     """--pass-memory: a model of `layers` dense layers of `width` units
     (built by a function) at stages 0 and 3; records per stage its
-    predictions, evaluation loss and training loss, and the most memory
+    predictions, evaluation loss and training loss, what its tensors take
+    between steps (held_kib), and the most memory
     that predict and evaluate (after a first call of each traced them) and
     fit's steps after its first took for tensors above what was held
     before them."""
@@ -203,9 +205,12 @@ def pass_memory(out, layers=16, width=512):
 
     x = np.random.default_rng(0).normal(size=(64, width)).astype(np.float32)
     for stage in (0, 3):
+        gc.collect()
+        before = tensor_bytes()
         model = tnt.Model(build, zero_stage=stage)
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
         model.fit(x, x, batch_size=32, epochs=1, verbose=0)
+        out[f"z{stage}/held_kib"] = np.array((tensor_bytes() - before) // 1024)
         runs = {"predict": lambda: model.predict(x, batch_size=32, verbose=0),
                 "evaluate": lambda: np.array(model.evaluate(x, x, batch_size=32, verbose=0))}
         for what, call in runs.items():

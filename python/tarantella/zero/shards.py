@@ -167,7 +167,9 @@ class Shards:
             if not internals.is_allocated(v):
                 internals.allocate(v)
             runtime.broadcast_values([v], group=self.group)
-            p.assign(tf.reshape(v.value, [-1])[lo:hi])
+            # A copy: a variable assigned a slice keeps the sliced tensor's
+            # whole buffer.
+            p.assign(tf.raw_ops.DeepCopy(x=tf.reshape(v.value, [-1])[lo:hi]))
             internals.unallocate(v, NotHeld(v.path))
         self.every_range()  # for gather_some, whose steps cannot run collectives eagerly
 
