@@ -589,23 +589,29 @@ def test_report_zero_memory_section(tmp_path):
     assert "- **zero**:" in closing
 
 
-def zero_capacity_result(stage0_errors, stage2_errors):
-    """zero_capacity.jsonl of 4 ranks: each rank's error at stages 0 and 2
-    under the limit (None: it trains)."""
+def zero_capacity_result(stage0_errors, stage2_errors, stage3_errors=(None,) * 4,
+                         stage3_budget=1.75):
+    """zero_capacity.jsonl of 4 ranks: each rank's error at stages 0, 2 and
+    3 under the limit (None: it trains, and at stage 3 predicts and
+    saves)."""
     runs, ranks = [], []
-    for stage, errors in ((0, stage0_errors), (2, stage2_errors)):
-        name = f"stage {stage}, limited to the base + 3.9 W"
+    for stage, errors, budget in ((0, stage0_errors, 3.9), (2, stage2_errors, 3.9),
+                                  (3, stage3_errors, stage3_budget)):
+        name = f"stage {stage}, limited to the base + {budget} W"
         for rank, error in enumerate(errors):
             doc = {"run": name, "rank": rank, "zero_stage": stage, "ranks": 4}
             doc.update({"trained": True, "held_total_mib": 256.1, "margin_mib": 30.0 + rank,
                         "peak_data_above_base_mib": 466.0} if error is None else
                        {"trained": False, "error": error})
+            if stage == 3 and error is None:
+                doc.update(predicted=True, saved=True)
             ranks.append(doc)
-        runs.append({"run": name, "zero_stage": stage, "budget_times_weights": 3.9,
+        runs.append({"run": name, "zero_stage": stage, "budget_times_weights": budget,
                      "trained": all(e is None for e in errors),
                      "job_ok": all(e is None for e in errors), "ranks_reported": 4, "tail": ""})
     return {"config": {"ranks": 4, "weights_mib": 128.1, "budget_times_weights": 3.9,
-                       "need_times_weights": {"0": 4.0, "2": 3.25}},
+                       "stage3_budget_times_weights": stage3_budget,
+                       "need_times_weights": {"0": 4.0, "2": 3.25, "3": 1.625}},
             "runs": runs, "ranks": ranks}
 
 
@@ -627,6 +633,27 @@ def test_report_zero_capacity_target(tmp_path):
     for stage0, stage2, verdict, details in cases:
         write(tmp_path / "zero_capacity.jsonl", zero_capacity_result(stage0, stage2))
         row = target_row(report(tmp_path), "ZeRO capacity")
+        assert verdict in row, row
+        for text in details:
+            assert text in row, (text, row)
+
+
+def test_report_zero_stage_3_capacity_target(tmp_path):
+    oom = "TntNoMemoryError: Fusion failed: TNT_ERR_NO_MEMORY: out of memory"
+    name = "stage 3 trains, predicts and saves"
+    cases = [
+        # every rank trains, predicts and saves under 1.75 W: met
+        ((None,) * 4, 1.75, "| yes | PASS |",
+         [f"{name} (margins +30, +31, +32, +33 MiB)", "limit: the base + 1.75 W"]),
+        # a rank runs out of memory
+        ((None, oom, None, None), 1.75, "| no | **MISS** |", ["stage 3 fails (TntNo"]),
+        # trained under a looser limit than the target's (make test's quick run)
+        ((None,) * 4, 2.0, "| no | **MISS** |", ["limit: the base + 2.0 W"]),
+    ]
+    for errors, budget, verdict, details in cases:
+        write(tmp_path / "zero_capacity.jsonl",
+              zero_capacity_result([oom] * 4, [None] * 4, errors, budget))
+        row = target_row(report(tmp_path), "ZeRO capacity: under a per-rank limit of 1.75")
         assert verdict in row, row
         for text in details:
             assert text in row, (text, row)

@@ -12,6 +12,13 @@ averaged gradients and their two moments (W / 4 each, W / 2), and while the
 gradients are reduce-scattered their buckets (W) and the zeros its
 finishes are shaped like (W / 4): 3.25 W, which leaves 0.65 W (83 MiB) for
 TensorFlow's step (about 50 MiB on the reference host); it must train.
+
+Stage 3, given a build function, is limited to 2 W: it holds a quarter of
+the weights, their two moments and its quarter of the averaged gradients
+(W), and in the backward pass three layers gathered at once (3 W / 8), a
+layer's gradient and its bucket (2 W / 8): 1.625 W, which leaves 0.375 W
+(48 MiB) for TensorFlow's step (the peak measured 1.8 W on the reference
+host); it must train, predict and save its weights.
 """
 import os
 import sys
@@ -29,7 +36,7 @@ MIB = 1 << 20
 MEMORY_ERRORS = ("OOM", "ResourceExhausted", "MemoryError", "bad_alloc", "out of memory")
 
 
-def test_stage_2_trains_where_stage_0_cannot(tmp_path):
+def test_stages_2_and_3_train_where_stage_0_cannot(tmp_path):
     out = tmp_path / "zero_capacity.jsonl"
     run([sys.executable, BENCH, "capacity", "--quick", "--json", str(out)], timeout=600)
     doc = bench_results.read_results(out)
@@ -37,6 +44,7 @@ def test_stage_2_trains_where_stage_0_cannot(tmp_path):
     ranks, budget, need = cfg["ranks"], cfg["budget_times_weights"], cfg["need_times_weights"]
     # The limit lies between the stages' needs, by arithmetic.
     assert need["2"] + 0.5 < budget < need["0"], cfg
+    assert need["3"] + 0.25 < cfg["stage3_budget_times_weights"] < need["2"], cfg
 
     def ranks_of(stage):
         return [d for d in doc["ranks"] if d["run"] == runs[stage]["run"]]
@@ -62,3 +70,14 @@ def test_stage_2_trains_where_stage_0_cannot(tmp_path):
         assert d["margin_mib"] > 0, d
     # The parts of the ranks make up the model.
     assert abs(sum(d["held_weight_parts_mib"] for d in docs) - whole) <= 0.05
+
+    assert runs[3]["trained"], runs[3]
+    docs = ranks_of(3)
+    assert sorted(d["rank"] for d in docs) == list(range(ranks))
+    for d in docs:
+        # The weights are the parts alone.
+        assert d["held_weights_mib"] == 0, d
+        assert abs(d["held_weight_parts_mib"] - whole / ranks) <= 0.02, d
+        assert abs(d["held_optimizer_state_mib"] - 2 * whole / ranks) <= 0.04, d
+        assert d["limit_above_base_mib"] == round(cfg["stage3_budget_times_weights"] * whole, 1)
+        assert d["margin_mib"] > 0 and d["predicted"] and d["saved"], d

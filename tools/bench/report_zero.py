@@ -11,6 +11,8 @@ OPTIMIZER_NAMES = {"adam": "Adam", "momentum": "SGD with momentum"}
 BUILT_BY_FIT = "built by fit"  # zero_bench.BUILT_BY_FIT: the rows the targets judge
 CAPACITY_TARGET = "ZeRO capacity: under a per-rank limit below stage 0's own arithmetic, " \
                   "stage 2 trains"
+STAGE3_CAPACITY_TARGET = "ZeRO capacity: under a per-rank limit of 1.75 W above the base, " \
+                         "stage 3 trains, predicts and saves"
 
 
 def memory_target_name(optimizer, stage):
@@ -159,16 +161,42 @@ def capacity_verdict(cfg, runs, ranks):
                  f"limit: the base + {cfg.get('budget_times_weights', '?')} W; " + "; ".join(said))
 
 
+def stage3_capacity_verdict(cfg, runs, ranks):
+    """(met, detail): met when stage 3, limited to the base + 1.75 W at
+    most, trains, predicts and saves on every rank."""
+    run = next((r for r in runs if r["zero_stage"] == 3 and r.get("budget_times_weights")),
+               None)
+    if run is None:
+        return False, "stage 3 not run"
+    docs = [d for d in ranks if d["run"] == run["run"]]
+    limit_w = run["budget_times_weights"]
+    done = run["trained"] and len(docs) == cfg.get("ranks") and \
+        all(d.get("predicted") and d.get("saved") for d in docs)
+    if done:
+        said = "stage 3 trains, predicts and saves (margins " + ", ".join(
+            f"{d['margin_mib']:+.0f}" for d in docs) + " MiB)"
+    else:
+        errors = "; ".join(d["error"] for d in docs if d.get("error"))
+        said = f"stage 3 fails ({errors[:60] or 'its job failed without a result'})"
+    return done and limit_w <= 1.75, (f"{cfg.get('ranks', '?')} ranks, W = "
+                                      f"{cfg.get('weights_mib', '?')} MiB, limit: the base + "
+                                      f"{limit_w} W; {said}")
+
+
 def _capacity(results, stages, targets):
     out, d = open_section(results, stages, targets, "zero_capacity.jsonl",
                           ["zero_capacity", "zero"],
                           "### Capacity: what sharding lets train under a memory limit",
-                          [(CAPACITY_TARGET, "yes")])
+                          [(CAPACITY_TARGET, "yes"), (STAGE3_CAPACITY_TARGET, "yes")])
     if d is None:
         return out
     cfg, runs, ranks = d.get("config", {}), d.get("runs", []), d.get("ranks", [])
     t = Target(CAPACITY_TARGET, "yes", family="zero")
     t.ok, t.note = capacity_verdict(cfg, runs, ranks)
+    t.measured = "yes" if t.ok else "no"
+    targets.append(t)
+    t = Target(STAGE3_CAPACITY_TARGET, "yes", family="zero")
+    t.ok, t.note = stage3_capacity_verdict(cfg, runs, ranks)
     t.measured = "yes" if t.ok else "no"
     targets.append(t)
     need = cfg.get("need_times_weights", {})
@@ -181,8 +209,12 @@ def _capacity(results, stages, targets):
                "weights, their gradients, Adam's two moments; the allreduce's buckets, W, "
                f"come on top), stage 2 {need.get('2', '?')} W (the weights, the parts and "
                "their moments, the reduce-scatter's buckets in flight, the zeros its finishes "
-               "are shaped like), TensorFlow's step on top. Margin = the limit - the peak data "
-               f"size. {METHOD}")
+               f"are shaped like), stage 3 {need.get('3', '?')} W (the parts, their moments, "
+               "the reduce-scatter's parts, three layers gathered, a layer's gradient and its "
+               "bucket; limited to the base + "
+               f"{cfg.get('stage3_budget_times_weights', '?')} W, built by a function, it also "
+               "predicts and saves), TensorFlow's step on top. Margin = the limit - the peak "
+               f"data size. {METHOD}")
     out.append("")
     out.append(table(["run", "rank", "trained", "held (MiB)", "peak data above base (MiB)",
                       "margin (MiB)", "error"],

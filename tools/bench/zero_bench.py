@@ -48,6 +48,10 @@ MEM_LAYERS, MEM_WIDTH, QUICK_WIDTH, MEM_BATCH = 4, 2048, 1024, 64
 # keeps 0.65 W (83 MiB) for TensorFlow's step (measured: about 50 MiB).
 CAP_LAYERS, CAP_WIDTH, CAP_RANKS, CAP_BUDGET_W, CAP_BATCH = 8, 4096, 4, 2.5, 32
 QUICK_CAP_LAYERS, QUICK_CAP_WIDTH, QUICK_CAP_BUDGET_W = 8, 2048, 3.9
+# Stage 3, given a build function, trains, predicts and saves its weights
+# under the base + STAGE3_BUDGET_W x W; --quick: QUICK_STAGE3_BUDGET_W,
+# where TensorFlow's step (about 30 MiB) is a larger share of W.
+STAGE3_BUDGET_W, QUICK_STAGE3_BUDGET_W = 1.75, 2.0
 JOB_ENV = ("TF_CPP_MIN_LOG_LEVEL", *FREED_MEMORY_LEAVES)
 
 
@@ -98,15 +102,22 @@ def gathered_bytes(stage, ranks, params, layers):
     return 4 * params * min(3, layers) / layers if stage == 3 and ranks > 1 else 0
 
 
-def capacity_need_w(stage, ranks):
+def capacity_need_w(stage, ranks, layers):
     """The least an Adam rank must hold at once, in W (the model's float32
-    weights), from what Tarantella allocates. Stage 0: the weights, their
-    gradients and the two moments, 4 W (and the fusion buckets, W more,
-    allocated whole). Stage 2: the weights (W); the parts the optimizer
-    updates, the reduce-scatter's parts and the parts' two moments (4 W /
-    N); the reduce-scatter's buckets waiting or in flight (at most W); the zeros
-    each part's finish is shaped like (W / N). TensorFlow's step (its
-    graph, the temporaries of the update) comes on top."""
+    weights, in `layers` layers of equal size), from what Tarantella
+    allocates. Stage 0: the weights, their gradients and the two moments,
+    4 W (and the fusion buckets, W more, allocated whole). Stage 2: the
+    weights (W); the parts the optimizer updates, the reduce-scatter's
+    parts and the parts' two moments (4 W / N); the reduce-scatter's
+    buckets waiting or in flight (at most W); the zeros each part's finish
+    is shaped like (W / N). Stage 3: the parts, their moments and the
+    reduce-scatter's parts (4 W / N); in the backward pass three layers
+    gathered (gathered_bytes), a layer's gradient and its bucket (2 W /
+    layers); the finishes' outputs (W / N) exist after the backward pass,
+    with no layer gathered. TensorFlow's step (its graph, the temporaries
+    of the update) comes on top."""
+    if stage == 3:
+        return 4 / ranks + max((min(3, layers) + 2) / layers, 1 / ranks)
     return 4.0 if stage == 0 else 2 + 5 / ranks
 
 
@@ -163,9 +174,10 @@ def held_bytes(model):
 
 def worker(args):
     """Builds, compiles and trains the dense model at --zero-stage on every
-    rank, under a data-size limit of --budget x W above the base when
-    given; writes the bytes held, the peaks above the base (RSS and data
-    size) and, under a limit, the margin left, or the error."""
+    rank (with --predict-save, then predicts a batch and saves the weights),
+    under a data-size limit of --budget x W above the base when given;
+    writes the bytes held, the peaks above the base (RSS and data size)
+    and, under a limit, the margin left, or the error."""
     import resource
     tf_setup()
     import numpy as np
@@ -219,6 +231,11 @@ def worker(args):
             model.fit(rest, rest, batch_size=args.batch, epochs=1, verbose=0, shuffle=False,
                       callbacks=[timer])
             peak_steps = proc_status_kib("VmHWM")
+            if args.predict_save:
+                peak.phase("predict_save")
+                doc["predicted"] = bool(np.isfinite(model.predict(first, verbose=0)).all())
+                model.save_weights(os.path.join(args.work, "capacity.weights.h5"))
+                doc["saved"] = True
         held = held_bytes(model)
         doc.update({f"held_{k}_mib": round(v / MIB, 2) for k, v in held.items()})
         held_total = sum(v for k, v in held.items() if k != "fusion_in_flight") / MIB
@@ -250,7 +267,7 @@ def worker(args):
 
 
 def run_worker_job(args, ranks, stage, optimizer, variant, layers, width, batch, steps,
-                   budget=0.0):
+                   budget=0.0, predict_save=False):
     """The worker on `ranks` ranks, a fresh job (a peak never goes down);
     returns (the job ended well, its ranks' documents, its output's end)."""
     work = tempfile.mkdtemp(prefix=f"tnt-zerobench-{stage}-{ranks}-")
@@ -259,7 +276,8 @@ def run_worker_job(args, ranks, stage, optimizer, variant, layers, width, batch,
     cmd = mpirun_cmd(args, ranks, "--worker", "--work", work, "--zero-stage", str(stage),
                      "--optimizer", optimizer, "--variant", variant, "--layers", str(layers),
                      "--width", str(width), "--batch", str(batch), "--steps", str(steps),
-                     "--budget", str(budget), env=JOB_ENV, script=__file__)
+                     "--budget", str(budget), *(["--predict-save"] if predict_save else []),
+                     env=JOB_ENV, script=__file__)
     ok, tail = bench_results.run_job(
         cmd, args.job_timeout, lambda line: "Error" in line or "ZeRO stage" in line, env=env)
     docs = sorted(load_rank_files(work, ranks), key=lambda d: d["rank"])
@@ -320,20 +338,23 @@ def memory(args):
 def capacity(args):
     layers, width = (QUICK_CAP_LAYERS, QUICK_CAP_WIDTH) if args.quick else (CAP_LAYERS, CAP_WIDTH)
     budget = QUICK_CAP_BUDGET_W if args.quick else CAP_BUDGET_W
+    stage3_budget = QUICK_STAGE3_BUDGET_W if args.quick else STAGE3_BUDGET_W
     ranks, whole = CAP_RANKS, weights_bytes(layers, width)
     cfg = new_config(
         layers=layers, width=width, weights_mib=round(whole / MIB, 2), ranks=ranks,
         optimizer="adam", global_batch=CAP_BATCH, budget_times_weights=budget,
-        need_times_weights={str(s): round(capacity_need_w(s, ranks), 3) for s in (0, 2)},
-        theory_times_weights={str(s): theory_bytes("adam", s, ranks, 1) / 4 for s in (0, 2)},
+        stage3_budget_times_weights=stage3_budget,
+        need_times_weights={str(s): round(capacity_need_w(s, ranks, layers), 3)
+                            for s in (0, 2, 3)},
+        theory_times_weights={str(s): theory_bytes("adam", s, ranks, 1) / 4 for s in (0, 2, 3)},
         variant=BUILT_FIRST, quick=bool(args.quick), environment=FREED_MEMORY_LEAVES,
         oversubscribed=ranks > os.cpu_count())
-    runs = [(0, budget), (2, budget)] + ([] if args.quick else [(2, 0.0)])
+    runs = [(0, budget), (2, budget), (3, stage3_budget)] + ([] if args.quick else [(2, 0.0)])
     rows, per_rank = [], []
     for stage, limit in runs:
         t0 = time.monotonic()
         ok, docs, tail = run_worker_job(args, ranks, stage, "adam", BUILT_FIRST, layers, width,
-                                        CAP_BATCH, 2, limit)
+                                        CAP_BATCH, 2, limit, predict_save=stage == 3)
         run = f"stage {stage}, " + (f"limited to the base + {limit} W" if limit else "no limit")
         trained = len(docs) == ranks and all(d["trained"] for d in docs)
         rows.append({"run": run, "zero_stage": stage, "budget_times_weights": limit or None,
@@ -344,7 +365,8 @@ def capacity(args):
         print(f"capacity: {run}: trained={trained}: " + "; ".join(
             f"rank {d['rank']}: " + (d.get("error") or (
                 f"held {d['held_total_mib']} MiB, peak data {d['peak_data_above_base_mib']} MiB"
-                + (f", margin {d['margin_mib']} MiB" if limit else ""))) for d in docs),
+                + (f", margin {d['margin_mib']} MiB" if limit else "")
+                + (", predicted and saved" if d.get("saved") else ""))) for d in docs),
             flush=True)
     write_results(args.json, "zero_capacity", {"config": finish_config(cfg), "runs": rows,
                                                "ranks": per_rank})
@@ -374,6 +396,7 @@ def main():
     p.add_argument("--batch", type=int, default=MEM_BATCH, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--predict-save", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)

@@ -56,6 +56,10 @@ from tarantella import step
 from tarantella import subclass
 
 STAGES = (0, 1, 2, 3)
+# (Stage 3) A variable of at least this many bytes is gathered on its own,
+# into the vector that becomes its value; a layer's smaller ones are
+# gathered together, in one collective, and put in order by a copy.
+GATHER_ALONE_BYTES = 256 * 1024
 # Keras's optimizers whose update computes every element from that
 # element's gradient and state alone (and the norms of clipnorm and
 # global_clipnorm, ShardedClipping), or from sums over whole variables that
@@ -133,7 +137,7 @@ class Shards:
 
     def held_bytes(self):
         """Bytes of the parts, this rank's."""
-        return sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in self.parts)
+        return sum(_nbytes(p) for p in self.parts)
 
     def reduce(self, grads, current):
         """The parts of `grads` averaged over the global batch, None where a
@@ -197,25 +201,38 @@ class Shards:
 
     def gather_some(self, indices, current, after=()):
         """(Stage 3) The whole values of the variables `indices` (of one
-        dtype), gathered from every rank's parts in one allgatherv after
-        the step's last collective and the ops `after`: tensors, in the
-        order of `indices`. Every rank's part of a variable is a range of
-        its elements, the ranks' ranges in rank order (see the top)."""
+        dtype), gathered from every rank's parts after the step's last
+        collective and the ops `after`: tensors, in the order of `indices`.
+        Every rank's part of a variable is a range of its elements, the
+        ranks' ranges in rank order (see the top), so a variable gathered
+        alone is the gathered vector itself; the small ones are gathered
+        together in one allgatherv, then put in order (a copy)."""
         every = self.every_range()
-        sizes = every[:, indices, 1] - every[:, indices, 0]  # [rank, variable]
-        counts = sizes.sum(axis=1)
-        parts = [self.parts[i].value for i in indices]
-        with tf.control_dependencies(current.after() + list(after)):
-            mine = tf.concat(parts, 0) if len(parts) > 1 else tf.identity(parts[0])
-            flat = ops.allgatherv(mine, _core.world_handle() if self.group is None
-                                  else self.group, counts)
-        current.record(flat)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[:, None] + \
-            np.concatenate([np.zeros((self.size, 1), np.int64), np.cumsum(sizes, axis=1)[:, :-1]],
-                           axis=1)
-        return [tf.reshape(tf.concat([flat[starts[r, j]:starts[r, j] + sizes[r, j]]
-                                      for r in range(self.size)], 0), self.variables[i].shape)
-                for j, i in enumerate(indices)]
+        big = {i for i in indices if _nbytes(self.variables[i]) >= GATHER_ALONE_BYTES}
+        alone = [[i] for i in indices if i in big]
+        together = [i for i in indices if i not in big]
+        wholes = {}
+        for group in alone + ([together] if together else []):
+            sizes = every[:, group, 1] - every[:, group, 0]  # [rank, variable]
+            counts = sizes.sum(axis=1)
+            parts = [self.parts[i].value for i in group]
+            with tf.control_dependencies(current.after() + list(after)):
+                mine = tf.concat(parts, 0) if len(parts) > 1 else tf.identity(parts[0])
+                flat = ops.allgatherv(mine, _core.world_handle() if self.group is None
+                                      else self.group, counts)
+            current.record(flat)
+            after = ()
+            if len(group) == 1:
+                wholes[group[0]] = tf.reshape(flat, self.variables[group[0]].shape)
+                continue
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[:, None] + np.concatenate(
+                [np.zeros((self.size, 1), np.int64), np.cumsum(sizes, axis=1)[:, :-1]], axis=1)
+            for j, i in enumerate(group):
+                wholes[i] = tf.reshape(tf.concat([flat[starts[r, j]:starts[r, j] + sizes[r, j]]
+                                                  for r in range(self.size)], 0),
+                                       self.variables[i].shape)
+        return [wholes[i] for i in indices]
+
 
 class NotHeld:
     """The initializer of a model's variable at zero_stage=3, whose value is
@@ -461,8 +478,12 @@ class ShardedAdafactor:
             self.assign_sub(part, alpha_t * u_hat)
 
 
+def _nbytes(variable):
+    return int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize
+
+
 def _mib(variables):
-    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables) / 2**20
+    return sum(_nbytes(v) for v in variables) / 2**20
 
 
 def shard(optimizer, stage, resources):
