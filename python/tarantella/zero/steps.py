@@ -7,7 +7,8 @@ trainable variable to a tensor gathered from the parts when the model first
 reads it (_Gathering; Shards.gather_some): Keras's ``Variable.value`` reads
 the scope's value, so the model computes on the gathered weights as it
 would on its variables (the way ``stateless_call`` runs a model). The
-training step takes the gradients with respect to those tensors,
+training step takes the gradients with respect to those tensors (its
+backward pass reads the weights from a second gather, _Regathering),
 reduce-scatters them and updates the parts, as stage 2 does; the
 arithmetic is stage 0's, so the results are bitwise.
 
@@ -63,8 +64,8 @@ def _batch_size(x):
 
 def train_step(model, data, current):
     """Keras's training step on weights gathered a layer at a time as the
-    forward pass reads them (_Gathering; the tape keeps them for the
-    backward pass); the update of the parts as stage 2's."""
+    forward pass reads them (_Gathering) and again for the backward pass
+    (_Regathering); the update of the parts as stage 2's."""
     shards = _shards(model)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
@@ -89,13 +90,14 @@ def train_step(model, data, current):
 class _Gathering(_Recording):
     """A _Recording scope in which a trainable weight is gathered from the
     parts when the passes first read it, with the other weights of its
-    layer (`groups`: lists of indices into shards.variables), in one
-    allgatherv. The gathers follow one another in the order of the reads;
+    layer (`groups`: lists of indices into shards.variables; see
+    Shards.gather_some). The gathers follow one another in the order of the reads;
     each waits for the ops that read the weights gathered two gathers
     before, so that a layer's weights arrive while the previous layer
-    computes. A weight is freed once its last reader has run: in evaluate
-    and predict at most about two layers' weights are whole at once; in
-    training `tape` watches them and keeps them for the backward pass."""
+    computes. A weight is freed once its last reader has run: at most
+    about two layers' weights are whole at once. In training `tape`
+    watches them, and the backward pass reads a second gather
+    (_Regathering)."""
 
     def __init__(self, shards, groups, current, tape=None):
         super().__init__([])
