@@ -24,7 +24,9 @@ the model's variables, of its part's size) instead of the model's own, so
 its slots hold 1/N of the model. Each step copies the model's values into
 the parts (so set_weights and load_weights between steps are seen), applies
 the optimizer to them with the parts' gradients, and gathers the updated
-parts, bucket by bucket, into the model's variables. An elementwise
+parts into the model's variables, a variable (or the small ones together)
+at a time (gather_some), so that a step holds a few gathered variables
+beside the weights, not a second copy of the model. An elementwise
 optimizer computes every element as it would on the whole tensor, so the
 weights are bitwise those of stage 0. A LossScaleOptimizer decides whether
 the gradients are finite from every rank's parts.
@@ -56,9 +58,9 @@ from tarantella import step
 from tarantella import subclass
 
 STAGES = (0, 1, 2, 3)
-# (Stage 3) A variable of at least this many bytes is gathered on its own,
-# into the vector that becomes its value; a layer's smaller ones are
-# gathered together, in one collective, and put in order by a copy.
+# A variable of at least this many bytes is gathered on its own, into the
+# vector that becomes its value; smaller ones are gathered together, in one
+# collective, and put in order by a copy (Shards.gather_some).
 GATHER_ALONE_BYTES = 256 * 1024
 # Keras's optimizers whose update computes every element from that
 # element's gradient and state alone (and the norms of clipnorm and
@@ -105,16 +107,17 @@ class Shards:
         self._every_range = None  # every_range()
         mode = "allreduce" if stage == 1 else "reduce_scatter"
         self.reducer = gradients.GradientReducer(group, size, mode=mode)
-        self.gather_set = self.reducer.fusion(self.signature, "allgather")
-        self.ranges = [self.gather_set.part(i) for i in range(len(self.variables))]
-        # The sample count's part, and its gathered whole: the fusion sets'
-        # first tensor, which keeps their plan that of stage 0's. Variables:
-        # TensorFlow runs a start of a constant (or an empty tensor) ahead of
-        # time, while it optimizes the graph, and drops a finish whose value
-        # nothing uses.
-        lo, hi = self.gather_set.part(gradients.count_id(self.signature))
+        # The parts are where the variables meet the ranks' blocks of the
+        # buckets of stage 0's plan (the plan of a gather set, which runs no
+        # round: the parts are gathered by gather_some).
+        planned = self.reducer.fusion(self.signature, "allgather")
+        self.ranges = [planned.part(i) for i in range(len(self.variables))]
+        # The sample count's part: the fusion sets' first tensor, which keeps
+        # their plan that of stage 0's. A variable: TensorFlow runs a start
+        # of a constant (or an empty tensor) ahead of time, while it
+        # optimizes the graph, and drops a finish whose value nothing uses.
+        lo, hi = planned.part(gradients.count_id(self.signature))
         self.count_part = tf.Variable(tf.zeros([hi - lo]), trainable=False)
-        self.count_whole = tf.Variable(tf.zeros([1]), trainable=False)
         # Zeros: copy_in gives them the model's values before every update (a
         # slice of the weight would keep the weight's whole buffer alive).
         # Never cast: stage 3 gathers them inside a layer's mixed-precision
@@ -127,7 +130,7 @@ class Shards:
     def every_range(self):
         """[rank, i] = (lo, hi) of every rank's part of variable i.
         Collective the first time (every rank of the group calls it then:
-        hold() does at stage 3, Slots with its first slot otherwise)."""
+        ShardedOptimizer.build does, or hold() at stage 3)."""
         if self._every_range is None:
             mine = np.array(self.ranges, dtype=np.int64).reshape(-1)
             every = np.zeros(self.size * mine.size, dtype=np.int64)
@@ -175,44 +178,43 @@ class Shards:
             # whole buffer.
             p.assign(tf.raw_ops.DeepCopy(x=tf.reshape(v.value, [-1])[lo:hi]))
             internals.unallocate(v, NotHeld(v.path))
-        self.every_range()  # for gather_some, whose steps cannot run collectives eagerly
+        self.every_range()
 
     def gather(self, current):
         """Gathers the updated parts into the model's variables (stages 1
-        and 2), in the step's chain."""
-        h = self.gather_set.handle
-        count_id = gradients.count_id(self.signature)
-
-        def start(i, part):
-            return ops.fusion_start(part, h, i, int(part.shape[0]))
-
-        with tf.control_dependencies(current.after()):
-            tokens = {count_id: start(count_id, self.count_part.value())}
-            for i, _, _ in self.signature:
-                tokens[i] = start(i, self.parts[i].value)
-        with tf.control_dependencies([tf.group(list(tokens.values()))]):
-            assigned = [self.count_whole.assign(
-                ops.fusion_finish(tokens[count_id], self.count_whole.value(), h, count_id, 1))]
-            for i, numel, _ in self.signature:
-                v = self.variables[i]
-                assigned.append(v.assign(ops.fusion_finish(tokens[i], v.value, h, i, numel)))
+        and 2), in the step's chain, a variable (or a few small ones) at a
+        time (gather_some); a gather waits for the assignments of the one
+        two before, so that the step holds at most two gathered values
+        beside the weights. Returns the assignments."""
+        assigned = [tf.no_op(), tf.no_op()]  # each batch's assignments
+        for batch in self.batches(range(len(self.variables))):
+            wholes = self.gather_some(batch, current, after=[assigned[-2]])
+            assigned.append(tf.group([self.variables[i].assign(w)
+                                      for i, w in zip(batch, wholes)]))
         current.record(assigned)
         return assigned
 
+    def batches(self, indices):
+        """`indices` in batches for gather_some: a variable of
+        GATHER_ALONE_BYTES or more alone, the others together by dtype."""
+        big = {i for i in indices if _nbytes(self.variables[i]) >= GATHER_ALONE_BYTES}
+        rest = {}  # by dtype
+        for i in indices:
+            if i not in big:
+                rest.setdefault(self.variables[i].dtype, []).append(i)
+        return [[i] for i in indices if i in big] + list(rest.values())
+
     def gather_some(self, indices, current, after=()):
-        """(Stage 3) The whole values of the variables `indices` (of one
-        dtype), gathered from every rank's parts after the step's last
-        collective and the ops `after`: tensors, in the order of `indices`.
+        """The whole values of the variables `indices`, gathered from every
+        rank's parts after the step's last collective and the ops `after`:
+        tensors, in the order of `indices`.
         Every rank's part of a variable is a range of its elements, the
         ranks' ranges in rank order (see the top), so a variable gathered
-        alone is the gathered vector itself; the small ones are gathered
-        together in one allgatherv, then put in order (a copy)."""
-        every = self.every_range()
-        big = {i for i in indices if _nbytes(self.variables[i]) >= GATHER_ALONE_BYTES}
-        alone = [[i] for i in indices if i in big]
-        together = [i for i in indices if i not in big]
+        alone is the gathered vector itself; small ones of one dtype are
+        gathered together in one allgatherv, then put in order (a copy)."""
+        every = self.every_range()  # computed by hold() or the optimizer's build
         wholes = {}
-        for group in alone + ([together] if together else []):
+        for group in self.batches(indices):
             sizes = every[:, group, 1] - every[:, group, 0]  # [rank, variable]
             counts = sizes.sum(axis=1)
             parts = [self.parts[i].value for i in group]
@@ -268,6 +270,8 @@ class ShardedOptimizer:
         part = shards.held_bytes() / 2**20
         if shards.stage == 3:
             shards.hold()
+        else:
+            shards.every_range()  # for gather, whose steps cannot run collectives eagerly
         log.logger.info(
             "ZeRO stage %d over %d ranks: this rank holds %.1f MiB of weights, %.1f MiB of "
             "averaged gradients and %.1f MiB of optimizer state (for its part of the weights, "
