@@ -30,6 +30,7 @@ dimension would make tf.shape() one).
 import tensorflow as tf
 
 from tarantella import _core
+from tarantella import _keras_internals as internals
 from tarantella import log
 from tarantella import ops
 from tarantella import runtime
@@ -126,7 +127,7 @@ class GradientReducer:
         return fusion
 
     def reduce(self, grads, local_count, after=(), count_sink=None, parts_like=None,
-               waves=None):
+               waves=None, pace=False):
         """Averages `grads` (dense tensors of static shapes, see shaped();
         None allowed) across ranks, weighted by `local_count` samples (a
         float32 scalar read from a variable). No gradient enters its bucket
@@ -145,7 +146,18 @@ class GradientReducer:
         tensors, runs after the starts of the waves before, and the starts
         of its wave wait for it. A fusion bucket is submitted by its last
         member's start, so every rank then submits the buckets and the
-        gathers in one order."""
+        gathers in one order.
+
+        `pace` (reduce-scatter; graph mode; gradients of more bytes than
+        runtime.in_flight_bytes()) keeps the backward pass from running
+        ahead of the reduce-scatter: the ops that compute a wave's
+        gradients (by default a gradient is a wave of its own, in backprop
+        order) wait for the starts of the wave before, and a start waits
+        while the buckets not yet reduced pass TNT_FUSION_IN_FLIGHT_MIB
+        (libtnt). A rank then holds a few gradients whole at once, not
+        all of them. An op that the earlier waves' gradients need (a
+        weight read twice, far apart) is not held back: it would wait for
+        itself."""
         if (runtime.get_size() if self._size is None else self._size) == 1 and \
                 self._mode == "allreduce":
             return list(grads)
@@ -164,13 +176,27 @@ class GradientReducer:
             tokens = {cid: ops.fusion_start(n, h, cid, 1)}
         numels = {i: numel for i, numel, _ in sig}
         started, gate = [tokens[cid]], ([total] if scattered else [])
-        for indices, gather in waves or [([i for i, _, _ in sig], None)]:
+        pace = pace and scattered and not tf.executing_eagerly() and \
+            sum(n * tf.as_dtype(dt).size for _, n, dt in sig) > runtime.in_flight_bytes()
+        if waves is None:
+            waves = [([i], None) for i, _, _ in sig] if pace else [([i for i, _, _ in sig], None)]
+        before, needed = [tokens[cid]], set()  # the wave before's starts; what they need
+        if pace:
+            _ancestors(before, needed)
+        for indices, gather in waves:
             if gather is not None:
                 gate = gather(started)
+            if pace:
+                producers = [_producer(dense[i]) for i in indices]
+                if not any(op in needed for op in producers):
+                    internals.hold_back(producers, before)
             with tf.control_dependencies(gate):
                 for i in indices:
                     tokens[i] = ops.fusion_start(dense[i], h, i, numels[i], scale=n[0])
-            started += [tokens[i] for i in indices]
+            before = [tokens[i] for i in indices]
+            started += before
+            if pace:
+                _ancestors(before, needed)
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             if scattered:
                 count_sink.assign(ops.fusion_finish(tokens[cid], count_sink.value(), h, cid,
@@ -185,3 +211,28 @@ class GradientReducer:
                 else:
                     out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
         return out
+
+
+# Ops whose output is their input's buffer: a gradient passed through one
+# was computed by the op before it.
+_ALIASING = ("Identity", "EnsureShape", "Reshape")
+
+
+def _producer(tensor):
+    """The op that computes `tensor`'s values (a graph tensor)."""
+    op = tensor.op
+    while op.type in _ALIASING and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _ancestors(tensors, found):
+    """Adds to `found` the graph ops that `tensors` depend on."""
+    stack = [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op in found:
+            continue
+        found.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)

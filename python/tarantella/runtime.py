@@ -270,6 +270,12 @@ def threshold_kb():
     return settings.get("TNT_FUSION_THRESHOLD_KB")
 
 
+def in_flight_bytes():
+    """Bytes of gradient buckets a rank keeps waiting for their
+    reduce-scatter before backprop waits (TNT_FUSION_IN_FLIGHT_MIB)."""
+    return int(settings.get("TNT_FUSION_IN_FLIGHT_MIB") * 2**20)
+
+
 # TNT_COMPRESSION's words: the dtype gradients travel in (None: float32).
 _COMPRESSIONS = {"none": None, "fp16": "float16", "bf16": "bfloat16"}
 

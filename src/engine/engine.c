@@ -119,6 +119,8 @@ tnt_status_t tnt__request_new(tnt__engine_t *e, tnt_request_t **out) {
   return TNT_OK;
 }
 
+void tnt__request_ref(tnt_request_t *req) { atomic_fetch_add(&req->refs, 1); }
+
 void tnt__request_unref(tnt_request_t *req) {
   if (req == NULL || atomic_fetch_sub(&req->refs, 1) != 1) return;
   pthread_mutex_destroy(&req->mu);

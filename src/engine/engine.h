@@ -98,6 +98,7 @@ tnt_status_t tnt__engine_error(const tnt__engine_t *e, const char **message);
 /* A request with two references (caller and engine), status in progress,
  * its work zeroed. */
 tnt_status_t tnt__request_new(tnt__engine_t *e, tnt_request_t **out);
+void tnt__request_ref(tnt_request_t *req);
 void tnt__request_unref(tnt_request_t *req);
 /* TNT_OK when done, TNT_IN_PROGRESS while running, < 0 when it failed. */
 tnt_status_t tnt__request_test(const tnt_request_t *req);

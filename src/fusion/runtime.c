@@ -14,6 +14,7 @@
 #include "util/handles.h"
 #include "util/log.h"
 #include "util/reduce.h"
+#include "util/settings.h"
 #include "util/timeline.h"
 
 tnt_status_t tnt__fusion_allreduce(const tnt_fusion_t *f, const void *sendbuf, void *recvbuf,
@@ -85,13 +86,8 @@ static tnt_status_t make_buckets(const tnt_fusion_t *f, size_t n, size_t thresho
     const size_t esz = tnt__dtype_size(bk->wire);
     tnt__slice(bp->count, esz, f->comm->size, f->comm->rank, &bk->lo, &bk->hi);
     /* The other modes allocate the whole vector round by round. */
-    int ok = 1;
-    if (f->opt.mode == TNT_FUSION_MODE_ALLREDUCE) {
-      ok = (bk->buf = calloc(bp->count * esz + 1, 1)) != NULL; /* padding stays 0 */
-    } else if (f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
-      ok = (bk->part = malloc((bk->hi - bk->lo) * esz + 1)) != NULL;
-    }
-    if (!ok) {
+    if (f->opt.mode == TNT_FUSION_MODE_ALLREDUCE &&
+        (bk->buf = calloc(bp->count * esz + 1, 1)) == NULL) { /* padding stays 0 */
       free_buckets(bks, b);
       bks = NULL;
       break;
@@ -128,6 +124,7 @@ tnt_status_t tnt__fusion_create(tnt_group_t *g, tnt__engine_t *engine, tnt__comm
                   opt->overlap == TNT_FUSION_OVERLAP_TUNE, opt->overlap == TNT_FUSION_OVERLAP_OFF);
   f->threshold = tnt__tuner_plan(&f->tuner).threshold;
   f->hold = tnt__tuner_plan(&f->tuner).hold;
+  f->in_flight_bytes = (size_t)(tnt__setting_number(TNT__S_FUSION_IN_FLIGHT_MIB) * 1048576.0);
   pthread_mutex_init(&f->mu, NULL);
   /* Monotonic: the stall warning and the deadline of a finish are timed
    * waits on this variable. */
@@ -250,6 +247,8 @@ static tnt_status_t mark_finished(tnt_fusion_t *f, size_t i, tnt_request_t **rel
     free(bk->buf);
     bk->buf = NULL;
   }
+  free(bk->part); /* reduce-scatter: every member has copied its part out */
+  bk->part = NULL;
   pthread_cond_broadcast(&f->cv);
   f->finished_in_round += bp->nmembers;
   if (f->finished_in_round < f->plan.ntensors) return TNT_OK;
@@ -272,7 +271,14 @@ static tnt_status_t submit_bucket(tnt_fusion_t *f, size_t b) {
     case TNT_FUSION_MODE_REDUCE_SCATTER: {
       TNT_CHECK(tnt__engine_check(f->engine));
       /* The engine frees the whole vector once it is reduced: buckets in
-       * flight hold it, reduced ones their part only. */
+       * flight hold it, reduced ones their part only, until the round's
+       * last finish has copied it out. */
+      bk->part = malloc((bk->hi - bk->lo) * esz + 1);
+      if (bk->part == NULL) {
+        TNT_LOG_ERROR("%s: out of memory for this rank's part (%zu bytes)", bk->label,
+                      (bk->hi - bk->lo) * esz);
+        return TNT_ERR_NO_MEMORY;
+      }
       uint8_t *whole = bk->buf;
       bk->buf = NULL;
       return tnt__engine_reduce_scatter(f->engine, f->comm, NULL, whole, bk->part, bp->count,
@@ -346,6 +352,49 @@ static tnt_status_t wait_for_round(tnt_fusion_t *f, size_t i, const char *call) 
   return f->broken;
 }
 
+/* Reduce-scatter: before a start fills a new whole vector of `bytes`,
+ * waits while the vectors being filled and those submitted but not yet
+ * reduced, with it, would pass f->in_flight_bytes, for a submitted one to
+ * be reduced: when backprop outruns the network, the gradients wait in
+ * TensorFlow (each until its start) rather than all of them in buckets.
+ * It waits for submitted buckets only, whose collectives need nothing
+ * more from this rank, and not at all when none is in flight, so that
+ * every rank can always submit the round's next bucket: no deadlock.
+ * Called with f->mu held. */
+static tnt_status_t wait_for_room(tnt_fusion_t *f, size_t bytes, const char *call) {
+  const double began = tnt__now();
+  for (;;) {
+    size_t held = bytes;
+    tnt_request_t *oldest = NULL;
+    for (size_t k = 0; k < f->plan.nbuckets; ++k) {
+      const size_t b = (f->next_issue + k) % f->plan.nbuckets; /* submission order */
+      const tnt__bucket_t *bk = &f->buckets[b];
+      const int reducing = bk->buf == NULL && bk->req != NULL &&
+                           tnt__request_test(bk->req) == TNT_IN_PROGRESS;
+      if (bk->buf != NULL || reducing) {
+        held += f->plan.buckets[b].count * tnt__dtype_size(bk->wire);
+      }
+      if (reducing && oldest == NULL) oldest = bk->req;
+    }
+    if (oldest == NULL || held <= f->in_flight_bytes) break;
+    tnt__request_ref(oldest);
+    pthread_mutex_unlock(&f->mu);
+    const tnt_status_t st = tnt__request_wait(oldest, -1);
+    tnt__request_unref(oldest);
+    pthread_mutex_lock(&f->mu);
+    if (st < 0) {
+      TNT_LOG_ERROR("%s: a fusion bucket's reduce-scatter failed while a start waited for it",
+                    call);
+      return st;
+    }
+  }
+  if (TNT__TIMELINE_ON() && tnt__now() - began > 1e-4) {
+    tnt__timeline_complete("wait", "fusion start waits for room", began, tnt__now(),
+                           "\"bytes\":%zu", bytes);
+  }
+  return TNT_OK;
+}
+
 tnt_status_t tnt__fusion_start(tnt_fusion_t *f, size_t i, const void *data, double scale,
                                const char *call) {
   const tnt_tensor_info_t *t = &f->tensors[i];
@@ -370,6 +419,13 @@ tnt_status_t tnt__fusion_start(tnt_fusion_t *f, size_t i, const void *data, doub
         call, (unsigned long long)id,
         twice ? "and not finished" : "finished, but not every tensor of its bucket", b);
     return TNT_ERR_STATE;
+  }
+  if (bk->buf == NULL && f->opt.mode == TNT_FUSION_MODE_REDUCE_SCATTER) {
+    st = wait_for_room(f, f->plan.buckets[b].count * esz, call); /* unlocks while it waits */
+    if (st < 0) {
+      pthread_mutex_unlock(&f->mu);
+      return st;
+    }
   }
   if (bk->buf == NULL) { /* the round's first start, in the modes that free it */
     bk->buf = calloc(f->plan.buckets[b].count * esz + 1, 1); /* padding stays 0 */

@@ -59,7 +59,9 @@ typedef struct tnt__bucket {
    * and frees it once it has run) or to the round's last finish
    * (allgather), NULL in between. */
   uint8_t *buf;
-  uint8_t *part; /* TNT_FUSION_MODE_REDUCE_SCATTER: elements [lo, hi), reduced */
+  /* TNT_FUSION_MODE_REDUCE_SCATTER: elements [lo, hi), reduced; from the
+   * bucket's submission to the round's last finish, NULL in between. */
+  uint8_t *part;
   size_t lo, hi; /* this rank's part of the bucket, in elements */
   size_t started, finished;
   tnt_request_t *req; /* the round's allreduce (reduce-scatter, allgather), once submitted */
@@ -78,6 +80,10 @@ struct tnt_fusion {
   tnt__bucket_t *buckets;
   size_t next_issue; /* the bucket whose allreduce goes next */
   size_t threshold;  /* of the plan in use */
+  /* TNT_FUSION_MODE_REDUCE_SCATTER: the bytes of whole vectors a rank
+   * keeps filled or waiting for their reduce-scatter before a start that
+   * needs a new one waits (TNT_FUSION_IN_FLIGHT_MIB). */
+  size_t in_flight_bytes;
   int hold;          /* of the plan in use: overlap off */
   /* Rounds: tensors started and finished in the round now running, and
    * per tensor the rounds it has finished. */

@@ -10,6 +10,7 @@
 #include "mpi_test_util.h"
 #include "fusion/runtime.h"
 #include "util/reduce.h"
+#include "util/settings.h"
 
 /* The tensor list, in backprop order: float32 mostly, some float16 and
  * float64, sizes from 1 element to 300000. Ids are not indices. */
@@ -949,6 +950,90 @@ static void test_errors(tnt_context_t *ctx, tnt_group_t *world) {
            mt_st(cst), msg != NULL ? msg : "");
 }
 
+/* Buckets of the reduce-scatter set `f` that hold their whole vector:
+ * being filled, or submitted and not yet reduced. */
+static size_t whole_vectors_held(tnt_fusion_t *f) {
+  size_t held = 0;
+  pthread_mutex_lock(&f->mu);
+  for (size_t b = 0; b < f->plan.nbuckets; b++) {
+    const tnt__bucket_t *bk = &f->buckets[b];
+    held += bk->buf != NULL ||
+            (bk->req != NULL && tnt__request_test(bk->req) == TNT_IN_PROGRESS);
+  }
+  pthread_mutex_unlock(&f->mu);
+  return held;
+}
+
+/*
+ * The reduce-scatter's whole vectors in flight (TNT_FUSION_IN_FLIGHT_MIB):
+ * the master starts every tensor while the other ranks sleep, so none of
+ * its buckets can be reduced before they start theirs. With no room
+ * (0 bytes), a start that needs a new vector waits for the bucket before
+ * it: the master never holds more than one whole vector, and its starts
+ * last until the others have started. With room for every bucket, it
+ * holds all of them. The parts are the allreduce's either way, and
+ * between rounds the set holds neither whole vectors nor parts.
+ */
+static void test_in_flight(tnt_group_t *world) {
+  if (g_size < 2) return;
+  tensors_t T;
+  tensors_alloc(&T);
+  void *part[NT];
+  for (size_t t = 0; t < NT; t++) part[t] = mt_alloc(kTensors[t].count * mt_dsize(kTensors[t].dtype));
+  const double sleep_s = 0.3;
+  for (int room = 0; room < 2; room++) {
+    mt_set_case("in flight: %s", room ? "room for every bucket" : "no room");
+    tnt_fusion_t *ar = mode_set(world, 0, TNT_FLOAT32, TNT_FUSION_MODE_ALLREDUCE);
+    tnt_tensor_info_t info[NT];
+    tensor_list(info);
+    tnt_fusion_options_t opt = TNT_FUSION_OPTIONS_INIT;
+    opt.op = TNT_AVERAGE;
+    opt.mode = TNT_FUSION_MODE_REDUCE_SCATTER;
+    opt.overlap = TNT_FUSION_OVERLAP_ON; /* buckets go as soon as they are full */
+    tnt_fusion_t *rs = NULL;
+    MT_OK(tnt_fusion_create(world, info, NT, &opt, &rs));
+    if (rs == NULL) mt_fatal("tnt_fusion_create (reduce-scatter) failed");
+    MT_CHECK(rs->in_flight_bytes ==
+                 (size_t)(tnt__setting_number(TNT__S_FUSION_IN_FLIGHT_MIB) * 1048576.0),
+             "the set's room is not TNT_FUSION_IN_FLIGHT_MIB's");
+    rs->in_flight_bytes = room ? SIZE_MAX : 0;
+    fill_step(&T, g_rank, g_size, 40 + room, 1, TNT_AVERAGE);
+    for (size_t t = NT; t-- > 0;) MT_OK(tnt_fusion_start(ar, tensor_id(t), T.in[t]));
+    if (g_rank != 0) mt_sleep(sleep_s);
+    size_t most = 0;
+    const double began = mt_now();
+    for (size_t t = 0; t < NT; t++) { /* in plan order: each bucket goes when started */
+      MT_OK(tnt_fusion_start(rs, tensor_id(t), T.in[t]));
+      most = TNT__MAX(most, whole_vectors_held(rs));
+    }
+    const double took = mt_now() - began;
+    if (g_rank == 0 && room) {
+      MT_CHECK(most == rs->plan.nbuckets, "the master held %zu whole vectors at most, not all %zu",
+               most, rs->plan.nbuckets);
+    } else if (g_rank == 0) {
+      MT_CHECK(most == 1, "the master held %zu whole vectors at once, with no room", most);
+      MT_CHECK(took > sleep_s / 2, "the master's starts took %.3f s: none waited", took);
+    }
+    for (size_t t = 0; t < NT; t++) {
+      size_t lo, hi;
+      MT_OK(tnt_fusion_part(rs, tensor_id(t), &lo, &hi));
+      MT_OK(tnt_fusion_finish(ar, tensor_id(t), T.out[t], -1));
+      MT_OK(tnt_fusion_finish(rs, tensor_id(t), part[t], -1));
+      mt_compare(kTensors[t].dtype, part[t],
+                 (uint8_t *)T.out[t] + lo * mt_dsize(kTensors[t].dtype), hi - lo,
+                 "the reduce-scatter's part against the allreduce");
+    }
+    for (size_t b = 0; b < rs->plan.nbuckets; b++) {
+      MT_CHECK(rs->buckets[b].buf == NULL && rs->buckets[b].part == NULL,
+               "bucket %zu holds memory between rounds", b);
+    }
+    MT_OK(tnt_fusion_destroy(ar));
+    MT_OK(tnt_fusion_destroy(rs));
+  }
+  for (size_t t = 0; t < NT; t++) free(part[t]);
+  tensors_free(&T);
+}
+
 int main(int argc, char **argv) {
   mt_init("test_fusion_mpi", &argc, &argv, 1);
   tnt_config_t config = {0.0}; /* the timeout comes from TNT_TIMEOUT_S */
@@ -982,6 +1067,7 @@ int main(int argc, char **argv) {
   test_scaled(world);
   t = mt_now();
   test_modes(world);
+  test_in_flight(world);
   if (g_rank == 0) printf("modes: %.1f s\n", mt_now() - t);
   test_tuned(world);
   test_overlap(world);

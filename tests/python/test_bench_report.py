@@ -590,14 +590,14 @@ def test_report_zero_memory_section(tmp_path):
 
 
 def zero_capacity_result(stage0_errors, stage2_errors, stage3_errors=(None,) * 4,
-                         stage3_budget=1.75):
+                         stage3_budget=1.75, budget=2.5):
     """zero_capacity.jsonl of 4 ranks: each rank's error at stages 0, 2 and
     3 under the limit (None: it trains, and at stage 3 predicts and
     saves)."""
     runs, ranks = [], []
-    for stage, errors, budget in ((0, stage0_errors, 3.9), (2, stage2_errors, 3.9),
-                                  (3, stage3_errors, stage3_budget)):
-        name = f"stage {stage}, limited to the base + {budget} W"
+    for stage, errors, limit in ((0, stage0_errors, budget), (2, stage2_errors, budget),
+                                 (3, stage3_errors, stage3_budget)):
+        name = f"stage {stage}, limited to the base + {limit} W"
         for rank, error in enumerate(errors):
             doc = {"run": name, "rank": rank, "zero_stage": stage, "ranks": 4}
             doc.update({"trained": True, "held_total_mib": 256.1, "margin_mib": 30.0 + rank,
@@ -606,12 +606,12 @@ def zero_capacity_result(stage0_errors, stage2_errors, stage3_errors=(None,) * 4
             if stage == 3 and error is None:
                 doc.update(predicted=True, saved=True)
             ranks.append(doc)
-        runs.append({"run": name, "zero_stage": stage, "budget_times_weights": budget,
+        runs.append({"run": name, "zero_stage": stage, "budget_times_weights": limit,
                      "trained": all(e is None for e in errors),
                      "job_ok": all(e is None for e in errors), "ranks_reported": 4, "tail": ""})
-    return {"config": {"ranks": 4, "weights_mib": 128.1, "budget_times_weights": 3.9,
+    return {"config": {"ranks": 4, "weights_mib": 128.1, "budget_times_weights": budget,
                        "stage3_budget_times_weights": stage3_budget,
-                       "need_times_weights": {"0": 4.0, "2": 3.25, "3": 1.625}},
+                       "need_times_weights": {"0": 4.0, "2": 2.5, "3": 1.625}},
             "runs": runs, "ranks": ranks}
 
 
@@ -619,20 +619,23 @@ def test_report_zero_capacity_target(tmp_path):
     oom = "TntNoMemoryError: Fusion failed: TNT_ERR_NO_MEMORY: out of memory"
     cases = [
         # stage 0 runs out of memory, stage 2 trains: met
-        ([oom] * 4, [None] * 4, "| yes | PASS |",
+        ([oom] * 4, [None] * 4, 2.5, "| yes | PASS |",
          ["stage 0 fails (TntNoMemoryError", "stage 2 trains (margins +30, +31, +32, +33 MiB)",
-          "limit: the base + 3.9 W"]),
+          "limit: the base + 2.5 W"]),
         # stage 2 runs out of memory too
-        ([oom] * 4, [None, oom, None, None], "| no | **MISS** |", ["stage 2 fails (TntNo"]),
+        ([oom] * 4, [None, oom, None, None], 2.5, "| no | **MISS** |", ["stage 2 fails (TntNo"]),
         # stage 0 failing for another reason does not show the limit works
-        (["ValueError: bad input"] * 4, [None] * 4, "| no | **MISS** |",
+        (["ValueError: bad input"] * 4, [None] * 4, 2.5, "| no | **MISS** |",
          ["stage 0 fails, but not for lack of memory: ValueError"]),
         # stage 0 training: the limit is too loose
-        ([None] * 4, [None] * 4, "| no | **MISS** |", ["stage 0 trains"]),
+        ([None] * 4, [None] * 4, 2.5, "| no | **MISS** |", ["stage 0 trains"]),
+        # trained under a looser limit than the target's (make test's quick run)
+        ([oom] * 4, [None] * 4, 3.1, "| no | **MISS** |", ["limit: the base + 3.1 W"]),
     ]
-    for stage0, stage2, verdict, details in cases:
-        write(tmp_path / "zero_capacity.jsonl", zero_capacity_result(stage0, stage2))
-        row = target_row(report(tmp_path), "ZeRO capacity")
+    for stage0, stage2, budget, verdict, details in cases:
+        write(tmp_path / "zero_capacity.jsonl", zero_capacity_result(stage0, stage2,
+                                                                     budget=budget))
+        row = target_row(report(tmp_path), "ZeRO capacity: under a per-rank limit of 2.5")
         assert verdict in row, row
         for text in details:
             assert text in row, (text, row)

@@ -148,6 +148,25 @@ def test_three_ranks_are_bitwise_as_stage_zero(tmp_path, python):
         assert any(e["name"] == "allgather" for e in comm), r
 
 
+def test_a_paced_backward_pass_is_bitwise_as_stage_zero(tmp_path, python):
+    """With no room for gradient buckets waiting for their reduce-scatter
+    (TNT_FUSION_IN_FLIGHT_MIB=0), stages 2 and 3 pace every backward pass:
+    the op that computes a gradient waits for the start of the one before,
+    and a start waits for the bucket before it to be reduced. On 3 ranks,
+    with synchronized BatchNormalization (collectives in the backward
+    pass), a tied embedding read again far away (an op that an earlier
+    gradient needs: not held back), weights read in a loop, and gradients
+    with no static shape of their own: no cycle, no deadlock, stage 0's
+    weights bit for bit."""
+    cases = ["adam:norm_dropout", "sgd_momentum:norm_dropout", "adam:tied_far", "adam:looped",
+             "adam:sequence", "adam"]
+    results = train(tmp_path, python, 3, "--stages", "0,2,3", "--cases", ",".join(cases),
+                    env={"TNT_FUSION_IN_FLIGHT_MIB": "0"})
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, cases)
+    assert_state_is_sharded(results, cases)
+
+
 def test_batch_norm_and_dropout_on_four_ranks_are_bitwise_as_stage_zero(tmp_path, python):
     """Synchronized and unsynchronized BatchNormalization and Dropout on 4
     ranks (150 samples in batches of 20: the last batch is uneven, 10

@@ -4,20 +4,23 @@ data parallelism cannot meet, a model on the same ranks.
 This is the quick form of the benchmark's capacity mode
 (tools/bench/zero_bench.py capacity --quick): 8 dense layers of 2048 units
 (W = 128 MiB of float32 weights), Adam, 4 ranks, each limited (RLIMIT_DATA)
-to its data size before the model is built plus 3.9 W. At stage 0 a rank
+to its data size before the model is built plus 3.1 W. At stage 0 a rank
 holds the weights, their gradients and Adam's two moments, 4 W, more than
 the limit: it must fail for lack of memory. At stage 2 a rank holds the
-weights (W), the quarter of them that it updates, its quarter of the
-averaged gradients and their two moments (W / 4 each, W / 2), and while the
-gradients are reduce-scattered their buckets (W) and the zeros its
-finishes are shaped like (W / 4): 3.25 W, which leaves 0.65 W (83 MiB) for
-TensorFlow's step (about 50 MiB on the reference host); it must train.
+weights (W), the quarter of them that it updates and their two moments
+(3 W / 4), its quarter of the averaged gradients (W / 4), and in the
+backward pass, which waits for the reduce-scatter, the buckets waiting
+for it (TNT_FUSION_IN_FLIGHT_MIB, 16 MiB here: W / 8), one being filled
+and two layers' gradients (3 W / 8): 2.5 W at most, which leaves 0.6 W
+(77 MiB) for TensorFlow's step; it must train (the peak measured 2.6 W
+on the reference host; a backward pass that runs ahead of the
+reduce-scatter holds every gradient at once, and took 3.3 to 3.6 W).
 
 Stage 3, given a build function, is limited to 2 W: it holds a quarter of
 the weights, their two moments and its quarter of the averaged gradients
 (W), and in the backward pass three layers gathered at once (3 W / 8), a
 layer's gradient and its bucket (2 W / 8): 1.625 W, which leaves 0.375 W
-(48 MiB) for TensorFlow's step (the peak measured 1.8 W on the reference
+(48 MiB) for TensorFlow's step (the peak measured 1.6 W on the reference
 host); it must train, predict and save its weights.
 """
 import os

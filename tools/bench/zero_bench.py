@@ -45,14 +45,18 @@ MEM_LAYERS, MEM_WIDTH, QUICK_WIDTH, MEM_BATCH = 4, 2048, 1024, 64
 # --quick (make test): QUICK_CAP_LAYERS of QUICK_CAP_WIDTH (W = 128 MiB),
 # limited to the base + QUICK_CAP_BUDGET_W x W, which lies between the
 # stages' needs (capacity_need_w): stage 0 must fail by arithmetic, stage 2
-# keeps 0.65 W (83 MiB) for TensorFlow's step (measured: about 50 MiB).
+# keeps 0.6 W (77 MiB) beyond its need for TensorFlow's step. The room for
+# gradient buckets waiting for their reduce-scatter (TNT_FUSION_IN_FLIGHT_MIB)
+# is a layer in both: the default, 64 MiB, in the full run;
+# QUICK_IN_FLIGHT_MIB in the quick one.
 CAP_LAYERS, CAP_WIDTH, CAP_RANKS, CAP_BUDGET_W, CAP_BATCH = 8, 4096, 4, 2.5, 32
-QUICK_CAP_LAYERS, QUICK_CAP_WIDTH, QUICK_CAP_BUDGET_W = 8, 2048, 3.9
+QUICK_CAP_LAYERS, QUICK_CAP_WIDTH, QUICK_CAP_BUDGET_W, QUICK_IN_FLIGHT_MIB = 8, 2048, 3.1, 16
 # Stage 3, given a build function, trains, predicts and saves its weights
 # under the base + STAGE3_BUDGET_W x W; --quick: QUICK_STAGE3_BUDGET_W,
 # where TensorFlow's step (about 30 MiB) is a larger share of W.
 STAGE3_BUDGET_W, QUICK_STAGE3_BUDGET_W = 1.75, 2.0
 JOB_ENV = ("TF_CPP_MIN_LOG_LEVEL", *FREED_MEMORY_LEAVES)
+SETTINGS_PASSED = ("TNT_FUSION_IN_FLIGHT_MIB",)  # to the jobs, where set
 
 
 def weights_bytes(layers, width):
@@ -102,15 +106,18 @@ def gathered_bytes(stage, ranks, params, layers):
     return 4 * params * min(3, layers) / layers if stage == 3 and ranks > 1 else 0
 
 
-def capacity_need_w(stage, ranks, layers):
-    """The least an Adam rank must hold at once, in W (the model's float32
+def capacity_need_w(stage, ranks, layers, in_flight_w):
+    """What an Adam rank holds at once at most, in W (the model's float32
     weights, in `layers` layers of equal size), from what Tarantella
-    allocates. Stage 0: the weights, their gradients and the two moments,
-    4 W (and the fusion buckets, W more, allocated whole). Stage 2: the
-    weights (W); the parts the optimizer updates, the reduce-scatter's
-    parts and the parts' two moments (4 W / N); the reduce-scatter's
-    buckets waiting or in flight (at most W); the zeros each part's finish
-    is shaped like (W / N). Stage 3: the parts, their moments and the
+    allocates; `in_flight_w`: TNT_FUSION_IN_FLIGHT_MIB in W. Stage 0 (the
+    least): the weights, their gradients and the two moments, 4 W (and
+    the fusion buckets, W more, allocated whole). Stage 2 (the most): the
+    weights (W); the parts the optimizer updates and their two moments
+    (3 W / N); the averaged gradients' parts, in libtnt and then in the
+    finishes' outputs (W / N); in the backward pass, which waits for the
+    reduce-scatter (GradientReducer.reduce's pace), the buckets waiting
+    for it (in_flight_w), one being filled and two layers' gradients
+    (3 W / layers). Stage 3 (the most): the parts, their moments and the
     reduce-scatter's parts (4 W / N); in the backward pass three layers
     gathered (gathered_bytes), a layer's gradient and its bucket (2 W /
     layers); the finishes' outputs (W / N) exist after the backward pass,
@@ -118,7 +125,7 @@ def capacity_need_w(stage, ranks, layers):
     of the update) comes on top."""
     if stage == 3:
         return 4 / ranks + max((min(3, layers) + 2) / layers, 1 / ranks)
-    return 4.0 if stage == 0 else 2 + 5 / ranks
+    return 4.0 if stage == 0 else 1 + 4 / ranks + in_flight_w + 3 / layers
 
 
 # ------------------------------------------------------------------ worker
@@ -143,9 +150,10 @@ def held_bytes(model):
     """What the rank holds, through the variables and the fusion sets: the
     model's weights (those with a value: at stage 3 the trainable ones are
     in the parts), the optimizer's variables, the parts of the weights
-    that it updates (stages 1 to 3), the averaged gradients' buffers that
-    the fusion sets keep (the allreduce's buckets, the reduce-scatter's
-    parts), and the largest set's vector while in flight (reduce-scatter
+    that it updates (stages 1 to 3), the averaged gradients' buffers of
+    the fusion sets (the allreduce's buckets, kept; the reduce-scatter's
+    parts, which a step holds from a bucket's reduce-scatter to its
+    finishes), and the largest set's vector while in flight (reduce-scatter
     and allgather sets allocate it per round)."""
     import numpy as np
     from tarantella.pipeline.weights import allocated_bytes
@@ -277,7 +285,8 @@ def run_worker_job(args, ranks, stage, optimizer, variant, layers, width, batch,
                      "--optimizer", optimizer, "--variant", variant, "--layers", str(layers),
                      "--width", str(width), "--batch", str(batch), "--steps", str(steps),
                      "--budget", str(budget), *(["--predict-save"] if predict_save else []),
-                     env=JOB_ENV, script=__file__)
+                     env=JOB_ENV + tuple(n for n in SETTINGS_PASSED if n in os.environ),
+                     script=__file__)
     ok, tail = bench_results.run_job(
         cmd, args.job_timeout, lambda line: "Error" in line or "ZeRO stage" in line, env=env)
     docs = sorted(load_rank_files(work, ranks), key=lambda d: d["rank"])
@@ -340,11 +349,15 @@ def capacity(args):
     budget = QUICK_CAP_BUDGET_W if args.quick else CAP_BUDGET_W
     stage3_budget = QUICK_STAGE3_BUDGET_W if args.quick else STAGE3_BUDGET_W
     ranks, whole = CAP_RANKS, weights_bytes(layers, width)
+    if args.quick:
+        os.environ["TNT_FUSION_IN_FLIGHT_MIB"] = str(QUICK_IN_FLIGHT_MIB)
+    from tarantella import settings  # as the jobs read it
+    in_flight = settings.get("TNT_FUSION_IN_FLIGHT_MIB") * MIB
     cfg = new_config(
         layers=layers, width=width, weights_mib=round(whole / MIB, 2), ranks=ranks,
         optimizer="adam", global_batch=CAP_BATCH, budget_times_weights=budget,
-        stage3_budget_times_weights=stage3_budget,
-        need_times_weights={str(s): round(capacity_need_w(s, ranks, layers), 3)
+        stage3_budget_times_weights=stage3_budget, in_flight_mib=in_flight / MIB,
+        need_times_weights={str(s): round(capacity_need_w(s, ranks, layers, in_flight / whole), 3)
                             for s in (0, 2, 3)},
         theory_times_weights={str(s): theory_bytes("adam", s, ranks, 1) / 4 for s in (0, 2, 3)},
         variant=BUILT_FIRST, quick=bool(args.quick), environment=FREED_MEMORY_LEAVES,

@@ -153,7 +153,8 @@ class Shards:
         dense = [tf.zeros(v.shape, v.dtype) if g is None else g
                  for g, v in zip(gradients.shaped(grads, self.variables), self.variables)]
         out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part,
-                                  [p.value for p in self.parts], current.gradient_waves)
+                                  [p.value for p in self.parts], current.gradient_waves,
+                                  pace=True)
         current.record(out)
         if self.stage == 1:
             out = [tf.reshape(g, [-1])[lo:hi] for g, (lo, hi) in zip(out, self.ranges)]
