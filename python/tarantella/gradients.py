@@ -116,6 +116,10 @@ class GradientReducer:
             # its wire dtype).
             wire = None if mode == "allgather" else runtime.compression()
             overlap = runtime.overlap()
+            if overlap == "auto" and mode == "reduce_scatter" and _paces(signature):
+                # Off, every whole vector would wait for the end of backprop
+                # at once: the gradients that the room holds back.
+                overlap = "on"
             fusion = _core.Fusion(tensors, threshold, "sum", group=self._group, wire_dtype=wire,
                                   tune_threshold=tune, order=runtime.fusion_order(),
                                   overlap=overlap, mode=mode)
@@ -176,8 +180,7 @@ class GradientReducer:
             tokens = {cid: ops.fusion_start(n, h, cid, 1)}
         numels = {i: numel for i, numel, _ in sig}
         started, gate = [tokens[cid]], ([total] if scattered else [])
-        pace = pace and scattered and not tf.executing_eagerly() and \
-            sum(n * tf.as_dtype(dt).size for _, n, dt in sig) > runtime.in_flight_bytes()
+        pace = pace and scattered and not tf.executing_eagerly() and _paces(sig)
         if waves is None:
             waves = [([i], None) for i, _, _ in sig] if pace else [([i for i, _, _ in sig], None)]
         before, needed = [tokens[cid]], set()  # the wave before's starts; what they need
@@ -211,6 +214,13 @@ class GradientReducer:
                 else:
                     out[i] = ops.fusion_finish(tokens[i], dense[i], h, i, numel, divisor=total)
         return out
+
+
+def _paces(signature):
+    """Whether a backward pass of gradients `signature` runs ahead of their
+    reduce-scatter unless it is paced: they are larger than the room for
+    buckets waiting for it (runtime.in_flight_bytes())."""
+    return sum(n * tf.as_dtype(dt).size for _, n, dt in signature) > runtime.in_flight_bytes()
 
 
 # Ops whose output is their input's buffer: a gradient passed through one

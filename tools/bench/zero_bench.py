@@ -50,6 +50,9 @@ MEM_LAYERS, MEM_WIDTH, QUICK_WIDTH, MEM_BATCH = 4, 2048, 1024, 64
 # is a layer in both: the default, 64 MiB, in the full run;
 # QUICK_IN_FLIGHT_MIB in the quick one.
 CAP_LAYERS, CAP_WIDTH, CAP_RANKS, CAP_BUDGET_W, CAP_BATCH = 8, 4096, 4, 2.5, 32
+# Steps after the first: past the rounds in which the fusion sets time
+# overlap on and off (TNT_OVERLAP=auto: 3 + 4 + 1), as a user's fit is.
+CAP_STEPS = 8
 QUICK_CAP_LAYERS, QUICK_CAP_WIDTH, QUICK_CAP_BUDGET_W, QUICK_IN_FLIGHT_MIB = 8, 2048, 3.1, 16
 # Stage 3, given a build function, trains, predicts and saves its weights
 # under the base + STAGE3_BUDGET_W x W; --quick: QUICK_STAGE3_BUDGET_W,
@@ -367,7 +370,7 @@ def capacity(args):
     for stage, limit in runs:
         t0 = time.monotonic()
         ok, docs, tail = run_worker_job(args, ranks, stage, "adam", BUILT_FIRST, layers, width,
-                                        CAP_BATCH, 2, limit, predict_save=stage == 3)
+                                        CAP_BATCH, CAP_STEPS, limit, predict_save=stage == 3)
         run = f"stage {stage}, " + (f"limited to the base + {limit} W" if limit else "no limit")
         trained = len(docs) == ranks and all(d["trained"] for d in docs)
         rows.append({"run": run, "zero_stage": stage, "budget_times_weights": limit or None,
