@@ -185,7 +185,7 @@ class GradientReducer:
             waves = [([i], None) for i, _, _ in sig] if pace else [([i for i, _, _ in sig], None)]
         before, needed = [tokens[cid]], set()  # the wave before's starts; what they need
         if pace:
-            _ancestors(before, needed)
+            ancestors(before, needed)
         for indices, gather in waves:
             if gather is not None:
                 gate = gather(started)
@@ -199,7 +199,7 @@ class GradientReducer:
             before = [tokens[i] for i in indices]
             started += before
             if pace:
-                _ancestors(before, needed)
+                ancestors(before, needed)
         with tf.control_dependencies([tf.group(list(tokens.values()))]):
             if scattered:
                 count_sink.assign(ops.fusion_finish(tokens[cid], count_sink.value(), h, cid,
@@ -236,12 +236,13 @@ def _producer(tensor):
     return op
 
 
-def _ancestors(tensors, found):
-    """Adds to `found` the graph ops that `tensors` depend on."""
-    stack = [t.op for t in tensors]
+def ancestors(tensors, found, within=None):
+    """Adds to `found` the graph ops that `tensors` (None allowed) depend
+    on, among the ops `within` (a set; None: all)."""
+    stack = [t.op for t in tf.nest.flatten(tensors, expand_composites=True) if t is not None]
     while stack:
         op = stack.pop()
-        if op in found:
+        if op in found or (within is not None and op not in within):
             continue
         found.add(op)
         stack.extend(t.op for t in op.inputs)

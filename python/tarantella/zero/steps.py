@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from tarantella import _keras_internals as internals
+from tarantella import gradients
 
 
 class _Recording(keras.StatelessScope):
@@ -181,7 +182,7 @@ class _Regathering:
             if k == 0:
                 indices = indices + [i for i in range(len(grads)) if i not in read]
             waves.append((indices, gather))
-            _ancestors([grads[i] for i in indices], backward, needed)
+            gradients.ancestors([grads[i] for i in indices], needed, backward)
         return waves
 
     def _gather(self, indices, uses, after):
@@ -218,19 +219,6 @@ def _uses(wholes, backward):
     for j, whole in enumerate(wholes):
         readers(whole, j, None)
     return uses
-
-
-def _ancestors(tensors, within, found):
-    """Adds to `found` the ops of `within` that `tensors` (None allowed)
-    depend on."""
-    stack = [t.op for t in tf.nest.flatten(tensors, expand_composites=True) if t is not None]
-    while stack:
-        op = stack.pop()
-        if op in found or op not in within:
-            continue
-        found.add(op)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
 
 
 def layer_groups(model, shards):
