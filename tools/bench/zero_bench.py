@@ -81,18 +81,20 @@ def theory_bytes(optimizer, stage, ranks, params):
 
 
 def fusion_bytes(stage, ranks, params):
-    """The most libtnt's fusion sets hold at once on a rank (float32
-    gradients, 4 bytes a parameter; none on one rank). Stage 0 allreduces
-    the gradients in buckets allocated once, for the whole gradient (4 P).
-    Stage 1 keeps those, and gathers the updated parts in buckets that
-    exist while the gather runs, all at once (every finish of a set waits
-    for every start): 4 P more. Stage 2 keeps its parts of the
-    reduce-scatter's buckets (4 P / N); their whole vectors exist from a
-    bucket's first start to the end of its reduce-scatter, at most all at
-    once (4 P: when the buckets wait for the network, or TNT_OVERLAP=off),
-    and are freed before the gather's buckets (4 P) exist. Stage 3 holds
-    the reduce-scatter's as stage 2 does; it gathers a layer at a time,
-    outside the fusion sets (gathered_bytes)."""
+    """The most a rank holds at once to move gradients and gathered
+    weights (float32, 4 bytes a parameter; none on one rank). Stage 0
+    allreduces the gradients in buckets allocated once, for the whole
+    gradient (4 P). Stage 1 keeps those, and gathers the updated parts a
+    variable at a time (Shards.gather_some), three at most at once,
+    counted here as 4 P more. Stage 2 holds its parts of the
+    reduce-scatter's buckets (4 P / N) from their reduce-scatter to the
+    step's finishes; their whole vectors exist from a bucket's first start
+    to the end of its reduce-scatter, at most all at once (4 P: when the
+    buckets wait for the network, or TNT_OVERLAP=off; gradients larger
+    than TNT_FUSION_IN_FLIGHT_MIB wait for room instead, which the models
+    here are not), and are freed before the gathers. Stage 3 holds the
+    reduce-scatter's as stage 2 does; it gathers a layer at a time
+    (gathered_bytes)."""
     if ranks == 1:
         return 0
     return {0: 4 * params, 1: 8 * params, 2: 4 * params / ranks + 4 * params,
