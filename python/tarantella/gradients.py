@@ -144,13 +144,17 @@ class GradientReducer:
         its finish the part's shape.
 
         `waves` (stage 3's backward pass gathers weights between the
-        gradients' starts) orders the starts: [(indices, gather)], each
-        gradient's index in one wave, in order; `gather`, None or a function
-        of the ops it must follow that runs a collective and returns its
-        tensors, runs after the starts of the waves before, and the starts
-        of its wave wait for it. A fusion bucket is submitted by its last
-        member's start, so every rank then submits the buckets and the
-        gathers in one order.
+        gradients' starts) orders the starts: [(indices, gather,
+        collectives)], each gradient's index in one wave, in order;
+        `gather`, None or a function of the ops it must follow that runs a
+        collective and returns its tensors, runs after the starts of the
+        waves before, and the starts of its wave wait for it; then the
+        backward pass's own `collectives` (graph ops, in their chain's
+        order; a synchronized BatchNormalization's), which the wave's
+        gradients are the first to need, run, and the wave's starts wait for
+        them too. A fusion bucket is submitted by its last member's start,
+        so every rank then submits the buckets, the gathers and the
+        collectives in one order.
 
         `pace` (reduce-scatter; graph mode; gradients of more bytes than
         runtime.in_flight_bytes()) keeps the backward pass from running
@@ -182,13 +186,17 @@ class GradientReducer:
         started, gate = [tokens[cid]], ([total] if scattered else [])
         pace = pace and scattered and not tf.executing_eagerly() and _paces(sig)
         if waves is None:
-            waves = [([i], None) for i, _, _ in sig] if pace else [([i for i, _, _ in sig], None)]
+            waves = [([i], None, ()) for i, _, _ in sig] if pace else \
+                [([i for i, _, _ in sig], None, ())]
         before, needed = [tokens[cid]], set()  # the wave before's starts; what they need
         if pace:
             ancestors(before, needed)
-        for indices, gather in waves:
+        for indices, gather, collectives in waves:
             if gather is not None:
                 gate = gather(started)
+            if collectives:
+                internals.hold_back(collectives, gate if gather is not None else started)
+                gate = list(gate) + list(collectives)
             if pace:
                 producers = [_producer(dense[i]) for i in indices]
                 if not any(op in needed for op in producers):

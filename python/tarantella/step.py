@@ -51,8 +51,10 @@ class Step:
         self.metrics_global = False  # get_metrics_result made the logs global
         self._last = None  # the step's latest collective
         self._reduced = set()  # ids of gradients this step has averaged
-        # (ZeRO stage 3) the order of the gradients' starts and of the
-        # backward pass's gathers: GradientReducer.reduce's `waves`.
+        # (ZeRO stage 3) what the gradients' reduce-scatter follows (the
+        # forward pass's last collective) and the order of its starts, of
+        # the backward pass's gathers and of its own collectives:
+        # GradientReducer.reduce's `after` and `waves`.
         self.gradient_waves = None
         self.set_count(count)
 

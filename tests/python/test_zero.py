@@ -15,6 +15,7 @@ assert_lamb_within_rounding and assert_adafactor_within_rounding).
 """
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -165,6 +166,27 @@ def test_a_paced_backward_pass_is_bitwise_as_stage_zero(tmp_path, python):
     assert_ranks_identical(results)
     assert_bitwise_as_stage_zero(results, cases)
     assert_state_is_sharded(results, cases)
+
+
+def test_stage_3_gathers_layers_again_beside_batch_norm_collectives(tmp_path, python):
+    """A synchronized BatchNormalization's backward pass runs collectives
+    of its own; stage 3 fits them among the gathers and the reduce-scatter's
+    starts, so its backward pass still reads a second gather of the layers
+    between the last (which keeps its forward pass's gather) and the first
+    (whose backward pass reads no weight: the inputs have no gradient):
+    Dense, BatchNormalization, Dense, BatchNormalization, Dense, 3 of 5, as
+    the master's debug log counts. The weights are stage 0's."""
+    out = str(tmp_path)
+    proc = run(mpirun_command(2, python, WORKER, "--out", out, "--model", "norm_dropout",
+                              "--stages", "0,3", "--cases", "adam"),
+               timeout=900, env={"TNT_LOG_LEVEL": "DEBUG"})
+    run_dir = re.search(r"logs in (\S+)", proc.stdout + proc.stderr).group(1)
+    with open(os.path.join(run_dir, "rank0.log")) as f:
+        said = re.findall(r"the backward pass gathers (\d+) of (\d+) layers again", f.read())
+    assert said and all(s == ("3", "5") for s in said), said
+    results = [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(2)]
+    assert_ranks_identical(results)
+    assert_bitwise_as_stage_zero(results, ["adam"])
 
 
 def test_batch_norm_and_dropout_on_four_ranks_are_bitwise_as_stage_zero(tmp_path, python):

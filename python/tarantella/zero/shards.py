@@ -152,9 +152,9 @@ class Shards:
                     for g, (lo, hi) in zip(grads, self.ranges)]
         dense = [tf.zeros(v.shape, v.dtype) if g is None else g
                  for g, v in zip(gradients.shaped(grads, self.variables), self.variables)]
-        out = self.reducer.reduce(dense, current.local_count, current.after(), self.count_part,
-                                  [p.value for p in self.parts], current.gradient_waves,
-                                  pace=True)
+        after, waves = current.gradient_waves or (current.after(), None)
+        out = self.reducer.reduce(dense, current.local_count, after, self.count_part,
+                                  [p.value for p in self.parts], waves, pace=True)
         current.record(out)
         if self.stage == 1:
             out = [tf.reshape(g, [-1])[lo:hi] for g, (lo, hi) in zip(out, self.ranges)]
@@ -205,26 +205,27 @@ class Shards:
                 rest.setdefault(self.variables[i].dtype, []).append(i)
         return [[i] for i in indices if i in big] + list(rest.values())
 
-    def gather_some(self, indices, current, after=()):
+    def gather_some(self, indices, current, after=(), chained=True):
         """The whole values of the variables `indices`, gathered from every
-        rank's parts after the step's last collective and the ops `after`:
-        tensors, in the order of `indices`.
+        rank's parts after the ops `after` and (`chained`) the step's last
+        collective: tensors, in the order of `indices`.
         Every rank's part of a variable is a range of its elements, the
         ranks' ranges in rank order (see the top), so a variable gathered
         alone is the gathered vector itself; small ones of one dtype are
         gathered together in one allgatherv, then put in order (a copy)."""
         every = self.every_range()  # computed by hold() or the optimizer's build
         wholes = {}
+        chain = list(after) + (current.after() if chained else [])
         for group in self.batches(indices):
             sizes = every[:, group, 1] - every[:, group, 0]  # [rank, variable]
             counts = sizes.sum(axis=1)
             parts = [self.parts[i].value for i in group]
-            with tf.control_dependencies(current.after() + list(after)):
+            with tf.control_dependencies(chain):
                 mine = tf.concat(parts, 0) if len(parts) > 1 else tf.identity(parts[0])
                 flat = ops.allgatherv(mine, _core.world_handle() if self.group is None
                                       else self.group, counts)
             current.record(flat)
-            after = ()
+            chain = [flat]
             if len(group) == 1:
                 wholes[group[0]] = tf.reshape(flat, self.variables[group[0]].shape)
                 continue

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tarantella import _keras_internals as internals
 from tarantella import gradients
+from tarantella import log
 
 
 class _Recording(keras.StatelessScope):
@@ -146,16 +147,17 @@ class _Regathering:
     it. The layer gathered last keeps its copy (its backward pass follows
     its forward pass).
 
-    The gathers and the starts of the gradients' reduce-scatters take one
-    order on every rank (GradientReducer.reduce's waves): layer by layer in
-    the reverse order of the forward gathers, layer k + 1's gather after
-    the starts of the gradients of the layers before k and before those of
-    layer k. A layer whose backward ops feed the gradients of a layer
-    before it (a weight that the model reads twice, far apart, as a tied
-    embedding) keeps its copy: its gather would wait for itself. So does
-    every layer when the backward pass has collectives of its own (a
-    synchronized BatchNormalization's): they are chained after one
-    another, and the gradients' reduce-scatters after them."""
+    The gathers, the starts of the gradients' reduce-scatters and the
+    backward pass's own collectives (a synchronized BatchNormalization's)
+    take one order on every rank (GradientReducer.reduce's waves): layer by
+    layer in the reverse order of the forward gathers, layer k + 1's gather
+    after the starts of the gradients of the layers before k, then the
+    backward collectives that layer k's gradients are the first to need,
+    then the starts of layer k's. The reduce-scatter follows the forward
+    pass's last collective, not the backward pass's. A layer whose backward
+    ops feed the gradients of a layer before it (a weight that the model
+    reads twice, far apart, as a tied embedding) keeps its copy: its gather
+    would wait for itself."""
 
     def __init__(self, scope, current):
         self.scope, self.current = scope, current
@@ -164,13 +166,15 @@ class _Regathering:
         self.first = None if graph is None else len(graph.get_operations())
 
     def waves(self, grads):
-        """The waves of `grads` (made by the tape since __init__), or None
-        (executed eagerly, one layer gathered, or collectives in the
-        backward pass)."""
+        """What the reduce-scatter of `grads` (made by the tape since
+        __init__) follows and its waves (Step.gradient_waves), or None
+        (executed eagerly, or one layer gathered)."""
         layers = list(zip(self.scope.order, self.scope.gathered))[::-1]
-        if self.first is None or len(layers) < 2 or self.current.latest() is not self.latest:
+        if self.first is None or len(layers) < 2:
             return None
-        backward = set(self.scope.graph.get_operations()[self.first:])
+        made = self.scope.graph.get_operations()[self.first:]
+        backward = set(made)
+        collectives = [op for op in made if op.type in _COLLECTIVES]  # in their chain's order
         read = {i for indices, _ in layers for i in indices}
         waves, needed = [], set()  # backward ops that the gradients so far need
         for k, (indices, _) in enumerate(layers):
@@ -181,14 +185,22 @@ class _Regathering:
                     gather = functools.partial(self._gather, layers[k + 1][0], uses)
             if k == 0:
                 indices = indices + [i for i in range(len(grads)) if i not in read]
-            waves.append((indices, gather))
             gradients.ancestors([grads[i] for i in indices], needed, backward)
-        return waves
+            first_needed = [op for op in collectives if op in needed]
+            collectives = [op for op in collectives if op not in needed]
+            waves.append((indices, gather, first_needed))
+        if collectives:  # that no gradient needs: after every start
+            waves.append(([], None, collectives))
+        log.logger.debug("ZeRO stage 3: the backward pass gathers %d of %d layers again",
+                         sum(gather is not None for _, gather, _ in waves), len(layers))
+        return [] if self.latest is None else [self.latest], waves
 
     def _gather(self, indices, uses, after):
         """Gathers the weights `indices` after the ops `after` and makes
         their backward ops `uses` (_uses) read them."""
-        wholes = self.scope.shards.gather_some(indices, self.current, after)
+        # After the starts before it only: the backward pass's collectives
+        # may follow it (current.after() is the latest of them).
+        wholes = self.scope.shards.gather_some(indices, self.current, after, chained=False)
         converted = {}
         for op, index, j, via in uses:
             whole = wholes[j]
@@ -199,6 +211,10 @@ class _Regathering:
                 whole = converted[via]
             internals.rewire(op, index, whole)
         return wholes
+
+
+# The collectives a backward pass may run (step.Step's, in its chain).
+_COLLECTIVES = ("TntAllreduce", "TntBroadcast", "TntAllgatherv")
 
 
 def _uses(wholes, backward):
